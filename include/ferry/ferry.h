@@ -1,0 +1,260 @@
+/*
+ * ferry: move bytes between storage and (GPU) memory at the speed of the hardware.
+ *
+ * The whole public C API. Conventions (see docs/API.md):
+ *  - functions return 0 or a count on success and a negative code on failure: -errno, or one of
+ *    ferry's own codes below -4095 (FERRY_E*); ferry_strerror() names either;
+ *  - after a failure, ferry_last_error() holds a sentence for the calling thread naming the file,
+ *    the offset, the backend and the call that failed;
+ *  - handles are opaque; every _destroy/_close accepts NULL; the library never prints or exits.
+ */
+#ifndef FERRY_FERRY_H
+#define FERRY_FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#define FERRY_WUR __attribute__((warn_unused_result))
+#else
+#define FERRY_API
+#define FERRY_WUR
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+
+/* "0.1.0" */
+FERRY_API const char *ferry_version(void);
+
+/* ------------------------------------------------------------------------------------------ errors */
+
+/* ferry's own error codes, all below -4095 so that they never collide with -errno. */
+#define FERRY_ERRNO_MAP(XX)                                                                   \
+	XX(ENOGPU, -5001, "no usable GPU (driver library missing or no device)")              \
+	XX(ENOGDS, -5002, "GPUDirect Storage is not available for this file")                 \
+	XX(ECORRUPT, -5003, "data is corrupt or malformed")                                   \
+	XX(EBACKEND, -5004, "the requested I/O backend cannot run here")                       \
+	XX(EBADOPT, -5005, "unknown option or invalid option value")                           \
+	XX(EVERIFY, -5006, "verification failed: data read differs from data written")         \
+	XX(ECUDA, -5007, "a CUDA driver call failed")                                          \
+	XX(ECUFILE, -5008, "a cuFile call failed")                                             \
+	XX(EBUSY, -5009, "the object is in use or already started")                            \
+	XX(EBUDGET, -5010, "the memory budget is exhausted")
+
+enum ferry_errno {
+#define FERRY__XX(name, code, msg) FERRY_##name = (code),
+	FERRY_ERRNO_MAP(FERRY__XX)
+#undef FERRY__XX
+};
+
+/* Description of any negative code this library returns (ferry's own or -errno). Never NULL. */
+FERRY_API const char *ferry_strerror(int err);
+/* Short symbolic name: "ENOENT", "FERRY_ENOGPU", ... Never NULL. */
+FERRY_API const char *ferry_err_name(int err);
+/* Detail of the calling thread's last failure ("" if none): file, offset, backend, call. */
+FERRY_API const char *ferry_last_error(void);
+
+/* --------------------------------------------------------------------------------------- context */
+
+typedef struct ferry_ctx ferry_ctx;
+
+/*
+ * Creates a context. Knobs start at their defaults, then each FERRY_<KEY> environment variable
+ * (upper case) overrides them; an invalid environment value fails with FERRY_EBADOPT naming it.
+ * Workers, rings and buffers start lazily at the first I/O that needs them.
+ * Returns 0, -ENOMEM or FERRY_EBADOPT.
+ */
+FERRY_API FERRY_WUR int ferry_ctx_create(ferry_ctx **out);
+/* Waits for nothing: every request must be finished (waited) and every file closed first. */
+FERRY_API void ferry_ctx_destroy(ferry_ctx *ctx);
+
+/*
+ * Sets a knob by name. Keys (docs/CONFIG.md has the units and the measurements behind defaults):
+ *   threads, chunk_size, queue_depth, slots, direct (auto|on|off), backend (auto|psync|io_uring),
+ *   sqpoll (0|1), register (0|1: registered files and buffers with io_uring), path, device,
+ *   host_budget, device_budget, log_level.
+ * Sizes take suffixes k, m, g (powers of 1024). Keys that shape the workers (threads, backend,
+ * queue_depth, slots, sqpoll, register) fail with FERRY_EBUSY once the workers have started.
+ * Returns 0, FERRY_EBADOPT (unknown key or bad value) or FERRY_EBUSY.
+ */
+FERRY_API FERRY_WUR int ferry_ctx_set(ferry_ctx *ctx, const char *key, const char *value);
+/* Writes the knob's current value as text into buf (NUL-terminated). Returns its length or an error. */
+FERRY_API FERRY_WUR int ferry_ctx_get(const ferry_ctx *ctx, const char *key, char *buf, size_t len);
+/* The knob names, NULL-terminated, for help texts and bindings. */
+FERRY_API const char *const *ferry_ctx_keys(void);
+
+/*
+ * Starts the workers now (otherwise the first I/O does). Returns 0 or the error that prevented it;
+ * a backend asked for explicitly that cannot run gives FERRY_EBACKEND.
+ */
+FERRY_API FERRY_WUR int ferry_ctx_start(ferry_ctx *ctx);
+/* Name of the backend the workers use ("io_uring" or "psync"); starts them if needed. */
+FERRY_API const char *ferry_ctx_backend(ferry_ctx *ctx);
+/* Why a backend is not usable here ("" if it is), e.g. "io_uring: kernel.io_uring_disabled=2". */
+FERRY_API const char *ferry_backend_unavailable_reason(const char *backend);
+
+/* Statistics counters, monotonically increasing over the context's life. */
+enum ferry_stat {
+	FERRY_STAT_BYTES_READ,
+	FERRY_STAT_BYTES_WRITTEN,
+	FERRY_STAT_READS,          /* read requests completed (sync, async, batch entries) */
+	FERRY_STAT_WRITES,         /* write requests completed */
+	FERRY_STAT_CHUNKS,         /* chunk I/Os issued to the backend */
+	FERRY_STAT_DIRECT_CHUNKS,  /* of which through the O_DIRECT descriptor */
+	FERRY_STAT_BOUNCED_CHUNKS, /* of which through an aligned bounce buffer */
+	FERRY_STAT_BUFFERED_CHUNKS,/* of which through the buffered descriptor */
+	FERRY_STAT_RETRIES,        /* short transfers, EINTR or EAGAIN resubmitted */
+	FERRY_STAT_ERRORS,         /* requests that failed */
+	FERRY_STAT_FALLBACKS,      /* automatic fallbacks (backend, O_DIRECT, GDS) taken */
+	FERRY_STAT__COUNT
+};
+FERRY_API uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which);
+FERRY_API const char *ferry_stat_name(enum ferry_stat which);
+
+/* ----------------------------------------------------------------------------------------- files */
+
+typedef struct ferry_file ferry_file;
+
+#define FERRY_O_RDONLY 0x0
+#define FERRY_O_WRONLY 0x1
+#define FERRY_O_RDWR 0x2
+#define FERRY_O_CREAT 0x10
+#define FERRY_O_TRUNC 0x20
+#define FERRY_O_EXCL 0x40
+#define FERRY_O_BUFFERED 0x100 /* do not open an O_DIRECT descriptor even if the knob allows it */
+
+/*
+ * Opens path. Both a buffered descriptor and, where the file system accepts it and the `direct`
+ * knob is not off, an O_DIRECT one are kept; the engine chooses per chunk. With direct=on a file
+ * system that refuses O_DIRECT is an error (-EINVAL); with auto it is a counted fallback.
+ * New files are created with mode 0644 (umask applies). Returns 0 or -errno.
+ */
+FERRY_API FERRY_WUR int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
+/* Closes both descriptors. No request on the file may be in flight. */
+FERRY_API void ferry_file_close(ferry_file *f);
+/* Current size in bytes (fstat), or a negative error. */
+FERRY_API int64_t ferry_file_size(ferry_file *f);
+/* Logical block size that O_DIRECT offsets and lengths must respect (512 or 4096 typically). */
+FERRY_API uint32_t ferry_file_block_size(const ferry_file *f);
+/* Alignment O_DIRECT needs of memory addresses (statx dio_mem_align where known). */
+FERRY_API uint32_t ferry_file_mem_align(const ferry_file *f);
+/* 1 if an O_DIRECT descriptor is open, 0 if not. */
+FERRY_API int ferry_file_is_direct(const ferry_file *f);
+FERRY_API const char *ferry_file_path(const ferry_file *f);
+/* fdatasync (fsync if full != 0) of the file. Returns 0 or -errno. */
+FERRY_API FERRY_WUR int ferry_file_sync(ferry_file *f, int full);
+/* ftruncate. Returns 0 or -errno. */
+FERRY_API FERRY_WUR int ferry_file_truncate(ferry_file *f, uint64_t size);
+/*
+ * How ferry reads this file, as one line of text: descriptors open, alignment, backend, and each
+ * fallback taken with its reason. Writes at most len bytes (NUL-terminated); returns the length.
+ */
+FERRY_API int ferry_file_path_info(ferry_file *f, char *buf, size_t len);
+
+/* ------------------------------------------------------------------------- synchronous transfers */
+
+/*
+ * Reads len bytes at offset into buf (host memory). Any offset, length and address: unaligned
+ * parts are read through an aligned bounce buffer internally. Large requests are split into
+ * chunks spread over the workers. Returns the bytes read, fewer only at end of file (bytes of buf
+ * past the count are left as they were), or a negative error.
+ */
+FERRY_API FERRY_WUR ssize_t ferry_pread(ferry_file *f, void *buf, size_t len, uint64_t offset);
+/* Writes len bytes. Returns len or a negative error (then some chunks may have been written). */
+FERRY_API FERRY_WUR ssize_t ferry_pwrite(ferry_file *f, const void *buf, size_t len, uint64_t offset);
+
+/* ------------------------------------------------------------------------ asynchronous transfers */
+
+typedef struct ferry_req ferry_req;
+
+/*
+ * Submits a read or write and returns at once with a handle. The buffer must stay valid until the
+ * request is waited. If the submit fails, no handle is returned and nothing completes later.
+ */
+FERRY_API FERRY_WUR int ferry_pread_async(ferry_file *f, void *buf, size_t len, uint64_t offset,
+					  ferry_req **out);
+FERRY_API FERRY_WUR int ferry_pwrite_async(ferry_file *f, const void *buf, size_t len,
+					   uint64_t offset, ferry_req **out);
+/* 1 if finished, 0 if not. Never blocks. */
+FERRY_API int ferry_req_done(const ferry_req *r);
+/*
+ * Waits up to timeout_ns (negative: forever) for the request. Returns its result (as ferry_pread /
+ * ferry_pwrite would) once finished, or -ETIMEDOUT. The handle stays valid until freed.
+ */
+FERRY_API ssize_t ferry_req_wait(ferry_req *r, int64_t timeout_ns);
+/* Frees a finished request; a request still running is waited first. NULL is accepted. */
+FERRY_API void ferry_req_free(ferry_req *r);
+
+/* ---------------------------------------------------------------------------------------- batches */
+
+typedef struct ferry_batch ferry_batch;
+
+/* A list of (file, offset, length, buffer) reads or writes done as one submission. */
+FERRY_API FERRY_WUR int ferry_batch_create(ferry_ctx *ctx, ferry_batch **out);
+FERRY_API void ferry_batch_destroy(ferry_batch *b);
+/* Appends an entry; returns its index, or a negative error. The batch must not be running. */
+FERRY_API FERRY_WUR int ferry_batch_add_read(ferry_batch *b, ferry_file *f, uint64_t offset,
+					     size_t len, void *buf);
+FERRY_API FERRY_WUR int ferry_batch_add_write(ferry_batch *b, ferry_file *f, uint64_t offset,
+					      size_t len, const void *buf);
+/* Entries added so far. */
+FERRY_API size_t ferry_batch_count(const ferry_batch *b);
+/* Starts every entry. Returns 0 or an error (then nothing was started). */
+FERRY_API FERRY_WUR int ferry_batch_submit(ferry_batch *b);
+/*
+ * Waits for all entries (timeout as ferry_req_wait). Returns 0 if every entry transferred its whole
+ * length, the number of entries that came back short (end of file) if any did, or the first
+ * entry's error by index. ferry_batch_result() gives each entry's count or error.
+ */
+FERRY_API int ferry_batch_wait(ferry_batch *b, int64_t timeout_ns);
+FERRY_API ssize_t ferry_batch_result(const ferry_batch *b, size_t index);
+/* Forgets the entries so the batch can be filled again (it must not be running). */
+FERRY_API void ferry_batch_reset(ferry_batch *b);
+
+/* ---------------------------------------------------------------------------------------- queues */
+
+/*
+ * A queue is a caller-owned submission ring for one thread: the caller keeps up to `depth` I/Os
+ * in flight itself, the way fio's jobs do, with no handoff to workers. It uses the context's
+ * backend (io_uring: one ring; psync: each I/O done at submit). Unaligned I/Os on O_DIRECT files
+ * are handled as in ferry_pread. Not thread-safe: one queue per thread.
+ */
+typedef struct ferry_queue ferry_queue;
+
+FERRY_API FERRY_WUR int ferry_queue_create(ferry_ctx *ctx, unsigned depth, ferry_queue **out);
+FERRY_API void ferry_queue_destroy(ferry_queue *q);
+/* Queues a read/write tagged with user_data. Returns 0, or -EBUSY when `depth` are in flight. */
+FERRY_API FERRY_WUR int ferry_queue_read(ferry_queue *q, ferry_file *f, void *buf, size_t len,
+					 uint64_t offset, void *user_data);
+FERRY_API FERRY_WUR int ferry_queue_write(ferry_queue *q, ferry_file *f, const void *buf,
+					  size_t len, uint64_t offset, void *user_data);
+/* Submits what was queued. Returns the number submitted or an error. */
+FERRY_API FERRY_WUR int ferry_queue_submit(ferry_queue *q);
+/*
+ * Waits for at least min_complete completions (0: never blocks) and returns up to max of them:
+ * user_data[i] and result[i] (bytes transferred, short only at end of file, or a negative error).
+ * Returns the number returned or an error.
+ */
+FERRY_API FERRY_WUR int ferry_queue_reap(ferry_queue *q, unsigned min_complete, unsigned max,
+					 void **user_data, int64_t *result);
+/* I/Os queued or in flight and not yet reaped. */
+FERRY_API unsigned ferry_queue_pending(const ferry_queue *q);
+
+/* ------------------------------------------------------------------------------- aligned buffers */
+
+/* Page-aligned host allocation (huge-page advised when large). Free with ferry_free_aligned. */
+FERRY_API void *ferry_alloc_aligned(size_t len);
+FERRY_API void ferry_free_aligned(void *p, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_FERRY_H */

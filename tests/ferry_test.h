@@ -1,0 +1,105 @@
+/*
+ * Minimal test helpers for standalone test programs: exit 0 pass, 1 fail, 77 skip (liburing's
+ * convention). Failed checks print both sides (libuv's test/task.h).
+ */
+#ifndef FERRY_TEST_H
+#define FERRY_TEST_H
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define T_EXIT_PASS 0
+#define T_EXIT_FAIL 1
+#define T_EXIT_SKIP 77
+
+static int t_failures;
+
+#define T_CHECK(cond)                                                                  \
+	do {                                                                           \
+		if (!(cond)) {                                                         \
+			fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+			t_failures++;                                                  \
+		}                                                                      \
+	} while (0)
+
+#define T_EQ_INT(a, b)                                                                          \
+	do {                                                                                    \
+		long long t_a_ = (long long)(a), t_b_ = (long long)(b);                         \
+		if (t_a_ != t_b_) {                                                             \
+			fprintf(stderr, "%s:%d: %s == %s failed: %lld != %lld\n", __FILE__, __LINE__, \
+				#a, #b, t_a_, t_b_);                                            \
+			t_failures++;                                                           \
+		}                                                                               \
+	} while (0)
+
+#define T_EQ_STR(a, b)                                                                          \
+	do {                                                                                    \
+		const char *t_a_ = (a), *t_b_ = (b);                                            \
+		if (strcmp(t_a_, t_b_) != 0) {                                                  \
+			fprintf(stderr, "%s:%d: %s == %s failed: \"%s\" != \"%s\"\n", __FILE__, \
+				__LINE__, #a, #b, t_a_, t_b_);                                  \
+			t_failures++;                                                           \
+		}                                                                               \
+	} while (0)
+
+/* Fatal: stop the test now. */
+#define T_ASSERT(cond)                                                                 \
+	do {                                                                           \
+		if (!(cond)) {                                                         \
+			fprintf(stderr, "%s:%d: assertion failed: %s\n", __FILE__, __LINE__, #cond); \
+			exit(T_EXIT_FAIL);                                             \
+		}                                                                      \
+	} while (0)
+
+#define T_SKIP(...)                                       \
+	do {                                              \
+		fprintf(stdout, "skipped: " __VA_ARGS__); \
+		fprintf(stdout, "\n");                    \
+		exit(T_EXIT_SKIP);                        \
+	} while (0)
+
+static inline int t_result(void)
+{
+	if (t_failures) {
+		fprintf(stderr, "%d check(s) failed\n", t_failures);
+		return T_EXIT_FAIL;
+	}
+	return T_EXIT_PASS;
+}
+
+/* A scratch directory for this test: $FERRY_TEST_TMPDIR (made if missing) or /tmp. */
+static inline const char *t_tmpdir(void)
+{
+	const char *d = getenv("FERRY_TEST_TMPDIR");
+	if (!d || !*d)
+		return "/tmp";
+	mkdir(d, 0755);
+	return d;
+}
+
+/* Fills buf with a reproducible pattern depending on the absolute file offset of each byte. */
+static inline void t_fill_pattern(unsigned char *buf, size_t len, uint64_t offset, uint32_t seed)
+{
+	for (size_t i = 0; i < len; i++) {
+		uint64_t x = (offset + i) * 0x9E3779B97F4A7C15ull ^ seed;
+		x ^= x >> 29;
+		buf[i] = (unsigned char)(x ^ (x >> 17));
+	}
+}
+
+/* Simple xorshift PRNG for property tests. */
+static inline uint64_t t_rand(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
+#endif
