@@ -1,0 +1,19 @@
+/* The subcommands of the ferry CLI. Each returns the process exit status: 0 ok, 1 failure found
+ * (a failed check, a verification error, an I/O error), 2 usage error. The CLI uses the public API only. */
+#ifndef FERRY_CLI_COMMANDS_H
+#define FERRY_CLI_COMMANDS_H
+
+struct ferry_cli_command {
+	const char *name;
+	const char *summary;
+	int (*run)(int argc, char **argv); /* argv[0] is the subcommand's name */
+};
+
+/* Defined in cli/main.c: the table, NULL-name terminated. */
+extern const struct ferry_cli_command ferry_cli_commands[];
+
+int ferry_cmd_bench(int argc, char **argv);  /* cli/bench.c */
+int ferry_cmd_doctor(int argc, char **argv); /* cli/doctor.c */
+int ferry_cmd_top(int argc, char **argv);    /* cli/top.c */
+
+#endif

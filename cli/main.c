@@ -1,0 +1,48 @@
+/* ferry: command-line front end. Dispatches to subcommands; only the CLI prints and exits. */
+#include <stdio.h>
+#include <string.h>
+
+#include "commands.h"
+#include "ferry/ferry.h"
+
+static int cmd_version(int argc, char **argv)
+{
+	(void)argc;
+	(void)argv;
+	printf("ferry %s\n", ferry_version());
+	return 0;
+}
+
+/* Add a row per subcommand (keep the help order: main job first). */
+const struct ferry_cli_command ferry_cli_commands[] = {
+	{"bench", "measure storage and GPU transfer speed (fio- and gdsio-compatible options)", ferry_cmd_bench},
+	{"version", "print the version", cmd_version},
+	{NULL, NULL, NULL},
+};
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: ferry <command> [options]\n\ncommands:\n");
+	for (const struct ferry_cli_command *c = ferry_cli_commands; c->name; c++)
+		fprintf(out, "  %-10s %s\n", c->name, c->summary);
+	fprintf(out, "\n'ferry <command> --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--version"))
+		return cmd_version(0, NULL);
+	for (const struct ferry_cli_command *c = ferry_cli_commands; c->name; c++)
+		if (!strcmp(argv[1], c->name))
+			return c->run(argc - 1, argv + 1);
+	fprintf(stderr, "ferry: unknown command '%s' (try 'ferry --help')\n", argv[1]);
+	return 2;
+}
