@@ -50,6 +50,10 @@ static void group_init(struct ferry__group *g, uint64_t entries)
 
 static void group_destroy(struct ferry__group *g)
 {
+	/* The last worker sets done, broadcasts and unlocks under g->mu: taking it here makes sure
+	 * that worker has let go before the memory goes away (requests live on callers' stacks). */
+	pthread_mutex_lock(&g->mu);
+	pthread_mutex_unlock(&g->mu);
 	pthread_mutex_destroy(&g->mu);
 	pthread_cond_destroy(&g->cv);
 }
