@@ -77,7 +77,7 @@ static const struct opt opts[] = {
 	{"output-format", OPT_FORMAT, CL(json), "FMT", "normal or json (fio's schema)"},
 	{"output", OPT_STR, CL(output), "FILE", "write the results to FILE instead of standard output"},
 	{"suite", OPT_FLAG, CL(suite), NULL, "run the storage-tuning demonstrations (see below)"},
-	{"quick", OPT_FLAG, CL(quick), NULL, "with --suite: about one second per case"},
+	{"quick", OPT_FLAG, CL(quick), NULL, "with --suite: one second per case (default 4; --runtime sets it)"},
 	{"report", OPT_STR, CL(report), "FILE", "with --suite: write a self-contained HTML report"},
 	{"help", OPT_FLAG, CL(help), NULL, "print this help"},
 };
@@ -302,8 +302,14 @@ static int parse(struct bench_cli *c, int argc, char **argv)
 		const char *val = eq ? eq + 1 : NULL;
 		if (!val && o->type == OPT_FLAG)
 			val = "1";
-		else if (!val && o->type == OPT_COLD)
-			val = "file";
+		else if (!val && o->type == OPT_COLD) {
+			/* No positional arguments exist, so a following value word is unambiguous. */
+			const char *next = i + 1 < argc ? argv[i + 1] : "";
+			if (!strcmp(next, "file") || !strcmp(next, "system") || !strcmp(next, "none"))
+				val = argv[++i];
+			else
+				val = "file";
+		}
 		else if (!val) {
 			if (i + 1 >= argc || !strncmp(argv[i + 1], "--", 2))
 				return bad("--%s needs a value (%s)", o->name, o->arg);
@@ -338,7 +344,7 @@ static int open_output(const struct bench_cli *c, FILE **out)
 static int run_suite(struct bench_cli *c, FILE **out)
 {
 	static const char *const allowed[] = {"filename", "directory", "size", "report", "output-format",
-					      "output", "quick", "suite"};
+					      "output", "quick", "suite", "runtime"};
 	for (size_t k = 0; k < NOPTS; k++) {
 		if (!(c->seen & (1u << k)))
 			continue;
@@ -359,6 +365,7 @@ static int run_suite(struct bench_cli *c, FILE **out)
 		.report = c->report,
 		.json = c->json,
 		.quick = c->quick,
+		.runtime = c->jo.runtime,
 		.out = *out,
 	};
 	return bench_suite(&so);

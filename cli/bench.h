@@ -154,6 +154,7 @@ struct bench_suite_opts {
 	const char *report;
 	int json;
 	int quick;
+	double runtime;         /* seconds per case; 0: 4, or 1 with quick */
 	FILE *out;
 };
 int bench_suite(const struct bench_suite_opts *o);

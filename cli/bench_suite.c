@@ -44,17 +44,17 @@ struct suite_section {
 
 /* Unique cases; sections refer to them by index, so a shared configuration runs once. */
 static struct suite_case cases[] = {
-	/* 0 */ {"read 1 MiB, QD16, O_DIRECT", BENCH_READ, MiB, 16, 1, 1, "io_uring"},
-	/* 1 */ {"randread 4 KiB, QD16, O_DIRECT", BENCH_RANDREAD, 4 * KiB, 16, 1, 1, "io_uring"},
-	/* 2 */ {"randread 1 MiB, QD16, O_DIRECT", BENCH_RANDREAD, MiB, 16, 1, 1, "io_uring"},
-	/* 3 */ {"randread 4 KiB, QD1, io_uring", BENCH_RANDREAD, 4 * KiB, 1, 1, 1, "io_uring"},
-	/* 4 */ {"randread 4 KiB, QD4, io_uring", BENCH_RANDREAD, 4 * KiB, 4, 1, 1, "io_uring"},
-	/* 5 */ {"randread 4 KiB, QD64, io_uring", BENCH_RANDREAD, 4 * KiB, 64, 1, 1, "io_uring"},
-	/* 6 */ {"randread 4 KiB, 1 job, psync", BENCH_RANDREAD, 4 * KiB, 1, 1, 1, "psync"},
-	/* 7 */ {"randread 4 KiB, 2 jobs, psync", BENCH_RANDREAD, 4 * KiB, 1, 2, 1, "psync"},
-	/* 8 */ {"randread 4 KiB, 4 jobs, psync", BENCH_RANDREAD, 4 * KiB, 1, 4, 1, "psync"},
-	/* 9 */ {"read 1 MiB, buffered, cold cache", BENCH_READ, MiB, 16, 1, 0, "io_uring", 1},
-	/* 10 */ {"read 1 MiB, buffered, warm cache", BENCH_READ, MiB, 16, 1, 0, "io_uring", 0, 1},
+	/* 0 */ {"read 1 MiB QD16 io_uring direct", BENCH_READ, MiB, 16, 1, 1, "io_uring"},
+	/* 1 */ {"randread 4 KiB QD16 io_uring direct", BENCH_RANDREAD, 4 * KiB, 16, 1, 1, "io_uring"},
+	/* 2 */ {"randread 1 MiB QD16 io_uring direct", BENCH_RANDREAD, MiB, 16, 1, 1, "io_uring"},
+	/* 3 */ {"randread 4 KiB QD1 io_uring direct", BENCH_RANDREAD, 4 * KiB, 1, 1, 1, "io_uring"},
+	/* 4 */ {"randread 4 KiB QD4 io_uring direct", BENCH_RANDREAD, 4 * KiB, 4, 1, 1, "io_uring"},
+	/* 5 */ {"randread 4 KiB QD64 io_uring direct", BENCH_RANDREAD, 4 * KiB, 64, 1, 1, "io_uring"},
+	/* 6 */ {"randread 4 KiB 1 job psync direct", BENCH_RANDREAD, 4 * KiB, 1, 1, 1, "psync"},
+	/* 7 */ {"randread 4 KiB 2 jobs psync direct", BENCH_RANDREAD, 4 * KiB, 1, 2, 1, "psync"},
+	/* 8 */ {"randread 4 KiB 4 jobs psync direct", BENCH_RANDREAD, 4 * KiB, 1, 4, 1, "psync"},
+	/* 9 */ {"read 1 MiB QD16 buffered, cold cache", BENCH_READ, MiB, 16, 1, 0, "io_uring", 1},
+	/* 10 */ {"read 1 MiB QD16 buffered, warm cache", BENCH_READ, MiB, 16, 1, 0, "io_uring", 0, 1},
 };
 #define NCASES (sizeof(cases) / sizeof(cases[0]))
 
@@ -103,13 +103,17 @@ static void read_sections(void)
 {
 	struct suite_case *c = cases;
 	struct suite_section *s;
+	double r;
 
 	s = &sections[S_SEQRAND];
-	if (c[0].res && c[1].res)
+	if (c[0].res && c[1].res) {
+		r = ratio(gbps(&c[1]), gbps(&c[0]));
 		snprintf(s->reading, sizeof(s->reading),
-			 "random 4 KiB reads ran at %.1f%% of sequential 1 MiB bandwidth (%.3f vs %.3f GB/s): "
-			 "random access is IOPS-bound; pack small files into shards and read them in large requests.",
-			 100 * ratio(gbps(&c[1]), gbps(&c[0])), gbps(&c[1]), gbps(&c[0]));
+			 "random 4 KiB reads ran at %.1f%% of sequential 1 MiB bandwidth (%.3f vs %.3f GB/s): %s",
+			 100 * r, gbps(&c[1]), gbps(&c[0]),
+			 r < 0.5 ? "random access is IOPS-bound; pack small files into shards and read them in large requests."
+				 : "random access costs little on this storage, but small requests still cost CPU per byte.");
+	}
 	s = &sections[S_SIZE];
 	if (c[1].res && c[2].res)
 		snprintf(s->reading, sizeof(s->reading),
@@ -123,32 +127,38 @@ static void read_sections(void)
 		for (unsigned i = 0; i < s->ncases; i++)
 			if (iops(&c[s->cases[i]]) > iops(&c[best]))
 				best = s->cases[i];
+		r = ratio(iops(&c[5]), iops(&c[3]));
 		snprintf(s->reading, sizeof(s->reading),
-			 "QD64 gave %.1fx the IOPS of QD1 (%.0f vs %.0f), best at QD%u: the device serves "
-			 "requests in parallel, so keep many in flight%s.",
-			 ratio(iops(&c[5]), iops(&c[3])), iops(&c[5]), iops(&c[3]), c[best].iodepth,
-			 ratio(iops(&c[5]), iops(&c[best])) < 0.95 ? " (and deeper than the best stops paying)"
-								   : "");
+			 "QD64 gave %.1fx the IOPS of QD1 (%.0f vs %.0f), best at QD%u: %s", r, iops(&c[5]),
+			 iops(&c[3]), c[best].iodepth,
+			 r >= 1.5 ? "the device serves requests in parallel, so keep many in flight."
+				  : "depth did not pay here; the device (or one CPU) is the limit at low depth.");
 	}
 	s = &sections[S_JOBS];
-	if (c[6].res && c[8].res)
+	if (c[6].res && c[8].res) {
+		r = ratio(iops(&c[8]), iops(&c[6]));
 		snprintf(s->reading, sizeof(s->reading),
-			 "4 psync jobs gave %.1fx one job's IOPS (%.0f vs %.0f) using %.2f CPU cores against "
-			 "%.2f: threads add parallelism as queue depth does, at a CPU cost.",
-			 ratio(iops(&c[8]), iops(&c[6])), iops(&c[8]), iops(&c[6]), cores(&c[8]), cores(&c[6]));
+			 "4 psync jobs gave %.1fx one job's IOPS (%.0f vs %.0f) using %.2f CPU cores against %.2f: %s",
+			 r, iops(&c[8]), iops(&c[6]), cores(&c[8]), cores(&c[6]),
+			 r >= 1.5 ? "threads add parallelism as queue depth does, at a CPU cost."
+				  : "more threads did not add much; the device or the CPUs are saturated.");
+	}
 	s = &sections[S_CACHE];
-	if (c[0].res && c[9].res && c[10].res)
+	if (c[0].res && c[9].res && c[10].res) {
+		r = ratio(gbps(&c[9]), gbps(&c[0]));
 		snprintf(s->reading, sizeof(s->reading),
 			 "the warm page cache served %.3f GB/s, %.1fx O_DIRECT (%.3f GB/s); cold buffered reads "
-			 "ran at %.0f%% of O_DIRECT: data already in RAM is read fastest buffered, data on the "
-			 "device with O_DIRECT.",
-			 gbps(&c[10]), ratio(gbps(&c[10]), gbps(&c[0])), gbps(&c[0]),
-			 100 * ratio(gbps(&c[9]), gbps(&c[0])));
+			 "ran at %.0f%% of O_DIRECT%s: data already in RAM is read fastest buffered, data on the "
+			 "device with O_DIRECT (no copy, no cache pollution).",
+			 gbps(&c[10]), ratio(gbps(&c[10]), gbps(&c[0])), gbps(&c[0]), 100 * r,
+			 r > 1 ? " (read-ahead helped this sequential read)" : "");
+	}
 	s = &sections[S_ENGINE];
 	if (c[6].res && c[3].res && c[1].res)
 		snprintf(s->reading, sizeof(s->reading),
 			 "at QD1 io_uring ran at %.2fx psync's IOPS (%.0f vs %.0f); at QD16 one io_uring job "
-			 "reached %.1fx psync at %.2f cores: io_uring's gain is depth from one thread.",
+			 "reached %.1fx psync at %.2f cores: io_uring's gain is depth from one thread, not "
+			 "speed per request.",
 			 ratio(iops(&c[3]), iops(&c[6])), iops(&c[3]), iops(&c[6]),
 			 ratio(iops(&c[1]), iops(&c[6])), cores(&c[1]));
 	for (int i = 0; i < S_N; i++) {
@@ -175,16 +185,16 @@ static void print_table(FILE *out, const char *path, uint64_t size)
 			fprintf(out, "  skipped: %s\n", s->skipped);
 			continue;
 		}
-		fprintf(out, "  %-36s %9s %10s %9s %9s %6s\n", "case", "GB/s", "IOPS", "p50", "p99", "cores");
+		fprintf(out, "  %-40s %9s %10s %9s %9s %6s\n", "case", "GB/s", "IOPS", "p50", "p99", "cores");
 		for (unsigned k = 0; k < s->ncases; k++) {
 			struct suite_case *c = &cases[s->cases[k]];
 			if (!c->res) {
-				fprintf(out, "  %-36s skipped: %s\n", c->label, c->skipped ? c->skipped : "?");
+				fprintf(out, "  %-40s skipped: %s\n", c->label, c->skipped ? c->skipped : "?");
 				continue;
 			}
 			const struct bench_hist *h = &c->res->dir[0].clat;
 			char p50[16], p99[16];
-			fprintf(out, "  %-36s %9.3f %10.0f %9s %9s %6.2f\n", c->label, gbps(c), iops(c),
+			fprintf(out, "  %-40s %9.3f %10.0f %9s %9s %6.2f\n", c->label, gbps(c), iops(c),
 				bench_fmt_ns(p50, 16, (double)bench_hist_percentile(h, 50)),
 				bench_fmt_ns(p99, 16, (double)bench_hist_percentile(h, 99)), cores(c));
 		}
@@ -365,7 +375,7 @@ static int direct_works(const char *path)
 int bench_suite(const struct bench_suite_opts *so)
 {
 	uint64_t size = so->size ? so->size : 256 * MiB;
-	double runtime = so->quick ? 1.0 : 4.0;
+	double runtime = so->runtime > 0 ? so->runtime : so->quick ? 1.0 : 4.0;
 	const char *path = so->filename;
 	int ret = 1;
 
