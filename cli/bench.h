@@ -101,6 +101,7 @@ struct bench_result {
 	double self_cpu_s;      /* whole process (RUSAGE_SELF), during the run */
 	uint64_t ctxsw, majf, minf;
 	uint64_t verified;      /* blocks verified */
+	uint64_t stats[FERRY_STAT__COUNT]; /* the context's counters over the run */
 	int64_t timestamp_ms;
 };
 

@@ -346,6 +346,10 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	bench_json_u64(j, "offset", o->offset);
 	bench_json_u64(j, "wall_ns", r->wall_ns);
 	bench_json_dbl(j, "cpu_seconds", r->self_cpu_s);
+	bench_json_obj(j, "engine_stats");
+	for (int k = 0; k < FERRY_STAT__COUNT; k++)
+		bench_json_u64(j, ferry_stat_name((enum ferry_stat)k), r->stats[k]);
+	bench_json_close_obj(j);
 	bench_json_close_obj(j);
 	bench_json_close_obj(j);
 }

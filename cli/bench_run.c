@@ -50,6 +50,7 @@ struct bench_job {
 	uint64_t t_start, t_end;
 	struct rusage ru0, ru1;
 	uint64_t verified;
+	int cold_fd;            /* --cold: the file's pages are dropped at each pass, as fio's invalidate */
 	int direct;
 	int failed;
 	char msg[1024];
@@ -89,6 +90,48 @@ static uint64_t rng_next(uint64_t *s)
 static uint64_t rng_below(uint64_t *s, uint64_t n)
 {
 	return (uint64_t)(((unsigned __int128)rng_next(s) * n) >> 64);
+}
+
+/*
+ * Random offsets visit every block once per pass, in a new order each pass, as fio's default
+ * random map does: without it a time-based buffered run re-reads blocks the page cache already
+ * holds. A keyed bijection of [0, 2^k) walked by a counter, skipping values >= n (cycle walking).
+ */
+struct bench_perm {
+	uint64_t n, mask, i, k1, k2;
+	unsigned shift;
+};
+
+static void perm_init(struct bench_perm *p, uint64_t n, uint64_t *rng)
+{
+	unsigned bits = 0;
+	while (bits < 64 && (1ull << bits) < n)
+		bits++;
+	p->n = n;
+	p->mask = bits >= 64 ? UINT64_MAX : (1ull << bits) - 1;
+	p->shift = bits / 2 + 1;
+	p->i = 0;
+	p->k1 = rng_next(rng) & p->mask;
+	p->k2 = rng_next(rng) & p->mask;
+}
+
+/* Next block; *new_pass is set when a pass begins again (after the first). */
+static uint64_t perm_next(struct bench_perm *p, uint64_t *rng, int *new_pass)
+{
+	for (;;) {
+		if (p->i > p->mask) {
+			perm_init(p, p->n, rng);
+			*new_pass = 1;
+		}
+		uint64_t x = (p->i++ ^ p->k1) & p->mask;
+		x = (x * 0x9E3779B97F4A7C15ull) & p->mask;
+		x ^= x >> p->shift;
+		x = (x * 0xBF58476D1CE4E5B9ull) & p->mask;
+		x ^= x >> p->shift;
+		x = (x + p->k2) & p->mask;
+		if (x < p->n)
+			return x;
+	}
 }
 
 const char *bench_rw_name(enum bench_rw rw)
@@ -150,6 +193,10 @@ static int job_setup(struct bench_job *j)
 		return -1;
 	}
 	j->direct = ferry_file_is_direct(j->file);
+	if (o->cold == BENCH_COLD_FILE && (j->cold_fd = open(o->filename, O_RDONLY)) < 0) {
+		job_fail(j, "cannot open %s to drop its cached pages: %s", o->filename, strerror(errno));
+		return -1;
+	}
 	err = ferry_queue_create(j->sh->ctx, j->sh->depth, &j->q);
 	if (err < 0) {
 		job_fail(j, "cannot create an I/O queue of depth %u: %s (%s)", j->sh->depth,
@@ -227,12 +274,23 @@ static void job_loop(struct bench_job *j)
 	else
 		target = (o->io_size ? o->io_size : sh->region) / o->bs;
 	uint64_t now = j->t_start;
-	int stop = 0;
+	int stop = 0, new_pass = 0;
+	struct bench_perm perm;
+	perm_init(&perm, sh->nblocks, &j->rng);
 	for (;;) {
 		nq = 0;
 		while (!stop && nfree && issued < target) {
 			struct bench_slot *s = freel[--nfree];
-			uint64_t blk = random ? rng_below(&j->rng, sh->nblocks) : seq++ % sh->nblocks;
+			uint64_t blk;
+			if (random) {
+				blk = perm_next(&perm, &j->rng, &new_pass);
+			} else {
+				blk = seq++ % sh->nblocks;
+				new_pass = blk == 0 && seq > 1;
+			}
+			if (new_pass && j->cold_fd >= 0)
+				posix_fadvise(j->cold_fd, (off_t)o->offset, (off_t)sh->region, POSIX_FADV_DONTNEED);
+			new_pass = 0;
 			s->off = o->offset + blk * o->bs;
 			if (o->rw == BENCH_RANDRW)
 				s->write = rng_below(&j->rng, 100) >= o->rwmixread;
@@ -307,6 +365,8 @@ static void *job_main(void *arg)
 	pthread_barrier_wait(&sh->end);
 	ferry_queue_destroy(j->q);
 	ferry_file_close(j->file);
+	if (j->cold_fd >= 0)
+		close(j->cold_fd);
 	if (j->mem)
 		ferry_free_aligned(j->mem, j->memlen);
 	free(j->slots);
@@ -539,6 +599,9 @@ int bench_run(const struct bench_job_opts *o, struct bench_result *res)
 		goto out;
 
 	sh.ctx = ctx;
+	uint64_t stats0[FERRY_STAT__COUNT];
+	for (int k = 0; k < FERRY_STAT__COUNT; k++)
+		stats0[k] = ferry_ctx_stat(ctx, (enum ferry_stat)k);
 	jobs = calloc(o->numjobs, sizeof(*jobs));
 	if (!jobs || pthread_barrier_init(&sh.start, NULL, o->numjobs + 1) ||
 	    pthread_barrier_init(&sh.end, NULL, o->numjobs + 1)) {
@@ -549,6 +612,7 @@ int bench_run(const struct bench_job_opts *o, struct bench_result *res)
 	for (; started < o->numjobs; started++) {
 		jobs[started].sh = &sh;
 		jobs[started].index = started;
+		jobs[started].cold_fd = -1;
 		if (pthread_create(&jobs[started].thread, NULL, job_main, &jobs[started]))
 			break;
 	}
@@ -565,6 +629,8 @@ int bench_run(const struct bench_job_opts *o, struct bench_result *res)
 	res->timestamp_ms = (int64_t)rt.tv_sec * 1000 + rt.tv_nsec / 1000000;
 	pthread_barrier_wait(&sh.end);
 	getrusage(RUSAGE_SELF, &ru1);
+	for (int k = 0; k < FERRY_STAT__COUNT; k++)
+		res->stats[k] = ferry_ctx_stat(ctx, (enum ferry_stat)k) - stats0[k];
 	for (unsigned i = 0; i < o->numjobs; i++)
 		pthread_join(jobs[i].thread, NULL);
 	pthread_barrier_destroy(&sh.start);

@@ -1,10 +1,29 @@
 """ferry bench on a full file system (a 4 MiB tmpfs): exit 1 naming the error, other bytes kept."""
 import os
 import subprocess
+import time
 
 from _bench import check, finish, run, scratch, skip, stderr_line, write_random
 
 MiB = 1 << 20
+
+
+def settle(mnt, want_free):
+    """An exited process's io_uring is torn down asynchronously and holds its files a moment."""
+    for _ in range(100):
+        st = os.statvfs(mnt)
+        if st.f_bavail * st.f_frsize >= want_free:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def umount(mnt):
+    for _ in range(100):
+        if subprocess.run(["umount", mnt], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.05)
+    print(f"note: could not unmount {mnt}")
 
 
 def main():
@@ -23,6 +42,9 @@ def main():
         check("No space left on device" in err and new in err and "offset" in err,
               "message names the error, file and offset", err.strip())
         check(len(stderr_line(err)) == 1, "one sentence", err)
+
+        check(not os.path.exists(new), "the file this failed write created is removed")
+        check(settle(mnt, 4 * MiB), "its space comes back")
 
         # The run fails at the end of the file system; the bytes before --offset stay as they were.
         old = os.path.join(mnt, "old")
@@ -43,12 +65,13 @@ def main():
 
         # Laying out a file for a read fails cleanly and leaves no partial file.
         os.unlink(old)
+        settle(mnt, 4 * MiB)
         lay = os.path.join(mnt, "layout")
         rc, _, err = run("--filename", lay, "--rw", "read", "--size", "8m")
         check(rc == 1 and "No space left on device" in err, "layout on a full file system exits 1", (rc, err))
         check(not os.path.exists(lay), "the partial laid-out file is removed")
     finally:
-        subprocess.run(["umount", mnt])
+        umount(mnt)
     finish()
 
 
