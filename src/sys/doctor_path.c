@@ -249,7 +249,9 @@ static void check_leaf(ferry_report *r, const struct ferry__blk *b, int ncpu)
 					  "1: a spinning disk, seek-bound (~200 MB/s, ~200 IOPS): not a GPU data path",
 					  "0 (solid state)", src, "move training data and checkpoints to NVMe");
 	}
-	int ssd = rot == 0 || is_nvme(b->name);
+	/* A virtio disk's queue feeds the host's: scheduling twice only adds latency, so it is
+	 * judged like a solid-state drive whatever rotational says. */
+	int ssd = rot == 0 || is_nvme(b->name) || is_virtio(b->name);
 
 	const char *sched_expect = ssd ? "none or mq-deadline" : "mq-deadline or bfq";
 	if (read_attr(r, "block.scheduler", subj, b, "queue/scheduler", sched_expect, buf, sizeof(buf), src,

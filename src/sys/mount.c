@@ -2,6 +2,8 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,9 +112,15 @@ int ferry__sys_find_mount(const char *path, struct ferry__mount *out)
 		have_dev = 1;
 	}
 	ferry__sys_path(mi, sizeof(mi), FERRY__ROOT_PROC, "self/mountinfo");
-	FILE *f = fopen(mi, "re");
-	if (!f)
-		return ferry__error(-errno, "fopen(%s): %s", mi, strerror(errno));
+	/* O_NONBLOCK: a FIFO planted in a fixture (or a broken /proc) must not hang the doctor. */
+	int fd = open(mi, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+	if (!f) {
+		int err = errno;
+		if (fd >= 0)
+			close(fd);
+		return ferry__error(-err, "open(%s): %s", mi, strerror(err));
+	}
 	char *line = NULL;
 	size_t cap = 0;
 	size_t best_len = 0;
