@@ -164,8 +164,9 @@ FERRY_API int ferry_file_path_info(ferry_file *f, char *buf, size_t len);
 /*
  * Reads len bytes at offset into buf (host memory). Any offset, length and address: unaligned
  * parts are read through an aligned bounce buffer internally. Large requests are split into
- * chunks spread over the workers. Returns the bytes read, fewer only at end of file (bytes of buf
- * past the count are left as they were), or a negative error.
+ * chunks spread over the workers. Returns the bytes read, fewer only at end of file, or a negative
+ * error. Bytes of buf past the count are never stale: they are left as they were, or zeroed up to
+ * the end of the last block where an O_DIRECT read ran into end of file.
  */
 FERRY_API FERRY_WUR ssize_t ferry_pread(ferry_file *f, void *buf, size_t len, uint64_t offset);
 /* Writes len bytes. Returns len or a negative error (then some chunks may have been written). */

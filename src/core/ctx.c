@@ -1,0 +1,560 @@
+/* The context: knobs (declared as data rows), the worker pool, the file table and statistics. */
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io/io.h"
+
+enum knob_type { K_SIZE, K_UINT, K_ENUM };
+
+struct knob {
+	const char *name;
+	enum knob_type type;
+	size_t offset;
+	uint64_t def, min, max;
+	const char *const *choices; /* K_ENUM: index is the stored value */
+	bool shapes_workers;        /* cannot change once workers run */
+};
+
+static const char *const direct_choices[] = {"auto", "on", "off", NULL};
+static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
+static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
+					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
+
+#define CFG(field) offsetof(struct ferry__config, field)
+#define KiB (1ull << 10)
+#define MiB (1ull << 20)
+#define GiB (1ull << 30)
+
+/*
+ * Defaults: docs/CONFIG.md records the measurement behind each one. threads=4 and queue_depth=8
+ * keep 32 chunks of 1 MiB in flight, which saturated the GPU machine's disk (fio: 4 jobs x QD16 of
+ * 4 MiB) and its tmpfs to host in the first runs; revisit with bench/ on new machines.
+ */
+static const struct knob knobs[] = {
+	{"threads", K_UINT, CFG(threads), 4, 1, 256, NULL, true},
+	{"chunk_size", K_SIZE, CFG(chunk_size), 1 * MiB, 4 * KiB, 1 * GiB, NULL, false},
+	{"queue_depth", K_UINT, CFG(queue_depth), 8, 1, 4096, NULL, true},
+	{"slots", K_UINT, CFG(slots), 4, 1, 1024, NULL, true},
+	{"direct", K_ENUM, CFG(direct), FERRY__DIRECT_AUTO, 0, 2, direct_choices, false},
+	{"backend", K_ENUM, CFG(backend), FERRY__BACKEND_AUTO, 0, 2, backend_choices, true},
+	{"sqpoll", K_UINT, CFG(sqpoll), 0, 0, 1, NULL, true},
+	{"register", K_UINT, CFG(reg), 1, 0, 1, NULL, true},
+	{"path", K_ENUM, CFG(path), 0, 0, 7, path_choices, false},
+	{"device", K_UINT, CFG(device), 0, 0, 1024, NULL, false},
+	{"host_budget", K_SIZE, CFG(host_budget), 4 * GiB, 0, UINT64_MAX, NULL, false},
+	{"device_budget", K_SIZE, CFG(device_budget), 1 * GiB, 0, UINT64_MAX, NULL, false},
+	{"log_level", K_UINT, CFG(log_level), 0, 0, 4, NULL, false},
+};
+#define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
+
+static const char *const knob_names[NKNOBS + 1] = {
+	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
+	"register", "path", "device", "host_budget", "device_budget", "log_level", NULL};
+
+const char *const *ferry_ctx_keys(void)
+{
+	return knob_names;
+}
+
+static const struct knob *find_knob(const char *key)
+{
+	for (size_t i = 0; i < NKNOBS; i++)
+		if (!strcmp(knobs[i].name, key))
+			return &knobs[i];
+	return NULL;
+}
+
+static uint64_t *knob_ptr(struct ferry__config *cfg, const struct knob *k)
+{
+	return (uint64_t *)((char *)cfg + k->offset);
+}
+
+static int parse_knob(const struct knob *k, const char *value, uint64_t *out)
+{
+	uint64_t v;
+
+	if (k->type == K_ENUM) {
+		for (uint64_t i = 0; k->choices[i]; i++)
+			if (!strcmp(k->choices[i], value)) {
+				*out = i;
+				return 0;
+			}
+		/* also accept the numeric index (gdsio's -x numbers for `path`) */
+		if (isdigit((unsigned char)value[0]) && !value[1] && (uint64_t)(value[0] - '0') <= k->max) {
+			*out = (uint64_t)(value[0] - '0') + (k->choices == path_choices ? 1 : 0);
+			return *out <= k->max ? 0 : FERRY_EBADOPT;
+		}
+		return FERRY_EBADOPT;
+	}
+	if (k->type == K_SIZE) {
+		if (ferry__parse_size(value, &v))
+			return FERRY_EBADOPT;
+	} else {
+		char *end;
+		if (!isdigit((unsigned char)value[0]))
+			return FERRY_EBADOPT;
+		errno = 0;
+		v = strtoull(value, &end, 10);
+		if (errno || *end)
+			return FERRY_EBADOPT;
+	}
+	if (v < k->min || v > k->max)
+		return FERRY_EBADOPT;
+	if (!strcmp(k->name, "chunk_size") && v % (4 * KiB))
+		return FERRY_EBADOPT;
+	*out = v;
+	return 0;
+}
+
+static void describe_knob(const struct knob *k, char *buf, size_t len)
+{
+	if (k->type == K_ENUM) {
+		size_t n = 0;
+		n += (size_t)snprintf(buf + n, len - n, "one of");
+		for (size_t i = 0; k->choices[i] && n < len; i++)
+			n += (size_t)snprintf(buf + n, len - n, "%s %s", i ? "," : "", k->choices[i]);
+	} else if (k->type == K_SIZE) {
+		snprintf(buf, len, "a size from %" PRIu64 " to %" PRIu64 " bytes (suffixes k, m, g)%s",
+			 k->min, k->max, !strcmp(k->name, "chunk_size") ? ", a multiple of 4k" : "");
+	} else {
+		snprintf(buf, len, "an integer from %" PRIu64 " to %" PRIu64, k->min, k->max);
+	}
+}
+
+static int set_knob(ferry_ctx *ctx, const char *key, const char *value, const char *origin)
+{
+	const struct knob *k = find_knob(key);
+	char expect[160];
+	uint64_t v;
+
+	if (!k)
+		return ferry__error(FERRY_EBADOPT, "%s: unknown knob '%s'", origin, key);
+	if (!value || parse_knob(k, value, &v)) {
+		describe_knob(k, expect, sizeof(expect));
+		return ferry__error(FERRY_EBADOPT, "%s: %s='%s' is not valid; expected %s", origin, key,
+				    value ? value : "(null)", expect);
+	}
+	pthread_mutex_lock(&ctx->mu);
+	if (k->shapes_workers && (ctx->started || ctx->backend) && *knob_ptr(&ctx->cfg, k) != v) {
+		pthread_mutex_unlock(&ctx->mu);
+		return ferry__error(FERRY_EBUSY, "%s: %s cannot change once I/O has started",
+				    origin, key);
+	}
+	*knob_ptr(&ctx->cfg, k) = v;
+	pthread_mutex_unlock(&ctx->mu);
+	if (!strcmp(key, "log_level"))
+		ferry__log_level = (int)v;
+	return 0;
+}
+
+int ferry_ctx_create(ferry_ctx **out)
+{
+	ferry_ctx *ctx = calloc(1, sizeof(*ctx));
+	pthread_condattr_t ca;
+	char env[64];
+	int ret;
+
+	*out = NULL;
+	if (!ctx)
+		return ferry__error(-ENOMEM, "allocating a context");
+	for (size_t i = 0; i < NKNOBS; i++)
+		*knob_ptr(&ctx->cfg, &knobs[i]) = knobs[i].def;
+	pthread_mutex_init(&ctx->mu, NULL);
+	pthread_mutex_init(&ctx->slot_mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&ctx->work_cv, &ca);
+	pthread_condattr_destroy(&ca);
+	for (size_t i = 0; i < NKNOBS; i++) {
+		size_t j;
+		memcpy(env, "FERRY_", 6);
+		for (j = 0; knobs[i].name[j] && j + 7 < sizeof(env); j++)
+			env[6 + j] = (char)toupper((unsigned char)knobs[i].name[j]);
+		env[6 + j] = '\0';
+		const char *v = getenv(env);
+		if (v && (ret = set_knob(ctx, knobs[i].name, v, env)) < 0) {
+			ferry_ctx_destroy(ctx);
+			return ret;
+		}
+	}
+	*out = ctx;
+	return 0;
+}
+
+int ferry_ctx_set(ferry_ctx *ctx, const char *key, const char *value)
+{
+	if (!ctx || !key)
+		return ferry__error(-EINVAL, "ferry_ctx_set: NULL context or key");
+	return set_knob(ctx, key, value, "ferry_ctx_set");
+}
+
+int ferry_ctx_get(const ferry_ctx *ctx, const char *key, char *buf, size_t len)
+{
+	const struct knob *k = key ? find_knob(key) : NULL;
+	uint64_t v;
+
+	if (!k)
+		return ferry__error(FERRY_EBADOPT, "ferry_ctx_get: unknown knob '%s'", key ? key : "(null)");
+	v = *knob_ptr((struct ferry__config *)&ctx->cfg, k);
+	if (k->type == K_ENUM)
+		return snprintf(buf, len, "%s", k->choices[v]);
+	return snprintf(buf, len, "%" PRIu64, v);
+}
+
+size_t ferry__slot_size(const ferry_ctx *ctx)
+{
+	/* room for the aligned head and tail blocks of an unaligned chunk (blocks up to 64 KiB) */
+	return (size_t)ctx->cfg.chunk_size + 128 * KiB;
+}
+
+/* ------------------------------------------------------------------------------------- backends */
+
+const struct ferry__backend_ops *ferry__backend_by_name(const char *name)
+{
+	for (size_t i = 0; ferry__backends[i]; i++)
+		if (!strcmp(ferry__backends[i]->name, name))
+			return ferry__backends[i];
+	return NULL;
+}
+
+const char *ferry_backend_unavailable_reason(const char *backend)
+{
+	static _Thread_local char why[256];
+	const struct ferry__backend_ops *b = backend ? ferry__backend_by_name(backend) : NULL;
+
+	if (!b) {
+		snprintf(why, sizeof(why), "unknown backend '%s' (psync, io_uring)",
+			 backend ? backend : "(null)");
+		return why;
+	}
+	why[0] = '\0';
+	if (b->probe(why, sizeof(why)) == 0)
+		why[0] = '\0';
+	return why;
+}
+
+static void *worker_main(void *arg);
+
+static int choose_backend(ferry_ctx *ctx)
+{
+	char why[256] = "";
+
+	switch (ctx->cfg.backend) {
+	case FERRY__BACKEND_PSYNC:
+		ctx->backend = &ferry__backend_psync;
+		return 0;
+	case FERRY__BACKEND_URING:
+		if (ferry__backend_uring.probe(why, sizeof(why)))
+			return ferry__error(FERRY_EBACKEND, "backend=io_uring was asked for: %s", why);
+		ctx->backend = &ferry__backend_uring;
+		return 0;
+	default:
+		for (size_t i = 0; ferry__backends[i]; i++) {
+			if (ferry__backends[i]->probe(why, sizeof(why)) == 0) {
+				ctx->backend = ferry__backends[i];
+				if (i > 0) {
+					ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1);
+					FERRY__LOG(FERRY__LOG_INFO, "backend auto: %s; using %s", why,
+						   ctx->backend->name);
+				}
+				return 0;
+			}
+		}
+		return ferry__error(FERRY_EBACKEND, "no I/O backend works here: %s", why);
+	}
+}
+
+int ferry__ctx_choose_backend(ferry_ctx *ctx)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&ctx->mu);
+	if (!ctx->backend)
+		ret = choose_backend(ctx);
+	pthread_mutex_unlock(&ctx->mu);
+	return ret;
+}
+
+const char *ferry__backend_name(const ferry_ctx *ctx)
+{
+	if (ctx->backend)
+		return ctx->backend->name;
+	return backend_choices[ctx->cfg.backend];
+}
+
+int ferry__ctx_start(ferry_ctx *ctx)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&ctx->mu);
+	if (ctx->started) {
+		ret = ctx->start_error;
+		pthread_mutex_unlock(&ctx->mu);
+		return ret;
+	}
+	pthread_mutex_unlock(&ctx->mu);
+
+	/* Ring setup happens outside the lock (rings register themselves). */
+	ret = ferry__ctx_choose_backend(ctx);
+	unsigned n = (unsigned)ctx->cfg.threads;
+	struct ferry__worker *w = ret ? NULL : calloc(n, sizeof(*w));
+	if (!ret && !w)
+		ret = ferry__error(-ENOMEM, "allocating %u workers", n);
+	unsigned made = 0;
+	for (; !ret && made < n; made++) {
+		w[made].ctx = ctx;
+		w[made].index = made;
+		ret = ferry__ioq_init(&w[made].q, ctx, (unsigned)ctx->cfg.queue_depth,
+				      (unsigned)ctx->cfg.slots);
+		if (ret)
+			break;
+	}
+	pthread_mutex_lock(&ctx->mu);
+	if (ctx->started) { /* another thread won the race */
+		pthread_mutex_unlock(&ctx->mu);
+		for (unsigned i = 0; i < made; i++)
+			ferry__ioq_exit(&w[i].q);
+		free(w);
+		return ferry__ctx_start(ctx);
+	}
+	if (!ret) {
+		ctx->workers = w;
+		for (unsigned i = 0; i < n; i++) {
+			int e = pthread_create(&w[i].thread, NULL, worker_main, &w[i]);
+			if (e) {
+				ret = ferry__error(-e, "starting worker thread %u", i);
+				ctx->stopping = true;
+				break;
+			}
+			ctx->nworkers++;
+		}
+	}
+	ctx->started = true;
+	ctx->start_error = ret;
+	pthread_mutex_unlock(&ctx->mu);
+	if (ret && !ctx->workers) {
+		for (unsigned i = 0; i < made; i++)
+			ferry__ioq_exit(&w[i].q);
+		free(w);
+	}
+	return ret;
+}
+
+int ferry_ctx_start(ferry_ctx *ctx)
+{
+	return ferry__ctx_start(ctx);
+}
+
+const char *ferry_ctx_backend(ferry_ctx *ctx)
+{
+	if (!ctx->backend && ferry__ctx_start(ctx))
+		return "none";
+	return ctx->backend->name;
+}
+
+void ferry_ctx_destroy(ferry_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	pthread_mutex_lock(&ctx->mu);
+	ctx->stopping = true;
+	pthread_cond_broadcast(&ctx->work_cv);
+	unsigned n = ctx->nworkers;
+	pthread_mutex_unlock(&ctx->mu);
+	for (unsigned i = 0; i < n; i++)
+		pthread_join(ctx->workers[i].thread, NULL);
+	if (ctx->workers)
+		for (unsigned i = 0; i < (unsigned)ctx->cfg.threads; i++)
+			if (ctx->workers[i].q.chunks)
+				ferry__ioq_exit(&ctx->workers[i].q);
+	free(ctx->workers);
+	for (unsigned i = 0; i < ctx->nslot_cache; i++)
+		ferry_free_aligned(ctx->slot_cache[i], ferry__slot_size(ctx));
+	free(ctx->slot_cache);
+	pthread_mutex_destroy(&ctx->mu);
+	pthread_mutex_destroy(&ctx->slot_mu);
+	pthread_cond_destroy(&ctx->work_cv);
+	free(ctx);
+}
+
+/* ----------------------------------------------------------------------------------- statistics */
+
+static const char *const stat_names[FERRY_STAT__COUNT] = {
+	"bytes_read",      "bytes_written",  "reads",    "writes",  "chunks",    "direct_chunks",
+	"bounced_chunks",  "buffered_chunks", "retries", "errors",  "fallbacks",
+};
+
+uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which)
+{
+	if ((unsigned)which >= FERRY_STAT__COUNT)
+		return 0;
+	return atomic_load_explicit(&((ferry_ctx *)ctx)->stats[which], memory_order_relaxed);
+}
+
+const char *ferry_stat_name(enum ferry_stat which)
+{
+	return (unsigned)which < FERRY_STAT__COUNT ? stat_names[which] : "unknown";
+}
+
+/* ------------------------------------------------------------------ registered files and rings */
+
+void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q)
+{
+	q->reg_next = ctx->rings;
+	ctx->rings = q;
+	if (!ctx->cfg.reg || !q->ops->files_init)
+		return;
+	if (q->ops->files_init(q->ring, FERRY__MAX_FILES) < 0)
+		return; /* plain descriptors then; nothing else changes */
+	q->files_registered = true;
+	for (unsigned i = 0; i < FERRY__MAX_FILES / 2; i++) {
+		struct ferry_file *f = ctx->files[i];
+		if (!f)
+			continue;
+		q->ops->files_update(q->ring, 2 * i, f->fd_buf);
+		if (f->fd_direct >= 0)
+			q->ops->files_update(q->ring, 2 * i + 1, f->fd_direct);
+	}
+}
+
+void ferry__ring_unregister(ferry_ctx *ctx, struct ferry__ioq *q)
+{
+	for (struct ferry__ioq **p = &ctx->rings; *p; p = &(*p)->reg_next)
+		if (*p == q) {
+			*p = q->reg_next;
+			return;
+		}
+}
+
+int ferry__file_register(ferry_ctx *ctx, struct ferry_file *f)
+{
+	f->slot = -1;
+	if (!ctx->cfg.reg)
+		return 0;
+	pthread_mutex_lock(&ctx->mu);
+	for (unsigned i = 0; i < FERRY__MAX_FILES / 2; i++) {
+		if (ctx->files[i])
+			continue;
+		ctx->files[i] = f;
+		f->slot = (int)i;
+		for (struct ferry__ioq *q = ctx->rings; q; q = q->reg_next) {
+			if (!q->files_registered)
+				continue;
+			/* A ring whose update fails keeps a stale slot: never use fixed files there. */
+			if (q->ops->files_update(q->ring, 2 * i, f->fd_buf) < 0 ||
+			    (f->fd_direct >= 0 &&
+			     q->ops->files_update(q->ring, 2 * i + 1, f->fd_direct) < 0)) {
+				ctx->files[i] = NULL;
+				f->slot = -1;
+				break;
+			}
+		}
+		break;
+	}
+	pthread_mutex_unlock(&ctx->mu);
+	return 0;
+}
+
+void ferry__file_unregister(ferry_ctx *ctx, struct ferry_file *f)
+{
+	if (f->slot < 0)
+		return;
+	pthread_mutex_lock(&ctx->mu);
+	for (struct ferry__ioq *q = ctx->rings; q; q = q->reg_next) {
+		if (!q->files_registered)
+			continue;
+		q->ops->files_update(q->ring, 2 * (unsigned)f->slot, -1);
+		q->ops->files_update(q->ring, 2 * (unsigned)f->slot + 1, -1);
+	}
+	ctx->files[f->slot] = NULL;
+	f->slot = -1;
+	pthread_mutex_unlock(&ctx->mu);
+}
+
+/* --------------------------------------------------------------------------------- the workers */
+
+static void entry_chunk_done(ferry_ctx *ctx, struct ferry__chunk *c);
+
+static void *worker_main(void *arg)
+{
+	struct ferry__worker *w = arg;
+	ferry_ctx *ctx = w->ctx;
+	struct ferry__ioq *q = &w->q;
+	struct ferry__chunk **done = calloc(q->depth, sizeof(*done));
+
+	if (!done)
+		return NULL; /* the other workers carry on; nothing was taken */
+	for (;;) {
+		pthread_mutex_lock(&ctx->mu);
+		while (!ctx->stopping && !ctx->work_head && q->pending == 0)
+			pthread_cond_wait(&ctx->work_cv, &ctx->mu);
+		if (ctx->stopping && !ctx->work_head && q->pending == 0) {
+			pthread_mutex_unlock(&ctx->mu);
+			break;
+		}
+		unsigned took = 0;
+		struct ferry__chunk *batch = NULL, **tail = &batch;
+		while (ctx->work_head) {
+			struct ferry__entry *e = ctx->work_head;
+			struct ferry__chunk *c = ferry__ioq_get(q);
+			if (!c)
+				break;
+			uint64_t end = ferry__chunk_end(e->cursor, e->off + e->len, ctx->cfg.chunk_size);
+			c->f = e->f;
+			c->buf = e->buf + (e->cursor - e->off);
+			c->off = e->cursor;
+			c->len = (size_t)(end - e->cursor);
+			c->is_write = e->is_write;
+			c->entry = e;
+			e->cursor = end;
+			if (end == e->off + e->len) {
+				ctx->work_head = e->next_work;
+				if (!ctx->work_head)
+					ctx->work_tail = NULL;
+			}
+			*tail = c;
+			tail = &c->next;
+			took++;
+		}
+		if (took && ctx->work_head)
+			pthread_cond_signal(&ctx->work_cv); /* more for an idle sibling */
+		pthread_mutex_unlock(&ctx->mu);
+
+		while (batch) {
+			struct ferry__chunk *c = batch;
+			batch = c->next;
+			ferry__ioq_queue(q, c);
+		}
+		int n = ferry__ioq_reap(q, q->pending ? 1 : 0, done, q->depth);
+		if (n < 0) {
+			/* Submitting or waiting on the ring itself failed (not one I/O: those complete
+			 * with their own error). Chunks are still owned by the kernel, so they can be
+			 * neither failed nor reused: back off and try again. */
+			FERRY__LOG(FERRY__LOG_WARN, "worker %u: %s ring: %s", w->index, q->ops->name,
+				   ferry_strerror(n));
+			usleep(1000);
+			continue;
+		}
+		for (int i = 0; i < n; i++) {
+			entry_chunk_done(ctx, done[i]);
+			done[i]->entry = NULL;
+			ferry__ioq_put(q, done[i]);
+		}
+	}
+	free(done);
+	return NULL;
+}
+
+/* Defined in src/io/engine.c: accounts one finished chunk of an entry. */
+void ferry__entry_chunk_done(ferry_ctx *ctx, struct ferry__entry *e, uint64_t chunk_off,
+			     size_t chunk_len, int64_t result);
+
+static void entry_chunk_done(ferry_ctx *ctx, struct ferry__chunk *c)
+{
+	ferry__entry_chunk_done(ctx, c->entry, c->off, c->len, c->result);
+}

@@ -1,0 +1,221 @@
+/* The public GPU API (include/ferry/gpu.h) and memory kinds. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "ferry/gpu.h"
+#include "gpu/shim.h"
+
+_Static_assert((int)FERRY_MEM_HOST == FERRY__MEM_HOST && (int)FERRY_MEM_PINNED == FERRY__MEM_PINNED &&
+		       (int)FERRY_MEM_DEVICE == FERRY__MEM_DEVICE &&
+		       (int)FERRY_MEM_MANAGED == FERRY__MEM_MANAGED,
+	       "public and internal memory kinds agree");
+_Static_assert(FERRY_GDS_REFUSED == FERRY__GDS_REFUSED && FERRY_GDS_NATIVE == FERRY__GDS_NATIVE &&
+		       FERRY_GDS_COMPAT == FERRY__GDS_COMPAT,
+	       "public and internal GDS states agree");
+
+static ferry__CUdeviceptr dptr(const void *p)
+{
+	return (ferry__CUdeviceptr)(uintptr_t)p;
+}
+
+int ferry__mem_kind(const void *ptr, int *device)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	unsigned int type = 0, managed = 0;
+	int ordinal = -1, kind = FERRY__MEM_HOST;
+
+	if (device)
+		*device = -1;
+	if (!cu || !ptr)
+		return FERRY__MEM_HOST;
+	if (cu->PointerGetAttributes) {
+		/* One call; an address CUDA does not know comes back as memory type 0, not an error. */
+		ferry__CUpointer_attribute attrs[3] = { FERRY__CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+							FERRY__CU_POINTER_ATTRIBUTE_IS_MANAGED,
+							FERRY__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL };
+		void *data[3] = { &type, &managed, &ordinal };
+		if (cu->PointerGetAttributes(3, attrs, data, dptr(ptr)) != FERRY__CUDA_SUCCESS)
+			return FERRY__MEM_HOST;
+	} else {
+		/* CUDA_ERROR_INVALID_VALUE here means plain host memory CUDA never saw. */
+		if (cu->PointerGetAttribute(&type, FERRY__CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr(ptr)) !=
+		    FERRY__CUDA_SUCCESS)
+			return FERRY__MEM_HOST;
+		if (cu->PointerGetAttribute(&managed, FERRY__CU_POINTER_ATTRIBUTE_IS_MANAGED, dptr(ptr)) !=
+		    FERRY__CUDA_SUCCESS)
+			managed = 0;
+		if (cu->PointerGetAttribute(&ordinal, FERRY__CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr(ptr)) !=
+		    FERRY__CUDA_SUCCESS)
+			ordinal = -1;
+	}
+	if (managed)
+		kind = FERRY__MEM_MANAGED;
+	else if (type == FERRY__CU_MEMORYTYPE_HOST)
+		kind = FERRY__MEM_PINNED;
+	else if (type == FERRY__CU_MEMORYTYPE_DEVICE || type == FERRY__CU_MEMORYTYPE_UNIFIED)
+		kind = FERRY__MEM_DEVICE;
+	else
+		return FERRY__MEM_HOST;
+	if (device)
+		*device = ordinal >= 0 && ordinal < cu->device_count ? ordinal : -1;
+	return kind;
+}
+
+int ferry_mem_kind(const void *ptr, int *device)
+{
+	return ferry__mem_kind(ptr, device);
+}
+
+int ferry_gpu_available(char *why, size_t len)
+{
+	int ok = ferry__cuda() != NULL;
+
+	if (why && len)
+		snprintf(why, len, "%s", ok ? "" : ferry__cuda_unavailable_reason());
+	return ok;
+}
+
+int ferry_gpu_count(void)
+{
+	int err = ferry__cuda_require();
+
+	return err ? err : ferry__cuda()->device_count;
+}
+
+int ferry_gpu_name(int dev, char *buf, size_t len)
+{
+	const struct ferry__cuda_api *cu;
+	ferry__CUdevice d;
+	ferry__CUresult r;
+	int err = ferry__cuda_require();
+
+	if (err)
+		return err;
+	cu = ferry__cuda();
+	if (!buf || len == 0)
+		return ferry__error(-EINVAL, "ferry_gpu_name: no buffer");
+	if (dev < 0 || dev >= cu->device_count)
+		return ferry__error(-EINVAL, "CUDA device %d does not exist (%d visible)", dev,
+				    cu->device_count);
+	r = cu->DeviceGet(&d, dev);
+	if (r == FERRY__CUDA_SUCCESS)
+		r = cu->DeviceGetName(buf, len > INT_MAX ? INT_MAX : (int)len, d);
+	if (r != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(r, "cuDeviceGetName(device %d)", dev);
+	buf[len - 1] = '\0';
+	return (int)strlen(buf);
+}
+
+int ferry_gpu_malloc(int dev, size_t len, void **out)
+{
+	ferry__CUdeviceptr p = 0;
+	ferry__CUresult r;
+	int err = ferry__cuda_require();
+
+	if (err)
+		return err;
+	if (!out || len == 0)
+		return ferry__error(-EINVAL, "ferry_gpu_malloc(device %d, %zu bytes): nothing to allocate",
+				    dev, len);
+	err = ferry__cuda_set_device(dev);
+	if (err)
+		return err;
+	r = ferry__cuda()->MemAlloc(&p, len);
+	if (r != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(r, "cuMemAlloc(%zu bytes) on device %d", len, dev);
+	*out = (void *)(uintptr_t)p;
+	return 0;
+}
+
+/* Makes the context owning device pointer p current; -EINVAL if p is not device memory. */
+static int enter_device_of(const void *p, const char *call)
+{
+	int dev, kind = ferry__mem_kind(p, &dev);
+
+	if ((kind != FERRY__MEM_DEVICE && kind != FERRY__MEM_MANAGED) || dev < 0)
+		return ferry__error(-EINVAL, "%s: %p is not CUDA device memory", call, p);
+	return ferry__cuda_set_device(dev);
+}
+
+int ferry_gpu_free(void *dev_ptr)
+{
+	ferry__CUresult r;
+	int err = ferry__cuda_require();
+
+	if (err || !dev_ptr)
+		return err;
+	err = enter_device_of(dev_ptr, "ferry_gpu_free");
+	if (err)
+		return err;
+	r = ferry__cuda()->MemFree(dptr(dev_ptr));
+	if (r != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(r, "cuMemFree(%p)", dev_ptr);
+	return 0;
+}
+
+int ferry_gpu_memcpy_htod(void *dst_dev, const void *src_host, size_t len)
+{
+	ferry__CUresult r;
+	int err = ferry__cuda_require();
+
+	if (err || len == 0)
+		return err;
+	err = enter_device_of(dst_dev, "ferry_gpu_memcpy_htod");
+	if (err)
+		return err;
+	r = ferry__cuda()->MemcpyHtoD(dptr(dst_dev), src_host, len);
+	if (r != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(r, "cuMemcpyHtoD(%p, %zu bytes)", dst_dev, len);
+	return 0;
+}
+
+int ferry_gpu_memcpy_dtoh(void *dst_host, const void *src_dev, size_t len)
+{
+	ferry__CUresult r;
+	int err = ferry__cuda_require();
+
+	if (err || len == 0)
+		return err;
+	err = enter_device_of(src_dev, "ferry_gpu_memcpy_dtoh");
+	if (err)
+		return err;
+	r = ferry__cuda()->MemcpyDtoH(dst_host, dptr(src_dev), len);
+	if (r != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(r, "cuMemcpyDtoH(%p, %zu bytes)", src_dev, len);
+	return 0;
+}
+
+int ferry_gds_status(const char *path, char *why, size_t len)
+{
+	char buf[512];
+	int fd, state, err = ferry__cuda_require();
+
+	if (err) {
+		if (why && len)
+			snprintf(why, len, "%s", ferry__cuda_unavailable_reason());
+		return err;
+	}
+	if (!why || !len) {
+		why = buf;
+		len = sizeof(buf);
+	}
+	fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (fd < 0 && errno == EINVAL) {
+		snprintf(why, len, "%s: the file system refuses O_DIRECT, which GPUDirect Storage needs",
+			 path);
+		return FERRY__GDS_REFUSED;
+	}
+	if (fd < 0) {
+		err = -errno;
+		snprintf(why, len, "open(%s, O_DIRECT): %s", path, strerror(-err));
+		return ferry__error(err, "ferry_gds_status: open(%s, O_DIRECT)", path);
+	}
+	state = ferry__gds_probe_fd(fd, why, len);
+	close(fd);
+	return state;
+}

@@ -1,0 +1,602 @@
+/* Requests: synchronous, asynchronous and batched transfers split into chunks for the workers;
+ * and caller-owned queues. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "io/io.h"
+
+struct ferry_req {
+	struct ferry__group g;
+	struct ferry__entry e;
+};
+
+struct ferry_batch {
+	ferry_ctx *ctx;
+	struct ferry__group g;
+	struct ferry__entry *entries;
+	size_t count, cap;
+	bool running;
+};
+
+struct ferry_queue {
+	ferry_ctx *ctx;
+	struct ferry__ioq q;
+	struct ferry__chunk **done;
+};
+
+static const char *mode_name(int mode)
+{
+	return mode == FERRY__CH_DIRECT ? "O_DIRECT" : mode == FERRY__CH_BOUNCE ? "O_DIRECT via bounce slot"
+										: "buffered";
+}
+
+/* --------------------------------------------------------------------------------------- groups */
+
+static void group_init(struct ferry__group *g, uint64_t entries)
+{
+	pthread_condattr_t ca;
+
+	pthread_mutex_init(&g->mu, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&g->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	atomic_init(&g->entries_left, entries);
+	atomic_init(&g->done, entries == 0);
+}
+
+static void group_destroy(struct ferry__group *g)
+{
+	/* The last worker sets done, broadcasts and unlocks under g->mu: taking it here makes sure
+	 * that worker has let go before the memory goes away (requests live on callers' stacks). */
+	pthread_mutex_lock(&g->mu);
+	pthread_mutex_unlock(&g->mu);
+	pthread_mutex_destroy(&g->mu);
+	pthread_cond_destroy(&g->cv);
+}
+
+static void group_entry_done(struct ferry__group *g)
+{
+	if (atomic_fetch_sub(&g->entries_left, 1) == 1) {
+		pthread_mutex_lock(&g->mu);
+		atomic_store(&g->done, 1);
+		pthread_cond_broadcast(&g->cv);
+		pthread_mutex_unlock(&g->mu);
+	}
+}
+
+static int group_wait(struct ferry__group *g, int64_t timeout_ns)
+{
+	struct timespec ts;
+	int ret = 0;
+
+	if (atomic_load(&g->done))
+		return 0;
+	if (timeout_ns >= 0) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ns;
+		ts.tv_sec += (time_t)(ns / 1000000000u);
+		ts.tv_nsec = (long)(ns % 1000000000u);
+	}
+	pthread_mutex_lock(&g->mu);
+	while (!atomic_load(&g->done) && ret == 0)
+		ret = timeout_ns >= 0 ? pthread_cond_timedwait(&g->cv, &g->mu, &ts)
+				      : pthread_cond_wait(&g->cv, &g->mu);
+	pthread_mutex_unlock(&g->mu);
+	return atomic_load(&g->done) ? 0 : -ETIMEDOUT;
+}
+
+/* -------------------------------------------------------------------------------------- entries */
+
+static void entry_init(struct ferry__entry *e, struct ferry__group *g, ferry_file *f, void *buf,
+		       uint64_t off, uint64_t len, bool is_write, uint64_t chunk_size)
+{
+	memset(e, 0, sizeof(*e));
+	e->f = f;
+	e->buf = buf;
+	e->off = off;
+	e->len = len;
+	e->is_write = is_write;
+	e->cursor = off;
+	e->group = g;
+	atomic_init(&e->chunks_left, ferry__chunk_count(off, len, chunk_size));
+	atomic_init(&e->short_end, (int_fast64_t)len);
+	atomic_init(&e->error, 0);
+}
+
+static void account(ferry_ctx *ctx, bool is_write, int64_t result)
+{
+	if (result < 0) {
+		ferry__stat_add(ctx, FERRY_STAT_ERRORS, 1);
+		return;
+	}
+	ferry__stat_add(ctx, is_write ? FERRY_STAT_WRITES : FERRY_STAT_READS, 1);
+	ferry__stat_add(ctx, is_write ? FERRY_STAT_BYTES_WRITTEN : FERRY_STAT_BYTES_READ, (uint64_t)result);
+}
+
+static void entry_finish(ferry_ctx *ctx, struct ferry__entry *e)
+{
+	int err = atomic_load(&e->error);
+
+	e->result = err ? err : (int64_t)atomic_load(&e->short_end);
+	account(ctx, e->is_write, e->result);
+	group_entry_done(e->group);
+}
+
+/* Called by the workers for every finished chunk. */
+void ferry__entry_chunk_done(ferry_ctx *ctx, struct ferry__entry *e, uint64_t chunk_off,
+			     size_t chunk_len, int64_t result)
+{
+	if (result < 0) {
+		int expected = 0;
+		if (atomic_compare_exchange_strong(&e->error, &expected, (int)result))
+			e->err_off = chunk_off; /* read by the waiter once the group is done */
+	} else if ((size_t)result < chunk_len) {
+		int_fast64_t end = (int_fast64_t)(chunk_off - e->off) + result;
+		int_fast64_t cur = atomic_load(&e->short_end);
+		while (end < cur && !atomic_compare_exchange_weak(&e->short_end, &cur, end))
+			;
+	}
+	if (atomic_fetch_sub(&e->chunks_left, 1) == 1)
+		entry_finish(ctx, e);
+}
+
+static int entry_error_detail(const struct ferry__entry *e)
+{
+	ferry_ctx *ctx = e->f->ctx;
+	return ferry__error((int)e->result, "%s(%s, offset %llu, %llu bytes) on %s, %s",
+			    e->is_write ? "pwrite" : "pread", e->f->path, (unsigned long long)e->err_off,
+			    (unsigned long long)e->len, ferry__backend_name(ctx),
+			    e->f->fd_direct >= 0 ? "O_DIRECT descriptor" : "buffered descriptor");
+}
+
+static int check_args(ferry_file *f, const void *buf, size_t len, uint64_t off, bool is_write)
+{
+	if (!f)
+		return ferry__error(-EINVAL, "%s: NULL file", is_write ? "pwrite" : "pread");
+	if (!buf && len)
+		return ferry__error(-EFAULT, "%s(%s): NULL buffer for %zu bytes",
+				    is_write ? "pwrite" : "pread", f->path, len);
+	if (len > (size_t)SSIZE_MAX || off > (uint64_t)INT64_MAX - len)
+		return ferry__error(-EINVAL, "%s(%s): offset %llu + length %zu overflows",
+				    is_write ? "pwrite" : "pread", f->path, (unsigned long long)off, len);
+	if (is_write && !f->writable)
+		return ferry__error(-EBADF, "pwrite(%s): the file was opened read-only", f->path);
+	return 0;
+}
+
+/* Queues entries on the work list (they must have length; their groups initialised). */
+static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, size_t stride)
+{
+	int ret = ferry__ctx_start(ctx);
+	if (ret)
+		return ret;
+	pthread_mutex_lock(&ctx->mu);
+	for (size_t i = 0; i < n; i++) {
+		struct ferry__entry *e = (struct ferry__entry *)((char *)es + i * stride);
+		if (!e->len)
+			continue;
+		e->next_work = NULL;
+		if (ctx->work_tail)
+			ctx->work_tail->next_work = e;
+		else
+			ctx->work_head = e;
+		ctx->work_tail = e;
+	}
+	pthread_cond_broadcast(&ctx->work_cv);
+	pthread_mutex_unlock(&ctx->mu);
+	return 0;
+}
+
+/* -------------------------------------------------------------------------------- synchronous */
+
+static char *slot_take(ferry_ctx *ctx)
+{
+	char *s = NULL;
+
+	pthread_mutex_lock(&ctx->slot_mu);
+	if (ctx->nslot_cache)
+		s = ctx->slot_cache[--ctx->nslot_cache];
+	pthread_mutex_unlock(&ctx->slot_mu);
+	return s ? s : ferry_alloc_aligned(ferry__slot_size(ctx));
+}
+
+static void slot_give(ferry_ctx *ctx, char *s)
+{
+	pthread_mutex_lock(&ctx->slot_mu);
+	if (ctx->nslot_cache == ctx->slot_cache_cap) {
+		unsigned cap = ctx->slot_cache_cap ? ctx->slot_cache_cap * 2 : 8;
+		char **n = cap <= 64 ? realloc(ctx->slot_cache, cap * sizeof(*n)) : NULL;
+		if (n) {
+			ctx->slot_cache = n;
+			ctx->slot_cache_cap = cap;
+		}
+	}
+	if (ctx->nslot_cache < ctx->slot_cache_cap) {
+		ctx->slot_cache[ctx->nslot_cache++] = s;
+		s = NULL;
+	}
+	pthread_mutex_unlock(&ctx->slot_mu);
+	ferry_free_aligned(s, ferry__slot_size(ctx));
+}
+
+/* One chunk's worth, done in the calling thread: a handoff to a worker costs more than it saves. */
+static ssize_t transfer_inline(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write)
+{
+	ferry_ctx *ctx = f->ctx;
+	struct ferry__chunk c = {.f = f, .buf = buf, .len = len, .off = off, .is_write = is_write};
+
+	if (ferry__chunk_begin(ctx, &c, ferry__slot_size(ctx))) {
+		c.slot = slot_take(ctx);
+		if (!c.slot)
+			return ferry__error(-ENOMEM, "%s(%s): allocating a bounce slot",
+					    is_write ? "pwrite" : "pread", f->path);
+		if (is_write)
+			memcpy(c.slot, buf, len);
+	}
+	ferry__chunk_run_sync(ctx, &c);
+	if (c.slot)
+		slot_give(ctx, c.slot);
+	account(ctx, is_write, c.result);
+	if (c.result < 0)
+		return ferry__error((int)c.result, "%s(%s, offset %llu, %zu bytes, %s) in the calling thread",
+				    is_write ? "pwrite" : "pread", f->path, (unsigned long long)off, len,
+				    mode_name(c.plan.mode));
+	return (ssize_t)c.result;
+}
+
+static ssize_t transfer(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write)
+{
+	ferry_ctx *ctx;
+	struct ferry_req r;
+	int ret = check_args(f, buf, len, off, is_write);
+
+	if (ret)
+		return ret;
+	if (len == 0)
+		return 0;
+	ctx = f->ctx;
+	if (ferry__chunk_count(off, len, ctx->cfg.chunk_size) == 1)
+		return transfer_inline(f, buf, len, off, is_write);
+	group_init(&r.g, 1);
+	entry_init(&r.e, &r.g, f, buf, off, len, is_write, ctx->cfg.chunk_size);
+	ret = submit_entries(ctx, &r.e, 1, sizeof(r.e));
+	if (ret) {
+		group_destroy(&r.g);
+		return ret;
+	}
+	group_wait(&r.g, -1);
+	group_destroy(&r.g);
+	if (r.e.result < 0)
+		return entry_error_detail(&r.e);
+	return (ssize_t)r.e.result;
+}
+
+ssize_t ferry_pread(ferry_file *f, void *buf, size_t len, uint64_t offset)
+{
+	return transfer(f, buf, len, offset, false);
+}
+
+ssize_t ferry_pwrite(ferry_file *f, const void *buf, size_t len, uint64_t offset)
+{
+	return transfer(f, (void *)buf, len, offset, true);
+}
+
+/* ------------------------------------------------------------------------------- asynchronous */
+
+static int transfer_async(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write,
+			  ferry_req **out)
+{
+	struct ferry_req *r;
+	int ret;
+
+	*out = NULL;
+	ret = check_args(f, buf, len, off, is_write);
+	if (ret)
+		return ret;
+	r = malloc(sizeof(*r));
+	if (!r)
+		return ferry__error(-ENOMEM, "allocating a request");
+	group_init(&r->g, len ? 1 : 0);
+	entry_init(&r->e, &r->g, f, buf, off, len, is_write, f->ctx->cfg.chunk_size);
+	if (len) {
+		ret = submit_entries(f->ctx, &r->e, 1, sizeof(r->e));
+		if (ret) {
+			group_destroy(&r->g);
+			free(r);
+			return ret;
+		}
+	} else {
+		r->e.result = 0;
+	}
+	*out = r;
+	return 0;
+}
+
+int ferry_pread_async(ferry_file *f, void *buf, size_t len, uint64_t offset, ferry_req **out)
+{
+	return transfer_async(f, buf, len, offset, false, out);
+}
+
+int ferry_pwrite_async(ferry_file *f, const void *buf, size_t len, uint64_t offset, ferry_req **out)
+{
+	return transfer_async(f, (void *)buf, len, offset, true, out);
+}
+
+int ferry_req_done(const ferry_req *r)
+{
+	return atomic_load(&((ferry_req *)r)->g.done);
+}
+
+ssize_t ferry_req_wait(ferry_req *r, int64_t timeout_ns)
+{
+	if (group_wait(&r->g, timeout_ns))
+		return ferry__error(-ETIMEDOUT, "waiting for %s(%s, offset %llu)",
+				    r->e.is_write ? "pwrite" : "pread", r->e.f->path,
+				    (unsigned long long)r->e.off);
+	if (r->e.result < 0)
+		return entry_error_detail(&r->e);
+	return (ssize_t)r->e.result;
+}
+
+void ferry_req_free(ferry_req *r)
+{
+	if (!r)
+		return;
+	group_wait(&r->g, -1);
+	group_destroy(&r->g);
+	free(r);
+}
+
+/* -------------------------------------------------------------------------------------- batches */
+
+int ferry_batch_create(ferry_ctx *ctx, ferry_batch **out)
+{
+	struct ferry_batch *b = calloc(1, sizeof(*b));
+
+	*out = NULL;
+	if (!b)
+		return ferry__error(-ENOMEM, "allocating a batch");
+	b->ctx = ctx;
+	group_init(&b->g, 0);
+	*out = b;
+	return 0;
+}
+
+void ferry_batch_destroy(ferry_batch *b)
+{
+	if (!b)
+		return;
+	if (b->running)
+		group_wait(&b->g, -1);
+	group_destroy(&b->g);
+	free(b->entries);
+	free(b);
+}
+
+static int batch_add(ferry_batch *b, ferry_file *f, uint64_t off, size_t len, void *buf, bool is_write)
+{
+	int ret;
+
+	if (b->running)
+		return ferry__error(FERRY_EBUSY, "ferry_batch_add: the batch is running");
+	ret = check_args(f, buf, len, off, is_write);
+	if (ret)
+		return ret;
+	if (f->ctx != b->ctx)
+		return ferry__error(-EINVAL, "ferry_batch_add(%s): the file belongs to another context", f->path);
+	if (b->count == b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 16;
+		struct ferry__entry *n = realloc(b->entries, cap * sizeof(*n));
+		if (!n)
+			return ferry__error(-ENOMEM, "growing a batch to %zu entries", cap);
+		b->entries = n;
+		b->cap = cap;
+	}
+	if (b->count >= INT_MAX)
+		return ferry__error(-E2BIG, "a batch holds at most %d entries", INT_MAX);
+	entry_init(&b->entries[b->count], &b->g, f, buf, off, len, is_write, b->ctx->cfg.chunk_size);
+	return (int)b->count++;
+}
+
+int ferry_batch_add_read(ferry_batch *b, ferry_file *f, uint64_t offset, size_t len, void *buf)
+{
+	return batch_add(b, f, offset, len, buf, false);
+}
+
+int ferry_batch_add_write(ferry_batch *b, ferry_file *f, uint64_t offset, size_t len, const void *buf)
+{
+	return batch_add(b, f, offset, len, (void *)buf, true);
+}
+
+size_t ferry_batch_count(const ferry_batch *b)
+{
+	return b->count;
+}
+
+int ferry_batch_submit(ferry_batch *b)
+{
+	size_t live = 0;
+	int ret;
+
+	if (b->running)
+		return ferry__error(FERRY_EBUSY, "ferry_batch_submit: the batch is already running");
+	for (size_t i = 0; i < b->count; i++) {
+		struct ferry__entry *e = &b->entries[i];
+		/* chunk counts depend on the chunk size now, not when the entry was added */
+		atomic_store(&e->chunks_left, ferry__chunk_count(e->off, e->len, b->ctx->cfg.chunk_size));
+		atomic_store(&e->short_end, (int_fast64_t)e->len);
+		atomic_store(&e->error, 0);
+		e->cursor = e->off;
+		e->result = 0;
+		live += e->len != 0;
+	}
+	group_destroy(&b->g);
+	group_init(&b->g, live);
+	if (!live)
+		return 0;
+	b->running = true;
+	ret = submit_entries(b->ctx, b->entries, b->count, sizeof(*b->entries));
+	if (ret)
+		b->running = false;
+	return ret;
+}
+
+int ferry_batch_wait(ferry_batch *b, int64_t timeout_ns)
+{
+	int shorts = 0;
+
+	if (group_wait(&b->g, timeout_ns))
+		return ferry__error(-ETIMEDOUT, "waiting for a batch of %zu entries", b->count);
+	b->running = false;
+	for (size_t i = 0; i < b->count; i++) {
+		struct ferry__entry *e = &b->entries[i];
+		if (e->result < 0) {
+			entry_error_detail(e);
+			ferry__error_append("batch entry %zu", i);
+			return (int)e->result;
+		}
+		shorts += (uint64_t)e->result < e->len;
+	}
+	return shorts;
+}
+
+ssize_t ferry_batch_result(const ferry_batch *b, size_t index)
+{
+	if (index >= b->count)
+		return ferry__error(-EINVAL, "ferry_batch_result: index %zu of %zu entries", index, b->count);
+	return (ssize_t)b->entries[index].result;
+}
+
+void ferry_batch_reset(ferry_batch *b)
+{
+	if (b->running)
+		group_wait(&b->g, -1);
+	b->running = false;
+	b->count = 0;
+}
+
+/* --------------------------------------------------------------------------------------- queues */
+
+
+int ferry_queue_create(ferry_ctx *ctx, unsigned depth, ferry_queue **out)
+{
+	struct ferry_queue *q;
+	int ret;
+
+	*out = NULL;
+	if (!ctx || depth == 0 || depth > 65536)
+		return ferry__error(-EINVAL, "ferry_queue_create: depth %u (expected 1 to 65536)", depth);
+	ret = ferry__ctx_choose_backend(ctx);
+	if (ret)
+		return ret;
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return ferry__error(-ENOMEM, "allocating a queue");
+	q->ctx = ctx;
+	q->done = calloc(depth, sizeof(*q->done));
+	/* two slots: only unaligned I/Os on O_DIRECT files need them */
+	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, 2) : -ENOMEM;
+	if (ret) {
+		free(q->done);
+		free(q);
+		return ret == -ENOMEM ? ferry__error(ret, "allocating a queue") : ret;
+	}
+	*out = q;
+	return 0;
+}
+
+void ferry_queue_destroy(ferry_queue *q)
+{
+	struct ferry__chunk *tmp[64];
+
+	if (!q)
+		return;
+	/* The kernel may still write into the caller's buffers: drain first. */
+	while (q->q.pending) {
+		int n = ferry__ioq_reap(&q->q, 1, tmp, 64);
+		if (n <= 0)
+			break;
+		for (int i = 0; i < n; i++)
+			ferry__ioq_put(&q->q, tmp[i]);
+	}
+	ferry__ioq_exit(&q->q);
+	free(q->done);
+	free(q);
+}
+
+static int queue_add(ferry_queue *q, ferry_file *f, void *buf, size_t len, uint64_t off,
+		     bool is_write, void *user_data)
+{
+	int ret = check_args(f, buf, len, off, is_write);
+	struct ferry__chunk *c;
+
+	if (ret)
+		return ret;
+	c = ferry__ioq_get(&q->q);
+	if (!c)
+		return ferry__error(-EBUSY, "queue: %u I/Os already in flight", q->q.depth);
+	c->f = f;
+	c->buf = buf;
+	c->len = len;
+	c->off = off;
+	c->is_write = is_write;
+	c->user_data = user_data;
+	c->entry = NULL;
+	ferry__ioq_queue(&q->q, c);
+	return 0;
+}
+
+int ferry_queue_read(ferry_queue *q, ferry_file *f, void *buf, size_t len, uint64_t offset, void *user_data)
+{
+	return queue_add(q, f, buf, len, offset, false, user_data);
+}
+
+int ferry_queue_write(ferry_queue *q, ferry_file *f, const void *buf, size_t len, uint64_t offset,
+		      void *user_data)
+{
+	return queue_add(q, f, (void *)buf, len, offset, true, user_data);
+}
+
+int ferry_queue_submit(ferry_queue *q)
+{
+	int ret = ferry__ioq_submit(&q->q);
+
+	if (ret < 0)
+		return ferry__error(ret, "queue submit on %s", q->q.ops->name);
+	return ret;
+}
+
+int ferry_queue_reap(ferry_queue *q, unsigned min_complete, unsigned max, void **user_data, int64_t *result)
+{
+	int n;
+
+	if (max > q->q.depth)
+		max = q->q.depth;
+	if (min_complete > max)
+		min_complete = max;
+	n = ferry__ioq_reap(&q->q, min_complete, q->done, max);
+	if (n < 0)
+		return ferry__error(n, "queue reap on %s", q->q.ops->name);
+	for (int i = 0; i < n; i++) {
+		struct ferry__chunk *c = q->done[i];
+		user_data[i] = c->user_data;
+		result[i] = c->result;
+		account(q->ctx, c->is_write, c->result);
+		if (c->result < 0)
+			ferry__error((int)c->result, "%s(%s, offset %llu, %zu bytes, %s) on %s",
+				     c->is_write ? "pwrite" : "pread", c->f->path,
+				     (unsigned long long)c->off, c->len, mode_name(c->plan.mode),
+				     q->q.ops->name);
+		ferry__ioq_put(&q->q, c);
+	}
+	return n;
+}
+
+unsigned ferry_queue_pending(const ferry_queue *q)
+{
+	return q->q.pending;
+}

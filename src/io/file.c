@@ -1,0 +1,182 @@
+/* Files: a buffered descriptor always, an O_DIRECT one where the file system accepts it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "io/io.h"
+
+#ifndef STATX_DIOALIGN
+#define STATX_DIOALIGN 0x00002000U
+#endif
+
+/* The direct-I/O alignment the kernel reports (statx STATX_DIOALIGN, Linux 6.1), else 4 KiB, which
+ * satisfies every logical block size up to 4 KiB. */
+static void dio_alignment(int fd, uint32_t *offset_align, uint32_t *mem_align)
+{
+	struct statx stx;
+
+	*offset_align = 4096;
+	*mem_align = 4096;
+	memset(&stx, 0, sizeof(stx));
+	if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx) == 0 &&
+	    (stx.stx_mask & STATX_DIOALIGN) && stx.stx_dio_offset_align) {
+		*offset_align = stx.stx_dio_offset_align;
+		*mem_align = stx.stx_dio_mem_align ? stx.stx_dio_mem_align : stx.stx_dio_offset_align;
+		return;
+	}
+	struct stat st;
+	int bs;
+	if (fstat(fd, &st) == 0 && S_ISBLK(st.st_mode) && ioctl(fd, BLKSSZGET, &bs) == 0 && bs > 0) {
+		*offset_align = (uint32_t)bs;
+		*mem_align = (uint32_t)bs;
+	}
+}
+
+int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out)
+{
+	struct ferry_file *f;
+	struct stat st;
+	int oflags = O_CLOEXEC, acc = flags & 0x3;
+
+	*out = NULL;
+	if (!ctx || !path)
+		return ferry__error(-EINVAL, "ferry_file_open: NULL context or path");
+	if (acc == FERRY_O_WRONLY)
+		oflags |= O_WRONLY;
+	else if (acc == FERRY_O_RDWR)
+		oflags |= O_RDWR;
+	else
+		oflags |= O_RDONLY;
+	f = calloc(1, sizeof(*f));
+	if (!f || !(f->path = strdup(path))) {
+		free(f);
+		return ferry__error(-ENOMEM, "opening %s", path);
+	}
+	f->ctx = ctx;
+	f->fd_direct = -1;
+	f->slot = -1;
+	f->writable = acc != FERRY_O_RDONLY;
+	f->fd_buf = open(path, oflags | (flags & FERRY_O_CREAT ? O_CREAT : 0) |
+				       (flags & FERRY_O_TRUNC ? O_TRUNC : 0) |
+				       (flags & FERRY_O_EXCL ? O_EXCL : 0),
+			 0644);
+	if (f->fd_buf < 0) {
+		int err = -errno;
+		free(f->path);
+		free(f);
+		return ferry__error(err, "open(%s, %s)", path,
+				    acc == FERRY_O_RDONLY ? "read" : acc == FERRY_O_WRONLY ? "write" : "read/write");
+	}
+	if (fstat(f->fd_buf, &st) == 0 && S_ISDIR(st.st_mode)) {
+		close(f->fd_buf);
+		free(f->path);
+		free(f);
+		return ferry__error(-EISDIR, "open(%s): it is a directory, not a file", path);
+	}
+	dio_alignment(f->fd_buf, &f->block_size, &f->mem_align);
+	if (ctx->cfg.direct == FERRY__DIRECT_OFF || (flags & FERRY_O_BUFFERED)) {
+		snprintf(f->direct_note, sizeof(f->direct_note), "O_DIRECT off (%s)",
+			 flags & FERRY_O_BUFFERED ? "FERRY_O_BUFFERED" : "direct=off");
+	} else {
+		f->fd_direct = open(path, oflags | O_DIRECT);
+		if (f->fd_direct < 0) {
+			int err = -errno;
+			snprintf(f->direct_note, sizeof(f->direct_note),
+				 "the file system refused O_DIRECT (%s): reads go through the page cache",
+				 strerror(-err));
+			if (ctx->cfg.direct == FERRY__DIRECT_ON) {
+				close(f->fd_buf);
+				free(f->path);
+				free(f);
+				return ferry__error(err, "open(%s, O_DIRECT) with direct=on", path);
+			}
+			ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1);
+		}
+	}
+	ferry__file_register(ctx, f);
+	*out = f;
+	return 0;
+}
+
+void ferry_file_close(ferry_file *f)
+{
+	if (!f)
+		return;
+	ferry__file_unregister(f->ctx, f);
+	if (f->fd_direct >= 0)
+		close(f->fd_direct);
+	close(f->fd_buf);
+	free(f->path);
+	free(f);
+}
+
+int64_t ferry_file_size(ferry_file *f)
+{
+	struct stat st;
+
+	if (fstat(f->fd_buf, &st) < 0)
+		return ferry__error(-errno, "fstat(%s)", f->path);
+	if (S_ISBLK(st.st_mode)) {
+		uint64_t sz;
+		if (ioctl(f->fd_buf, BLKGETSIZE64, &sz) < 0)
+			return ferry__error(-errno, "ioctl(%s, BLKGETSIZE64)", f->path);
+		return (int64_t)sz;
+	}
+	return st.st_size;
+}
+
+uint32_t ferry_file_block_size(const ferry_file *f)
+{
+	return f->block_size;
+}
+
+uint32_t ferry_file_mem_align(const ferry_file *f)
+{
+	return f->mem_align;
+}
+
+int ferry_file_is_direct(const ferry_file *f)
+{
+	return f->fd_direct >= 0;
+}
+
+const char *ferry_file_path(const ferry_file *f)
+{
+	return f->path;
+}
+
+int ferry_file_sync(ferry_file *f, int full)
+{
+	if ((full ? fsync(f->fd_buf) : fdatasync(f->fd_buf)) < 0)
+		return ferry__error(-errno, "%s(%s)", full ? "fsync" : "fdatasync", f->path);
+	return 0;
+}
+
+int ferry_file_truncate(ferry_file *f, uint64_t size)
+{
+	if (ftruncate(f->fd_buf, (off_t)size) < 0)
+		return ferry__error(-errno, "ftruncate(%s, %llu)", f->path, (unsigned long long)size);
+	return 0;
+}
+
+int ferry_file_path_info(ferry_file *f, char *buf, size_t len)
+{
+	ferry_ctx *ctx = f->ctx;
+	const char *backend = ferry_ctx_backend(ctx);
+
+	if (f->fd_direct >= 0)
+		return snprintf(buf, len,
+				"%s: O_DIRECT (offset alignment %u, memory alignment %u; unaligned "
+				"pieces through aligned bounce slots), backend %s%s",
+				f->path, f->block_size, f->mem_align, backend,
+				f->slot >= 0 ? ", registered file" : "");
+	return snprintf(buf, len, "%s: buffered (%s), backend %s%s", f->path, f->direct_note, backend,
+			f->slot >= 0 ? ", registered file" : "");
+}

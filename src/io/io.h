@@ -1,0 +1,267 @@
+/* Internal I/O engine: files, chunks, backends, queues and workers (never installed). */
+#ifndef FERRY_IO_IO_H
+#define FERRY_IO_IO_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "core/internal.h"
+
+/* ------------------------------------------------------------------------------- configuration */
+
+enum { FERRY__DIRECT_AUTO, FERRY__DIRECT_ON, FERRY__DIRECT_OFF };
+enum { FERRY__BACKEND_AUTO, FERRY__BACKEND_PSYNC, FERRY__BACKEND_URING };
+
+struct ferry__config {
+	uint64_t threads;
+	uint64_t chunk_size;
+	uint64_t queue_depth;
+	uint64_t slots;
+	uint64_t direct;  /* FERRY__DIRECT_* */
+	uint64_t backend; /* FERRY__BACKEND_* */
+	uint64_t sqpoll;
+	uint64_t reg;     /* registered files and buffers with io_uring */
+	uint64_t path;    /* transfer mode index (DESIGN.md), used by the GPU layer */
+	uint64_t device;
+	uint64_t host_budget;
+	uint64_t device_budget;
+	uint64_t log_level;
+};
+
+/* --------------------------------------------------------------------------------------- files */
+
+#define FERRY__MAX_FILES 4096 /* registered-file slots: two per open file */
+
+struct ferry_file {
+	ferry_ctx *ctx;
+	char *path;
+	int fd_buf;    /* always open */
+	int fd_direct; /* -1 when O_DIRECT is off or refused */
+	int slot;      /* index in the ctx file table (registered slots 2*slot, 2*slot+1), or -1 */
+	int writable;
+	uint32_t block_size;
+	uint32_t mem_align;
+	char direct_note[192]; /* why there is no O_DIRECT descriptor, if there is none */
+};
+
+/* -------------------------------------------------------------------------------------- chunks */
+
+enum ferry__chunk_mode {
+	FERRY__CH_DIRECT,   /* O_DIRECT descriptor, straight into/out of the caller's buffer */
+	FERRY__CH_BOUNCE,   /* O_DIRECT descriptor through an aligned slot, copied to/from the caller */
+	FERRY__CH_BUFFERED, /* buffered descriptor, caller's buffer */
+};
+
+/* A plan for one piece of I/O: which descriptor, and the range actually transferred. */
+struct ferry__plan {
+	int mode;
+	uint64_t io_off; /* file offset of the transfer (aligned superset for BOUNCE) */
+	size_t io_len;
+};
+
+/*
+ * Decides how to transfer [off, off+len) to/from addr (pure arithmetic, unit-tested):
+ * aligned requests go direct; unaligned ones through a slot of slot_size bytes when the aligned
+ * superset fits (reads) or only the address is unaligned (writes); everything else buffered.
+ */
+void ferry__plan_chunk(uint64_t off, size_t len, uintptr_t addr, uint32_t bs, uint32_t mem_align,
+		       bool have_direct, bool is_write, size_t slot_size, struct ferry__plan *out);
+
+/* Number of chunk_size windows that [off, off+len) touches (chunks are cut at multiples). */
+uint64_t ferry__chunk_count(uint64_t off, uint64_t len, uint64_t chunk_size);
+/* End of the chunk that starts at cur, for a request ending at end. */
+uint64_t ferry__chunk_end(uint64_t cur, uint64_t end, uint64_t chunk_size);
+
+struct ferry__entry;
+
+struct ferry__chunk {
+	struct ferry_file *f;
+	char *buf; /* caller's memory */
+	size_t len;
+	uint64_t off;
+	bool is_write;
+	struct ferry__plan plan;
+	char *slot;     /* bounce slot (BOUNCE mode) */
+	int slot_index; /* registered buffer index, -1 if none */
+	size_t done;    /* bytes of plan.io_len transferred so far */
+	unsigned retries;
+	int64_t result;
+	void *user_data;
+	struct ferry__entry *entry; /* worker chunks: the request entry it belongs to */
+	struct ferry__chunk *next;
+};
+
+/* One operation handed to a backend. */
+struct ferry__op {
+	int fd;
+	int fixed_file; /* registered file index, or -1 */
+	int buf_index;  /* registered buffer index, or -1 */
+	bool is_write;
+	void *addr;
+	size_t len;
+	uint64_t off;
+	void *tag;
+};
+
+enum { FERRY__CH_FINISHED, FERRY__CH_AGAIN };
+
+/* Plans c (c->f, buf, len, off, is_write set) and counts it. Returns true if it needs a slot. */
+bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size);
+/* Fills op with the next transfer of c. */
+void ferry__chunk_op(const struct ferry__chunk *c, struct ferry__op *op);
+/* Accounts a backend result: FERRY__CH_AGAIN to resubmit, FERRY__CH_FINISHED (c->result set). */
+int ferry__chunk_complete(ferry_ctx *ctx, struct ferry__chunk *c, int64_t res);
+/* Runs c to completion with pread/pwrite in the calling thread (slot given if needed). */
+void ferry__chunk_run_sync(ferry_ctx *ctx, struct ferry__chunk *c);
+/* Test hook: rewrites a result per FERRY_FAULT_INJECT ("short=N,eintr=N,eagain=N"). */
+int64_t ferry__fault(const struct ferry__chunk *c, int64_t res);
+
+/* ------------------------------------------------------------------------------------ backends */
+
+struct ferry__ring;
+
+struct ferry__ring_opts {
+	bool sqpoll;
+	bool reg;
+	const struct iovec *bufs; /* slots to register as fixed buffers (reg only) */
+	unsigned nbufs;
+};
+
+struct ferry__backend_ops {
+	const char *name;
+	/* 0 if usable here; otherwise a negative code and a sentence in why. Cached by the caller. */
+	int (*probe)(char *why, size_t len);
+	int (*ring_init)(struct ferry__ring **out, unsigned depth, const struct ferry__ring_opts *o);
+	void (*ring_exit)(struct ferry__ring *r);
+	/* Optional: registered-file table of n slots, and updates to it. */
+	int (*files_init)(struct ferry__ring *r, unsigned n);
+	int (*files_update)(struct ferry__ring *r, unsigned slot, int fd);
+	/* Queues one op; -EBUSY when the ring is full. */
+	int (*prep)(struct ferry__ring *r, const struct ferry__op *op);
+	/* Submits queued ops; returns how many, or a negative error. */
+	int (*submit)(struct ferry__ring *r);
+	/* Waits for at least min completions; returns up to max (tag, result) pairs. */
+	int (*reap)(struct ferry__ring *r, unsigned min, void **tags, int64_t *res, unsigned max);
+};
+
+extern const struct ferry__backend_ops ferry__backend_psync;
+extern const struct ferry__backend_ops ferry__backend_uring;
+/* The backends in the order `auto` tries them. */
+extern const struct ferry__backend_ops *const ferry__backends[];
+
+/* One pread/pwrite, restarted on nothing: the caller's completion logic handles it. */
+int64_t ferry__psync_do(const struct ferry__op *op);
+
+/* --------------------------------------------------------------------------------------- queues */
+
+/* A ring plus the chunk logic over it: bounce slots, resubmission, completion. One thread. */
+struct ferry__ioq {
+	ferry_ctx *ctx;
+	const struct ferry__backend_ops *ops;
+	struct ferry__ring *ring;
+	unsigned depth;
+	unsigned pending; /* chunks taken and not yet returned finished */
+	unsigned inflight; /* ops in the backend */
+	unsigned queued;   /* ops prepared, not yet submitted */
+	struct ferry__chunk *chunks;
+	struct ferry__chunk *free_chunks;
+	struct ferry__chunk *finished;      /* finished, not yet returned */
+	struct ferry__chunk *finished_tail;
+	struct ferry__chunk *slot_wait;     /* waiting for a bounce slot */
+	char *slot_mem;
+	size_t slot_size;
+	unsigned nslots;
+	int *free_slots;
+	unsigned nfree_slots;
+	void **tags;
+	int64_t *res;
+	struct ferry__ioq *reg_next; /* ctx registry of rings, for registered files */
+	bool files_registered;
+};
+
+int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots);
+void ferry__ioq_exit(struct ferry__ioq *q);
+struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q);
+void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c);
+/* Plans and prepares c (taken with ferry__ioq_get). Finished-at-once chunks go to the finished list. */
+void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c);
+int ferry__ioq_submit(struct ferry__ioq *q);
+/* Returns up to max finished chunks, waiting until at least min are (or none is pending). */
+int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **out, unsigned max);
+
+/* ------------------------------------------------------------------------------------- context */
+
+struct ferry__worker {
+	ferry_ctx *ctx;
+	pthread_t thread;
+	struct ferry__ioq q;
+	unsigned index;
+};
+
+/* One (file, offset, length, buffer) transfer of a request or a batch. */
+struct ferry__group;
+struct ferry__entry {
+	struct ferry_file *f;
+	char *buf;
+	uint64_t off;
+	uint64_t len;
+	bool is_write;
+	uint64_t cursor; /* next offset to hand to a worker (under ctx->mu) */
+	atomic_uint_fast64_t chunks_left;
+	atomic_int_fast64_t short_end; /* smallest end of a short chunk, relative; len if none */
+	atomic_int error;
+	uint64_t err_off; /* offset of the chunk that failed first */
+	int64_t result;
+	struct ferry__group *group;
+	struct ferry__entry *next_work;
+};
+
+struct ferry__group {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	atomic_uint_fast64_t entries_left;
+	atomic_int done;
+};
+
+struct ferry_ctx {
+	struct ferry__config cfg;
+	pthread_mutex_t mu; /* work list, workers, file table, ring registry */
+	pthread_cond_t work_cv;
+	struct ferry__entry *work_head, *work_tail;
+	bool started, stopping;
+	int start_error;
+	const struct ferry__backend_ops *backend;
+	struct ferry__worker *workers;
+	unsigned nworkers;
+	struct ferry_file *files[FERRY__MAX_FILES / 2];
+	struct ferry__ioq *rings; /* every ring of this context, for registered-file updates */
+	/* slots for synchronous unaligned requests done inline */
+	pthread_mutex_t slot_mu;
+	char **slot_cache;
+	unsigned nslot_cache, slot_cache_cap;
+	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
+};
+
+static inline void ferry__stat_add(ferry_ctx *ctx, enum ferry_stat s, uint64_t n)
+{
+	atomic_fetch_add_explicit(&ctx->stats[s], n, memory_order_relaxed);
+}
+
+const struct ferry__backend_ops *ferry__backend_by_name(const char *name);
+/* Slot size for a context: chunk size plus room for the aligned head and tail. */
+size_t ferry__slot_size(const ferry_ctx *ctx);
+int ferry__ctx_start(ferry_ctx *ctx);
+int ferry__ctx_choose_backend(ferry_ctx *ctx);
+/* Registered-file bookkeeping, called with ctx->mu held. */
+void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q);
+void ferry__ring_unregister(ferry_ctx *ctx, struct ferry__ioq *q);
+int ferry__file_register(ferry_ctx *ctx, struct ferry_file *f);
+void ferry__file_unregister(ferry_ctx *ctx, struct ferry_file *f);
+/* Which backend name the context uses, for error messages (does not start workers). */
+const char *ferry__backend_name(const ferry_ctx *ctx);
+
+#endif

@@ -1,0 +1,224 @@
+/* A queue: one backend ring plus the chunk logic over it (bounce slots, resubmission of short and
+ * interrupted transfers). Used by the workers and, as ferry_queue, by callers' own threads. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io.h"
+
+int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots)
+{
+	struct ferry__ring_opts o = {0};
+	struct iovec *iov = NULL;
+	int ret;
+
+	memset(q, 0, sizeof(*q));
+	q->ctx = ctx;
+	q->ops = ctx->backend;
+	q->depth = depth;
+	q->nslots = nslots;
+	q->slot_size = ferry__slot_size(ctx);
+	q->chunks = calloc(depth, sizeof(*q->chunks));
+	q->tags = calloc(depth, sizeof(*q->tags));
+	q->res = calloc(depth, sizeof(*q->res));
+	q->free_slots = calloc(nslots ? nslots : 1, sizeof(*q->free_slots));
+	if (!q->chunks || !q->tags || !q->res || !q->free_slots)
+		goto nomem;
+	for (unsigned i = 0; i < depth; i++) {
+		q->chunks[i].next = q->free_chunks;
+		q->free_chunks = &q->chunks[i];
+	}
+	if (nslots) {
+		q->slot_mem = ferry_alloc_aligned(q->slot_size * nslots);
+		iov = calloc(nslots, sizeof(*iov));
+		if (!q->slot_mem || !iov)
+			goto nomem;
+		for (unsigned i = 0; i < nslots; i++) {
+			q->free_slots[q->nfree_slots++] = (int)(nslots - 1 - i);
+			iov[i].iov_base = q->slot_mem + q->slot_size * i;
+			iov[i].iov_len = q->slot_size;
+		}
+	}
+	o.sqpoll = ctx->cfg.sqpoll;
+	o.reg = ctx->cfg.reg;
+	o.bufs = iov;
+	o.nbufs = nslots;
+	ret = q->ops->ring_init(&q->ring, depth, &o);
+	free(iov);
+	if (ret < 0) {
+		ferry__ioq_exit(q);
+		return ferry__error(ret, "%s: ring setup (depth %u)", q->ops->name, depth);
+	}
+	pthread_mutex_lock(&ctx->mu);
+	ferry__ring_register(ctx, q);
+	pthread_mutex_unlock(&ctx->mu);
+	return 0;
+nomem:
+	free(iov);
+	ferry__ioq_exit(q);
+	return ferry__error(-ENOMEM, "allocating a queue of depth %u with %u slots", depth, nslots);
+}
+
+void ferry__ioq_exit(struct ferry__ioq *q)
+{
+	if (q->ring) {
+		pthread_mutex_lock(&q->ctx->mu);
+		ferry__ring_unregister(q->ctx, q);
+		pthread_mutex_unlock(&q->ctx->mu);
+		q->ops->ring_exit(q->ring);
+		q->ring = NULL;
+	}
+	ferry_free_aligned(q->slot_mem, q->slot_size * q->nslots);
+	free(q->chunks);
+	free(q->tags);
+	free(q->res);
+	free(q->free_slots);
+	q->chunks = NULL;
+	q->tags = NULL;
+	q->res = NULL;
+	q->free_slots = NULL;
+	q->slot_mem = NULL;
+}
+
+struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q)
+{
+	struct ferry__chunk *c = q->free_chunks;
+
+	if (c) {
+		q->free_chunks = c->next;
+		c->next = NULL;
+		q->pending++;
+	}
+	return c;
+}
+
+void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	c->next = q->free_chunks;
+	q->free_chunks = c;
+	q->pending--;
+}
+
+static void push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	c->next = NULL;
+	if (q->finished_tail)
+		q->finished_tail->next = c;
+	else
+		q->finished = c;
+	q->finished_tail = c;
+}
+
+static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	struct ferry__op op;
+	int ret;
+
+	ferry__chunk_op(c, &op);
+	ret = q->ops->prep(q->ring, &op);
+	if (ret < 0) {
+		/* Cannot happen while pending <= depth; finish the chunk with the error rather than lose it. */
+		c->result = ret;
+		push_finished(q, c);
+		return;
+	}
+	q->queued++;
+}
+
+static void give_slot(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	int idx = q->free_slots[--q->nfree_slots];
+
+	c->slot = q->slot_mem + q->slot_size * (size_t)idx;
+	c->slot_index = idx;
+	if (c->is_write)
+		memcpy(c->slot, c->buf, c->len);
+}
+
+void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	if (c->len == 0) {
+		c->result = 0;
+		c->plan.mode = FERRY__CH_BUFFERED;
+		c->slot = NULL;
+		push_finished(q, c);
+		return;
+	}
+	if (ferry__chunk_begin(q->ctx, c, q->nslots ? q->slot_size : 0)) {
+		if (q->nfree_slots == 0) {
+			c->next = q->slot_wait;
+			q->slot_wait = c;
+			return;
+		}
+		give_slot(q, c);
+	}
+	prep(q, c);
+}
+
+int ferry__ioq_submit(struct ferry__ioq *q)
+{
+	int ret;
+
+	if (!q->queued)
+		return 0;
+	ret = q->ops->submit(q->ring);
+	if (ret < 0)
+		return ret;
+	q->inflight += q->queued;
+	q->queued = 0;
+	return ret;
+}
+
+static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	if (!c->slot)
+		return;
+	q->free_slots[q->nfree_slots++] = c->slot_index;
+	c->slot = NULL;
+	if (q->slot_wait) {
+		struct ferry__chunk *w = q->slot_wait;
+		q->slot_wait = w->next;
+		give_slot(q, w);
+		prep(q, w);
+	}
+}
+
+int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **out, unsigned max)
+{
+	unsigned got = 0;
+	bool polled = false;
+
+	for (;;) {
+		while (q->finished && got < max) {
+			struct ferry__chunk *c = q->finished;
+			q->finished = c->next;
+			if (!q->finished)
+				q->finished_tail = NULL;
+			out[got++] = c;
+		}
+		if (got >= max || (got >= min && polled))
+			return (int)got;
+		if (q->queued) {
+			int ret = ferry__ioq_submit(q);
+			if (ret < 0)
+				return got ? (int)got : ret;
+		}
+		if (!q->inflight)
+			return (int)got;
+		int n = q->ops->reap(q->ring, got >= min ? 0 : 1, q->tags, q->res, q->depth);
+		polled = true;
+		if (n < 0)
+			return got ? (int)got : n;
+		q->inflight -= (unsigned)n;
+		for (int i = 0; i < n; i++) {
+			struct ferry__chunk *c = q->tags[i];
+			int64_t res = ferry__fault(c, q->res[i]);
+			if (ferry__chunk_complete(q->ctx, c, res) == FERRY__CH_AGAIN) {
+				prep(q, c);
+				continue;
+			}
+			release_slot(q, c);
+			push_finished(q, c);
+		}
+	}
+}

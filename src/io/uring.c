@@ -1,0 +1,216 @@
+/* io_uring backend (liburing). Rings are per owner thread; registered files and buffers where the
+ * kernel allows, plain descriptors and buffers otherwise. Probed once at run time. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "io/io.h"
+
+#ifdef FERRY_HAVE_LIBURING
+#include <liburing.h>
+
+struct ferry__ring {
+	struct io_uring ring;
+	bool fixed_files;
+	bool fixed_bufs;
+};
+
+static struct {
+	pthread_once_t once;
+	int err;
+	char why[256];
+} probe_state = {PTHREAD_ONCE_INIT};
+
+static void probe_once(void)
+{
+	struct io_uring ring;
+	FILE *f;
+	int v = 0, ret;
+
+	/* kernel.io_uring_disabled: 0 enabled, 1 only for io_uring_group, 2 disabled (6.6+) */
+	f = fopen("/proc/sys/kernel/io_uring_disabled", "r");
+	if (f) {
+		if (fscanf(f, "%d", &v) != 1)
+			v = 0;
+		fclose(f);
+	}
+	ret = io_uring_queue_init(4, &ring, 0);
+	if (ret < 0) {
+		probe_state.err = FERRY_EBACKEND;
+		if (v)
+			snprintf(probe_state.why, sizeof(probe_state.why),
+				 "io_uring: io_uring_setup failed (%s); kernel.io_uring_disabled=%d",
+				 strerror(-ret), v);
+		else if (ret == -ENOSYS)
+			snprintf(probe_state.why, sizeof(probe_state.why),
+				 "io_uring: the kernel has no io_uring (io_uring_setup: ENOSYS)");
+		else
+			snprintf(probe_state.why, sizeof(probe_state.why),
+				 "io_uring: io_uring_setup failed: %s (seccomp or container policy?)",
+				 strerror(-ret));
+		return;
+	}
+	io_uring_queue_exit(&ring);
+}
+
+static int uring_probe(char *why, size_t len)
+{
+	pthread_once(&probe_state.once, probe_once);
+	if (probe_state.err && why)
+		snprintf(why, len, "%s", probe_state.why);
+	return probe_state.err;
+}
+
+static int uring_init(struct ferry__ring **out, unsigned depth, const struct ferry__ring_opts *o)
+{
+	struct io_uring_params p;
+	struct ferry__ring *r = calloc(1, sizeof(*r));
+	int ret;
+
+	if (!r)
+		return -ENOMEM;
+	memset(&p, 0, sizeof(p));
+	if (o->sqpoll) {
+		p.flags |= IORING_SETUP_SQPOLL;
+		p.sq_thread_idle = 50; /* ms before the poller sleeps */
+	}
+	/* COOP_TASKRUN (5.19) avoids interrupting the submitter for completion work; retry without
+	 * it on older kernels, liburing's habit for optional setup flags. */
+	p.flags |= IORING_SETUP_COOP_TASKRUN;
+	ret = io_uring_queue_init_params(depth, &r->ring, &p);
+	if (ret == -EINVAL) {
+		p.flags &= ~IORING_SETUP_COOP_TASKRUN;
+		ret = io_uring_queue_init_params(depth, &r->ring, &p);
+	}
+	if (ret < 0) {
+		free(r);
+		return ret;
+	}
+	if (o->reg && o->nbufs)
+		r->fixed_bufs = io_uring_register_buffers(&r->ring, o->bufs, o->nbufs) == 0;
+	*out = r;
+	return 0;
+}
+
+static void uring_exit(struct ferry__ring *r)
+{
+	if (!r)
+		return;
+	io_uring_queue_exit(&r->ring);
+	free(r);
+}
+
+static int uring_files_init(struct ferry__ring *r, unsigned n)
+{
+	int ret = io_uring_register_files_sparse(&r->ring, n);
+
+	r->fixed_files = ret == 0;
+	return ret;
+}
+
+static int uring_files_update(struct ferry__ring *r, unsigned slot, int fd)
+{
+	if (!r->fixed_files)
+		return -ENXIO;
+	int ret = io_uring_register_files_update(&r->ring, slot, &fd, 1);
+	return ret < 0 ? ret : 0;
+}
+
+static int uring_prep(struct ferry__ring *r, const struct ferry__op *op)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&r->ring);
+	int fd = op->fd;
+
+	if (!sqe)
+		return -EBUSY;
+	if (r->fixed_files && op->fixed_file >= 0)
+		fd = op->fixed_file;
+	if (r->fixed_bufs && op->buf_index >= 0) {
+		if (op->is_write)
+			io_uring_prep_write_fixed(sqe, fd, op->addr, (unsigned)op->len, op->off,
+						  op->buf_index);
+		else
+			io_uring_prep_read_fixed(sqe, fd, op->addr, (unsigned)op->len, op->off,
+						 op->buf_index);
+	} else if (op->is_write) {
+		io_uring_prep_write(sqe, fd, op->addr, (unsigned)op->len, op->off);
+	} else {
+		io_uring_prep_read(sqe, fd, op->addr, (unsigned)op->len, op->off);
+	}
+	if (fd != op->fd)
+		sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data(sqe, op->tag);
+	return 0;
+}
+
+static int uring_submit(struct ferry__ring *r)
+{
+	int ret;
+
+	do {
+		ret = io_uring_submit(&r->ring);
+	} while (ret == -EINTR);
+	return ret;
+}
+
+static int uring_reap(struct ferry__ring *r, unsigned min, void **tags, int64_t *res, unsigned max)
+{
+	struct io_uring_cqe *cqes[64];
+	unsigned got = 0;
+
+	for (;;) {
+		unsigned want = max - got < 64 ? max - got : 64;
+		unsigned n = io_uring_peek_batch_cqe(&r->ring, cqes, want);
+		for (unsigned i = 0; i < n; i++) {
+			tags[got + i] = io_uring_cqe_get_data(cqes[i]);
+			res[got + i] = cqes[i]->res;
+		}
+		io_uring_cq_advance(&r->ring, n);
+		got += n;
+		if (got >= min || got >= max)
+			return (int)got;
+		struct io_uring_cqe *cqe;
+		int ret = io_uring_wait_cqe(&r->ring, &cqe);
+		if (ret < 0 && ret != -EINTR && ret != -ETIME)
+			return got ? (int)got : ret;
+	}
+}
+
+const struct ferry__backend_ops ferry__backend_uring = {
+	.name = "io_uring",
+	.probe = uring_probe,
+	.ring_init = uring_init,
+	.ring_exit = uring_exit,
+	.files_init = uring_files_init,
+	.files_update = uring_files_update,
+	.prep = uring_prep,
+	.submit = uring_submit,
+	.reap = uring_reap,
+};
+
+#else /* !FERRY_HAVE_LIBURING */
+
+static int uring_probe(char *why, size_t len)
+{
+	if (why)
+		snprintf(why, len, "io_uring: ferry was built without liburing (install liburing-dev "
+				   "and rebuild)");
+	return FERRY_EBACKEND;
+}
+
+static int uring_init(struct ferry__ring **out, unsigned depth, const struct ferry__ring_opts *o)
+{
+	return FERRY_EBACKEND;
+}
+
+const struct ferry__backend_ops ferry__backend_uring = {
+	.name = "io_uring",
+	.probe = uring_probe,
+	.ring_init = uring_init,
+};
+#endif
+
+const struct ferry__backend_ops *const ferry__backends[] = {&ferry__backend_uring,
+							   &ferry__backend_psync, NULL};

@@ -1,0 +1,191 @@
+/*
+ * A stand-in for libcuda.so.1, built by tests/unit/test_gpu_shim.c at test time (cc -shared). It
+ * keeps "device memory" in host memory so that the shim's logic runs without a GPU. Knobs:
+ * -DFAKE_INIT_RESULT=n (cuInit's result), -DFAKE_DEVICES=n, -DFAKE_ATTRIBUTES (export
+ * cuPointerGetAttributes), and -D<symbol>=renamed_<symbol> to leave a symbol out.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef FAKE_INIT_RESULT
+#define FAKE_INIT_RESULT 0
+#endif
+#ifndef FAKE_DEVICES
+#define FAKE_DEVICES 1
+#endif
+#define API __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void (*CUhostFn)(void *);
+
+enum { HOSTMEM = 1, DEVMEM = 2 };
+struct range {
+	uintptr_t base;
+	size_t size;
+	int type, device, owned;
+};
+static struct range ranges[256];
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int init_calls;
+static char ctxs[FAKE_DEVICES + 1];
+static __thread char *current;
+
+API int fake_init_calls(void) { return __atomic_load_n(&init_calls, __ATOMIC_SEQ_CST); }
+API int fake_ranges(int type)
+{
+	int n = 0;
+	pthread_mutex_lock(&lock);
+	for (int i = 0; i < 256; i++)
+		n += ranges[i].size && ranges[i].type == type;
+	pthread_mutex_unlock(&lock);
+	return n;
+}
+
+static struct range *find(uintptr_t p, size_t n)
+{
+	for (int i = 0; i < 256; i++)
+		if (ranges[i].size && p >= ranges[i].base && p + n <= ranges[i].base + ranges[i].size)
+			return &ranges[i];
+	return NULL;
+}
+
+static int add(void *p, size_t size, int type, int owned)
+{
+	pthread_mutex_lock(&lock);
+	if (find((uintptr_t)p, 1)) {
+		pthread_mutex_unlock(&lock);
+		return 712;
+	}
+	for (int i = 0; i < 256; i++) {
+		if (!ranges[i].size) {
+			ranges[i] = (struct range){ (uintptr_t)p, size, type, current ? (int)(current - ctxs) : 0, owned };
+			pthread_mutex_unlock(&lock);
+			return 0;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	return 2;
+}
+
+static int del(uintptr_t p, int type, int owned)
+{
+	int r = 1;
+	pthread_mutex_lock(&lock);
+	struct range *x = find(p, 1);
+	if (x && x->base == p && x->type == type && x->owned == owned) {
+		if (owned)
+			free((void *)x->base);
+		memset(x, 0, sizeof(*x));
+		r = 0;
+	}
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+static int check(uintptr_t p, size_t n, int type)
+{
+	pthread_mutex_lock(&lock);
+	struct range *x = find(p, n);
+	int ok = x && x->type == type;
+	pthread_mutex_unlock(&lock);
+	return ok ? 0 : 1;
+}
+
+API CUresult cuInit(unsigned int flags) { __atomic_add_fetch(&init_calls, 1, __ATOMIC_SEQ_CST); (void)flags; return FAKE_INIT_RESULT; }
+API CUresult cuDriverGetVersion(int *v) { *v = 12080; return 0; }
+API CUresult cuGetErrorName(CUresult e, const char **s) { *s = e == 1 ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_ERROR_FAKE"; return 0; }
+API CUresult cuGetErrorString(CUresult e, const char **s) { *s = e == 100 ? "no CUDA-capable device is detected" : "fake error"; return 0; }
+API CUresult cuDeviceGet(int *d, int ordinal) { if (ordinal < 0 || ordinal >= FAKE_DEVICES) return 101; *d = ordinal; return 0; }
+API CUresult cuDeviceGetCount(int *n) { *n = FAKE_DEVICES; return 0; }
+API CUresult cuDeviceGetName(char *name, int len, int dev) { snprintf(name, (size_t)len, "Fake GPU %d", dev); return 0; }
+API CUresult cuDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 0; return 0; }
+API CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = &ctxs[dev]; return 0; }
+API CUresult cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
+API CUresult cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
+API CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
+API CUresult cuCtxGetDevice(int *dev) { if (!current) return 201; *dev = (int)(current - ctxs); return 0; }
+API CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n)
+{
+	void *p;
+	if (!current)
+		return 201;
+	if (!n || !(p = malloc(n)))
+		return n ? 2 : 1;
+	if (add(p, n, DEVMEM, 1)) {
+		free(p);
+		return 2;
+	}
+	*d = (uintptr_t)p;
+	return 0;
+}
+API CUresult cuMemFree_v2(CUdeviceptr d) { return current ? del((uintptr_t)d, DEVMEM, 1) : 201; }
+API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags)
+{
+	void *p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
+	(void)flags;
+	if (!p)
+		return 2;
+	add(p, n, HOSTMEM, 1);
+	*pp = p;
+	return 0;
+}
+API CUresult cuMemFreeHost(void *p) { return del((uintptr_t)p, HOSTMEM, 1); }
+API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { (void)flags; return current ? add(p, n, HOSTMEM, 0) : 201; }
+API CUresult cuMemHostUnregister(void *p) { return del((uintptr_t)p, HOSTMEM, 0) ? 713 : 0; }
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { if (!current || check(d, n, DEVMEM)) return current ? 1 : 201; memcpy((void *)(uintptr_t)d, s, n); return 0; }
+API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { if (!current || check(s, n, DEVMEM)) return current ? 1 : 201; memcpy(d, (void *)(uintptr_t)s, n); return 0; }
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { if (check(d, n, DEVMEM) || check(s, n, DEVMEM)) return 1; memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { (void)st; return cuMemcpyHtoD_v2(d, s, n); }
+API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoH_v2(d, s, n); }
+API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { if (check(d, n, DEVMEM)) return 1; memset((void *)(uintptr_t)d, v, n); return 0; }
+API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
+{
+	struct range r;
+	pthread_mutex_lock(&lock);
+	struct range *x = find((uintptr_t)p, 1);
+	if (x)
+		r = *x;
+	pthread_mutex_unlock(&lock);
+	if (!x)
+		return 1; /* CUDA_ERROR_INVALID_VALUE: a pointer CUDA never saw */
+	if (attr == 2)
+		*(unsigned *)data = (unsigned)r.type;
+	else if (attr == 8)
+		*(unsigned char *)data = 0; /* a bool, as the driver writes it */
+	else if (attr == 9)
+		*(int *)data = r.device;
+	else
+		return 1;
+	return 0;
+}
+#ifdef FAKE_ATTRIBUTES
+API CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdeviceptr p)
+{
+	for (unsigned i = 0; i < n; i++) {
+		if (cuPointerGetAttribute(data[i], attrs[i], p) != 0) {
+			if (attrs[i] == 9)
+				*(int *)data[i] = -2;
+			else if (attrs[i] == 8)
+				*(unsigned char *)data[i] = 0;
+			else
+				*(unsigned *)data[i] = 0;
+		}
+	}
+	return 0;
+}
+#endif
+API CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = malloc(1); return *s ? 0 : 2; }
+API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
+API CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
+API CUresult cuStreamQuery(void *s) { (void)s; return 0; }
+API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
+API CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = malloc(1); return *e ? 0 : 2; }
+API CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
+API CUresult cuEventQuery(void *e) { (void)e; return 0; }
+API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+API CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
+API CUresult cuLaunchHostFunc(void *s, CUhostFn fn, void *u) { (void)s; fn(u); return 0; }

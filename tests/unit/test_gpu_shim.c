@@ -1,0 +1,639 @@
+/*
+ * The GPU shims without a GPU: libraries absent, partial, failing, and fake ones that work.
+ *
+ * The shims load once per process, so each scenario runs in a child process (this program
+ * re-executed with the scenario's name and environment). Fake libcuda/libcufile/libnvidia-ml are
+ * compiled from tests/unit/fakes/ with the system C compiler at test time.
+ */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/wait.h>
+
+#include "ferry/ferry.h"
+#include "ferry/gpu.h"
+#include "ferry_test.h"
+#include "gpu/shim.h"
+
+#define HAS(hay, needle) has_((hay), (needle), #hay, __FILE__, __LINE__)
+
+static int has_(const char *hay, const char *needle, const char *expr, const char *file, int line)
+{
+	if (hay && strstr(hay, needle))
+		return 1;
+	fprintf(stderr, "%s:%d: %s does not contain \"%s\": \"%s\"\n", file, line, expr, needle,
+		hay ? hay : "(null)");
+	t_failures++;
+	return 0;
+}
+
+static const char *dir; /* where the fakes are built */
+static char libdir_path[4096];
+
+static const char *lib(const char *name)
+{
+	static char path[8][4200];
+	static int i;
+	char *p = path[i++ % 8];
+	snprintf(p, sizeof(path[0]), "%s/%s", dir, name);
+	return p;
+}
+
+/* A function a fake library exports for the test to look inside it. */
+static int fake_counter(const char *env, const char *sym)
+{
+	void *h = dlopen(getenv(env), RTLD_NOW | RTLD_NOLOAD);
+	int (*fn)(void);
+	int v;
+
+	if (!h)
+		return -1;
+	*(void **)&fn = dlsym(h, sym);
+	v = fn ? fn() : -1;
+	dlclose(h);
+	return v;
+}
+
+static int fake_ranges(int type)
+{
+	void *h = dlopen(getenv("FERRY_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+	int (*fn)(int);
+	int v;
+
+	if (!h)
+		return -1;
+	*(void **)&fn = dlsym(h, "fake_ranges");
+	v = fn ? fn(type) : -1;
+	dlclose(h);
+	return v;
+}
+
+/* Every public GPU call fails with FERRY_ENOGPU, naming `needle`. */
+static void expect_no_gpu(const char *needle)
+{
+	char why[1024], buf[64];
+	void *d = (void *)&why;
+	int x = 0, dev = 7;
+
+	T_EQ_INT(ferry_gpu_available(why, sizeof(why)), 0);
+	HAS(why, needle);
+	T_CHECK(ferry__cuda() == NULL);
+	HAS(ferry__cuda_unavailable_reason(), needle);
+	T_EQ_INT(ferry_gpu_count(), FERRY_ENOGPU);
+	HAS(ferry_last_error(), needle);
+	T_EQ_INT(ferry_gpu_name(0, buf, sizeof(buf)), FERRY_ENOGPU);
+	T_EQ_INT(ferry_gpu_malloc(0, 4096, &d), FERRY_ENOGPU);
+	T_CHECK(d == (void *)&why);
+	HAS(ferry_last_error(), needle);
+	T_EQ_INT(ferry_gpu_free(&x), FERRY_ENOGPU);
+	T_EQ_INT(ferry_gpu_memcpy_htod(&x, &x, sizeof(x)), FERRY_ENOGPU);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(&x, &x, sizeof(x)), FERRY_ENOGPU);
+	HAS(ferry_last_error(), needle);
+	why[0] = '\0';
+	T_EQ_INT(ferry_gds_status("/", why, sizeof(why)), FERRY_ENOGPU);
+	HAS(why, needle);
+	HAS(ferry_last_error(), needle);
+	T_EQ_INT(ferry_mem_kind(&x, &dev), FERRY_MEM_HOST);
+	T_EQ_INT(dev, -1);
+	T_CHECK(ferry__cufile() == NULL);
+	HAS(ferry__cufile_unavailable_reason(), "GPUDirect Storage needs CUDA");
+	HAS(ferry__cufile_unavailable_reason(), needle);
+	T_EQ_INT(ferry__gds_probe_fd(0, why, sizeof(why)), FERRY__GDS_REFUSED);
+	HAS(why, needle);
+}
+
+/* Without a GPU the pool hands out plain page-aligned memory within its budget. */
+static void pool_without_gpu(const char *needle)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	struct ferry__pinned_pool *pool;
+	void *a = NULL, *b = NULL, *c = NULL;
+	int pinned = -1;
+
+	T_ASSERT(ferry__pinned_pool_create(4 * page, 0, &pool) == 0);
+	T_EQ_INT(ferry__pinned_alloc(pool, page + 1, &a, &pinned), 0);
+	T_EQ_INT(pinned, 0);
+	T_EQ_INT((uintptr_t)a % page, 0);
+	memset(a, 0x5a, 2 * page);
+	T_EQ_INT(ferry__pinned_held(pool), 2 * page);
+	HAS(ferry__pinned_unpinned_reason(pool), needle);
+	T_EQ_INT(ferry__pinned_alloc(pool, 3 * page, &b, &pinned), FERRY_EBUDGET);
+	HAS(ferry_last_error(), "host_budget");
+	ferry__pinned_free(pool, a);
+	T_EQ_INT(ferry__pinned_alloc(pool, 2 * page, &c, &pinned), 0);
+	T_CHECK(c == a); /* reused */
+	T_EQ_INT(ferry__pinned_alloc(pool, 0, &b, &pinned), -EINVAL);
+	ferry__pinned_pool_destroy(pool);
+	ferry__pinned_pool_destroy(NULL);
+}
+
+static int sc_absent(void)
+{
+	expect_no_gpu("libcuda.so.1");
+	HAS(ferry__cuda_unavailable_reason(), "FERRY_CUDA_LIBRARY");
+	pool_without_gpu("libcuda.so.1");
+	T_CHECK(ferry__nvml() == NULL);
+	HAS(ferry__nvml_unavailable_reason(), "libnvidia-ml.so.1");
+	struct ferry__nvml_device_info info;
+	T_EQ_INT(ferry__nvml_device_info(0, &info), FERRY_ENOGPU);
+	return t_result();
+}
+
+/* Whatever this machine has: without a usable GPU the reason must be stated. */
+static int sc_default(void)
+{
+	char why[1024];
+
+	if (ferry_gpu_available(why, sizeof(why))) {
+		T_CHECK(ferry_gpu_count() >= 1);
+		printf("default: a GPU is usable here, checked ferry_gpu_count only\n");
+		return t_result();
+	}
+	T_CHECK(why[0] != '\0');
+	T_CHECK(strstr(why, "libcuda.so.1") || strstr(why, "cuInit") || strstr(why, "cuDeviceGetCount"));
+	expect_no_gpu(why);
+	return t_result();
+}
+
+static int sc_missing(void)
+{
+	expect_no_gpu("symbol cuMemcpyHtoDAsync_v2 missing from libcuda.so.1");
+	T_CHECK(!strstr(ferry__cuda_unavailable_reason(), "more"));
+	/* the exported ABI is checked before anything in the library runs */
+	T_EQ_INT(fake_counter("FERRY_CUDA_LIBRARY", "fake_init_calls"), 0);
+	return t_result();
+}
+
+static int sc_missing2(void)
+{
+	/* cuMemcpyHtoDAsync_v2 comes before cuStreamCreate in the table */
+	expect_no_gpu("symbol cuMemcpyHtoDAsync_v2 missing from libcuda.so.1 (and 1 more");
+	return t_result();
+}
+
+static int sc_nodevice(void)
+{
+	expect_no_gpu("cuInit failed: CUDA_ERROR_NO_DEVICE (100)");
+	T_EQ_INT(fake_counter("FERRY_CUDA_LIBRARY", "fake_init_calls"), 1);
+	return t_result();
+}
+
+static int sc_zerodevices(void)
+{
+	expect_no_gpu("found no CUDA device");
+	return t_result();
+}
+
+static void *race(void *arg)
+{
+	(void)arg;
+	return (void *)ferry__cuda();
+}
+
+static void mem_kinds_and_copies(void)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	unsigned char host[3000], back[3000];
+	void *d0 = NULL, *d1 = NULL, *slot = NULL, *slot2 = NULL, *slot3 = NULL;
+	struct ferry__pinned_pool *pool;
+	int dev = 9, pinned = 0, stack = 0;
+
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(host), &d0), 0);
+	T_EQ_INT(ferry_gpu_malloc(1, 4096, &d1), 0);
+	T_EQ_INT(ferry_mem_kind(d0, &dev), FERRY_MEM_DEVICE);
+	T_EQ_INT(dev, 0);
+	T_EQ_INT(ferry_mem_kind((char *)d1 + 100, &dev), FERRY_MEM_DEVICE);
+	T_EQ_INT(dev, 1);
+	T_EQ_INT(ferry_mem_kind(&stack, &dev), FERRY_MEM_HOST);
+	T_EQ_INT(dev, -1);
+	T_EQ_INT(ferry_mem_kind(NULL, NULL), FERRY_MEM_HOST);
+
+	t_fill_pattern(host, sizeof(host), 0, 42);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d0, host, sizeof(host)), 0);
+	memset(back, 0, sizeof(back));
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d0, sizeof(back)), 0);
+	T_CHECK(memcmp(host, back, sizeof(host)) == 0);
+	T_EQ_INT(ferry_gpu_memcpy_htod(host, back, 16), -EINVAL);
+	HAS(ferry_last_error(), "is not CUDA device memory");
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, host, 16), -EINVAL);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d0, host, 0), 0);
+
+	T_EQ_INT(ferry_gpu_malloc(0, 0, &d1), -EINVAL);
+	T_EQ_INT(ferry_gpu_malloc(7, 16, &slot), -EINVAL);
+	HAS(ferry_last_error(), "CUDA device 7 does not exist");
+	T_EQ_INT(ferry_gpu_free(host), -EINVAL);
+	T_EQ_INT(ferry_gpu_free(NULL), 0);
+
+	/* pinned pool: registration, budget, reuse, unregistration */
+	T_ASSERT(ferry__pinned_pool_create(3 * page, 0, &pool) == 0);
+	T_EQ_INT(ferry__pinned_alloc(pool, page, &slot, &pinned), 0);
+	T_EQ_INT(pinned, 1);
+	T_EQ_INT(ferry__mem_kind(slot, &dev), FERRY__MEM_PINNED);
+	T_EQ_INT(ferry__mem_kind((char *)slot + page - 1, NULL), FERRY__MEM_PINNED);
+	T_EQ_INT(ferry__pinned_alloc(pool, 2 * page, &slot2, &pinned), 0);
+	T_EQ_INT(fake_ranges(1), 2);
+	T_EQ_INT(ferry__pinned_alloc(pool, page, &slot3, &pinned), FERRY_EBUDGET);
+	ferry__pinned_free(pool, slot2);
+	/* the cached 2-page slot is dropped (unregistered) to make room */
+	T_EQ_INT(ferry__pinned_alloc(pool, page, &slot3, &pinned), 0);
+	T_EQ_INT(pinned, 1);
+	T_EQ_INT(fake_ranges(1), 2);
+	T_EQ_INT(ferry__pinned_held(pool), 2 * page);
+	T_EQ_INT(ferry__pinned_unpinned_reason(pool)[0], '\0');
+	ferry__pinned_pool_destroy(pool);
+	T_EQ_INT(fake_ranges(1), 0);
+	/* device -1: plain memory even with a GPU */
+	T_ASSERT(ferry__pinned_pool_create(0, -1, &pool) == 0);
+	T_EQ_INT(ferry__pinned_alloc(pool, 10, &slot, &pinned), 0);
+	T_EQ_INT(pinned, 0);
+	T_EQ_INT(ferry__mem_kind(slot, NULL), FERRY__MEM_HOST);
+	ferry__pinned_pool_destroy(pool);
+
+	T_EQ_INT(ferry_gpu_free(d0), 0);
+	T_EQ_INT(ferry_gpu_free(d1), 0);
+	T_EQ_INT(ferry_mem_kind(d0, NULL), FERRY_MEM_HOST);
+	T_EQ_INT(fake_ranges(2), 0);
+}
+
+static int sc_fake(void)
+{
+	pthread_t th[8];
+	void *got[8];
+	char buf[64], why[1024];
+	const struct ferry__cuda_api *cu;
+	int fd;
+
+	for (int i = 0; i < 8; i++)
+		T_ASSERT(pthread_create(&th[i], NULL, race, NULL) == 0);
+	for (int i = 0; i < 8; i++)
+		pthread_join(th[i], &got[i]);
+	cu = ferry__cuda();
+	T_ASSERT(cu != NULL);
+	for (int i = 0; i < 8; i++)
+		T_CHECK(got[i] == cu);
+	T_EQ_INT(fake_counter("FERRY_CUDA_LIBRARY", "fake_init_calls"), 1);
+	T_EQ_STR(cu->resolver, "dlsym");
+	T_EQ_INT(cu->driver_version, 12080);
+	T_CHECK(cu->GetProcAddress == NULL && cu->MemGetInfo == NULL);
+	T_EQ_STR(ferry__cuda_unavailable_reason(), "");
+	T_EQ_INT(ferry_gpu_available(why, sizeof(why)), 1);
+	T_EQ_STR(why, "");
+	T_EQ_INT(ferry_gpu_count(), 2);
+	T_EQ_INT(ferry_gpu_name(1, buf, sizeof(buf)), 10);
+	T_EQ_STR(buf, "Fake GPU 1");
+	T_EQ_INT(ferry_gpu_name(2, buf, sizeof(buf)), -EINVAL);
+	T_EQ_STR(ferry__cuda_err_name(100), "CUDA_ERROR_NO_DEVICE");
+	T_EQ_INT(ferry__cuda_fail(2, "cuMemAlloc(%d bytes)", 5), -ENOMEM);
+	HAS(ferry_last_error(), "cuMemAlloc(5 bytes): CUDA_ERROR_OUT_OF_MEMORY (2)");
+	T_EQ_INT(ferry__cuda_fail(201, "x"), FERRY_ECUDA);
+	mem_kinds_and_copies();
+
+	/* GDS without libcufile: refused, with the reason */
+	fd = open(t_tmpdir(), O_RDONLY | O_DIRECTORY);
+	T_EQ_INT(ferry__gds_probe_fd(fd, why, sizeof(why)), FERRY__GDS_REFUSED);
+	HAS(why, "libcufile.so.0 not loaded");
+	T_EQ_INT(ferry__gds_probe_fd(fd, NULL, 0), FERRY__GDS_REFUSED);
+	close(fd);
+	why[0] = '\0';
+	T_EQ_INT(ferry_gds_status("/nonexistent/file", why, sizeof(why)), -ENOENT);
+	HAS(why, "/nonexistent/file");
+	return t_result();
+}
+
+static int sc_fake_attrs(void)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+
+	T_ASSERT(cu != NULL);
+	T_CHECK(cu->PointerGetAttributes != NULL);
+	mem_kinds_and_copies();
+	return t_result();
+}
+
+static int scratch_fd(void)
+{
+	char path[4200];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/gpu_shim_scratch", t_tmpdir());
+	fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+	T_ASSERT(fd >= 0);
+	unlink(path);
+	return fd;
+}
+
+static int sc_cufile_5027(void)
+{
+	ferry__CUfileHandle_t fh = (void *)&fh;
+	char why[1024];
+	int code = -1, fd = scratch_fd();
+
+	T_ASSERT(ferry__cufile() != NULL);
+	T_EQ_INT(ferry__gds_probe_fd(fd, why, sizeof(why)), FERRY__GDS_REFUSED);
+	HAS(why, "cuFileHandleRegister: CU_FILE_HANDLE_NOT_REGISTERED (5027): file descriptor is not registered");
+	HAS(why, "cuFile could not read the volume's attributes");
+	HAS(why, "pipelined bounce path");
+	if (access("/run/udev", F_OK) != 0)
+		HAS(why, "/run/udev absent");
+	else
+		HAS(why, "CUFILE_LOGGING_LEVEL=INFO");
+	T_EQ_INT(ferry__gds_handle_register(fd, &fh, &code, NULL, 0), FERRY_ENOGDS);
+	T_EQ_INT(code, 5027);
+	T_CHECK(fh == (void *)&fh);
+	HAS(ferry_last_error(), "cuFileHandleRegister(fd ");
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_opens"), 1);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_live_handles"), 0);
+	close(fd);
+	return t_result();
+}
+
+static int sc_cufile_ok(void)
+{
+	const struct ferry__cufile_api *cf = ferry__cufile();
+	ferry__CUfileHandle_t fh = NULL;
+	char why[1024];
+	int st, fd = scratch_fd();
+
+	T_ASSERT(cf != NULL);
+	T_EQ_INT(cf->version, 1150);
+	T_CHECK(cf->DriverClose != NULL); /* found under its old name */
+	T_CHECK(cf->has & FERRY__CUFILE_HAS_STREAM);
+	T_CHECK(cf->ReadAsync && cf->WriteAsync && cf->StreamRegister && cf->StreamDeregister);
+	/* one batch symbol missing: the whole batch group is absent */
+	T_CHECK(!(cf->has & FERRY__CUFILE_HAS_BATCH));
+	T_CHECK(!cf->BatchIOSetUp && !cf->BatchIOSubmit && !cf->BatchIOGetStatus && !cf->BatchIODestroy);
+	T_CHECK(cf->DriverGetProperties == NULL);
+	st = ferry__gds_probe_fd(fd, why, sizeof(why));
+	if (access("/proc/driver/nvidia-fs/version", F_OK) == 0) {
+		T_EQ_INT(st, FERRY__GDS_NATIVE);
+	} else {
+		T_EQ_INT(st, FERRY__GDS_COMPAT);
+		HAS(why, "compatibility mode");
+	}
+	T_EQ_INT(ferry__gds_probe_fd(fd, why, sizeof(why)), st);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_opens"), 1);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_live_handles"), 0);
+	T_EQ_INT(ferry__gds_handle_register(fd, &fh, NULL, NULL, 0), 0);
+	T_CHECK(fh != NULL);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_live_handles"), 1);
+	ferry__gds_handle_deregister(fh);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_live_handles"), 0);
+	/* a bad descriptor comes back as cuFile's invalid-value error */
+	T_EQ_INT(ferry__gds_probe_fd(-1, why, sizeof(why)), FERRY__GDS_REFUSED);
+	HAS(why, "CU_FILE_INVALID_VALUE (5022)");
+	close(fd);
+	return t_result();
+}
+
+static int sc_cufile_missing(void)
+{
+	char why[1024];
+
+	T_CHECK(ferry__cuda() != NULL);
+	T_CHECK(ferry__cufile() == NULL);
+	HAS(ferry__cufile_unavailable_reason(), "symbol cuFileRead missing from libcufile.so.0");
+	T_EQ_INT(ferry__gds_probe_fd(0, why, sizeof(why)), FERRY__GDS_REFUSED);
+	HAS(why, "symbol cuFileRead missing");
+	HAS(ferry_last_error(), "symbol cuFileRead missing");
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_opens"), 0);
+	return t_result();
+}
+
+static int sc_cufile_open(void)
+{
+	char why[1024];
+	int fd = scratch_fd();
+
+	T_CHECK(ferry__cufile() != NULL);
+	T_EQ_INT(ferry__gds_probe_fd(fd, why, sizeof(why)), FERRY__GDS_REFUSED);
+	HAS(why, "cuFileDriverOpen: CU_FILE_DRIVER_NOT_INITIALIZED (5001)");
+	T_EQ_INT(ferry__gds_probe_fd(fd, why, sizeof(why)), FERRY__GDS_REFUSED);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_opens"), 1);
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_registers"), 0);
+	close(fd);
+	return t_result();
+}
+
+static int sc_cufile_nocuda(void)
+{
+	char why[1024];
+
+	T_CHECK(ferry__cufile() == NULL);
+	HAS(ferry__cufile_unavailable_reason(), "GPUDirect Storage needs CUDA");
+	T_EQ_INT(ferry_gds_status("/", why, sizeof(why)), FERRY_ENOGPU);
+	/* libcufile is never even opened */
+	T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", "fake_opens"), -1);
+	return t_result();
+}
+
+static int sc_nvml_init(void)
+{
+	T_CHECK(ferry__nvml() == NULL);
+	HAS(ferry__nvml_unavailable_reason(), "nvmlInit_v2 failed: NVML_ERROR_DRIVER_NOT_LOADED (9): Driver Not Loaded");
+	return t_result();
+}
+
+static int sc_nvml_ok(void)
+{
+	const struct ferry__nvml_api *nv = ferry__nvml();
+	struct ferry__nvml_device_info info;
+
+	T_ASSERT(nv != NULL);
+	T_EQ_STR(nv->driver_version, "999.1.2");
+	T_EQ_INT(nv->device_count, 1);
+	T_CHECK(nv->DeviceGetCurrentClocksEventReasons != NULL); /* via the old name */
+	T_CHECK(nv->DeviceGetNumaNodeId == NULL);
+	T_EQ_INT(ferry__nvml_device_info(0, &info), 0);
+	T_EQ_STR(info.name, "Fake GPU");
+	T_EQ_STR(info.bus_id, "00000000:18:00.0");
+	T_EQ_INT(info.mem_total, 80ll << 30);
+	T_EQ_INT(info.mem_used, 1ll << 30);
+	T_EQ_INT(info.util_gpu, 7);
+	T_EQ_INT(info.pcie_gen, 5);
+	T_EQ_INT(info.pcie_width, 16);
+	T_EQ_INT(info.pcie_width_max, -1);
+	T_EQ_INT(info.pcie_tx_kibps, 1000);
+	T_EQ_INT(info.pcie_rx_kibps, 2000);
+	T_EQ_INT(info.persistence, 1);
+	T_EQ_INT(info.numa_node, -1);
+	T_EQ_INT(info.clocks_event_reasons, 4);
+	T_EQ_INT(ferry__nvml_device_info(1, &info), -EINVAL);
+	return t_result();
+}
+
+/* ------------------------------------------------------------------------------------ driver */
+
+struct fake {
+	const char *out, *src, *defs;
+};
+
+static const struct fake fakes[] = {
+	{ "cuda_ok.so", "fake_libcuda.c", "-DFAKE_DEVICES=2" },
+	{ "cuda_attrs.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_ATTRIBUTES" },
+	{ "cuda_missing.so", "fake_libcuda.c", "-DcuMemcpyHtoDAsync_v2=renamed_1" },
+	{ "cuda_missing2.so", "fake_libcuda.c", "-DcuStreamCreate=renamed_1 -DcuMemcpyHtoDAsync_v2=renamed_2" },
+	{ "cuda_nodevice.so", "fake_libcuda.c", "-DFAKE_INIT_RESULT=100" },
+	{ "cuda_zero.so", "fake_libcuda.c", "-DFAKE_DEVICES=0" },
+	{ "cufile_5027.so", "fake_libcufile.c", "-DFAKE_REGISTER_RESULT=5027 -DFAKE_CLOSE_V2" },
+	{ "cufile_ok.so", "fake_libcufile.c", "-DcuFileBatchIOCancel=renamed_1" },
+	{ "cufile_missing.so", "fake_libcufile.c", "-DcuFileRead=renamed_1 -DFAKE_CLOSE_V2" },
+	{ "cufile_open.so", "fake_libcufile.c", "-DFAKE_OPEN_RESULT=5001 -DFAKE_CLOSE_V2" },
+	{ "nvml_ok.so", "fake_libnvml.c", "" },
+	{ "nvml_init.so", "fake_libnvml.c", "-DFAKE_NVML_INIT=9" },
+};
+
+struct scenario {
+	const char *name;
+	int (*run)(void);
+	const char *cuda, *cufile, *nvml; /* NULL: leave unset; "/": a path that does not exist */
+};
+
+#define NX "/nonexistent/"
+static const struct scenario scenarios[] = {
+	{ "absent", sc_absent, NX "libcuda.so.1", NX "libcufile.so.0", NX "libnvidia-ml.so.1" },
+	{ "default", sc_default, NULL, NULL, NULL },
+	{ "missing", sc_missing, "cuda_missing.so", NX "c", NX "n" },
+	{ "missing2", sc_missing2, "cuda_missing2.so", NX "c", NX "n" },
+	{ "nodevice", sc_nodevice, "cuda_nodevice.so", NX "c", NX "n" },
+	{ "zerodevices", sc_zerodevices, "cuda_zero.so", NX "c", NX "n" },
+	{ "fake", sc_fake, "cuda_ok.so", NX "libcufile.so.0", NX "n" },
+	{ "fake_attrs", sc_fake_attrs, "cuda_attrs.so", NX "c", NX "n" },
+	{ "cufile_5027", sc_cufile_5027, "cuda_ok.so", "cufile_5027.so", NX "n" },
+	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
+	{ "cufile_missing", sc_cufile_missing, "cuda_ok.so", "cufile_missing.so", NX "n" },
+	{ "cufile_open", sc_cufile_open, "cuda_ok.so", "cufile_open.so", NX "n" },
+	{ "cufile_nocuda", sc_cufile_nocuda, NX "libcuda.so.1", "cufile_ok.so", NX "n" },
+	{ "nvml_ok", sc_nvml_ok, NX "c", NX "c", "nvml_ok.so" },
+	{ "nvml_init", sc_nvml_init, NX "c", NX "c", "nvml_init.so" },
+};
+#define NSCEN (sizeof(scenarios) / sizeof(scenarios[0]))
+
+static void set_lib(const char *env, const char *v)
+{
+	if (!v)
+		unsetenv(env);
+	else if (v[0] == '/')
+		setenv(env, v, 1);
+	else
+		setenv(env, lib(v), 1);
+}
+
+static int needs_fakes(const struct scenario *s)
+{
+	const char *v[3] = { s->cuda, s->cufile, s->nvml };
+	for (int i = 0; i < 3; i++)
+		if (v[i] && v[i][0] != '/')
+			return 1;
+	return 0;
+}
+
+/* The directory of this source file, where fakes/ lives. */
+static const char *fakes_src(void)
+{
+	static char path[4096];
+	const char *root = getenv("FERRY_SOURCE_DIR");
+
+	snprintf(path, sizeof(path), "%s", __FILE__);
+	char *slash = strrchr(path, '/');
+	if (slash) {
+		snprintf(slash, sizeof(path) - (size_t)(slash - path), "/fakes");
+		if (access(path, R_OK) == 0)
+			return path;
+	}
+	if (root) {
+		snprintf(path, sizeof(path), "%s/tests/unit/fakes", root);
+		if (access(path, R_OK) == 0)
+			return path;
+	}
+	return NULL;
+}
+
+/* Builds the fake libraries; returns 0, or -1 with the reason in why. */
+static int build_fakes(char *why, size_t len)
+{
+	const char *src = fakes_src(), *cc = getenv("CC");
+	char cmd[8192];
+
+	if (!src) {
+		snprintf(why, len, "tests/unit/fakes not found from %s", __FILE__);
+		return -1;
+	}
+	if (!cc || !*cc)
+		cc = "cc";
+	for (size_t i = 0; i < sizeof(fakes) / sizeof(fakes[0]); i++) {
+		snprintf(cmd, sizeof(cmd), "%s -shared -fPIC -O1 -fvisibility=hidden -o '%s' %s '%s/%s' -lpthread 2>&1",
+			 cc, lib(fakes[i].out), fakes[i].defs, src, fakes[i].src);
+		int rc = system(cmd);
+		if (rc != 0) {
+			snprintf(why, len, "cannot build fake %s with %s (exit %d): %.1000s", fakes[i].out,
+				 cc, WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, cmd);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int run_child(const char *self, const struct scenario *s)
+{
+	pid_t pid = fork();
+	int status;
+
+	if (pid == 0) {
+		set_lib("FERRY_CUDA_LIBRARY", s->cuda);
+		set_lib("FERRY_CUFILE_LIBRARY", s->cufile);
+		set_lib("FERRY_NVML_LIBRARY", s->nvml);
+		execl(self, self, s->name, (char *)NULL);
+		_exit(127);
+	}
+	if (pid < 0 || waitpid(pid, &status, 0) != pid)
+		return -1;
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int main(int argc, char **argv)
+{
+	char why[8192], self[4096];
+	int failed = 0, passed = 0, skipped = 0, have_fakes;
+	ssize_t n;
+
+	snprintf(libdir_path, sizeof(libdir_path), "%s/gpu_shim_fakes", t_tmpdir());
+	mkdir(libdir_path, 0755);
+	dir = libdir_path;
+	if (argc > 1) {
+		for (size_t i = 0; i < NSCEN; i++)
+			if (strcmp(argv[1], scenarios[i].name) == 0)
+				return scenarios[i].run();
+		fprintf(stderr, "unknown scenario %s\n", argv[1]);
+		return T_EXIT_FAIL;
+	}
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	T_ASSERT(n > 0);
+	self[n] = '\0';
+	have_fakes = build_fakes(why, sizeof(why)) == 0;
+	if (!have_fakes)
+		printf("fake libraries not built: %s\n", why);
+	for (size_t i = 0; i < NSCEN; i++) {
+		const struct scenario *s = &scenarios[i];
+		if (needs_fakes(s) && !have_fakes) {
+			printf("%-16s skipped (no fake libraries)\n", s->name);
+			skipped++;
+			continue;
+		}
+		int rc = run_child(self, s);
+		printf("%-16s %s\n", s->name, rc == 0 ? "ok" : rc == T_EXIT_SKIP ? "skipped" : "FAILED");
+		fflush(stdout);
+		if (rc == 0)
+			passed++;
+		else if (rc == T_EXIT_SKIP)
+			skipped++;
+		else
+			failed++;
+	}
+	printf("scenarios: %d ok, %d failed, %d skipped\n", passed, failed, skipped);
+	if (failed)
+		return T_EXIT_FAIL;
+	if (skipped)
+		T_SKIP("%d scenario(s) could not run here: %s", skipped, have_fakes ? "see above" : why);
+	return T_EXIT_PASS;
+}
