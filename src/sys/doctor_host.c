@@ -2,6 +2,7 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "gpu/shim.h"
 #include "sys/sys.h"
 
 #define OK FERRY_VERDICT_OK
@@ -172,24 +174,34 @@ void ferry__doctor_io_uring(ferry_report *r)
 				  "fixture mode: io_uring_setup is probed only on the live machine", sexpect, "", "");
 		return;
 	}
-	/* TODO(core): report ferry_backend_unavailable_reason("io_uring") as well once src/io has it. */
+	/* The engine's own verdict first (it is what ferry will use), then a raw setup for the errno. */
+	const char *lib = ferry_backend_unavailable_reason("io_uring");
+	char libwhy[300];
+	snprintf(libwhy, sizeof(libwhy), "%s", lib ? lib : "");
 #ifdef __NR_io_uring_setup
 	unsigned char params[120]; /* struct io_uring_params is 120 bytes; zeroed means no flags */
 	memset(params, 0, sizeof(params));
 	long fd = syscall(__NR_io_uring_setup, 4, params);
-	if (fd >= 0) {
+	if (fd >= 0 && !libwhy[0]) {
 		close((int)fd);
-		ferry__report_add(r, "io_uring.setup", "host", OK, "a 4-entry ring was created", sexpect,
-				  "io_uring_setup(2)", "");
+		ferry__report_add(r, "io_uring.setup", "host", OK, "a 4-entry ring was created; ferry's io_uring backend is usable",
+				  sexpect, "io_uring_setup(2), ferry_backend_unavailable_reason(\"io_uring\")", "");
+	} else if (fd >= 0) {
+		close((int)fd);
+		ferry__report_addf(r, "io_uring.setup", "host", WARN, sexpect,
+				   "ferry_backend_unavailable_reason(\"io_uring\")",
+				   "build ferry with liburing (pkg-config liburing) to get the io_uring backend",
+				   "the kernel accepts io_uring_setup but ferry's backend is unusable: %s", libwhy);
 	} else {
 		int e = errno;
 		ferry__report_addf(r, "io_uring.setup", "host", WARN, sexpect, "io_uring_setup(2)",
 				   e == EPERM ? "allow io_uring in the container's seccomp profile "
 						"(docker: --security-opt seccomp=<profile with io_uring_*>) or the sysctl"
 					  : "use a kernel >= 5.10 with CONFIG_IO_URING=y",
-				   "%s%s; ferry falls back to psync threads", strerror(e),
+				   "%s%s; ferry falls back to psync threads (%s)", strerror(e),
 				   e == EPERM ? " (seccomp or kernel.io_uring_disabled)"
-				   : e == ENOSYS ? " (kernel without io_uring)" : "");
+				   : e == ENOSYS ? " (kernel without io_uring)" : "",
+				   libwhy[0] ? libwhy : "the engine's probe passed regardless");
 	}
 #else
 	ferry__report_add(r, "io_uring.setup", "host", UNKNOWN, "built without io_uring syscall numbers", sexpect, "", "");
@@ -255,6 +267,8 @@ struct gds_state {
 	int nvfs;         /* nvidia-fs loaded */
 	int kernel_6_2;   /* kernel >= 6.2 (P2PDMA for GDS) */
 	int have_lib;     /* 1 found, 0 not, -1 not probed */
+	int shim;         /* ferry__cufile() loaded it (CUDA usable too) */
+	char shimversion[32];
 	char libpath[PATH_MAX];
 	char libversion[64];
 };
@@ -264,7 +278,11 @@ static void probe_lib(struct gds_state *g)
 	g->have_lib = -1;
 	if (ferry__sys_fixture_mode())
 		return;
-	/* TODO(gpu shim): use the shim's loaded handle and cuFileGetVersion when present. */
+	/* The shim loads libcufile only where CUDA works; a plain dlopen still tells "installed". */
+	const struct ferry__cufile_api *cf = ferry__cufile();
+	g->shim = cf != NULL;
+	if (cf && cf->version > 0)
+		snprintf(g->shimversion, sizeof(g->shimversion), "%d.%d", cf->version / 1000, cf->version % 1000 / 10);
 	void *h = dlopen("libcufile.so.0", RTLD_LAZY | RTLD_LOCAL);
 	if (!h) {
 		const char *e = dlerror();
@@ -350,8 +368,9 @@ void ferry__doctor_gds(ferry_report *r, int ngpus, const char *const *paths, siz
 		ferry__report_add(r, "gds.libcufile", "host", UNKNOWN, "fixture mode: libraries are probed only on the live machine",
 				  lexpect, "dlopen(libcufile.so.0)", "");
 	else if (g.have_lib)
-		ferry__report_addf(r, "gds.libcufile", "host", OK, lexpect, "dlopen(libcufile.so.0)", "", "version %s (%s)",
-				   g.libversion, g.libpath);
+		ferry__report_addf(r, "gds.libcufile", "host", OK, lexpect, "dlopen(libcufile.so.0), cuFileGetVersion", "",
+				   "version %s (%s)%s%s", g.shimversion[0] ? g.shimversion : g.libversion, g.libpath,
+				   g.shim ? "" : "; ferry cannot use it: ", g.shim ? "" : ferry__cufile_unavailable_reason());
 	else
 		ferry__report_addf(r, "gds.libcufile", "host", ngpus ? WARN : OK, lexpect, "dlopen(libcufile.so.0)",
 				   ngpus ? "install NVIDIA GDS (the cuda toolkit's nvidia-gds package) if GDS is wanted" : "",
@@ -426,13 +445,33 @@ void ferry__doctor_gds(ferry_report *r, int ngpus, const char *const *paths, siz
 					    : "fails with CU_FILE_INTERNAL_ERROR (5030) since allow_compat_mode is false");
 	}
 
-	/* The real register attempt needs the cuFile shim (src/gpu). */
+	/* The real thing: register a file under each path with cuFile (src/gpu/cufile.c). */
+	const char *rexpect = "cuFileHandleRegister succeeds with nvidia-fs (true GDS) on a file under the path";
 	for (size_t i = 0; i < npaths; i++) {
 		const char *why = ferry__sys_fixture_mode() ? "fixture mode: not attempted"
 				  : !ngpus ? "not attempted: no NVIDIA GPU"
-				  : g.have_lib == 0 ? "not attempted: libcufile.so.0 not found"
-				  : "not attempted: this build has no cuFile shim (src/gpu) wired in";
-		ferry__report_add(r, "gds.register", paths[i], UNKNOWN, why,
-				  "cuFileHandleRegister succeeds (GDS) on a file under the path", "cuFileHandleRegister", "");
+				  : !g.shim ? ferry__cufile_unavailable_reason() : NULL;
+		if (why) {
+			ferry__report_add(r, "gds.register", paths[i], UNKNOWN, why[0] ? why : "cuFile unavailable", rexpect,
+					  "cuFileHandleRegister", "");
+			continue;
+		}
+		char file[PATH_MAX + 64], how[PATH_MAX + 256], res[700];
+		int created;
+		int fd = ferry__sys_probe_file(paths[i], file, sizeof(file), &created, how, sizeof(how));
+		if (fd < 0) {
+			ferry__report_addf(r, "gds.register", paths[i], UNKNOWN, rexpect, "cuFileHandleRegister", "",
+					   "no file to register: %s", how);
+			continue;
+		}
+		int kind = ferry__gds_probe_fd(fd, res, sizeof(res));
+		close(fd);
+		if (created)
+			unlink(file);
+		ferry__report_addf(r, "gds.register", paths[i],
+				   kind == FERRY__GDS_NATIVE ? OK : kind == FERRY__GDS_COMPAT ? WARN : g.compat ? WARN : FAIL,
+				   rexpect, "cuFileHandleRegister",
+				   kind == FERRY__GDS_NATIVE ? "" : "see gds.udev, gds.nvidia_fs and fs.type above; cufile.log names the cause",
+				   "%s (%s)", res, how);
 	}
 }

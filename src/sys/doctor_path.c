@@ -108,6 +108,64 @@ static void temp_name(char *buf, size_t len, const char *dir)
 	snprintf(buf, len, "%s/.ferry-doctor-%ld-%u", dir, (long)getpid(), counter++);
 }
 
+int ferry__sys_probe_file(const char *path, char *file, size_t flen, int *created, char *how, size_t hlen)
+{
+	struct stat st;
+	*created = 0;
+	if (stat(path, &st) < 0) {
+		int err = -errno;
+		snprintf(how, hlen, "stat(%s): %s", path, strerror(-err));
+		return err;
+	}
+	if (S_ISDIR(st.st_mode) && access(path, W_OK) == 0) {
+		/* The one file the doctor ever writes: created with O_EXCL, 4 KiB, removed at once. */
+		temp_name(file, flen, path);
+		int fd = open(file, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+		if (fd < 0) {
+			int err = -errno;
+			/* O_CREAT may have made the file before O_DIRECT was refused. */
+			if (err == -EINVAL)
+				unlink(file);
+			snprintf(how, hlen, "creating a temporary file in %s: %s", path, strerror(-err));
+			return err;
+		}
+		*created = 1;
+		snprintf(how, hlen, "temporary file %s, removed afterwards", file);
+		return fd;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		/* Not writable: use a file that is already there. */
+		DIR *d = opendir(path);
+		struct dirent *e;
+		int tries = 0;
+		file[0] = '\0';
+		while (d && (e = readdir(d)) && tries++ < 256) {
+			struct stat fs;
+			snprintf(file, flen, "%s/%s", path, e->d_name);
+			if (stat(file, &fs) == 0 && S_ISREG(fs.st_mode) && access(file, R_OK) == 0)
+				break;
+			file[0] = '\0';
+		}
+		if (d)
+			closedir(d);
+		if (!file[0]) {
+			snprintf(how, hlen, "%s is not writable and holds no readable file: the doctor does not create "
+				 "files where it may not; pass a file", path);
+			return -ENOENT;
+		}
+	} else {
+		snprintf(file, flen, "%s", path);
+	}
+	int fd = open(file, O_RDONLY | O_DIRECT | O_CLOEXEC);
+	if (fd < 0) {
+		int err = -errno;
+		snprintf(how, hlen, "open(%s, O_RDONLY|O_DIRECT): %s", file, strerror(-err));
+		return err;
+	}
+	snprintf(how, hlen, "existing file %s, read only", file);
+	return fd;
+}
+
 static void check_odirect(ferry_report *r, const char *subj, const char *path)
 {
 	const char *expected = "O_DIRECT accepted (needed by GDS and ferry's direct reads)";
@@ -116,72 +174,24 @@ static void check_odirect(ferry_report *r, const char *subj, const char *path)
 				  "fixture mode: O_DIRECT is probed only on the live machine", expected, "", "");
 		return;
 	}
-	struct stat st;
-	if (stat(path, &st) < 0) {
-		ferry__report_addf(r, "fs.odirect", subj, UNKNOWN, expected, "stat", "", "stat(%s): %s", path, strerror(errno));
-		return;
-	}
-	void *buf = NULL;
-	if (posix_memalign(&buf, 4096, 4096)) {
-		ferry__report_add(r, "fs.odirect", subj, UNKNOWN, "out of memory", expected, "", "");
-		return;
-	}
-	memset(buf, 0, 4096);
-	char file[PATH_MAX + 64], how[PATH_MAX + 160], src[PATH_MAX + 160];
-	int fd = -1, err = 0, wrote = 0;
-	if (S_ISDIR(st.st_mode) && access(path, W_OK) == 0) {
-		/* The one file the doctor ever writes: created with O_EXCL, 4 KiB, removed at once. */
-		temp_name(file, sizeof(file), path);
-		fd = open(file, O_WRONLY | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
-		if (fd < 0) {
-			err = errno;
-		} else {
-			if (pwrite(fd, buf, 4096, 0) < 0)
+	char file[PATH_MAX + 64], how[PATH_MAX + 256], src[PATH_MAX + 128];
+	int created;
+	int fd = ferry__sys_probe_file(path, file, sizeof(file), &created, how, sizeof(how));
+	snprintf(src, sizeof(src), "open(O_DIRECT) + 4 KiB %s", created ? "pwrite" : "pread");
+	int err = fd < 0 ? -fd : 0;
+	if (fd >= 0) {
+		void *buf = NULL;
+		if (posix_memalign(&buf, 4096, 4096) == 0) {
+			memset(buf, 0, 4096);
+			ssize_t n = created ? pwrite(fd, buf, 4096, 0) : pread(fd, buf, 4096, 0);
+			if (n < 0)
 				err = errno;
-			close(fd);
+			free(buf);
+		}
+		close(fd);
+		if (created)
 			unlink(file);
-		}
-		wrote = 1;
-		snprintf(how, sizeof(how), "temporary file created, written (4 KiB) and removed in %s", path);
-		snprintf(src, sizeof(src), "open(O_DIRECT|O_CREAT|O_EXCL) + pwrite in %s", path);
-	} else {
-		if (S_ISDIR(st.st_mode)) {
-			/* Not writable: read a file that is already there instead. */
-			DIR *d = opendir(path);
-			struct dirent *e;
-			int tries = 0;
-			file[0] = '\0';
-			while (d && (e = readdir(d)) && tries++ < 256) {
-				struct stat fs;
-				snprintf(file, sizeof(file), "%s/%s", path, e->d_name);
-				if (stat(file, &fs) == 0 && S_ISREG(fs.st_mode) && access(file, R_OK) == 0)
-					break;
-				file[0] = '\0';
-			}
-			if (d)
-				closedir(d);
-			if (!file[0]) {
-				ferry__report_addf(r, "fs.odirect", subj, UNKNOWN, expected, path, "",
-						   "%s is not writable and holds no readable file: the doctor does not "
-						   "create files where it may not; pass a file to test a read", path);
-				free(buf);
-				return;
-			}
-		} else {
-			snprintf(file, sizeof(file), "%s", path);
-		}
-		fd = open(file, O_RDONLY | O_DIRECT | O_CLOEXEC);
-		if (fd < 0) {
-			err = errno;
-		} else {
-			if (pread(fd, buf, 4096, 0) < 0)
-				err = errno;
-			close(fd);
-		}
-		snprintf(how, sizeof(how), "read 4 KiB of %s", file);
-		snprintf(src, sizeof(src), "open(O_RDONLY|O_DIRECT) + pread of %s", file);
 	}
-	free(buf);
 	if (!err)
 		ferry__report_addf(r, "fs.odirect", subj, OK, expected, src, "", "accepted (%s)", how);
 	else if (err == EINVAL || err == EOPNOTSUPP)
@@ -190,8 +200,7 @@ static void check_odirect(ferry_report *r, const char *subj, const char *path)
 				   "refused: %s (%s); ferry reads buffered here (direct=auto) and GDS cannot run",
 				   strerror(err), how);
 	else
-		ferry__report_addf(r, "fs.odirect", subj, UNKNOWN, expected, src, "", "%s failed: %s",
-				   wrote ? "creating a temporary file" : "reading", strerror(err));
+		ferry__report_addf(r, "fs.odirect", subj, UNKNOWN, expected, src, "", "%s", how);
 }
 
 /* ---------------------------------------------------------------------------- block devices */

@@ -1,11 +1,10 @@
 /*
  * GPUs and NVMe controllers on the PCI bus, from sysfs; their links and NUMA nodes.
  *
- * NVML facts (model, memory, persistence, throttling) come through the GPU shim (src/gpu) once it
- * is merged; until then they are reported unknown with the reason from ferry__sys_nvml_reason().
+ * NVML facts (model, memory, persistence, throttling) come through the GPU shim (src/gpu/nvml.c);
+ * without NVML they are reported unknown with the reason from ferry__sys_nvml_reason().
  */
 #include <dirent.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
@@ -13,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/shim.h"
 #include "sys/sys.h"
 
 #define OK FERRY_VERDICT_OK
@@ -96,28 +96,52 @@ int ferry__sys_nvme_ctrls(struct ferry__pcidev *out, int max)
 }
 
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
-static char nvml_reason[512];
+static char nvml_reason[600];
 
 static void nvml_probe(void)
 {
-	/* TODO(gpu shim): replace with ferry__nvml() from src/gpu/shim.h and its reason string. */
-	void *h = dlopen("libnvidia-ml.so.1", RTLD_LAZY | RTLD_LOCAL);
-	if (!h) {
-		const char *e = dlerror();
-		snprintf(nvml_reason, sizeof(nvml_reason), "NVML not loaded: %s", e ? e : "libnvidia-ml.so.1 not found");
-		return;
-	}
-	dlclose(h);
-	snprintf(nvml_reason, sizeof(nvml_reason),
-		 "NVML not loaded: libnvidia-ml.so.1 is present but this build has no NVML shim (src/gpu) wired in");
+	if (!ferry__nvml())
+		snprintf(nvml_reason, sizeof(nvml_reason), "NVML not loaded: %s", ferry__nvml_unavailable_reason());
+}
+
+/* In fixture mode NVML would describe this machine, not the fixture: it is used only when
+ * FERRY_NVML_LIBRARY names a library explicitly (a test's fake NVML). */
+static int nvml_allowed(void)
+{
+	const char *lib = getenv("FERRY_NVML_LIBRARY");
+	return !ferry__sys_fixture_mode() || (lib && *lib);
 }
 
 const char *ferry__sys_nvml_reason(void)
 {
-	if (ferry__sys_fixture_mode())
+	if (!nvml_allowed())
 		return "NVML not loaded: fixture mode (NVML describes the live machine)";
 	pthread_once(&nvml_once, nvml_probe);
 	return nvml_reason;
+}
+
+int ferry__sys_nvml_usable(void)
+{
+	return nvml_allowed() && ferry__sys_nvml_reason()[0] == '\0';
+}
+
+/* "0000:17:00.0" and NVML's "00000000:17:00.0" name the same device. */
+static int same_bdf(const char *a, const char *b)
+{
+	unsigned d1, b1, s1, f1, d2, b2, s2, f2;
+	return sscanf(a, "%x:%x:%x.%x", &d1, &b1, &s1, &f1) == 4 && sscanf(b, "%x:%x:%x.%x", &d2, &b2, &s2, &f2) == 4 &&
+	       d1 == d2 && b1 == b2 && s1 == s2 && f1 == f2;
+}
+
+int ferry__sys_nvml_index(const char *bdf)
+{
+	const struct ferry__nvml_api *n = ferry__sys_nvml_usable() ? ferry__nvml() : NULL;
+	for (unsigned i = 0; n && i < n->device_count; i++) {
+		struct ferry__nvml_device_info info;
+		if (ferry__nvml_device_info(i, &info) == 0 && same_bdf(info.bus_id, bdf))
+			return (int)i;
+	}
+	return -1;
 }
 
 /* ------------------------------------------------------------------------------ PCIe links */
@@ -235,22 +259,62 @@ void ferry__doctor_pcie(ferry_report *r, const struct ferry__pcidev *gpus, int n
 	}
 }
 
+/* nvmlClocksEventReason bits (nvml.h): idle, application clocks, sync boost and display clock
+ * settings are benign; software power cap slows under load; hardware slowdown, thermal and
+ * power-brake throttling cut clocks hard. */
+#define NVML_BENIGN (0x1ull | 0x2ull | 0x10ull | 0x100ull)
+#define NVML_SW_POWER 0x4ull
+#define NVML_HARD (0x8ull | 0x20ull | 0x40ull | 0x80ull)
+
 void ferry__doctor_gpus(ferry_report *r, const struct ferry__pcidev *gpus, int ngpus)
 {
 	static const struct {
 		const char *id, *expected, *source;
 	} facts[] = {
-		{"gpu.model", "an NVIDIA data-centre GPU", "nvmlDeviceGetName"},
+		{"gpu.model", "an NVIDIA GPU that NVML reports", "nvmlDeviceGetName"},
 		{"gpu.memory", "reported", "nvmlDeviceGetMemoryInfo"},
-		{"gpu.persistence", "persistence mode on (no driver reload per process)", "nvmlDeviceGetPersistenceMode"},
-		{"gpu.throttle", "no clock throttle reasons other than idle", "nvmlDeviceGetCurrentClocksThrottleReasons"},
+		{"gpu.persistence", "persistence mode on (no driver re-initialisation per process)", "nvmlDeviceGetPersistenceMode"},
+		{"gpu.throttle", "no clock throttle reasons other than idle or settings", "nvmlDeviceGetCurrentClocksEventReasons"},
 	};
-	/* TODO(gpu shim): with ferry__nvml() available, read these through nvmlDeviceGetHandleByPciBusId_v2(bdf). */
 	for (int i = 0; i < ngpus; i++) {
-		char subj[128];
+		char subj[128], why[700];
 		snprintf(subj, sizeof(subj), "%s (%s)", gpus[i].name, gpus[i].bdf);
-		for (size_t k = 0; k < sizeof(facts) / sizeof(facts[0]); k++)
-			ferry__report_add(r, facts[k].id, subj, UNKNOWN, ferry__sys_nvml_reason(), facts[k].expected,
-					  facts[k].source, "");
+		struct ferry__nvml_device_info info;
+		int idx = ferry__sys_nvml_index(gpus[i].bdf);
+		if (idx < 0 || ferry__nvml_device_info((unsigned)idx, &info)) {
+			snprintf(why, sizeof(why), "%s", ferry__sys_nvml_usable()
+				 ? "NVML lists no device at this PCI address (not bound by the NVIDIA driver?)" : ferry__sys_nvml_reason());
+			for (size_t k = 0; k < sizeof(facts) / sizeof(facts[0]); k++)
+				ferry__report_add(r, facts[k].id, subj, UNKNOWN, why, facts[k].expected, facts[k].source, "");
+			continue;
+		}
+		const struct ferry__nvml_api *n = ferry__nvml();
+		ferry__report_addf(r, "gpu.model", subj, OK, facts[0].expected, facts[0].source, "", "%s (driver %s)",
+				   info.name[0] ? info.name : "unnamed", n ? n->driver_version : "?");
+		if (info.mem_total >= 0)
+			ferry__report_addf(r, "gpu.memory", subj, OK, facts[1].expected, facts[1].source, "",
+					   "%.1f GiB total, %.1f GiB used", info.mem_total / (1024.0 * 1024 * 1024),
+					   info.mem_used >= 0 ? info.mem_used / (1024.0 * 1024 * 1024) : 0.0);
+		else
+			ferry__report_add(r, "gpu.memory", subj, UNKNOWN, "NVML cannot tell", facts[1].expected, facts[1].source, "");
+		if (info.persistence < 0)
+			ferry__report_add(r, "gpu.persistence", subj, UNKNOWN, "NVML cannot tell (not supported)", facts[2].expected,
+					  facts[2].source, "");
+		else
+			ferry__report_add(r, "gpu.persistence", subj, info.persistence ? OK : WARN,
+					  info.persistence ? "on" : "off: each new process waits for the driver to initialise the GPU",
+					  facts[2].expected, facts[2].source,
+					  info.persistence ? "" : "sudo nvidia-smi -pm 1 (or enable nvidia-persistenced)");
+		if (info.clocks_event_reasons < 0) {
+			ferry__report_add(r, "gpu.throttle", subj, UNKNOWN, "NVML cannot tell (not supported)", facts[3].expected,
+					  facts[3].source, "");
+		} else {
+			unsigned long long m = (unsigned long long)info.clocks_event_reasons;
+			int v = m & NVML_HARD ? FAIL : m & NVML_SW_POWER ? WARN : OK;
+			ferry__report_addf(r, "gpu.throttle", subj, v, facts[3].expected, facts[3].source,
+					   v == OK ? "" : "nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER; check cooling and power limits",
+					   "reasons 0x%llx%s", m, v == FAIL ? ": hardware or thermal slowdown"
+							       : v == WARN ? ": software power cap" : (m & ~NVML_BENIGN) ? "" : " (none that slow work)");
+		}
 	}
 }

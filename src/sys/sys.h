@@ -134,8 +134,20 @@ struct ferry__pcidev {
 int ferry__sys_gpus(struct ferry__pcidev *out, int max);
 /* NVMe controllers (PCI class 0x010802) in PCI order. Returns the count or -errno. */
 int ferry__sys_nvme_ctrls(struct ferry__pcidev *out, int max);
-/* Why NVML facts are unknown ("NVML not loaded: ..."), never NULL. */
+/* Why NVML facts are unknown ("NVML not loaded: ..."), "" when NVML is usable; never NULL. */
 const char *ferry__sys_nvml_reason(void);
+/* 1 if NVML is loaded and this is not fixture mode. */
+int ferry__sys_nvml_usable(void);
+/* NVML's index of the GPU at PCI address bdf, or -1. */
+int ferry__sys_nvml_index(const char *bdf);
+
+/*
+ * Opens a file under path with O_DIRECT for a probe: path itself if it is a file (read-only); in a
+ * writable directory a new temporary file (O_EXCL, *created set: the caller unlinks file when
+ * done); otherwise the first readable regular file in the directory. Returns the descriptor or
+ * -errno, with what was done in how.
+ */
+int ferry__sys_probe_file(const char *path, char *file, size_t flen, int *created, char *how, size_t hlen);
 
 /* ---------------------------------------------------------------------------- doctor modules */
 
