@@ -228,6 +228,7 @@ static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
 			} else if (fd >= 0) {
 				cl[slot].fd = fd;
 				cl[slot].len = 0;
+				cl[slot].buf[0] = '\0';
 				cl[slot].since = now_s();
 			}
 		}
@@ -240,7 +241,7 @@ static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
 				c->len += (size_t)got;
 				c->buf[c->len] = '\0';
 			}
-			int done = strstr(c->buf, "\r\n\r\n") || strstr(c->buf, "\n\n");
+			int done = got > 0 && (strstr(c->buf, "\r\n\r\n") || strstr(c->buf, "\n\n"));
 			int dead = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
 				   c->len >= sizeof(c->buf) - 1 || now_s() - c->since > 5.0;
 			if (done)
