@@ -510,6 +510,8 @@ static void *worker_main(void *arg)
 			c->off = e->cursor;
 			c->len = (size_t)(end - e->cursor);
 			c->is_write = e->is_write;
+			c->dev = e->dev;
+			c->path = e->path;
 			c->entry = e;
 			e->cursor = end;
 			if (end == e->off + e->len) {

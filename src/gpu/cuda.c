@@ -86,7 +86,6 @@ static const struct {
 	{ 4, "CUDA_ERROR_DEINITIALIZED", NULL },
 	{ 34, "CUDA_ERROR_STUB_LIBRARY",
 	  "the libcuda.so.1 found is the CUDA toolkit's link stub, not the driver's: check LD_LIBRARY_PATH" },
-	{ 35, "CUDA_ERROR_INSUFFICIENT_DRIVER", "the NVIDIA driver is older than this libcuda expects" },
 	{ 46, "CUDA_ERROR_DEVICE_UNAVAILABLE", "the GPU is busy or in exclusive-process mode" },
 	{ 100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is visible (check CUDA_VISIBLE_DEVICES and /dev/nvidia*)" },
 	{ 101, "CUDA_ERROR_INVALID_DEVICE", NULL },

@@ -5,9 +5,9 @@
  * sentence saying why. The few types used are declared by hand; tests/gpu/test_abi*.c check them
  * against the real cuda.h, cufile.h and nvml.h.
  *
- * Defining FERRY__ABI_REAL_TYPES before including this header (after cuda.h, cufile.h, nvml.h) makes
- * the hand-declared types aliases of the real ones, so that a test can compare every function
- * pointer type with the real prototype.
+ * Defining FERRY__ABI_REAL_TYPES before including this header (after cuda.h, cufile.h and nvml.h,
+ * whichever are there) makes the hand-declared types aliases of the real ones, so that a test can
+ * compare every function pointer type with the real prototype (tests/gpu/test_abi_sig.c).
  */
 #ifndef FERRY_GPU_SHIM_H
 #define FERRY_GPU_SHIM_H
@@ -19,7 +19,7 @@
 
 /* ------------------------------------------------------------------------------ CUDA driver ABI */
 
-#ifdef FERRY__ABI_REAL_TYPES
+#if defined(FERRY__ABI_REAL_TYPES) && defined(CUDA_VERSION)
 typedef CUresult ferry__CUresult;
 typedef CUdevice ferry__CUdevice;
 typedef CUdeviceptr ferry__CUdeviceptr;
@@ -52,7 +52,6 @@ typedef uint64_t ferry__cuuint64_t;
 #define FERRY__CUDA_ERROR_NOT_INITIALIZED 3
 #define FERRY__CUDA_ERROR_DEINITIALIZED 4
 #define FERRY__CUDA_ERROR_STUB_LIBRARY 34
-#define FERRY__CUDA_ERROR_INSUFFICIENT_DRIVER 35
 #define FERRY__CUDA_ERROR_DEVICE_UNAVAILABLE 46
 #define FERRY__CUDA_ERROR_NO_DEVICE 100
 #define FERRY__CUDA_ERROR_INVALID_DEVICE 101
@@ -254,7 +253,7 @@ const char *ferry__pinned_unpinned_reason(struct ferry__pinned_pool *pool);
 
 /* ------------------------------------------------------------------------------- cuFile ABI */
 
-#ifdef FERRY__ABI_REAL_TYPES
+#if defined(FERRY__ABI_REAL_TYPES) && defined(CUFILEOP_BASE_ERR)
 typedef CUfileError_t ferry__CUfileError_t;
 typedef CUfileDescr_t ferry__CUfileDescr_t;
 typedef CUfileHandle_t ferry__CUfileHandle_t;
@@ -437,7 +436,7 @@ int ferry__gds_probe_fd(int fd, char *why, size_t len);
 
 /* ---------------------------------------------------------------------------------- NVML ABI */
 
-#ifdef FERRY__ABI_REAL_TYPES
+#if defined(FERRY__ABI_REAL_TYPES) && defined(NVML_API_VERSION)
 typedef nvmlReturn_t ferry__nvmlReturn_t;
 typedef nvmlDevice_t ferry__nvmlDevice_t;
 typedef nvmlMemory_t ferry__nvmlMemory_t;

@@ -65,8 +65,11 @@ bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size
 {
 	struct ferry_file *f = c->f;
 
-	ferry__plan_chunk(c->off, c->len, (uintptr_t)c->buf, f->block_size, f->mem_align,
-			  f->fd_direct >= 0, c->is_write, slot_size, &c->plan);
+	/* Device memory is always staged through a slot, whose address is aligned. */
+	c->staged = c->dev >= 0;
+	ferry__plan_chunk(c->off, c->len, c->staged ? 0 : (uintptr_t)c->buf, f->block_size, f->mem_align,
+			  f->fd_direct >= 0 && c->path != FERRY__P_PAGECACHE, c->is_write, slot_size,
+			  &c->plan);
 	c->done = 0;
 	c->retries = 0;
 	c->result = 0;
@@ -76,15 +79,15 @@ bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size
 	switch (c->plan.mode) {
 	case FERRY__CH_DIRECT:
 		ferry__stat_add(ctx, FERRY_STAT_DIRECT_CHUNKS, 1);
-		return false;
+		return c->staged;
 	case FERRY__CH_BOUNCE:
 		ferry__stat_add(ctx, FERRY_STAT_BOUNCED_CHUNKS, 1);
 		return true;
 	default:
 		ferry__stat_add(ctx, FERRY_STAT_BUFFERED_CHUNKS, 1);
-		if (f->fd_direct >= 0 && c->len)
+		if (f->fd_direct >= 0 && c->len && c->path != FERRY__P_PAGECACHE)
 			ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1);
-		return false;
+		return c->staged;
 	}
 }
 
@@ -96,8 +99,9 @@ void ferry__chunk_op(const struct ferry__chunk *c, struct ferry__op *op)
 	op->fd = direct ? f->fd_direct : f->fd_buf;
 	op->fixed_file = f->slot >= 0 ? 2 * f->slot + (direct ? 1 : 0) : -1;
 	op->is_write = c->is_write;
-	op->addr = (c->plan.mode == FERRY__CH_BOUNCE ? c->slot : c->buf) + c->done;
-	op->buf_index = c->plan.mode == FERRY__CH_BOUNCE ? c->slot_index : -1;
+	bool slot = c->staged || c->plan.mode == FERRY__CH_BOUNCE;
+	op->addr = (slot ? c->slot : c->buf) + c->done;
+	op->buf_index = slot ? c->slot_index : -1;
 	op->len = c->plan.io_len - c->done;
 	op->off = c->plan.io_off + c->done;
 	op->tag = (void *)c;
@@ -109,11 +113,13 @@ static void finish(struct ferry__chunk *c)
 		c->result = (int64_t)(c->done < c->len ? c->done : c->len);
 		return;
 	}
-	if (c->plan.mode == FERRY__CH_BOUNCE) {
+	if (c->plan.mode == FERRY__CH_BOUNCE || c->staged) {
 		size_t head = (size_t)(c->off - c->plan.io_off);
 		size_t valid = c->done > head ? c->done - head : 0;
 		size_t n = valid < c->len ? valid : c->len;
-		memcpy(c->buf, c->slot + head, n);
+		c->copy_off = head;
+		if (!c->staged) /* device memory is copied by the GPU layer */
+			memcpy(c->buf, c->slot + head, n);
 		c->result = (int64_t)n;
 		return;
 	}

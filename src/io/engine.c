@@ -92,9 +92,11 @@ static int group_wait(struct ferry__group *g, int64_t timeout_ns)
 /* -------------------------------------------------------------------------------------- entries */
 
 static void entry_init(struct ferry__entry *e, struct ferry__group *g, ferry_file *f, void *buf,
-		       uint64_t off, uint64_t len, bool is_write, uint64_t chunk_size)
+		       uint64_t off, uint64_t len, bool is_write, uint64_t chunk_size, int dev, int path)
 {
 	memset(e, 0, sizeof(*e));
+	e->dev = dev;
+	e->path = path;
 	e->f = f;
 	e->buf = buf;
 	e->off = off;
@@ -227,7 +229,8 @@ static void slot_give(ferry_ctx *ctx, char *s)
 static ssize_t transfer_inline(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write)
 {
 	ferry_ctx *ctx = f->ctx;
-	struct ferry__chunk c = {.f = f, .buf = buf, .len = len, .off = off, .is_write = is_write};
+	struct ferry__chunk c = {.f = f, .buf = buf, .len = len, .off = off, .is_write = is_write,
+				 .dev = -1, .path = FERRY__P_HOST};
 
 	if (ferry__chunk_begin(ctx, &c, ferry__slot_size(ctx))) {
 		c.slot = slot_take(ctx);
@@ -259,10 +262,14 @@ static ssize_t transfer(ferry_file *f, void *buf, size_t len, uint64_t off, bool
 	if (len == 0)
 		return 0;
 	ctx = f->ctx;
-	if (ferry__chunk_count(off, len, ctx->cfg.chunk_size) == 1)
+	int dev, path;
+	ret = ferry__resolve_path(ctx, f, buf, len, is_write, &dev, &path);
+	if (ret)
+		return ret;
+	if (path == FERRY__P_HOST && ferry__chunk_count(off, len, ctx->cfg.chunk_size) == 1)
 		return transfer_inline(f, buf, len, off, is_write);
 	group_init(&r.g, 1);
-	entry_init(&r.e, &r.g, f, buf, off, len, is_write, ctx->cfg.chunk_size);
+	entry_init(&r.e, &r.g, f, buf, off, len, is_write, ctx->cfg.chunk_size, dev, path);
 	ret = submit_entries(ctx, &r.e, 1, sizeof(r.e));
 	if (ret) {
 		group_destroy(&r.g);
@@ -294,14 +301,17 @@ static int transfer_async(ferry_file *f, void *buf, size_t len, uint64_t off, bo
 	int ret;
 
 	*out = NULL;
+	int dev = -1, path = FERRY__P_HOST;
 	ret = check_args(f, buf, len, off, is_write);
+	if (!ret && len)
+		ret = ferry__resolve_path(f->ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
 	r = malloc(sizeof(*r));
 	if (!r)
 		return ferry__error(-ENOMEM, "allocating a request");
 	group_init(&r->g, len ? 1 : 0);
-	entry_init(&r->e, &r->g, f, buf, off, len, is_write, f->ctx->cfg.chunk_size);
+	entry_init(&r->e, &r->g, f, buf, off, len, is_write, f->ctx->cfg.chunk_size, dev, path);
 	if (len) {
 		ret = submit_entries(f->ctx, &r->e, 1, sizeof(r->e));
 		if (ret) {
@@ -381,9 +391,12 @@ static int batch_add(ferry_batch *b, ferry_file *f, uint64_t off, size_t len, vo
 {
 	int ret;
 
+	int dev = -1, path = FERRY__P_HOST;
 	if (b->running)
 		return ferry__error(FERRY_EBUSY, "ferry_batch_add: the batch is running");
 	ret = check_args(f, buf, len, off, is_write);
+	if (!ret && len)
+		ret = ferry__resolve_path(b->ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
 	if (f->ctx != b->ctx)
@@ -398,7 +411,8 @@ static int batch_add(ferry_batch *b, ferry_file *f, uint64_t off, size_t len, vo
 	}
 	if (b->count >= INT_MAX)
 		return ferry__error(-E2BIG, "a batch holds at most %d entries", INT_MAX);
-	entry_init(&b->entries[b->count], &b->g, f, buf, off, len, is_write, b->ctx->cfg.chunk_size);
+	entry_init(&b->entries[b->count], &b->g, f, buf, off, len, is_write, b->ctx->cfg.chunk_size,
+		   dev, path);
 	return (int)b->count++;
 }
 
@@ -532,10 +546,17 @@ static int queue_add(ferry_queue *q, ferry_file *f, void *buf, size_t len, uint6
 		     bool is_write, void *user_data)
 {
 	int ret = check_args(f, buf, len, off, is_write);
+	int dev = -1, path = FERRY__P_HOST;
 	struct ferry__chunk *c;
 
+	if (!ret && len)
+		ret = ferry__resolve_path(q->ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
+	if (dev >= 0 && path < FERRY__P_GDS && len > q->q.slot_size)
+		return ferry__error(-EINVAL, "queue: %s of %zu bytes to device memory is larger than a "
+				    "slot (%zu bytes; use ferry_pread, which splits)", is_write ? "write" : "read",
+				    len, q->q.slot_size);
 	c = ferry__ioq_get(&q->q);
 	if (!c)
 		return ferry__error(-EBUSY, "queue: %u I/Os already in flight", q->q.depth);
@@ -546,6 +567,8 @@ static int queue_add(ferry_queue *q, ferry_file *f, void *buf, size_t len, uint6
 	c->is_write = is_write;
 	c->user_data = user_data;
 	c->entry = NULL;
+	c->dev = dev;
+	c->path = path;
 	ferry__ioq_queue(&q->q, c);
 	return 0;
 }

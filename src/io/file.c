@@ -10,6 +10,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "gpu/shim.h"
 #include "io/io.h"
 
 #ifndef STATX_DIOALIGN
@@ -63,6 +64,8 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 	f->fd_direct = -1;
 	f->slot = -1;
 	f->writable = acc != FERRY_O_RDONLY;
+	f->gds_state = FERRY__GDS_UNPROBED;
+	pthread_mutex_init(&f->gds_mu, NULL);
 	f->fd_buf = open(path, oflags | (flags & FERRY_O_CREAT ? O_CREAT : 0) |
 				       (flags & FERRY_O_TRUNC ? O_TRUNC : 0) |
 				       (flags & FERRY_O_EXCL ? O_EXCL : 0),
@@ -110,6 +113,8 @@ void ferry_file_close(ferry_file *f)
 	if (!f)
 		return;
 	ferry__file_unregister(f->ctx, f);
+	ferry__file_gds_close(f);
+	pthread_mutex_destroy(&f->gds_mu);
 	if (f->fd_direct >= 0)
 		close(f->fd_direct);
 	close(f->fd_buf);
@@ -170,13 +175,24 @@ int ferry_file_path_info(ferry_file *f, char *buf, size_t len)
 {
 	ferry_ctx *ctx = f->ctx;
 	const char *backend = ferry_ctx_backend(ctx);
+	char gds[512] = "";
+	int n;
 
+	pthread_mutex_lock(&f->gds_mu);
+	if (f->gds_state == FERRY__GDS_UNPROBED)
+		snprintf(gds, sizeof(gds), "; GDS not probed yet (no transfer to device memory so far)");
+	else
+		snprintf(gds, sizeof(gds), "; device memory: %s; %s",
+			 f->gds_state == FERRY__GDS_NATIVE ? "GDS" : ferry__path_name(FERRY__P_PIPE), f->gds_note);
+	pthread_mutex_unlock(&f->gds_mu);
 	if (f->fd_direct >= 0)
-		return snprintf(buf, len,
-				"%s: O_DIRECT (offset alignment %u, memory alignment %u; unaligned "
-				"pieces through aligned bounce slots), backend %s%s",
-				f->path, f->block_size, f->mem_align, backend,
-				f->slot >= 0 ? ", registered file" : "");
-	return snprintf(buf, len, "%s: buffered (%s), backend %s%s", f->path, f->direct_note, backend,
-			f->slot >= 0 ? ", registered file" : "");
+		n = snprintf(buf, len,
+			     "%s: O_DIRECT (offset alignment %u, memory alignment %u; unaligned "
+			     "pieces through aligned bounce slots), backend %s%s%s",
+			     f->path, f->block_size, f->mem_align, backend,
+			     f->slot >= 0 ? ", registered file" : "", gds);
+	else
+		n = snprintf(buf, len, "%s: buffered (%s), backend %s%s%s", f->path, f->direct_note, backend,
+			     f->slot >= 0 ? ", registered file" : "", gds);
+	return n;
 }

@@ -46,7 +46,29 @@ struct ferry_file {
 	uint32_t block_size;
 	uint32_t mem_align;
 	char direct_note[192]; /* why there is no O_DIRECT descriptor, if there is none */
+	/* GPUDirect Storage, probed at the first transfer to or from device memory (under gds_mu) */
+	pthread_mutex_t gds_mu;
+	int gds_state; /* FERRY__GDS_UNPROBED, or shim.h's FERRY__GDS_REFUSED/NATIVE/COMPAT */
+	void *gds_handle;
+	char gds_note[384];
 };
+#define FERRY__GDS_UNPROBED (-1)
+
+/*
+ * The path a transfer takes, resolved per request from the `path` knob, the memory kind and the
+ * file (DESIGN.md's transfer modes; FERRY__P_HOST is host memory, any mode).
+ */
+enum ferry__path {
+	FERRY__P_HOST,      /* host memory: the storage engine alone */
+	FERRY__P_PIPE,      /* 3 cpu-async-gpu: pinned slots, async copies, events */
+	FERRY__P_PIPE_SYNC, /* 2 cpu-gpu: pinned slots, a synchronous copy per chunk */
+	FERRY__P_PAGECACHE, /* 4 pagecache-gpu: buffered reads into pinned slots, async copies */
+	FERRY__P_GDS,       /* 0 gds: cuFileRead/cuFileWrite */
+	FERRY__P_GDS_ASYNC, /* 5 gds-async: cuFileReadAsync/WriteAsync on the worker's stream */
+	FERRY__P_GDS_BATCH, /* 6 gds-batch: cuFileBatchIO* */
+};
+const char *ferry__path_name(int path);
+#define FERRY__MAX_GPUS 16
 
 /* -------------------------------------------------------------------------------------- chunks */
 
@@ -93,6 +115,16 @@ struct ferry__chunk {
 	void *user_data;
 	struct ferry__entry *entry; /* worker chunks: the request entry it belongs to */
 	struct ferry__chunk *next;
+	/* device memory (dev >= 0): always staged through a pinned slot, or handed to cuFile */
+	int dev;
+	int path;        /* enum ferry__path */
+	bool staged;     /* the transfer goes through the slot whatever the plan's mode */
+	bool gpu_busy;   /* an asynchronous copy (or cuFile stream op) is in flight */
+	size_t copy_off; /* offset in the slot of the caller's first byte (reads) */
+	/* cuFile's asynchronous API reads its arguments when the stream gets there */
+	size_t g_size;
+	off_t g_foff, g_boff;
+	ssize_t g_bytes;
 };
 
 /* One operation handed to a backend. */
@@ -181,6 +213,11 @@ struct ferry__ioq {
 	int64_t *res;
 	struct ferry__ioq *reg_next; /* ctx registry of rings, for registered files */
 	bool files_registered;
+	/* GPU state, made at the first chunk for device memory (src/io/gpu_io.c) */
+	struct ferry__ioq_gpu *gpu;
+	struct ferry__chunk *gpu_head, *gpu_tail; /* chunks with copies in flight, in issue order */
+	struct ferry__chunk *gds_batch;           /* gds-batch chunks prepared, not yet submitted */
+	unsigned gds_inflight;                    /* gds-batch chunks submitted */
 };
 
 int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots);
@@ -192,6 +229,34 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c);
 int ferry__ioq_submit(struct ferry__ioq *q);
 /* Returns up to max finished chunks, waiting until at least min are (or none is pending). */
 int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **out, unsigned max);
+
+/* ------------------------------------------------------------------------------------ GPU paths */
+
+/*
+ * Decides the path of a transfer of buf on f: host memory takes FERRY__P_HOST; device memory the
+ * mode the `path` knob names, where `auto` takes GDS only when cuFile registers the file natively
+ * and the pipelined bounce path otherwise (a counted fallback, explained in the file's path info).
+ * An explicit mode that cannot run is an error naming the reason.
+ */
+int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+			bool is_write, int *dev, int *path);
+/* Starts the GPU side of a device chunk that holds its slot (or needs none). Returns true when
+ * the chunk is now waiting on the GPU (a device-to-host copy before a write, a cuFile stream op). */
+bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c);
+/* A device read finished its storage part: copies the slot to the device (async or not). Returns
+ * true when the copy is in flight (the chunk joins the GPU list), false when c is finished. */
+bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c);
+/* Checks the oldest GPU operations (waits for the oldest when block). Chunks whose copy is done
+ * are passed to done(q, c, read_done): finished reads, or writes ready for their storage part. */
+void ferry__gpu_poll(struct ferry__ioq *q, bool block,
+		     void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
+/* cuFile transfers done synchronously in the worker (gds), or submitted in batches (gds-batch). */
+void ferry__gds_chunk_sync(struct ferry__ioq *q, struct ferry__chunk *c);
+int ferry__gds_batch_submit(struct ferry__ioq *q);
+int ferry__gds_batch_reap(struct ferry__ioq *q, bool block,
+			  void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
+void ferry__ioq_gpu_exit(struct ferry__ioq *q);
+void ferry__file_gds_close(struct ferry_file *f);
 
 /* ------------------------------------------------------------------------------------- context */
 
@@ -215,6 +280,8 @@ struct ferry__entry {
 	atomic_int_fast64_t short_end; /* smallest end of a short chunk, relative; len if none */
 	atomic_int error;
 	uint64_t err_off; /* offset of the chunk that failed first */
+	int dev;          /* device of buf, -1 for host memory */
+	int path;         /* enum ferry__path */
 	int64_t result;
 	struct ferry__group *group;
 	struct ferry__entry *next_work;

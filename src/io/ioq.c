@@ -61,6 +61,7 @@ nomem:
 
 void ferry__ioq_exit(struct ferry__ioq *q)
 {
+	ferry__ioq_gpu_exit(q);
 	if (q->ring) {
 		pthread_mutex_lock(&q->ctx->mu);
 		ferry__ring_unregister(q->ctx, q);
@@ -131,42 +132,20 @@ static void give_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 
 	c->slot = q->slot_mem + q->slot_size * (size_t)idx;
 	c->slot_index = idx;
-	if (c->is_write)
+	if (c->is_write && c->dev < 0)
 		memcpy(c->slot, c->buf, c->len);
 }
 
-void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
+/* A chunk that holds what it needs starts: device writes first copy into their slot. */
+static void start(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	if (c->len == 0) {
-		c->result = 0;
-		c->plan.mode = FERRY__CH_BUFFERED;
-		c->slot = NULL;
+	if (c->dev >= 0 && c->is_write && ferry__gpu_chunk_start(q, c))
+		return;
+	if (c->dev >= 0 && c->is_write && c->result < 0) {
 		push_finished(q, c);
 		return;
 	}
-	if (ferry__chunk_begin(q->ctx, c, q->nslots ? q->slot_size : 0)) {
-		if (q->nfree_slots == 0) {
-			c->next = q->slot_wait;
-			q->slot_wait = c;
-			return;
-		}
-		give_slot(q, c);
-	}
 	prep(q, c);
-}
-
-int ferry__ioq_submit(struct ferry__ioq *q)
-{
-	int ret;
-
-	if (!q->queued)
-		return 0;
-	ret = q->ops->submit(q->ring);
-	if (ret < 0)
-		return ret;
-	q->inflight += q->queued;
-	q->queued = 0;
-	return ret;
 }
 
 static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -179,8 +158,80 @@ static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 		struct ferry__chunk *w = q->slot_wait;
 		q->slot_wait = w->next;
 		give_slot(q, w);
-		prep(q, w);
+		start(q, w);
 	}
+}
+
+void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	c->gpu_busy = false;
+	if (c->len == 0) {
+		c->result = 0;
+		c->plan.mode = FERRY__CH_BUFFERED;
+		c->slot = NULL;
+		push_finished(q, c);
+		return;
+	}
+	if (c->dev >= 0 && c->path >= FERRY__P_GDS) {
+		ferry__stat_add(q->ctx, FERRY_STAT_CHUNKS, 1);
+		c->slot = NULL;
+		c->result = 0;
+		if (c->path == FERRY__P_GDS) {
+			ferry__gds_chunk_sync(q, c);
+			push_finished(q, c);
+		} else if (c->path == FERRY__P_GDS_ASYNC) {
+			if (!ferry__gpu_chunk_start(q, c))
+				push_finished(q, c);
+		} else {
+			c->next = q->gds_batch;
+			q->gds_batch = c;
+		}
+		return;
+	}
+	if (ferry__chunk_begin(q->ctx, c, q->nslots ? q->slot_size : 0)) {
+		if (q->nfree_slots == 0) {
+			c->next = q->slot_wait;
+			q->slot_wait = c;
+			return;
+		}
+		give_slot(q, c);
+	}
+	start(q, c);
+}
+
+int ferry__ioq_submit(struct ferry__ioq *q)
+{
+	int ret;
+
+	if (q->gds_batch && (ret = ferry__gds_batch_submit(q)) < 0)
+		return ret;
+	if (!q->queued)
+		return 0;
+	ret = q->ops->submit(q->ring);
+	if (ret < 0)
+		return ret;
+	q->inflight += q->queued;
+	q->queued = 0;
+	return ret;
+}
+
+/* A chunk's GPU operation is over: a device write goes on to storage, anything else is finished. */
+static void gpu_done(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	if (c->result >= 0 && c->is_write && c->path < FERRY__P_GDS) {
+		prep(q, c);
+		return;
+	}
+	release_slot(q, c);
+	push_finished(q, c);
+}
+
+static void stored(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	if (c->dev >= 0 && !c->is_write && c->result > 0 && ferry__gpu_chunk_stored(q, c))
+		return;
+	release_slot(q, c);
+	push_finished(q, c);
 }
 
 int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **out, unsigned max)
@@ -198,15 +249,37 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 		}
 		if (got >= max || (got >= min && polled))
 			return (int)got;
-		if (q->queued) {
+		if (q->gpu_head) {
+			ferry__gpu_poll(q, false, gpu_done);
+			if (q->finished)
+				continue;
+		}
+		if (q->gds_inflight) {
+			ferry__gds_batch_reap(q, false, gpu_done);
+			if (q->finished)
+				continue;
+		}
+		if (q->queued || q->gds_batch) {
 			int ret = ferry__ioq_submit(q);
 			if (ret < 0)
 				return got ? (int)got : ret;
 		}
-		if (!q->inflight)
+		bool other = q->gpu_head || q->gds_inflight;
+		bool block = got < min && !q->finished;
+		if (!q->inflight && !other)
 			return (int)got;
-		int n = q->ops->reap(q->ring, got >= min ? 0 : 1, q->tags, q->res, q->depth);
 		polled = true;
+		if (!q->inflight) {
+			/* only GPU work is pending: wait for its oldest */
+			if (block) {
+				if (q->gpu_head)
+					ferry__gpu_poll(q, true, gpu_done);
+				else
+					ferry__gds_batch_reap(q, true, gpu_done);
+			}
+			continue;
+		}
+		int n = q->ops->reap(q->ring, block && !other ? 1 : 0, q->tags, q->res, q->depth);
 		if (n < 0)
 			return got ? (int)got : n;
 		q->inflight -= (unsigned)n;
@@ -217,8 +290,15 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 				prep(q, c);
 				continue;
 			}
-			release_slot(q, c);
-			push_finished(q, c);
+			stored(q, c);
+		}
+		/* storage had nothing yet and the GPU has work: wait on the GPU's oldest, which is
+		 * short next to a storage transfer, rather than spin */
+		if (n == 0 && block && other && !q->finished) {
+			if (q->gpu_head)
+				ferry__gpu_poll(q, true, gpu_done);
+			else
+				ferry__gds_batch_reap(q, true, gpu_done);
 		}
 	}
 }

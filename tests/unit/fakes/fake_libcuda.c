@@ -113,7 +113,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n)
 	void *p;
 	if (!current)
 		return 201;
-	if (!n || !(p = malloc(n)))
+	if (!n || !(p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095)))
 		return n ? 2 : 1;
 	if (add(p, n, DEVMEM, 1)) {
 		free(p);

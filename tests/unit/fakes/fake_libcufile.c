@@ -5,6 +5,7 @@
  */
 #include <stddef.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #ifndef FAKE_OPEN_RESULT
 #define FAKE_OPEN_RESULT 0
@@ -51,8 +52,9 @@ API CUfileError_t cuFileHandleRegister(void **fh, CUfileDescr_t *d)
 API void cuFileHandleDeregister(void *fh) { if (fh) live--; }
 API CUfileError_t cuFileBufRegister(const void *p, size_t n, int f) { (void)p; (void)n; (void)f; return ok; }
 API CUfileError_t cuFileBufDeregister(const void *p) { (void)p; return ok; }
-API ssize_t cuFileRead(void *fh, void *p, size_t n, off_t fo, off_t bo) { (void)fh; (void)p; (void)fo; (void)bo; return (ssize_t)n; }
-API ssize_t cuFileWrite(void *fh, const void *p, size_t n, off_t fo, off_t bo) { (void)fh; (void)p; (void)fo; (void)bo; return (ssize_t)n; }
+/* the fake's "device memory" is host memory: plain pread/pwrite on the registered fd */
+API ssize_t cuFileRead(void *fh, void *p, size_t n, off_t fo, off_t bo) { return pread((int)((size_t)fh - 0x1000), (char *)p + bo, n, fo); }
+API ssize_t cuFileWrite(void *fh, const void *p, size_t n, off_t fo, off_t bo) { return pwrite((int)((size_t)fh - 0x1000), (const char *)p + bo, n, fo); }
 API CUfileError_t cuFileGetVersion(int *v) { *v = 1150; return ok; }
 API CUfileError_t cuFileReadAsync(void *fh, void *p, size_t *n, off_t *fo, off_t *bo, ssize_t *r, void *s) { (void)fh; (void)p; (void)fo; (void)bo; (void)s; *r = (ssize_t)*n; return ok; }
 API CUfileError_t cuFileWriteAsync(void *fh, void *p, size_t *n, off_t *fo, off_t *bo, ssize_t *r, void *s) { (void)fh; (void)p; (void)fo; (void)bo; (void)s; *r = (ssize_t)*n; return ok; }

@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The one run on the GPU machine: build with the GPU tests, run every unit test, the GPU tests and
+# the GPU benchmarks (bench/gpu-*.sh), keep the logs (under $OUT when set), and print a table last.
+# A failing step does not stop the others; the exit status is non-zero if anything failed.
+#
+#   bash scripts/gpu-check.sh            (from the repository root; BUILD_DIR, JOBS may be set)
+#
+# A benchmark script bench/gpu-NAME.sh runs with FERRY_BUILD_DIR, FERRY_CLI and FERRY_LOG_DIR set;
+# each line it prints as "TABLE name | result | figure" becomes a row of the table, and its exit
+# status counts like a test's (77: skipped).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+BUILD_DIR=${BUILD_DIR:-build-gpu-check}
+JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
+LOG_DIR=${OUT:+$OUT/gpu-check}
+LOG_DIR=${LOG_DIR:-$BUILD_DIR/gpu-check-logs}
+mkdir -p "$LOG_DIR"
+LOG_DIR=$(cd "$LOG_DIR" && pwd)
+TABLE="$LOG_DIR/table.txt"
+: >"$TABLE"
+failed=0
+
+row() { printf '%s | %s | %s\n' "$1" "$2" "${3:-}" >>"$TABLE"; }
+step() { echo; echo "=== $*"; }
+
+# The device run carries .deb/ (liburing, xxhash) when they were staged: unpack without installing
+# (../shared/device/unpack-debs.sh, inlined).
+if [ -d .deb ]; then
+	mkdir -p /tmp/debroot && for f in .deb/*.deb; do dpkg -x "$f" /tmp/debroot; done
+	export CPATH=/tmp/debroot/usr/include${CPATH:+:$CPATH}
+	export LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+	export LD_LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	export PKG_CONFIG_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+	export PKG_CONFIG_SYSROOT_DIR=/tmp/debroot
+fi
+
+# cuFile says why it refuses a file only in its log.
+export CUFILE_LOGGING_LEVEL=${CUFILE_LOGGING_LEVEL:-INFO}
+export CUFILE_LOGFILE_PATH=${CUFILE_LOGFILE_PATH:-$LOG_DIR/cufile.log}
+
+step "machine"
+{
+	uname -a
+	nvidia-smi -L 2>&1 || echo "nvidia-smi: not available"
+	nvidia-smi --query-gpu=driver_version,pcie.link.gen.current,pcie.link.width.current,persistence_mode --format=csv 2>&1 || true
+	echo "/run/udev: $([ -e /run/udev ] && echo present || echo absent)"
+	echo "nvidia-fs: $(cat /proc/driver/nvidia-fs/version 2>/dev/null || echo 'not loaded')"
+	ls /usr/local/cuda/targets/x86_64-linux/lib/libcufile.so* 2>/dev/null
+	cmake --version | head -1
+} 2>&1 | tee "$LOG_DIR/machine.log"
+
+step "configure"
+if cmake -S . -B "$BUILD_DIR" -DFERRY_GPU_TESTS=ON >"$LOG_DIR/configure.log" 2>&1; then
+	row configure ok
+else
+	row configure FAILED "see configure.log"
+	failed=1
+fi
+tail -n 5 "$LOG_DIR/configure.log"
+
+step "build"
+# -k: a target that does not build fails its own tests, not everything else.
+if cmake --build "$BUILD_DIR" -j "$JOBS" -- -k >"$LOG_DIR/build.log" 2>&1; then
+	row build ok
+else
+	row build FAILED "$(grep -m1 -E 'error:|undefined reference' "$LOG_DIR/build.log" | cut -c1-120)"
+	failed=1
+fi
+grep -E 'error:|warning:|undefined reference' "$LOG_DIR/build.log" | head -n 20
+
+# ctest's result lines: "  3/12 Test  #3: unit/test_io ......   Passed    1.20 sec"
+run_ctest() {
+	local label=$1 log=$2
+	shift 2
+	ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 "$@" >"$log" 2>&1
+	local rc=$?
+	cp "$BUILD_DIR/Testing/Temporary/LastTest.log" "${log%.log}.full.log" 2>/dev/null
+	awk '/Test +#[0-9]+: /{
+		name=$0; sub(/.*Test +#[0-9]+: /, "", name); sub(/ .*/, "", name);
+		res=$0; sub(/.*\.\.\.+ */, "", res); sub(/\*+/, "", res); sub(/ +[0-9.]+ sec.*/, "", res);
+		if (res ~ /^Passed/) r="ok"; else if (res ~ /Skipped/) r="skipped"; else r="FAILED (" res ")";
+		sec=$0; sub(/ sec.*/, "", sec); sub(/.* /, "", sec);
+		printf "%s | %s | %s s\n", name, r, sec }' "$log" >>"$TABLE"
+	tail -n 15 "$log"
+	if [ $rc -ne 0 ]; then
+		echo "ctest $label: exit $rc"
+		failed=1
+	fi
+}
+
+step "unit tests"
+run_ctest unit "$LOG_DIR/unit.log" -LE gpu -j "$JOBS"
+
+step "GPU tests"
+run_ctest gpu "$LOG_DIR/gpu.log" -L gpu
+# Figures the GPU tests print as "FIGURE name value unit".
+grep -h '^FIGURE ' "$LOG_DIR/gpu.full.log" 2>/dev/null | while read -r _ name value unit; do
+	row "figure/$name" "$value" "$unit"
+done
+grep -h -E '^(skipped|GDS |libcufile|NVML|CUDA driver|/run/udev|resolved with)' "$LOG_DIR/gpu.full.log" 2>/dev/null | cut -c1-300
+
+step "GPU benchmarks"
+shopt -s nullglob
+benches=(bench/gpu-*.sh)
+[ ${#benches[@]} -eq 0 ] && echo "(no bench/gpu-*.sh yet)"
+for b in "${benches[@]}"; do
+	name=$(basename "$b" .sh)
+	FERRY_BUILD_DIR=$ROOT/$BUILD_DIR FERRY_CLI=$ROOT/$BUILD_DIR/ferry FERRY_LOG_DIR=$LOG_DIR \
+		timeout 900 bash "$b" >"$LOG_DIR/$name.log" 2>&1
+	rc=$?
+	lines=$(grep '^TABLE ' "$LOG_DIR/$name.log" | sed 's/^TABLE //')
+	if [ -n "$lines" ]; then
+		printf '%s\n' "$lines" >>"$TABLE"
+	fi
+	case $rc in
+	0) [ -z "$lines" ] && row "$name" ok ;;
+	77) row "$name" skipped "$(grep -m1 '^skipped' "$LOG_DIR/$name.log")" ;;
+	*) row "$name" "FAILED (exit $rc)" "see $name.log"; failed=1 ;;
+	esac
+	tail -n 5 "$LOG_DIR/$name.log"
+done
+
+[ -f "$CUFILE_LOGFILE_PATH" ] && echo "cuFile log: $CUFILE_LOGFILE_PATH ($(wc -l <"$CUFILE_LOGFILE_PATH") lines)"
+
+step "summary (logs in $LOG_DIR)"
+column -t -s '|' -o '|' "$TABLE" 2>/dev/null || cat "$TABLE"
+if [ $failed -ne 0 ]; then
+	echo "gpu-check: FAILED"
+	exit 1
+fi
+echo "gpu-check: all passed"
