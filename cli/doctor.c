@@ -136,13 +136,3 @@ int ferry_cmd_doctor(int argc, char **argv)
 		return 1;
 	return failed ? 1 : 0;
 }
-
-/* TEMPORARY (branch sys): lets this branch link before cli/bench.c is merged; the real
- * ferry_cmd_bench is strong and replaces it. Delete once bench lands on main. */
-__attribute__((weak)) int ferry_cmd_bench(int argc, char **argv)
-{
-	(void)argc;
-	(void)argv;
-	fprintf(stderr, "ferry bench: not in this build\n");
-	return 2;
-}
