@@ -219,8 +219,8 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 				return bad("--bs expects a size above zero (4k, 1m) or a sweep MIN:MAX; got '%s'", val);
 			hi = lo;
 		}
-		if (hi > (1ull << 30))
-			return bad("--bs expects at most 1g; got '%s'", val);
+		if (hi > (64ull << 30))
+			return bad("--bs expects at most 64g; got '%s'", val);
 		c->jo.bs = lo;
 		c->bs_max = hi;
 		return 0;
@@ -284,8 +284,9 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 			*(int *)p = BENCH_X_AUTO;
 			return 0;
 		}
-		for (int m = 0; m < BENCH_X_COUNT; m++)
-			if (!strcmp(val, bench_x_names[m]) || (m < 7 && val[0] == '0' + m && !val[1])) {
+		for (int m = 1; m < BENCH_X_COUNT; m++)
+			if (!strcmp(val, bench_x_names[m]) ||
+			    (m != BENCH_X_AUTO && val[0] == '0' + BENCH_X_GDSIO(m) && !val[1])) {
 				*(int *)p = m;
 				return 0;
 			}
@@ -454,7 +455,6 @@ int ferry_cmd_bench(int argc, char **argv)
 			.iodepth = 1,
 			.ioengine = "auto",
 			.randseed = 0x6665727279ull, /* "ferry": fixed, so that runs repeat */
-			.xmode = BENCH_X_NONE,
 		},
 	};
 	c.bs_max = c.jo.bs;
@@ -553,7 +553,8 @@ int ferry_cmd_bench(int argc, char **argv)
 		}
 	}
 	/* -x all: storage to host first (the storage ceiling), then every mode to the GPU */
-	static const int all_modes[] = {1, 2, 3, 4, 0, 5, 6, BENCH_X_AUTO};
+	static const int all_modes[] = {BENCH_X(1), BENCH_X(2), BENCH_X(3), BENCH_X(4), BENCH_X(0),
+					BENCH_X(5), BENCH_X(6), BENCH_X_AUTO};
 	unsigned nmodes = c.xall ? sizeof(all_modes) / sizeof(all_modes[0]) : 1;
 	for (uint64_t bs = jo->bs; bs <= c.bs_max && n < 64; bs *= 2) {
 		for (unsigned m = 0; m < nmodes && n < 64; m++) {

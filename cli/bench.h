@@ -79,17 +79,21 @@ struct bench_job_opts {
 	enum bench_verify verify;
 	enum bench_cold cold;
 	int quiet;              /* no notes on stderr (the suite) */
-	int xmode;              /* -x: BENCH_X_NONE (host memory), or gdsio's mode number 0..6, BENCH_X_AUTO */
+	int xmode;              /* -x: BENCH_X_NONE (0: host memory, no -x), else BENCH_X(gdsio's number), BENCH_X_AUTO */
 	int gpu;                /* --gpu: the device for -x */
 	int api_pread;          /* --api=pread: each I/O is one ferry_pread/pwrite (worker pool) */
 };
 
-/* Transfer modes (-x), numbered as gdsio's -x; names as DESIGN.md's table and the `path` knob. */
-#define BENCH_X_NONE (-1)
-#define BENCH_X_AUTO 7
-#define BENCH_X_COUNT 8
+/* Transfer modes (-x): gdsio's -x number n is BENCH_X(n); names as DESIGN.md's table and the `path`
+ * knob. 0 is "no -x", so that zeroed options mean host memory. */
+#define BENCH_X_NONE 0
+#define BENCH_X(gdsio) ((gdsio) + 1)
+#define BENCH_X_GDSIO(x) ((x) - 1)
+#define BENCH_X_CPU BENCH_X(1)
+#define BENCH_X_AUTO 8
+#define BENCH_X_COUNT 9
 extern const char *const bench_x_names[BENCH_X_COUNT];
-/* 1 if the mode moves data to or from device memory (all but cpu). */
+/* 1 if the mode moves data to or from device memory (all but none and cpu). */
 int bench_x_on_gpu(int xmode);
 
 struct bench_dir {

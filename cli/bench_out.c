@@ -342,7 +342,8 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	if (o->xmode != BENCH_X_NONE) {
 		bench_json_obj(j, "xfer");
 		bench_json_str(j, "mode", bench_x_names[o->xmode]);
-		bench_json_u64(j, "gdsio_mode", o->xmode == BENCH_X_AUTO ? 99 : (uint64_t)o->xmode);
+		if (o->xmode != BENCH_X_AUTO)
+			bench_json_u64(j, "gdsio_mode", (uint64_t)BENCH_X_GDSIO(o->xmode));
 		bench_json_u64(j, "gpu", (uint64_t)o->gpu);
 		bench_json_str(j, "api", o->api_pread ? "pread" : "queue");
 		bench_json_dbl(j, "htod_ceiling_bytes", r->htod);
@@ -425,7 +426,7 @@ void bench_print_xfer(FILE *out, struct bench_result *const *res, unsigned n)
 			dtoh = res[i]->dtoh;
 		}
 		gpu = res[i]->opts.gpu;
-		if (res[i]->opts.xmode == 1 && !res[i]->cannot[0])
+		if (res[i]->opts.xmode == BENCH_X_CPU && !res[i]->cannot[0])
 			storage = bench_gbps(res[i]);
 	}
 	fprintf(out, "\n  transfer modes, GPU %d; pinned copy ceilings measured in this run: host-to-device %.1f GB/s, "
@@ -444,7 +445,7 @@ void bench_print_xfer(FILE *out, struct bench_result *const *res, unsigned n)
 		char f1[16] = "-", f2[16] = "-";
 		if (bench_x_on_gpu(o->xmode) && ceil > 0)
 			snprintf(f1, sizeof(f1), "%.2f", g * 1e9 / ceil);
-		if (storage > 0 && o->xmode != 1)
+		if (storage > 0 && o->xmode != BENCH_X_CPU)
 			snprintf(f2, sizeof(f2), "%.2f", g / storage);
 		const char *info = strstr(r->path_info, "device memory: ");
 		fprintf(out, "  %-14s %9.3f %11s %11s %6.2f  %s\n", bench_x_names[o->xmode], g, f1, f2,

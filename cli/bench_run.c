@@ -741,10 +741,10 @@ out:
 	return ret;
 }
 
-const char *const bench_x_names[BENCH_X_COUNT] = {"gds", "cpu", "cpu-gpu", "cpu-async-gpu", "pagecache-gpu",
-						   "gds-async", "gds-batch", "auto"};
+const char *const bench_x_names[BENCH_X_COUNT] = {"none", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
+						   "pagecache-gpu", "gds-async", "gds-batch", "auto"};
 
 int bench_x_on_gpu(int xmode)
 {
-	return xmode != BENCH_X_NONE && xmode != 1;
+	return xmode != BENCH_X_NONE && xmode != BENCH_X_CPU;
 }
