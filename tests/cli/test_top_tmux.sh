@@ -27,21 +27,19 @@ fi
 [ -e "$sysdev/partition" ] && sysdev=$(dirname "$sysdev")
 disk=$(basename "$sysdev")
 
-# The writer: O_DIRECT so that the bytes reach the device during the test, bounded to 20 s.
-(
-	end=$((SECONDS + 20))
-	while [ $SECONDS -lt $end ]; do
-		dd if=/dev/zero of="$tmp/load" bs=1M count=32 oflag=direct conv=notrunc status=none || exit 1
-	done
-) &
+# The writer beside it: ferry bench, O_DIRECT so that the bytes reach the device during the test,
+# bounded to 20 s.
+"$ferry" bench --filename "$tmp/load" --size 32m --rw write --bs 1m --direct 1 --runtime 20 \
+	--output "$tmp/bench.out" 2>"$tmp/bench.err" &
 writer=$!
 
-tmux new-session -d -s "$session" -x 150 -y 50 "$ferry top -i 0.5" || { echo "FAIL: tmux new-session"; exit 1; }
+tmux new-session -d -s "$session" -x 150 -y 50 "$ferry top -i 0.5; sleep 30" ||
+	{ echo "FAIL: tmux new-session (TERM=${TERM:-unset})"; exit 1; }
 ok=0
 screen=
 for _ in $(seq 1 30); do
 	sleep 0.5
-	screen=$(tmux capture-pane -p -t "$session" 2>/dev/null) || break
+	screen=$(tmux capture-pane -p -t "$session" 2>&1) || { echo "capture-pane: $screen"; break; }
 	# DEVICE rMB/s wMB/s r/s w/s ...: the disk's write rate column must be above zero.
 	w=$(printf '%s\n' "$screen" | awk -v d="$disk" '$1 == d { print $3; exit }')
 	if [ -n "$w" ] && awk -v w="$w" 'BEGIN { exit !(w > 0) }'; then
@@ -51,7 +49,7 @@ for _ in $(seq 1 30); do
 done
 fail=0
 if [ $ok -ne 1 ]; then
-	echo "FAIL: no nonzero wMB/s for $disk on the screen; last screen:"
+	echo "FAIL: no nonzero wMB/s for $disk on the screen (bench: $(cat "$tmp/bench.err" 2>/dev/null)); last screen:"
 	printf '%s\n' "$screen"
 	fail=1
 fi
