@@ -22,6 +22,7 @@ struct knob {
 
 static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
+static const char *const gpu_sync_choices[] = {"block", "spin", NULL};
 static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
 					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
 
@@ -31,15 +32,16 @@ static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu
 #define GiB (1ull << 30)
 
 /*
- * Defaults: docs/CONFIG.md records the measurement behind each one. threads=4 and queue_depth=8
- * keep 32 chunks of 1 MiB in flight, which saturated the GPU machine's disk (fio: 4 jobs x QD16 of
- * 4 MiB) and its tmpfs to host in the first runs; revisit with bench/ on new machines.
+ * Defaults: docs/CONFIG.md records the measurements behind each one (bench/gpu-tune.sh and
+ * bench/gpu-read.sh on the GPU machine): 8 threads with 1 MiB chunks read tmpfs into GPU memory
+ * fastest (4 and 16 threads, 4 and 16 MiB chunks were slower), and 8 x 16 chunks in flight with a
+ * slot each matched fio's disk read and write ceilings.
  */
 static const struct knob knobs[] = {
-	{"threads", K_UINT, CFG(threads), 4, 1, 256, NULL, true},
+	{"threads", K_UINT, CFG(threads), 8, 1, 256, NULL, true},
 	{"chunk_size", K_SIZE, CFG(chunk_size), 1 * MiB, 4 * KiB, 1 * GiB, NULL, false},
-	{"queue_depth", K_UINT, CFG(queue_depth), 8, 1, 4096, NULL, true},
-	{"slots", K_UINT, CFG(slots), 4, 1, 1024, NULL, true},
+	{"queue_depth", K_UINT, CFG(queue_depth), 16, 1, 4096, NULL, true},
+	{"slots", K_UINT, CFG(slots), 16, 1, 1024, NULL, true},
 	{"direct", K_ENUM, CFG(direct), FERRY__DIRECT_AUTO, 0, 2, direct_choices, false},
 	{"backend", K_ENUM, CFG(backend), FERRY__BACKEND_AUTO, 0, 2, backend_choices, true},
 	{"sqpoll", K_UINT, CFG(sqpoll), 0, 0, 1, NULL, true},
@@ -49,12 +51,13 @@ static const struct knob knobs[] = {
 	{"host_budget", K_SIZE, CFG(host_budget), 4 * GiB, 0, UINT64_MAX, NULL, false},
 	{"device_budget", K_SIZE, CFG(device_budget), 1 * GiB, 0, UINT64_MAX, NULL, false},
 	{"log_level", K_UINT, CFG(log_level), 0, 0, 4, NULL, false},
+	{"gpu_sync", K_ENUM, CFG(gpu_sync), 0, 0, 1, gpu_sync_choices, true},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
-	"register", "path", "device", "host_budget", "device_budget", "log_level", NULL};
+	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", NULL};
 
 const char *const *ferry_ctx_keys(void)
 {
@@ -386,7 +389,7 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 
 static const char *const stat_names[FERRY_STAT__COUNT] = {
 	"bytes_read",      "bytes_written",  "reads",    "writes",  "chunks",    "direct_chunks",
-	"bounced_chunks",  "buffered_chunks", "retries", "errors",  "fallbacks",
+	"bounced_chunks",  "buffered_chunks", "retries", "errors",  "fallbacks", "cached_chunks",
 };
 
 uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which)

@@ -201,7 +201,9 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 			return NULL;
 		}
 		for (unsigned i = 0; i < q->depth; i++) {
-			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING);
+			/* block: a worker waiting for its oldest copy sleeps instead of spinning a core */
+			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING |
+								(q->ctx->cfg.gpu_sync ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC));
 			if (r) {
 				c->result = ferry__cuda_fail(r, "cuEventCreate on device %d", dev);
 				for (unsigned j = 0; j < i; j++)

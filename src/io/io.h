@@ -30,6 +30,7 @@ struct ferry__config {
 	uint64_t host_budget;
 	uint64_t device_budget;
 	uint64_t log_level;
+	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
 };
 
 /* --------------------------------------------------------------------------------------- files */
@@ -141,6 +142,8 @@ struct ferry__op {
 
 enum { FERRY__CH_FINISHED, FERRY__CH_AGAIN };
 
+/* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
+bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* Plans c (c->f, buf, len, off, is_write set) and counts it. Returns true if it needs a slot. */
 bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size);
 /* Fills op with the next transfer of c. */
