@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "io/io.h"
+#include "sys/publish.h"
 
 enum knob_type { K_SIZE, K_UINT, K_ENUM };
 
@@ -52,12 +53,13 @@ static const struct knob knobs[] = {
 	{"device_budget", K_SIZE, CFG(device_budget), 1 * GiB, 0, UINT64_MAX, NULL, false},
 	{"log_level", K_UINT, CFG(log_level), 0, 0, 4, NULL, false},
 	{"gpu_sync", K_ENUM, CFG(gpu_sync), 0, 0, 1, gpu_sync_choices, true},
+	{"publish", K_UINT, CFG(publish), 0, 0, 1, NULL, true},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
-	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", NULL};
+	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", NULL};
 
 const char *const *ferry_ctx_keys(void)
 {
@@ -189,6 +191,32 @@ int ferry_ctx_create(ferry_ctx **out)
 	return 0;
 }
 
+void ferry__publish_stat(struct ferry__publish_counters *pub, enum ferry_stat s, uint64_t n)
+{
+	switch (s) {
+	case FERRY_STAT_BYTES_READ:
+		FERRY__PUBLISH_ADD(pub, bytes_read, n);
+		break;
+	case FERRY_STAT_BYTES_WRITTEN:
+		FERRY__PUBLISH_ADD(pub, bytes_written, n);
+		break;
+	case FERRY_STAT_READS:
+		FERRY__PUBLISH_ADD(pub, reads, n);
+		break;
+	case FERRY_STAT_WRITES:
+		FERRY__PUBLISH_ADD(pub, writes, n);
+		break;
+	case FERRY_STAT_ERRORS:
+		FERRY__PUBLISH_ADD(pub, errors, n);
+		break;
+	case FERRY_STAT_FALLBACKS:
+		FERRY__PUBLISH_ADD(pub, fallbacks, n);
+		break;
+	default:
+		break;
+	}
+}
+
 int ferry_ctx_set(ferry_ctx *ctx, const char *key, const char *value)
 {
 	if (!ctx || !key)
@@ -277,6 +305,12 @@ int ferry__ctx_choose_backend(ferry_ctx *ctx)
 	int ret = 0;
 
 	pthread_mutex_lock(&ctx->mu);
+	if (!ctx->backend && ctx->cfg.publish && !ctx->pub) {
+		/* best effort: a context that cannot publish still works */
+		ctx->pub = ferry__publish_open(program_invocation_short_name);
+		if (ctx->pub)
+			ferry__publish_set_path(ctx->pub, "host");
+	}
 	if (!ctx->backend)
 		ret = choose_backend(ctx);
 	pthread_mutex_unlock(&ctx->mu);
@@ -379,6 +413,7 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 	for (unsigned i = 0; i < ctx->nslot_cache; i++)
 		ferry_free_aligned(ctx->slot_cache[i], ferry__slot_size(ctx));
 	free(ctx->slot_cache);
+	ferry__publish_close(ctx->pub);
 	pthread_mutex_destroy(&ctx->mu);
 	pthread_mutex_destroy(&ctx->slot_mu);
 	pthread_cond_destroy(&ctx->work_cv);

@@ -9,6 +9,7 @@
 
 #include "gpu/shim.h"
 #include "io/io.h"
+#include "sys/publish.h"
 
 struct gpu_dev {
 	bool ready;
@@ -79,7 +80,7 @@ void ferry__file_gds_close(struct ferry_file *f)
 	f->gds_handle = NULL;
 }
 
-int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+static int resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
 			bool is_write, int *dev, int *path)
 {
 	/* the `path` knob's values, in ctx.c's order */
@@ -141,6 +142,20 @@ int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, s
 		*path = FERRY__P_PIPE;
 		return 0;
 	}
+}
+
+int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+			bool is_write, int *dev, int *path)
+{
+	int ret = resolve_path(ctx, f, buf, len, is_write, dev, path);
+
+	if (!ret && ctx->pub) {
+		/* the path `ferry top` shows: the mode's short name */
+		static const char *const short_names[] = {"host", "cpu-async-gpu", "cpu-gpu", "pagecache-gpu",
+							  "gds", "gds-async", "gds-batch"};
+		ferry__publish_set_path(ctx->pub, short_names[*path]);
+	}
+	return ret;
 }
 
 /* ------------------------------------------------------------------------------- GPU per queue */

@@ -31,6 +31,7 @@ struct ferry__config {
 	uint64_t device_budget;
 	uint64_t log_level;
 	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
+	uint64_t publish;  /* publish live counters for `ferry top` (src/sys/publish.h) */
 };
 
 /* --------------------------------------------------------------------------------------- files */
@@ -316,11 +317,17 @@ struct ferry_ctx {
 	char **slot_cache;
 	unsigned nslot_cache, slot_cache_cap;
 	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
+	struct ferry__publish_counters *pub; /* NULL unless publish=1 */
 };
+
+/* Mirrors the counters `ferry top` shows into the context's publication, when there is one. */
+void ferry__publish_stat(struct ferry__publish_counters *pub, enum ferry_stat s, uint64_t n);
 
 static inline void ferry__stat_add(ferry_ctx *ctx, enum ferry_stat s, uint64_t n)
 {
 	atomic_fetch_add_explicit(&ctx->stats[s], n, memory_order_relaxed);
+	if (ctx->pub)
+		ferry__publish_stat(ctx->pub, s, n);
 }
 
 const struct ferry__backend_ops *ferry__backend_by_name(const char *name);
