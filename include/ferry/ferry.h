@@ -186,6 +186,19 @@ FERRY_API FERRY_WUR int ferry_pread_async(ferry_file *f, void *buf, size_t len, 
 					  ferry_req **out);
 FERRY_API FERRY_WUR int ferry_pwrite_async(ferry_file *f, const void *buf, size_t len,
 					   uint64_t offset, ferry_req **out);
+/*
+ * Stream-ordered transfers of device memory (cuda.h's CUstream or cudaStream_t as stream; NULL is
+ * the legacy default stream): nothing lands in (or leaves) dev_buf before the work already queued
+ * on stream, and work queued on stream afterwards sees the whole transfer done. The calling thread
+ * does not block: storage reads start at once into pinned slots, the copies to dev_buf wait for the
+ * stream on the GPU, and a host function on the stream holds later work until the data is there.
+ * The request is waited and freed as any other (ferry_req_wait gives the count or the error).
+ * Host memory is refused (-EINVAL): there is nothing to order.
+ */
+FERRY_API FERRY_WUR int ferry_pread_stream(ferry_file *f, void *dev_buf, size_t len, uint64_t offset,
+					   void *stream, ferry_req **out);
+FERRY_API FERRY_WUR int ferry_pwrite_stream(ferry_file *f, const void *dev_buf, size_t len,
+					    uint64_t offset, void *stream, ferry_req **out);
 /* 1 if finished, 0 if not. Never blocks. */
 FERRY_API int ferry_req_done(const ferry_req *r);
 /*

@@ -262,6 +262,11 @@ int ferry__gds_batch_submit(struct ferry__ioq *q);
 int ferry__gds_batch_reap(struct ferry__ioq *q, bool block,
 			  void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
 void ferry__ioq_gpu_exit(struct ferry__ioq *q);
+/* Stream-ordered requests: records the start event on the caller's stream and, once the request
+ * is queued, a host function there that holds the stream until the request is done. */
+int ferry__stream_begin(int dev, void *stream, void **start_ev);
+int ferry__stream_hold(int dev, void *stream, void (*fn)(void *), void *arg);
+void ferry__stream_end(int dev, void *start_ev);
 void ferry__file_gds_close(struct ferry_file *f);
 
 /* ------------------------------------------------------------------------------------- context */
@@ -288,6 +293,7 @@ struct ferry__entry {
 	uint64_t err_off; /* offset of the chunk that failed first */
 	int dev;          /* device of buf, -1 for host memory */
 	int path;         /* enum ferry__path */
+	void *start_ev;   /* stream-ordered: a CUevent on the caller's stream; copies to or from buf wait for it */
 	int64_t result;
 	struct ferry__group *group;
 	struct ferry__entry *next_work;
