@@ -545,13 +545,8 @@ static void *worker_main(void *arg)
 			if (!c)
 				break;
 			uint64_t end = ferry__chunk_end(e->cursor, e->off + e->len, ctx->cfg.chunk_size);
-			c->f = e->f;
-			c->buf = e->buf + (e->cursor - e->off);
-			c->off = e->cursor;
-			c->len = (size_t)(end - e->cursor);
-			c->is_write = e->is_write;
-			c->dev = e->dev;
-			c->path = e->path;
+			ferry__chunk_set(c, e->f, e->buf + (e->cursor - e->off), e->cursor,
+					 (size_t)(end - e->cursor), e->is_write, e->dev, e->path);
 			c->entry = e;
 			e->cursor = end;
 			if (end == e->off + e->len) {

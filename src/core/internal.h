@@ -36,8 +36,4 @@ int ferry__parse_size(const char *s, uint64_t *out);
 /* Monotonic clock in nanoseconds. */
 uint64_t ferry__now_ns(void);
 
-/* The environment root overrides used by probes (FERRY_SYSFS_ROOT, FERRY_PROCFS_ROOT); "" if unset. */
-const char *ferry__sysfs_root(void);
-const char *ferry__procfs_root(void);
-
 #endif

@@ -90,22 +90,6 @@ void ferry__log(int level, const char *fmt, ...)
 	fputc('\n', stderr);
 }
 
-static const char *env_or_empty(const char *name)
-{
-	const char *v = getenv(name);
-	return v ? v : "";
-}
-
-const char *ferry__sysfs_root(void)
-{
-	return env_or_empty("FERRY_SYSFS_ROOT");
-}
-
-const char *ferry__procfs_root(void)
-{
-	return env_or_empty("FERRY_PROCFS_ROOT");
-}
-
 void *ferry_alloc_aligned(size_t len)
 {
 	void *p;

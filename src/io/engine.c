@@ -240,8 +240,9 @@ static void slot_give(ferry_ctx *ctx, char *s)
 static ssize_t transfer_inline(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write)
 {
 	ferry_ctx *ctx = f->ctx;
-	struct ferry__chunk c = {.f = f, .buf = buf, .len = len, .off = off, .is_write = is_write,
-				 .dev = -1, .path = FERRY__P_HOST};
+	struct ferry__chunk c = {0};
+
+	ferry__chunk_set(&c, f, buf, off, len, is_write, -1, FERRY__P_HOST);
 
 	if (ferry__chunk_begin(ctx, &c, ferry__slot_size(ctx))) {
 		c.slot = slot_take(ctx);
@@ -662,15 +663,9 @@ static int queue_add(ferry_queue *q, ferry_file *f, void *buf, size_t len, uint6
 	c = ferry__ioq_get(&q->q);
 	if (!c)
 		return ferry__error(-EBUSY, "queue: %u I/Os already in flight", q->q.depth);
-	c->f = f;
-	c->buf = buf;
-	c->len = len;
-	c->off = off;
-	c->is_write = is_write;
+	ferry__chunk_set(c, f, buf, off, len, is_write, dev, path);
 	c->user_data = user_data;
 	c->entry = NULL;
-	c->dev = dev;
-	c->path = path;
 	ferry__ioq_queue(&q->q, c);
 	return 0;
 }

@@ -238,12 +238,7 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 static void gpu_list_add(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	c->gpu_busy = true;
-	c->next = NULL;
-	if (q->gpu_tail)
-		q->gpu_tail->next = c;
-	else
-		q->gpu_head = c;
-	q->gpu_tail = c;
+	ferry__chunk_append(&q->gpu_head, &q->gpu_tail, c);
 }
 
 /* Records the chunk's event after what was just queued on the stream. */
@@ -452,12 +447,7 @@ int ferry__gds_batch_submit(struct ferry__ioq *q)
 			struct ferry__chunk *c = q->gds_batch;
 			q->gds_batch = c->next;
 			c->result = err;
-			c->next = NULL;
-			if (q->finished_tail)
-				q->finished_tail->next = c;
-			else
-				q->finished = c;
-			q->finished_tail = c;
+			ferry__ioq_push_finished(q, c);
 		}
 		return 0;
 	}

@@ -143,6 +143,31 @@ struct ferry__op {
 
 enum { FERRY__CH_FINISHED, FERRY__CH_AGAIN };
 
+/* Appends c to a singly linked list kept with its tail. */
+static inline void ferry__chunk_append(struct ferry__chunk **head, struct ferry__chunk **tail,
+				       struct ferry__chunk *c)
+{
+	c->next = NULL;
+	if (*tail)
+		(*tail)->next = c;
+	else
+		*head = c;
+	*tail = c;
+}
+
+/* Sets what a chunk transfers (a piece of a request entry, or a queue's I/O). */
+static inline void ferry__chunk_set(struct ferry__chunk *c, struct ferry_file *f, void *buf, uint64_t off,
+				    size_t len, bool is_write, int dev, int path)
+{
+	c->f = f;
+	c->buf = buf;
+	c->off = off;
+	c->len = len;
+	c->is_write = is_write;
+	c->dev = dev;
+	c->path = path;
+}
+
 /* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
 bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* Plans c (c->f, buf, len, off, is_write set) and counts it. Returns true if it needs a slot. */
@@ -230,6 +255,8 @@ int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsign
 void ferry__ioq_exit(struct ferry__ioq *q);
 struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q);
 void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c);
+/* Hands c back as finished at the next reap. */
+void ferry__ioq_push_finished(struct ferry__ioq *q, struct ferry__chunk *c);
 /* Plans and prepares c (taken with ferry__ioq_get). Finished-at-once chunks go to the finished list. */
 void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c);
 int ferry__ioq_submit(struct ferry__ioq *q);

@@ -100,15 +100,12 @@ void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c)
 	q->pending--;
 }
 
-static void push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
+void ferry__ioq_push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	c->next = NULL;
-	if (q->finished_tail)
-		q->finished_tail->next = c;
-	else
-		q->finished = c;
-	q->finished_tail = c;
+	ferry__chunk_append(&q->finished, &q->finished_tail, c);
 }
+
+#define push_finished ferry__ioq_push_finished
 
 static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
 {
