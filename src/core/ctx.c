@@ -310,7 +310,7 @@ int ferry__ctx_start(ferry_ctx *ctx)
 		w[made].ctx = ctx;
 		w[made].index = made;
 		ret = ferry__ioq_init(&w[made].q, ctx, (unsigned)ctx->cfg.queue_depth,
-				      (unsigned)ctx->cfg.slots);
+				      (unsigned)ctx->cfg.slots, true);
 		if (ret)
 			break;
 	}

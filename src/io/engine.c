@@ -512,8 +512,9 @@ int ferry_queue_create(ferry_ctx *ctx, unsigned depth, ferry_queue **out)
 		return ferry__error(-ENOMEM, "allocating a queue");
 	q->ctx = ctx;
 	q->done = calloc(depth, sizeof(*q->done));
-	/* two slots: only unaligned I/Os on O_DIRECT files need them */
-	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, 2) : -ENOMEM;
+	/* A slot per I/O in flight, up to 64: unaligned I/Os on O_DIRECT files and I/Os to device
+	 * memory need them. Their memory is touched only when used. */
+	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, depth < 64 ? depth : 64, false) : -ENOMEM;
 	if (ret) {
 		free(q->done);
 		free(q);

@@ -220,7 +220,9 @@ struct ferry__ioq {
 	unsigned gds_inflight;                    /* gds-batch chunks submitted */
 };
 
-int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots);
+/* reg_bufs: register the slots as io_uring fixed buffers (pins them: workers only; a queue's slots
+ * stay lazily backed until used). */
+int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, bool reg_bufs);
 void ferry__ioq_exit(struct ferry__ioq *q);
 struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q);
 void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c);

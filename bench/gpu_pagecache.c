@@ -1,0 +1,258 @@
+/*
+ * Which design reads page-cache-resident data into GPU memory fastest (DESIGN.md decision 5)?
+ * Measured on one warm file, in one run, beside the machine's pinned copy ceiling:
+ *   ceiling   cuMemcpyHtoD from a pinned buffer (and DtoH into it)
+ *   pageable  cuMemcpyHtoD straight from an mmap of the file (the driver stages it)
+ *   A         ferry's engine: parallel reads into pinned slots, async copies (threads x chunk x direct)
+ *   B         mmap the range, cuMemHostRegister it (read-only), copy directly, unregister; pieces
+ *             spread over threads, each with its own stream
+ * Usage: gpu_pagecache FILE [GiB]   (FILE is created if missing; put it on tmpfs for a warm cache)
+ * Prints "TABLE name | GB/s | note" rows (scripts/gpu-check.sh collects them).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/ferry.h"
+#include "ferry/gpu.h"
+#include "gpu/shim.h"
+
+static const struct ferry__cuda_api *cu;
+
+static double now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double cpu_seconds(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
+}
+
+static int cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+#define CK(call)                                                                     \
+	do {                                                                         \
+		ferry__CUresult r_ = (call);                                         \
+		if (r_) {                                                            \
+			fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, \
+				ferry__cuda_err_name(r_));                           \
+			exit(1);                                                     \
+		}                                                                    \
+	} while (0)
+
+static void ceiling(size_t size)
+{
+	void *h;
+	ferry__CUdeviceptr d;
+	double t[5], u[5];
+
+	CK(cu->MemHostAlloc(&h, size, FERRY__CU_MEMHOSTALLOC_PORTABLE));
+	CK(cu->MemAlloc(&d, size));
+	memset(h, 1, size);
+	CK(cu->MemcpyHtoD(d, h, size));
+	for (int i = 0; i < 5; i++) {
+		double a = now();
+		CK(cu->MemcpyHtoD(d, h, size));
+		t[i] = now() - a;
+		a = now();
+		CK(cu->MemcpyDtoH(h, d, size));
+		u[i] = now() - a;
+	}
+	qsort(t, 5, sizeof(double), cmp);
+	qsort(u, 5, sizeof(double), cmp);
+	printf("TABLE ceiling pinned HtoD %zu MiB | %.1f GB/s | median of 5\n", size >> 20, size / t[2] / 1e9);
+	printf("TABLE ceiling pinned DtoH %zu MiB | %.1f GB/s | median of 5\n", size >> 20, size / u[2] / 1e9);
+	CK(cu->MemFree(d));
+	CK(cu->MemFreeHost(h));
+}
+
+static void pageable(const char *path, size_t size, ferry__CUdeviceptr d)
+{
+	int fd = open(path, O_RDONLY);
+	void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	double t[3];
+
+	for (int i = 0; i < 3; i++) {
+		double a = now();
+		CK(cu->MemcpyHtoD(d, m, size));
+		t[i] = now() - a;
+	}
+	qsort(t, 3, sizeof(double), cmp);
+	printf("TABLE pagecache pageable cuMemcpyHtoD(mmap) | %.1f GB/s | median of 3\n", size / t[1] / 1e9);
+	munmap(m, size);
+	close(fd);
+}
+
+static void design_a(const char *path, size_t size, void *dev, const char *threads, const char *chunk,
+		     const char *direct)
+{
+	ferry_ctx *ctx;
+	ferry_file *f;
+	double t[3], c[3];
+
+	if (ferry_ctx_create(&ctx) || ferry_ctx_set(ctx, "threads", threads) ||
+	    ferry_ctx_set(ctx, "chunk_size", chunk) || ferry_ctx_set(ctx, "direct", direct) ||
+	    ferry_ctx_set(ctx, "slots", "8") || ferry_file_open(ctx, path, FERRY_O_RDONLY, &f)) {
+		fprintf(stderr, "design A setup: %s\n", ferry_last_error());
+		exit(1);
+	}
+	/* warm up: workers, rings, slot registration, streams */
+	if (ferry_pread(f, dev, 64u << 20, 0) != (ssize_t)(64u << 20)) {
+		fprintf(stderr, "design A warm-up: %s\n", ferry_last_error());
+		exit(1);
+	}
+	for (int i = 0; i < 3; i++) {
+		double a = now(), ca = cpu_seconds();
+		ssize_t n = ferry_pread(f, dev, size, 0);
+		t[i] = now() - a;
+		c[i] = cpu_seconds() - ca;
+		if (n != (ssize_t)size) {
+			fprintf(stderr, "design A read: %zd: %s\n", n, ferry_last_error());
+			exit(1);
+		}
+	}
+	qsort(t, 3, sizeof(double), cmp);
+	qsort(c, 3, sizeof(double), cmp);
+	printf("TABLE A ferry threads=%s chunk=%s direct=%s | %.1f GB/s | %.2f cores\n", threads, chunk,
+	       direct, size / t[1] / 1e9, c[1] / t[1]);
+	ferry_file_close(f);
+	ferry_ctx_destroy(ctx);
+}
+
+struct b_job {
+	const char *map;
+	size_t size, piece;
+	ferry__CUdeviceptr dev;
+	size_t next; /* shared cursor */
+	pthread_mutex_t mu;
+	double reg, copy, unreg; /* summed seconds */
+	int flags;
+};
+
+static void *b_worker(void *arg)
+{
+	struct b_job *j = arg;
+	ferry__CUstream s;
+
+	ferry__cuda_set_device(0);
+	CK(cu->StreamCreate(&s, FERRY__CU_STREAM_NON_BLOCKING));
+	for (;;) {
+		pthread_mutex_lock(&j->mu);
+		size_t off = j->next;
+		j->next += j->piece;
+		pthread_mutex_unlock(&j->mu);
+		if (off >= j->size)
+			break;
+		size_t n = j->size - off < j->piece ? j->size - off : j->piece;
+		double a = now();
+		CK(cu->MemHostRegister((void *)(j->map + off), n, j->flags));
+		double b = now();
+		CK(cu->MemcpyHtoDAsync(j->dev + off, j->map + off, n, s));
+		CK(cu->StreamSynchronize(s));
+		double c = now();
+		CK(cu->MemHostUnregister((void *)(j->map + off)));
+		double d = now();
+		pthread_mutex_lock(&j->mu);
+		j->reg += b - a;
+		j->copy += c - b;
+		j->unreg += d - c;
+		pthread_mutex_unlock(&j->mu);
+	}
+	cu->StreamDestroy(s);
+	return NULL;
+}
+
+static void design_b(const char *path, size_t size, ferry__CUdeviceptr dev, size_t piece, int threads)
+{
+	int fd = open(path, O_RDONLY);
+	char *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+	double t[3], c[3];
+	struct b_job j;
+	pthread_t th[32];
+
+	for (int r = 0; r < 3; r++) {
+		memset(&j, 0, sizeof(j));
+		pthread_mutex_init(&j.mu, NULL);
+		j.map = m;
+		j.size = size;
+		j.piece = piece;
+		j.dev = dev;
+		j.flags = FERRY__CU_MEMHOSTREGISTER_READ_ONLY | FERRY__CU_MEMHOSTREGISTER_PORTABLE;
+		double a = now(), ca = cpu_seconds();
+		for (int i = 0; i < threads; i++)
+			pthread_create(&th[i], NULL, b_worker, &j);
+		for (int i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		t[r] = now() - a;
+		c[r] = cpu_seconds() - ca;
+	}
+	qsort(t, 3, sizeof(double), cmp);
+	qsort(c, 3, sizeof(double), cmp);
+	printf("TABLE B mmap+register piece=%zuM threads=%d | %.1f GB/s | %.2f cores; last run: register %.0f ms, copy %.0f ms, unregister %.0f ms (summed over threads)\n",
+	       piece >> 20, threads, size / t[1] / 1e9, c[1] / t[1], j.reg * 1e3, j.copy * 1e3, j.unreg * 1e3);
+	munmap(m, size);
+	close(fd);
+}
+
+int main(int argc, char **argv)
+{
+	char why[512];
+	const char *path = argc > 1 ? argv[1] : "/dev/shm/ferry-pagecache-probe";
+	size_t size = (size_t)(argc > 2 ? atof(argv[2]) : 4) * (1u << 30);
+	struct stat st;
+	void *dev;
+
+	if (!ferry_gpu_available(why, sizeof(why))) {
+		printf("skipped: no usable GPU: %s\n", why);
+		return 77;
+	}
+	cu = ferry__cuda();
+	ferry__cuda_set_device(0);
+	if (stat(path, &st) || (size_t)st.st_size < size) {
+		int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+		size_t piece = 64u << 20;
+		char *buf = malloc(piece);
+		for (size_t i = 0; i < piece; i++)
+			buf[i] = (char)(i * 2654435761u >> 13);
+		for (size_t off = 0; off < size; off += piece)
+			if (pwrite(fd, buf, piece, (off_t)off) != (ssize_t)piece)
+				return 1;
+		close(fd);
+		free(buf);
+	}
+	if (ferry_gpu_malloc(0, size, &dev)) {
+		fprintf(stderr, "%s\n", ferry_last_error());
+		return 1;
+	}
+	ceiling(1u << 30);
+	pageable(path, size, (ferry__CUdeviceptr)(uintptr_t)dev);
+	const char *threads[] = {"4", "8", "16"}, *chunks[] = {"1m", "4m"}, *directs[] = {"off", "on"};
+	for (int d = 0; d < 2; d++)
+		for (int t = 0; t < 3; t++)
+			for (int c = 0; c < 2; c++)
+				design_a(path, size, dev, threads[t], chunks[c], directs[d]);
+	size_t pieces[] = {16u << 20, 64u << 20, 256u << 20};
+	int bthreads[] = {1, 4, 8};
+	for (int p = 0; p < 3; p++)
+		for (int t = 0; t < 3; t++)
+			design_b(path, size, (ferry__CUdeviceptr)(uintptr_t)dev, pieces[p], bthreads[t]);
+	ferry_gpu_free(dev);
+	return 0;
+}

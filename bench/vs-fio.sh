@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# fio and `ferry bench` on the same file with the same parameters, alternating, several rounds.
+# Prints each pair with the ratio ferry/fio and the CPU seconds per GB of both, then a summary
+# table (median over rounds) saying whether ferry met 0.95x fio on each row.
+#
+#   bench/vs-fio.sh [--dir D] [--size S] [--runtime SECONDS] [--rounds N] [--json OUT] [--rows LIST]
+#   FIO=/path/to/fio FERRY=/path/to/ferry bench/vs-fio.sh ...
+#
+# --dir: where the test file lives (default $TMPDIR or /tmp; try the machine's disk and /dev/shm).
+# --rows: comma-separated subset of row names (see --list). Needs python3 (stdlib only).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+FERRY=${FERRY:-$here/../build/ferry}
+FIO=${FIO:-$(command -v fio || true)}
+DIR=${TMPDIR:-/tmp}
+SIZE=1g
+RUNTIME=10
+ROUNDS=3
+JSON=
+ROWS=
+
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+	opt=$1
+	case $opt in
+	--*=*) val=${opt#*=}; opt=${opt%%=*} ;;
+	--help|-h|--list) val= ;;
+	*) val=${2-}; [ $# -ge 2 ] || { echo "vs-fio.sh: $opt needs a value" >&2; exit 2; }; shift ;;
+	esac
+	case $opt in
+	--dir) DIR=$val ;;
+	--size) SIZE=$val ;;
+	--runtime) RUNTIME=$val ;;
+	--rounds) ROUNDS=$val ;;
+	--json) JSON=$val ;;
+	--rows) ROWS=$val ;;
+	--list) ROWS=list ;;
+	--help|-h) usage; exit 0 ;;
+	*) echo "vs-fio.sh: unknown option $opt" >&2; usage >&2; exit 2 ;;
+	esac
+	shift
+done
+if [ "$ROWS" != list ]; then
+	[ -x "$FERRY" ] || { echo "vs-fio.sh: no ferry binary at $FERRY (build it, or set FERRY=)" >&2; exit 1; }
+	[ -n "$FIO" ] && [ -x "$FIO" ] || { echo "vs-fio.sh: fio not found; install it or set FIO=/path/to/fio (an unpacked .deb works)" >&2; exit 1; }
+	[ -d "$DIR" ] || { echo "vs-fio.sh: --dir $DIR is not a directory" >&2; exit 1; }
+fi
+
+export FERRY FIO DIR SIZE RUNTIME ROUNDS JSON ROWS
+exec python3 - <<'PY'
+import json, os, resource, statistics, subprocess, sys, time
+
+E = os.environ
+ferry, fio, d = E["FERRY"], E["FIO"], E["DIR"]
+size, runtime, rounds = E["SIZE"], E["RUNTIME"], int(E["ROUNDS"])
+
+ROWS = []
+for direct in (1, 0):
+    for rw in ("read", "write"):
+        for name, bs, qd, seq in (("seq 1MiB QD32", "1m", 32, True), ("rand 4KiB QD64", "4k", 64, False),
+                                  ("rand 4KiB QD1", "4k", 1, False)):
+            mode = rw if seq else "rand" + rw
+            ROWS.append({"row": f"{rw} {name} {'direct' if direct else 'buffered'}",
+                         "rw": mode, "bs": bs, "iodepth": qd, "direct": direct})
+if E["ROWS"] == "list":
+    for r in ROWS:
+        print(r["row"])
+    sys.exit(0)
+if E["ROWS"]:
+    want = [w.strip() for w in E["ROWS"].split(",")]
+    ROWS = [r for r in ROWS if r["row"] in want]
+    if not ROWS:
+        sys.exit("vs-fio.sh: --rows matched no row (see --list)")
+
+path = os.path.join(d, f"vs-fio-{os.getpid()}.dat")
+
+
+def timed(cmd):
+    """Runs cmd; returns (rc, stdout, stderr, cpu seconds of the child)."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    return p.returncode, p.stdout, p.stderr, cpu
+
+
+def common(r):
+    # Buffered: fio invalidates the file's cache before a job (invalidate=1); --cold does the same.
+    return [f"--filename={path}", f"--size={size}", f"--rw={r['rw']}", f"--bs={r['bs']}",
+            f"--iodepth={r['iodepth']}", f"--direct={r['direct']}", "--ioengine=io_uring",
+            f"--runtime={runtime}", "--time_based", "--output-format=json", "--numjobs=1"]
+
+
+def figures(out):
+    j = json.loads(out[out.index("{"):])["jobs"][0]
+    b = j["read"]["io_bytes"] + j["write"]["io_bytes"]
+    bw = j["read"]["bw_bytes"] + j["write"]["bw_bytes"]
+    iops = j["read"]["iops"] + j["write"]["iops"]
+    return b, bw, iops
+
+
+def one(tool, r):
+    if tool == "fio":
+        # fadvise_hint=0: fio would otherwise advise RANDOM/SEQUENTIAL on its descriptor, which
+        # changes read-ahead on buffered rows; ferry's public API has no such hint yet.
+        cmd = [fio, "--name=vs", "--fadvise_hint=0"] + common(r)
+    else:
+        cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"])
+    rc, out, err, cpu = timed(cmd)
+    if rc != 0:
+        return {"error": (err.strip() or out.strip()).splitlines()[-1] if (err or out) else f"exit {rc}"}
+    b, bw, iops = figures(out)
+    return {"gbps": bw / 1e9, "iops": iops, "cpu_s": cpu, "cpu_s_per_gb": cpu / (b / 1e9) if b else None}
+
+
+def fmt(x, f="%.3f"):
+    return "-" if x is None else f % x
+
+
+print(f"vs-fio: ferry={ferry} fio={fio} ({subprocess.run([fio, '--version'], capture_output=True, text=True).stdout.strip()})")
+print(f"vs-fio: file {path}, size {size}, runtime {runtime}s, rounds {rounds}, ioengine io_uring, 1 job")
+rc = subprocess.run([ferry, "bench", f"--filename={path}", f"--size={size}", "--bs=1m", "--io_size=1m"],
+                    capture_output=True, text=True)
+if rc.returncode != 0:
+    sys.exit(f"vs-fio.sh: cannot lay out {path}: {rc.stderr.strip()}")
+
+results = {r["row"]: {"params": r, "rounds": []} for r in ROWS}
+try:
+    for k in range(rounds):
+        for r in ROWS:
+            order = ("fio", "ferry") if k % 2 == 0 else ("ferry", "fio")
+            got = {t: one(t, r) for t in order}
+            results[r["row"]]["rounds"].append(got)
+            f, y = got["fio"], got["ferry"]
+            if "error" in f or "error" in y:
+                print(f"round {k + 1} {r['row']:<32} fio: {f.get('error', 'ok')} | ferry: {y.get('error', 'ok')}")
+                continue
+            ratio = y["gbps"] / f["gbps"] if f["gbps"] else None
+            print(f"round {k + 1} {r['row']:<32} fio {f['gbps']:8.3f} GB/s {f['iops']:10.0f} IOPS "
+                  f"{fmt(f['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ferry {y['gbps']:8.3f} GB/s "
+                  f"{y['iops']:10.0f} IOPS {fmt(y['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ratio {fmt(ratio)}",
+                  flush=True)
+finally:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+print()
+print(f"{'row':<32} {'fio GB/s':>9} {'ferry GB/s':>10} {'ratio':>6} {'>=0.95':>6} "
+      f"{'fio cpu-s/GB':>12} {'ferry cpu-s/GB':>14} {'cpu ok':>6}")
+summary = []
+met_all = True
+for name, res in results.items():
+    ok_rounds = [g for g in res["rounds"] if "error" not in g["fio"] and "error" not in g["ferry"]]
+    if not ok_rounds:
+        errs = res["rounds"][0] if res["rounds"] else {}
+        why = "; ".join(f"{t}: {g['error']}" for t, g in errs.items() if "error" in g)
+        print(f"{name:<32} n/a: {why}")
+        summary.append({"row": name, "error": why})
+        continue
+    med = lambda tool, key: statistics.median(g[tool][key] for g in ok_rounds if g[tool][key] is not None)
+    fg, yg = med("fio", "gbps"), med("ferry", "gbps")
+    fc, yc = med("fio", "cpu_s_per_gb"), med("ferry", "cpu_s_per_gb")
+    ratio = yg / fg if fg else 0
+    met = ratio >= 0.95
+    cpu_ok = yc <= fc * 1.05
+    met_all &= met
+    print(f"{name:<32} {fg:9.3f} {yg:10.3f} {ratio:6.3f} {'yes' if met else 'NO':>6} "
+          f"{fc:12.2f} {yc:14.2f} {'yes' if cpu_ok else 'NO':>6}")
+    summary.append({"row": name, "fio_gbps": fg, "ferry_gbps": yg, "ratio": ratio, "met_0_95": met,
+                    "fio_cpu_s_per_gb": fc, "ferry_cpu_s_per_gb": yc, "cpu_no_higher": cpu_ok})
+print(f"\nferry >= 0.95x fio on every row: {'yes' if met_all else 'NO'} "
+      "(GB/s and cpu-s/GB are medians over rounds; cpu ok: ferry's CPU per GB within 5% of fio's)")
+if E["JSON"]:
+    with open(E["JSON"], "w") as f:
+        json.dump({"schema_version": 1, "ferry": ferry, "fio": fio, "dir": d, "size": size,
+                   "runtime_s": float(runtime), "rounds": rounds, "timestamp": int(time.time()),
+                   "uname": " ".join(os.uname()), "summary": summary,
+                   "raw": {k: v["rounds"] for k, v in results.items()}}, f, indent=2)
+        f.write("\n")
+PY

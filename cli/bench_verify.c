@@ -1,0 +1,230 @@
+/* ferry bench --verify: checksummed blocks that carry their own file offset. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#ifdef FERRY_HAVE_XXHASH
+#include <xxhash.h>
+#endif
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
+
+#include "bench.h"
+
+/*
+ * Block header, little-endian as written by the host (layout documented in docs/BENCH.md):
+ *   0 magic "FERRYVB1", 8 file offset, 16 seed, 24 block length (u32), 28 algorithm (u32: 1 xxh3,
+ *   2 crc32c), 32 checksum (u64) of the whole block computed with this field zero.
+ */
+static const char verify_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'V', 'B', '1'};
+#define CSUM_AT 32
+
+const char *bench_verify_name(enum bench_verify v)
+{
+	switch (v) {
+	case BENCH_VERIFY_XXH3:
+		return "xxh3";
+	case BENCH_VERIFY_CRC32C:
+		return "crc32c";
+	default:
+		return "off";
+	}
+}
+
+int bench_verify_available(enum bench_verify v)
+{
+#ifndef FERRY_HAVE_XXHASH
+	if (v == BENCH_VERIFY_XXH3)
+		return 0;
+#endif
+	return 1;
+}
+
+/* crc32c (Castagnoli, reflected 0x82F63B78): SSE4.2 where the CPU has it, else slicing-by-8. */
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+static int crc_hw;
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+		crc_table[0][i] = c;
+	}
+	for (uint32_t i = 0; i < 256; i++)
+		for (int t = 1; t < 8; t++)
+			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+#if defined(__x86_64__)
+	__builtin_cpu_init();
+	crc_hw = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+static uint32_t crc_sw(uint32_t crc, const uint8_t *p, size_t len)
+{
+	while (len && ((uintptr_t)p & 7)) {
+		crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
+		len--;
+	}
+	while (len >= 8) {
+		uint64_t w;
+		memcpy(&w, p, 8);
+		w ^= crc;
+		crc = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
+		      crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
+		      crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
+		      crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
+		p += 8;
+		len -= 8;
+	}
+	while (len--)
+		crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
+	return crc;
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t crc_sse42(uint32_t crc, const uint8_t *p, size_t len)
+{
+	uint64_t c = crc;
+	while (len && ((uintptr_t)p & 7)) {
+		c = _mm_crc32_u8((uint32_t)c, *p++);
+		len--;
+	}
+	while (len >= 8) {
+		uint64_t w;
+		memcpy(&w, p, 8);
+		c = _mm_crc32_u64(c, w);
+		p += 8;
+		len -= 8;
+	}
+	while (len--)
+		c = _mm_crc32_u8((uint32_t)c, *p++);
+	return (uint32_t)c;
+}
+#endif
+
+/* Standard crc32c: pass 0 to start; crc32c("123456789") == 0xE3069283. */
+uint32_t bench_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	pthread_once(&crc_once, crc_init);
+	crc = ~crc;
+#if defined(__x86_64__)
+	if (crc_hw)
+		return ~crc_sse42(crc, buf, len);
+#endif
+	return ~crc_sw(crc, buf, len);
+}
+
+static uint64_t checksum(enum bench_verify v, const void *block, size_t len)
+{
+#ifdef FERRY_HAVE_XXHASH
+	if (v == BENCH_VERIFY_XXH3)
+		return XXH3_64bits(block, len);
+#endif
+	(void)v;
+	return bench_crc32c(0, block, len);
+}
+
+static uint64_t splitmix64(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return z ^ (z >> 31);
+}
+
+static void put32(uint8_t *p, uint32_t v)
+{
+	memcpy(p, &v, 4);
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+	memcpy(p, &v, 8);
+}
+
+static uint32_t get32(const uint8_t *p)
+{
+	uint32_t v;
+	memcpy(&v, p, 4);
+	return v;
+}
+
+static uint64_t get64(const uint8_t *p)
+{
+	uint64_t v;
+	memcpy(&v, p, 8);
+	return v;
+}
+
+void bench_verify_fill(enum bench_verify v, void *block, size_t len, uint64_t off, uint64_t seed)
+{
+	uint8_t *b = block;
+	uint64_t s = seed ^ (off * 0xD6E8FEB86659FD93ull);
+	size_t i = BENCH_VERIFY_HEADER;
+	for (; i + 8 <= len; i += 8)
+		put64(b + i, splitmix64(&s));
+	if (i < len) {
+		uint64_t w = splitmix64(&s);
+		memcpy(b + i, &w, len - i);
+	}
+	memcpy(b, verify_magic, 8);
+	put64(b + 8, off);
+	put64(b + 16, seed);
+	put32(b + 24, (uint32_t)len);
+	put32(b + 28, (uint32_t)v);
+	put64(b + CSUM_AT, 0);
+	put64(b + CSUM_AT, checksum(v, b, len));
+}
+
+int bench_verify_check(enum bench_verify v, void *block, size_t len, uint64_t off, const char *path,
+		       char *msg, size_t msglen)
+{
+	uint8_t *b = block;
+	if (memcmp(b, verify_magic, 8)) {
+		snprintf(msg, msglen,
+			 "verify failed at offset %" PRIu64 " of %s: the block has no ferry verify header "
+			 "(the file was not written by 'ferry bench --verify', or the header is corrupt)",
+			 off, path);
+		return -1;
+	}
+	uint32_t blen = get32(b + 24), algo = get32(b + 28);
+	if (blen != len) {
+		snprintf(msg, msglen,
+			 "verify failed at offset %" PRIu64 " of %s: the block was written with --bs %" PRIu32
+			 " but is read with --bs %zu",
+			 off, path, blen, len);
+		return -1;
+	}
+	if (algo != (uint32_t)v) {
+		snprintf(msg, msglen,
+			 "verify failed at offset %" PRIu64 " of %s: the block was written with --verify=%s, "
+			 "not --verify=%s",
+			 off, path, bench_verify_name((enum bench_verify)algo), bench_verify_name(v));
+		return -1;
+	}
+	uint64_t stored = get64(b + CSUM_AT);
+	put64(b + CSUM_AT, 0);
+	uint64_t computed = checksum(v, b, len);
+	put64(b + CSUM_AT, stored);
+	if (stored != computed) {
+		snprintf(msg, msglen,
+			 "verify failed: checksum mismatch in the %zu-byte block at offset %" PRIu64
+			 " of %s (%s stored 0x%" PRIx64 ", computed 0x%" PRIx64 ")",
+			 len, off, path, bench_verify_name(v), stored, computed);
+		return -1;
+	}
+	uint64_t found = get64(b + 8);
+	if (found != off) {
+		snprintf(msg, msglen,
+			 "verify failed: misplaced data at offset %" PRIu64 " of %s: expected the block "
+			 "for offset %" PRIu64 ", found the block written for offset %" PRIu64,
+			 off, path, off, found);
+		return -1;
+	}
+	return 0;
+}

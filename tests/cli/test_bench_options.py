@@ -1,0 +1,101 @@
+"""ferry bench: every option parses, as --opt=value and as --opt value, and takes effect."""
+import json
+import os
+
+from _bench import check, finish, run, scratch, write_random
+
+MiB = 1 << 20
+
+
+def job(args, equals):
+    """Runs with options given in one of the two spellings; returns jobs[0] or None."""
+    argv = []
+    for name, val in args:
+        if val is None:
+            argv.append(f"--{name}")
+        elif equals:
+            argv.append(f"--{name}={val}")
+        else:
+            argv += [f"--{name}", str(val)]
+    rc, out, err = run(*argv, "--output-format=json")
+    if not check(rc == 0, f"{' '.join(argv)}: exit 0", (rc, err.strip()), 0):
+        return None
+    return json.loads(out)["jobs"][0]
+
+
+def main():
+    d = scratch()
+    data = os.path.join(d, "data")
+    write_random(data, 8 * MiB)
+    base = [("filename", data), ("io_size", "256k")]
+    direct_ok = True
+    for equals in (True, False):
+        form = "--opt=value" if equals else "--opt value"
+        for rw in ("read", "write", "randread", "randwrite", "randrw"):
+            j = job(base + [("rw", rw)], equals)
+            if j:
+                check(j["ferry"]["rw"] == rw, f"{form}: --rw {rw}", j["ferry"]["rw"], rw)
+        for spelled in ("4096", "4k", "4K", "4KiB", "4kb"):
+            j = job(base + [("bs", spelled)], equals)
+            if j:
+                check(j["ferry"]["bs"] == 4096, f"{form}: --bs {spelled}", j["ferry"]["bs"], 4096)
+        j = job([("filename", data), ("bs", "1.5m"), ("size", "3m")], equals)
+        if j:
+            check(j["ferry"]["bs"] == 1536 * 1024, f"{form}: --bs 1.5m", j["ferry"]["bs"])
+        cases = [
+            ("size", "2m", lambda j: j["ferry"]["size"] == 2 * MiB),
+            ("offset", "1m", lambda j: j["ferry"]["offset"] == MiB and j["ferry"]["size"] == 7 * MiB),
+            ("numjobs", "3", lambda j: j["ferry"]["numjobs"] == 3 and j["read"]["total_ios"] == 3 * 64),
+            ("name", "my job", lambda j: j["jobname"] == "my job"),
+            ("randseed", "42", lambda j: j["job options"]["randseed"] == "42"),
+            ("ioengine", "psync", lambda j: j["ferry"]["backend"] == "psync"),
+            ("ioengine", "auto", lambda j: j["ferry"]["backend"] in ("psync", "io_uring")),
+            ("direct", "0", lambda j: j["ferry"]["direct"] is False),
+            ("cold", "file", lambda j: "posix_fadvise" in j["ferry"]["cold_cache"]),
+            ("cold", "system", lambda j: "drop_caches" in j["ferry"]["cold_cache"]
+             or "posix_fadvise" in j["ferry"]["cold_cache"]),
+        ]
+        for name, val, ok in cases:
+            j = job(base + [(name, val)], equals)
+            if j:
+                check(ok(j), f"{form}: --{name} {val} takes effect", j["ferry"])
+        j = job(base + [("cold", None)], equals)
+        if j:
+            check("posix_fadvise" in j["ferry"]["cold_cache"], f"{form}: --cold", j["ferry"]["cold_cache"])
+        j = job([("filename", data), ("rw", "randrw"), ("rwmixread", "0"), ("io_size", "256k")], equals)
+        if j:
+            check(j["read"]["total_ios"] == 0 and j["write"]["total_ios"] == 64, f"{form}: --rwmixread 0",
+                  (j["read"]["total_ios"], j["write"]["total_ios"]))
+        j = job([("filename", data), ("runtime", "300ms"), ("time_based", None)], equals)
+        if j:
+            check(250 <= j["job_runtime"] <= 1500, f"{form}: --runtime 300ms", j["job_runtime"])
+        j = job([("filename", "data"), ("directory", d), ("io_size", "64k")], equals)
+        if j:
+            check(j["job options"]["filename"] == data, f"{form}: --directory", j["job options"]["filename"])
+        j = job([("filename", os.path.join(d, "v")), ("rw", "write"), ("size", "1m"), ("bs", "64k"),
+                 ("verify", "crc32c")], equals)
+        if j:
+            check(j["ferry"]["verify"] == "crc32c", f"{form}: --verify", j["ferry"]["verify"])
+        rc, _, err = run("--filename", data, "--ioengine", "io_uring", "--io_size", "64k")
+        if rc == 0:
+            j = job(base + [("ioengine", "io_uring"), ("iodepth", "8")], equals)
+            if j:
+                check(j["ferry"]["backend"] == "io_uring" and j["ferry"]["iodepth"] == 8,
+                      f"{form}: --ioengine io_uring --iodepth 8", j["ferry"])
+        else:
+            print(f"skipped: io_uring options: {err.strip()}")
+        if direct_ok:
+            rc, out, err = run("--filename", data, "--direct", "1", "--io_size", "64k", "--output-format", "json")
+            if rc == 0:
+                check(json.loads(out)["jobs"][0]["ferry"]["direct"] is True, f"{form}: --direct 1")
+            else:
+                direct_ok = False
+                print(f"skipped: --direct 1: {err.strip()}")
+        out = os.path.join(d, "out.txt")
+        rc, stdout, err = run("--filename", data, "--io_size", "64k", *(
+            [f"--output={out}"] if equals else ["--output", out]))
+        check(rc == 0 and stdout == "" and "GB/s" in open(out).read(), f"{form}: --output", (rc, err))
+    finish()
+
+
+main()
