@@ -96,8 +96,7 @@ static PyObject *raise_ferry(int err, PyObject *filename)
 			if (!code || !name || !msg ||
 			    PyObject_SetAttrString(exc, "code", code) < 0 ||
 			    PyObject_SetAttrString(exc, "name", name) < 0 ||
-			    PyObject_SetAttrString(exc, "strerror", msg) < 0 ||
-			    (filename && PyObject_SetAttrString(exc, "filename", filename) < 0))
+			    PyObject_SetAttrString(exc, "strerror", msg) < 0)
 				Py_CLEAR(exc);
 			Py_XDECREF(code);
 			Py_XDECREF(name);
@@ -476,7 +475,25 @@ static int fbuf_get(PyObject *obj, struct fbuf *b, int writable, PyObject *strea
 	b->device = -1;
 	if (PyObject_CheckBuffer(obj)) {
 		ret = from_view(obj, b, writable);
-		goto done;
+		if (ret == 0)
+			goto done;
+		/*
+		 * CuPy arrays export the buffer protocol, and refuse it for device memory: fall
+		 * through to DLPack or the CUDA array interface where the object has them.
+		 */
+		PyObject *type, *value, *tb;
+		int has;
+		PyErr_Fetch(&type, &value, &tb);
+		/* ValueError: from_view named the rule the buffer broke (contiguity, read-only). */
+		has = !PyErr_GivenExceptionMatches(type, PyExc_ValueError) &&
+		      (PyObject_HasAttr(obj, str_dlpack) || PyObject_HasAttr(obj, str_cai));
+		if (!has) {
+			PyErr_Restore(type, value, tb);
+			return -1;
+		}
+		Py_XDECREF(type);
+		Py_XDECREF(value);
+		Py_XDECREF(tb);
 	}
 	if (PyCapsule_CheckExact(obj)) {
 		ret = from_capsule(obj, obj, b, writable);
