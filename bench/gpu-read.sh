@@ -55,19 +55,22 @@ row "ceiling: ferry bench disk read to host, O_DIRECT 4x QD16 4m" "$(jget "$LOG/
 
 # ---- warm: /dev/shm into GPU memory
 size=$((SHM_GIB << 30))
-best=0
-for t in 4 8 16; do
-	for c in 1m 4m 16m; do
-		FERRY_THREADS=$t FERRY_CHUNK_SIZE=$c FERRY_SLOTS=8 "$FERRY" bench --filename "$SHM" --bs 1g --size $size --api pread \
-			-x auto --io_size $((size * 3)) --output-format=json >"$LOG/ferry-shm-$t-$c.json" || continue
-		g=$(jget "$LOG/ferry-shm-$t-$c.json" '"%.2f" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')
-		cores=$(jget "$LOG/ferry-shm-$t-$c.json" '"%.2f" % d["jobs"][0]["ferry"]["cpu_cores"]')
-		frac=$(jget "$LOG/ferry-shm-$t-$c.json" '"%.2f" % d["jobs"][0]["ferry"]["xfer"]["fraction_of_copy_ceiling"]')
-		echo "ferry warm threads=$t chunk=$c: $g GB/s, $frac of HtoD, $cores cores"
-		row "warm /dev/shm->GPU ferry threads=$t chunk=$c" "$g GB/s" "$frac of pinned HtoD; $cores cores"
-	done
+# ferry's defaults first, then the knobs that matter for memory-bound reads: threads, backend
+# (io_uring punts tmpfs reads to its kernel workers; psync reads in the worker itself) and how a
+# worker waits for its copies (gpu_sync)
+for cfg in "default" "threads=8 backend=psync" "threads=12 backend=psync" "threads=16 backend=psync" \
+	"threads=12 backend=io_uring" "threads=8 backend=psync gpu_sync=spin" "threads=12 backend=psync gpu_sync=spin"; do
+	envs=()
+	for kv in $cfg; do [ "$kv" = default ] || envs+=("FERRY_$(echo "${kv%%=*}" | tr a-z A-Z)=${kv#*=}"); done
+	tag=$(echo "$cfg" | tr ' =' '_-')
+	env "${envs[@]}" "$FERRY" bench --filename "$SHM" --bs 1g --size $size --api pread \
+		-x auto --io_size $((size * 3)) --output-format=json >"$LOG/ferry-shm-$tag.json" || continue
+	g=$(jget "$LOG/ferry-shm-$tag.json" '"%.2f" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')
+	cores=$(jget "$LOG/ferry-shm-$tag.json" '"%.2f" % d["jobs"][0]["ferry"]["cpu_cores"]')
+	frac=$(jget "$LOG/ferry-shm-$tag.json" '"%.2f" % d["jobs"][0]["ferry"]["xfer"]["fraction_of_copy_ceiling"]')
+	row "warm /dev/shm->GPU ferry $cfg" "$g GB/s" "$frac of pinned HtoD; $cores cores"
 done
-python3 bench/kvikio_read.py "$SHM" >"$LOG/kvikio-shm.jsonl" 2>"$LOG/kvikio-shm.err"
+python3 bench/kvikio_read.py "$SHM" --threads ${KVIKIO_THREADS:-8,16} --task-sizes ${KVIKIO_TASKS:-4m,16m} >"$LOG/kvikio-shm.jsonl" 2>"$LOG/kvikio-shm.err"
 if grep -q skipped "$LOG/kvikio-shm.jsonl"; then
 	row "warm /dev/shm->GPU kvikio" "skipped" "$(head -c 200 "$LOG/kvikio-shm.jsonl")"
 else

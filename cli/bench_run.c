@@ -596,6 +596,8 @@ static int setup_ctx(ferry_ctx **ctxp, const struct bench_job_opts *o)
 	err = ferry_ctx_set(ctx, "backend", o->ioengine);
 	if (!err)
 		err = ferry_ctx_set(ctx, "direct", o->direct ? "on" : "off");
+	if (!err) /* `ferry top` shows running benchmarks; a ferry that cannot publish still runs */
+		err = ferry_ctx_set(ctx, "publish", "1");
 	if (!err && o->xmode != BENCH_X_NONE) {
 		err = ferry_ctx_set(ctx, "path", bench_x_names[o->xmode]);
 		char dev[16];

@@ -42,22 +42,25 @@ for _ in $(seq 1 30); do
 	screen=$(tmux capture-pane -p -t "$session" 2>&1) || { echo "capture-pane: $screen"; break; }
 	# DEVICE rMB/s wMB/s r/s w/s ...: the disk's write rate column must be above zero.
 	w=$(printf '%s\n' "$screen" | awk -v d="$disk" '$1 == d { print $3; exit }')
-	if [ -n "$w" ] && awk -v w="$w" 'BEGIN { exit !(w > 0) }'; then
+	# and the benchmark's own row (it publishes its counters): PID NAME PATH rMB/s wMB/s ...
+	fw=$(printf '%s\n' "$screen" | awk -v p="$writer" '$1 == p { print $5; exit }')
+	if [ -n "$w" ] && awk -v w="$w" 'BEGIN { exit !(w > 0) }' && [ -n "$fw" ] &&
+		awk -v w="$fw" 'BEGIN { exit !(w > 0) }'; then
 		ok=1
 		break
 	fi
 done
 fail=0
 if [ $ok -ne 1 ]; then
-	echo "FAIL: no nonzero wMB/s for $disk on the screen (bench: $(cat "$tmp/bench.err" 2>/dev/null)); last screen:"
+	echo "FAIL: no nonzero wMB/s for $disk and for ferry bench (pid $writer) on the screen (bench: $(cat "$tmp/bench.err" 2>/dev/null)); last screen:"
 	printf '%s\n' "$screen"
 	fail=1
 fi
-for want in "DEVICE" "CPU  busy" "interval 0.50s"; do
+for want in "DEVICE" "CPU  busy" "interval 0.50s" "FERRY"; do
 	if ! printf '%s\n' "$screen" | grep -q "$want"; then
 		echo "FAIL: screen lacks '$want'"
 		fail=1
 	fi
 done
-[ $fail -eq 0 ] && echo "top showed $disk writing at $w MB/s"
+[ $fail -eq 0 ] && echo "top showed $disk writing at $w MB/s and ferry bench (pid $writer) at $fw MB/s"
 exit $fail
