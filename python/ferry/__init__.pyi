@@ -1,7 +1,7 @@
 """Type stubs for the ferry package (docs/PYTHON.md)."""
 import concurrent.futures
 import os
-from typing import Any, Callable, Generator, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
+from typing import Any, Callable, overload, Generator, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
 
 __version__: str
 __all__: list[str]
@@ -21,6 +21,8 @@ Buffer = Union[bytes, bytearray, memoryview, _DLPack, _CudaArray, Any]
 StrPath = Union[str, bytes, os.PathLike]
 Mode = Literal["r", "r+", "w", "w+", "x", "x+", "rb", "r+b", "rb+", "wb", "w+b", "wb+", "xb", "x+b", "xb+"]
 Device = Union[str, int, Any]
+# A CUstream as an int, torch.cuda.Stream, cupy.cuda.Stream, or an object with __cuda_stream__.
+Stream = Union[int, Any]
 
 KNOBS: Tuple[str, ...]
 ERROR_CODES: dict[str, int]
@@ -61,6 +63,7 @@ class Context:
         host_budget: int | str = ...,
         device_budget: int | str = ...,
         log_level: int | str = ...,
+        **knobs: int | bool | str,
     ) -> None: ...
     def set(self, key: str, value: Union[int, bool, str]) -> None: ...
     def get(self, key: str) -> str: ...
@@ -110,8 +113,14 @@ class File:
     def mem_align(self) -> int: ...
     @property
     def is_direct(self) -> bool: ...
+    @overload
     def pread_into(self, buf: Buffer, offset: int = 0) -> int: ...
+    @overload
+    def pread_into(self, buf: Buffer, offset: int = 0, *, stream: Stream) -> Future: ...
+    @overload
     def pwrite_from(self, buf: Buffer, offset: int = 0) -> int: ...
+    @overload
+    def pwrite_from(self, buf: Buffer, offset: int = 0, *, stream: Stream) -> Future: ...
     def pread_into_async(self, buf: Buffer, offset: int = 0) -> Future: ...
     def pwrite_from_async(self, buf: Buffer, offset: int = 0) -> Future: ...
     def read_batch(self, entries: Iterable[Tuple[int, Buffer]]) -> list[int]: ...

@@ -787,6 +787,9 @@ static PyObject *file_close(FileObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *file_transfer_stream(FileObject *self, PyObject *obj, uint64_t off,
+				      PyObject *stream, int is_write);
+
 static PyObject *file_transfer(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
 			       PyObject *kwnames, int is_write)
 {
@@ -795,8 +798,14 @@ static PyObject *file_transfer(FileObject *self, PyObject *const *args, Py_ssize
 	struct fbuf b;
 	ssize_t n;
 
+	PyObject *stream;
+
 	if (parse_io(is_write ? "pwrite_from" : "pread_into", args, nargs, kwnames, &obj, &off,
-		     NULL) < 0 || file_check(self) < 0 || fbuf_get(obj, &b, !is_write, NULL) < 0)
+		     &stream) < 0 || file_check(self) < 0)
+		return NULL;
+	if (stream)
+		return file_transfer_stream(self, obj, off, stream, is_write);
+	if (fbuf_get(obj, &b, !is_write, NULL) < 0)
 		return NULL;
 	self->inflight++;
 	Py_BEGIN_ALLOW_THREADS
@@ -1088,6 +1097,101 @@ static PyObject *file_transfer_async(FileObject *self, PyObject *const *args, Py
 	return (PyObject *)r;
 }
 
+/* A CUstream from an int, torch.cuda.Stream (.cuda_stream), CuPy (.ptr) or __cuda_stream__. */
+static int get_stream(PyObject *o, void **out)
+{
+	PyObject *v = NULL;
+
+	if (PyLong_Check(o)) {
+		v = Py_NewRef(o);
+	} else if (PyObject_HasAttrString(o, "__cuda_stream__")) {
+		PyObject *t = PyObject_CallMethod(o, "__cuda_stream__", NULL);
+		if (!t)
+			return -1;
+		if (PyTuple_Check(t) && PyTuple_GET_SIZE(t) == 2)
+			v = Py_NewRef(PyTuple_GET_ITEM(t, 1));
+		Py_DECREF(t);
+	} else if (PyObject_HasAttrString(o, "cuda_stream")) {
+		v = PyObject_GetAttrString(o, "cuda_stream");
+	} else if (PyObject_HasAttrString(o, "ptr")) {
+		v = PyObject_GetAttrString(o, "ptr");
+	}
+	if (!v || !PyLong_Check(v)) {
+		Py_XDECREF(v);
+		if (!PyErr_Occurred())
+			PyErr_Format(PyExc_TypeError, "stream must be an int (a CUstream), a "
+				     "torch.cuda.Stream or a cupy.cuda.Stream, not %.100s",
+				     Py_TYPE(o)->tp_name);
+		return -1;
+	}
+	*out = PyLong_AsVoidPtr(v);
+	Py_DECREF(v);
+	return PyErr_Occurred() ? -1 : 0;
+}
+
+/*
+ * Stream-ordered futures the caller dropped: kept here until they finish, so that dropping one
+ * neither blocks the host (a dealloc would wait) nor frees the buffer under the transfer.
+ */
+static PyObject *stream_pending;
+
+static int keep_until_done(RequestObject *r)
+{
+	Py_ssize_t i, n;
+
+	if (!stream_pending && !(stream_pending = PyList_New(0)))
+		return -1;
+	n = PyList_GET_SIZE(stream_pending);
+	for (i = n - 1; i >= 0; i--) {
+		RequestObject *p = (RequestObject *)PyList_GET_ITEM(stream_pending, i);
+		if (req_wait(p, 0) && PySequence_DelItem(stream_pending, i) < 0)
+			return -1;
+	}
+	return PyList_Append(stream_pending, (PyObject *)r);
+}
+
+static PyObject *file_transfer_stream(FileObject *self, PyObject *obj, uint64_t off,
+				      PyObject *stream, int is_write)
+{
+	RequestObject *r;
+	PyObject *dl_stream;
+	void *cu;
+	int ret;
+
+	if (get_stream(stream, &cu) < 0)
+		return NULL;
+	/* DLPack's stream numbers: 1 is the legacy default stream (0 is ambiguous there). */
+	dl_stream = PyLong_FromVoidPtr(cu ? cu : (void *)1);
+	if (!dl_stream)
+		return NULL;
+	r = (RequestObject *)future_type->tp_alloc(future_type, 0);
+	if (!r || fbuf_get(obj, &r->buf, !is_write, dl_stream) < 0) {
+		Py_DECREF(dl_stream);
+		Py_XDECREF(r);
+		return NULL;
+	}
+	Py_DECREF(dl_stream);
+	r->file = (FileObject *)Py_NewRef((PyObject *)self);
+	r->offset = off;
+	r->is_write = is_write;
+	if (is_write)
+		ret = ferry_pwrite_stream(self->f, r->buf.ptr, r->buf.len, off, cu, &r->req);
+	else
+		ret = ferry_pread_stream(self->f, r->buf.ptr, r->buf.len, off, cu, &r->req);
+	if (ret < 0) {
+		r->req = NULL;
+		fbuf_release(&r->buf);
+		Py_DECREF(r);
+		return raise_ferry(ret, self->name);
+	}
+	self->inflight++;
+	if (keep_until_done(r) < 0) {
+		Py_DECREF(r);
+		return NULL;
+	}
+	return (PyObject *)r;
+}
+
 static PyObject *file_pread_into_async(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
 				       PyObject *kwnames)
 {
@@ -1348,10 +1452,13 @@ static PyObject *file_repr(FileObject *self)
 
 static PyMethodDef file_methods[] = {
 	{"pread_into", FASTKW(file_pread_into),
-	 "pread_into(buf, offset=0) -> int: reads len(buf) bytes at offset into buf (host or CUDA "
-	 "memory, zero-copy); returns the bytes read, fewer only at end of file."},
+	 "pread_into(buf, offset=0, *, stream=None) -> int: reads len(buf) bytes at offset into buf "
+	 "(host or CUDA memory, zero-copy); returns the bytes read, fewer only at end of file.\n"
+	 "With stream (torch.cuda.Stream, cupy Stream or a CUstream int) and device memory: the read "
+	 "is ordered on that stream and a Future is returned at once."},
 	{"pwrite_from", FASTKW(file_pwrite_from),
-	 "pwrite_from(buf, offset=0) -> int: writes all of buf at offset; returns its length."},
+	 "pwrite_from(buf, offset=0, *, stream=None) -> int: writes all of buf at offset; returns "
+	 "its length. With stream: ordered after the work queued on it; returns a Future."},
 	{"pread_into_async", FASTKW(file_pread_into_async),
 	 "pread_into_async(buf, offset=0) -> Future: starts the read and returns at once."},
 	{"pwrite_from_async", FASTKW(file_pwrite_from_async),

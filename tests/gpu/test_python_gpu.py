@@ -141,15 +141,46 @@ def test_read_convenience_to_cuda(data):
     assert h.is_cuda and h.dtype == torch.float32 and h.numel() == 16
 
 
-def test_stream_ordered_read(data):
-    if not hasattr(ferry.File, "pread_into_stream") and "stream" not in (
-            ferry.File.pread_into.__doc__ or ""):
-        pytest.skip("the C API has no stream-ordered read yet (ferry_pread_stream): nothing to wrap")
+def test_stream_ordered_read_from_torch_stream(tmp_path, data):
     path, payload = data
+    n = 8 << 20
     s = torch.cuda.Stream()
-    t = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    t = torch.empty(n, dtype=torch.uint8, device="cuda")
     with ferry.open(path) as f, torch.cuda.stream(s):
-        f.pread_into(t, 0, stream=s)
-        u = t.clone()  # ordered after the read on s
+        torch.cuda._sleep(100_000_000)  # keeps s busy well past the storage read
+        t.fill_(7)  # queued before the read: the read must land after it
+        fut = f.pread_into(t, 0, stream=s)
+        assert isinstance(fut, ferry.Future)
+        u = t.clone()  # queued after the read: must see it all
+        assert f.pread_into(t[:4096], 0, stream=s.cuda_stream).result() == 4096  # an int CUstream
     s.synchronize()
-    assert host_bytes(u) == payload[:1 << 20]
+    assert fut.result() == n
+    assert host_bytes(u) == payload[:n]
+    # A dropped stream future neither blocks nor frees the buffer under the transfer.
+    v = torch.zeros(n, dtype=torch.uint8, device="cuda")
+    with ferry.open(path) as f:
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(50_000_000)
+            f.pread_into(v, 1, stream=s)
+        s.synchronize()
+        w = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        f.pread_into(w, 0, stream=s).result()  # prunes the finished one
+    assert host_bytes(v) == payload[1:1 + n]
+    out = tmp_path / "stream-out.bin"
+    with ferry.open(out, "w") as g:
+        with torch.cuda.stream(s):
+            u.add_(0)
+            assert g.pwrite_from(u, 0, stream=s).result() == n
+    assert out.read_bytes() == payload[:n]
+
+
+def test_stream_ordered_read_cupy(data):
+    cupy = pytest.importorskip("cupy", reason="cupy is not installed on this machine")
+    path, payload = data
+    s = cupy.cuda.Stream(non_blocking=True)
+    a = cupy.empty(1 << 20, dtype=cupy.uint8)
+    with ferry.open(path) as f:
+        fut = f.pread_into(a, 5, stream=s)
+        s.synchronize()
+        assert fut.result() == 1 << 20
+    assert cupy.asnumpy(a).tobytes() == payload[5:5 + (1 << 20)]

@@ -27,9 +27,10 @@ def test_import_does_not_import_torch():
 
 def test_module_surface():
     assert ferry.__version__ == "0.1.0"
-    assert ferry.KNOBS == ("threads", "chunk_size", "queue_depth", "slots", "direct", "backend",
-                           "sqpoll", "register", "path", "device", "host_budget",
-                           "device_budget", "log_level")
+    # The C API's knobs, in its order (more may follow as the library grows).
+    assert ferry.KNOBS[:13] == ("threads", "chunk_size", "queue_depth", "slots", "direct",
+                                "backend", "sqpoll", "register", "path", "device", "host_budget",
+                                "device_budget", "log_level")
     assert ferry.ENOGDS == -5002 and ferry.ERROR_CODES["FERRY_ENOGPU"] == -5001
     assert ferry.err_name(-errno.ENOENT) == "ENOENT"
     assert ferry.err_name(ferry.ENOGDS) == "FERRY_ENOGDS"
@@ -285,6 +286,17 @@ def test_bad_buffers_and_arguments(data):
             f.pread_into(bytearray(1), 0, offset=0)
         with pytest.raises(TypeError, match="at most 2"):
             f.pread_into(bytearray(1), 0, 0)
+        with pytest.raises(TypeError, match="stream must be"):
+            f.pread_into(bytearray(1), 0, stream="s")
+        with pytest.raises(OSError) as e:  # stream ordering is for device memory
+            f.pread_into(bytearray(1), 0, stream=0)
+        assert e.value.errno == errno.EINVAL and "host memory" in str(e.value)
+
+        class TorchLikeStream:
+            cuda_stream = 0
+
+        with pytest.raises(OSError):
+            f.pwrite_from(b"x", 0, stream=TorchLikeStream())
 
 
 # -------------------------------------------------------------------------- sources (host)
