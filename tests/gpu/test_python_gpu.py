@@ -153,8 +153,8 @@ def test_stream_ordered_read_from_torch_stream(tmp_path, data):
         assert isinstance(fut, ferry.Future)
         u = t.clone()  # queued after the read: must see it all
         assert f.pread_into(t[:4096], 0, stream=s.cuda_stream).result() == 4096  # an int CUstream
-    s.synchronize()
-    assert fut.result() == n
+        s.synchronize()
+        assert fut.result() == n  # close() is refused while a stream transfer is in flight
     assert host_bytes(u) == payload[:n]
     # A dropped stream future neither blocks nor frees the buffer under the transfer.
     v = torch.zeros(n, dtype=torch.uint8, device="cuda")
