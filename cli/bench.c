@@ -520,6 +520,10 @@ int ferry_cmd_bench(int argc, char **argv)
 		rc = bad("--verify checks host memory; it does not go with -x");
 		goto done;
 	}
+	/* like gdsio, -x opens files for O_DIRECT; without --direct, the library's direct=auto also
+	 * reads page-cache-resident data through the cache */
+	if (jo->xmode != BENCH_X_NONE && !seen(&c, "direct"))
+		jo->direct = BENCH_DIRECT_AUTO;
 	if (seen(&c, "gpu") && jo->xmode == BENCH_X_NONE) {
 		rc = bad("--gpu goes with -x");
 		goto done;

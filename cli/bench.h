@@ -71,7 +71,7 @@ struct bench_job_opts {
 	uint64_t offset;        /* region start */
 	unsigned numjobs;
 	unsigned iodepth;
-	int direct;
+	int direct;             /* 0, 1, or BENCH_DIRECT_AUTO (-x without --direct: the library's choice) */
 	const char *ioengine;   /* "auto", "psync", "io_uring" */
 	double runtime;         /* seconds, time based; 0: by bytes */
 	uint64_t io_size;       /* bytes per job; 0: one pass over the region */
@@ -83,6 +83,8 @@ struct bench_job_opts {
 	int gpu;                /* --gpu: the device for -x */
 	int api_pread;          /* --api=pread: each I/O is one ferry_pread/pwrite (worker pool) */
 };
+
+#define BENCH_DIRECT_AUTO 2
 
 /* Transfer modes (-x): gdsio's -x number n is BENCH_X(n); names as DESIGN.md's table and the `path`
  * knob. 0 is "no -x", so that zeroed options mean host memory. */

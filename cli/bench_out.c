@@ -300,7 +300,8 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 		opt_u64(j, "offset", o->offset);
 	opt_u64(j, "numjobs", o->numjobs);
 	opt_u64(j, "iodepth", o->iodepth);
-	opt_u64(j, "direct", (uint64_t)o->direct);
+	if (o->direct != BENCH_DIRECT_AUTO) /* -x without --direct: the library decides per chunk */
+		opt_u64(j, "direct", (uint64_t)o->direct);
 	bench_json_str(j, "ioengine", o->ioengine);
 	if (o->rw == BENCH_RANDRW)
 		opt_u64(j, "rwmixread", o->rwmixread);

@@ -186,7 +186,7 @@ static int job_setup(struct bench_job *j)
 {
 	const struct bench_job_opts *o = j->sh->o;
 	int flags = bench_rw_writes(o->rw) ? FERRY_O_RDWR : FERRY_O_RDONLY;
-	if (!o->direct)
+	if (o->direct == 0)
 		flags |= FERRY_O_BUFFERED;
 	int err = ferry_file_open(j->sh->ctx, o->filename, flags, &j->file);
 	if (err < 0) {
@@ -595,7 +595,7 @@ static int setup_ctx(ferry_ctx **ctxp, const struct bench_job_opts *o)
 	ferry_ctx *ctx = *ctxp;
 	err = ferry_ctx_set(ctx, "backend", o->ioengine);
 	if (!err)
-		err = ferry_ctx_set(ctx, "direct", o->direct ? "on" : "off");
+		err = ferry_ctx_set(ctx, "direct", o->direct == BENCH_DIRECT_AUTO ? "auto" : o->direct ? "on" : "off");
 	if (!err) /* `ferry top` shows running benchmarks; a ferry that cannot publish still runs */
 		err = ferry_ctx_set(ctx, "publish", "1");
 	if (!err && o->xmode != BENCH_X_NONE) {

@@ -216,7 +216,8 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 			return NULL;
 		}
 		for (unsigned i = 0; i < q->depth; i++) {
-			/* block: a worker waiting for its oldest copy sleeps instead of spinning a core */
+			/* block: a worker waiting for its oldest copy sleeps instead of spinning a core;
+			 * slower (docs/CONFIG.md), so spin is the default */
 			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING |
 								(q->ctx->cfg.gpu_sync ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC));
 			if (r) {
