@@ -100,6 +100,35 @@ grep -h '^FIGURE ' "$LOG_DIR/gpu.full.log" 2>/dev/null | while read -r _ name va
 done
 grep -h -E '^(skipped|GDS |libcufile|NVML|CUDA driver|/run/udev|resolved with)' "$LOG_DIR/gpu.full.log" 2>/dev/null | cut -c1-300
 
+step "Python package"
+# The machine has no network: build the extension with the scikit-build-core, torch, CuPy and
+# NumPy already installed there (no build isolation, no dependencies), then pytest the GPU cases.
+PY=${PYTHON:-python3}
+if ! "$PY" -c 'import scikit_build_core, pytest' >/dev/null 2>&1; then
+	row python/install skipped "scikit-build-core or pytest is not installed for $PY"
+elif ! { "$PY" -m pip install --no-build-isolation --no-deps . ||
+	 "$PY" -m pip install --no-build-isolation --no-deps --break-system-packages .; } \
+	>"$LOG_DIR/python-install.log" 2>&1; then
+	row python/install FAILED "$(grep -m1 -iE 'error' "$LOG_DIR/python-install.log" | cut -c1-120)"
+	failed=1
+else
+	row python/install ok
+	# From another directory so that `import ferry` is the installed package.
+	(cd /tmp && "$PY" -m pytest -v -s -rs -p no:cacheprovider "$ROOT/tests/gpu/test_python_gpu.py") \
+		>"$LOG_DIR/python-gpu.log" 2>&1
+	rc=$?
+	awk '/::test_.* (PASSED|FAILED|SKIPPED|ERROR)/ {
+		name=$1; sub(/.*::/, "", name);
+		r=$2; if (r == "PASSED") r="ok"; else if (r == "SKIPPED") r="skipped"; else r="FAILED";
+		printf "python/%s | %s | \n", name, r }' "$LOG_DIR/python-gpu.log" >>"$TABLE"
+	grep -E '^SKIPPED|^FAILED|^ERROR|GDS refused|passed|failed' "$LOG_DIR/python-gpu.log" | cut -c1-300
+	if [ $rc -ne 0 ]; then
+		echo "pytest tests/gpu/test_python_gpu.py: exit $rc"
+		[ $rc -eq 5 ] && row python/tests FAILED "no test collected"
+		failed=1
+	fi
+fi
+
 step "GPU benchmarks"
 shopt -s nullglob
 # GPU_BENCHES: which bench/NAME.sh to run (a glob; "none" for none), so that a long benchmark can

@@ -13,6 +13,33 @@ run() { # name, command...
 }
 J=$(nproc)
 run "tests" ctest --test-dir build --output-on-failure -j"$J"
+
+# The Python package (docs/PYTHON.md): a venv in .venv with NumPy, pytest and PyTorch, the package
+# built by `pip install .` (scikit-build-core over the same CMake), then pytest.
+#
+# PyTorch from PyPI: the Linux x86_64 `torch` wheel is the CUDA build, and `pip install torch
+# --no-deps` does not import (libtorch_cuda.so links libcufile, libcudnn, libnccl, libnvshmem, ...
+# at load time: "ImportError: libcufile.so.0"; against this machine's own CUDA 13.0 libraries:
+# "undefined symbol: ncclCommResume"). So the wheel comes with its dependencies (about 5.3 GB,
+# about 2 minutes from a clean pip cache here); without a driver it runs on the CPU, which is all
+# these tests ask of it. The venv is reused while `import torch` works. FERRY_TORCH=0 skips torch
+# (its tests then say "skipped: torch is not installed"); FERRY_TORCH_SPEC pins it (torch==2.15.0).
+python_tests() {
+	local py=.venv/bin/python
+	if [ ! -x "$py" ]; then
+		python3 -m venv .venv || return 1
+	fi
+	"$py" -m pip install -q --disable-pip-version-check numpy pytest || return 1
+	if [ "${FERRY_TORCH:-1}" != 0 ] && ! "$py" -c 'import torch' 2>/dev/null; then
+		local t0=$SECONDS
+		"$py" -m pip install -q --disable-pip-version-check "${FERRY_TORCH_SPEC:-torch}" || return 1
+		echo "python: torch installed in $((SECONDS - t0)) s"
+	fi
+	"$py" -m pip install -q --disable-pip-version-check . || return 1
+	# -rs prints each skip's reason; exit 5 (no test collected) is a failure like any other.
+	(cd tests/python && "../../$py" -m pytest -rs -q -p no:cacheprovider .)
+}
+run "python tests" python_tests
 if [ "${QUICK:-0}" != 1 ]; then
 	run "build asan+ubsan" cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined
 	run "compile asan+ubsan" cmake --build build-asan -j"$J"
