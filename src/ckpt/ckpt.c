@@ -392,7 +392,8 @@ int ferry_ckpt_prune(const char *dir, int keep)
 	closedir(d);
 	int removed = 0;
 	if (!r) {
-		qsort(committed, nc, sizeof(int64_t), cmp_i64_desc);
+		if (nc > 1)
+			qsort(committed, nc, sizeof(int64_t), cmp_i64_desc);
 		/* The newest `keep` committed steps stay; so does latest's, and anything newer than it. */
 		for (size_t i = 0; i < nc; i++) {
 			if (committed[i] >= latest || (keep && i < (size_t)keep) || !keep)

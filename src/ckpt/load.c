@@ -244,7 +244,8 @@ static int open_dir(ferry_st_load *ld, const char *path)
 			n++;
 	}
 	closedir(d);
-	qsort(names, n, sizeof(*names), cmp_str);
+	if (n > 1)
+		qsort(names, n, sizeof(*names), cmp_str);
 	for (size_t i = 0; i < n; i++) {
 		if (!r)
 			r = add_file(ld, path, names[i]);

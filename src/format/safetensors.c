@@ -402,7 +402,8 @@ static int validate(ferry_st *st)
 	char pn[96];
 	uint64_t at = 0;
 
-	qsort(st->t, st->n, sizeof(*st->t), cmp_offsets);
+	if (st->n > 1)
+		qsort(st->t, st->n, sizeof(*st->t), cmp_offsets);
 	for (size_t i = 0; i < st->n; i++) {
 		struct st_tensor *t = &st->t[i];
 		uint64_t nb;
@@ -438,7 +439,8 @@ static int validate(ferry_st *st)
 		st->by_name[i] = i;
 	pthread_mutex_lock(&sort_lock);
 	sort_st = st;
-	qsort(st->by_name, st->n, sizeof(*st->by_name), cmp_by_name);
+	if (st->n > 1)
+		qsort(st->by_name, st->n, sizeof(*st->by_name), cmp_by_name);
 	pthread_mutex_unlock(&sort_lock);
 	for (size_t i = 1; i < st->n; i++) {
 		struct st_tensor *a = &st->t[st->by_name[i - 1]], *b = &st->t[st->by_name[i]];
