@@ -16,6 +16,7 @@ static int cmd_version(int argc, char **argv)
 /* Add a row per subcommand (keep the help order: main job first). */
 const struct ferry_cli_command ferry_cli_commands[] = {
 	{"bench", "measure storage and GPU transfer speed (fio- and gdsio-compatible options)", ferry_cmd_bench},
+	{"ckpt", "safetensors files and checkpoints: inspect, verify, bench", ferry_cmd_ckpt},
 	{"version", "print the version", cmd_version},
 	{NULL, NULL, NULL},
 };
