@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "io/io.h"
+#include "sys/publish.h"
 
 struct ferry_req {
 	struct ferry__group g;
@@ -68,13 +69,17 @@ static void group_entry_done(struct ferry__group *g)
 	}
 }
 
-static int group_wait(struct ferry__group *g, int64_t timeout_ns)
+static int group_wait_ctx(ferry_ctx *ctx, struct ferry__group *g, int64_t timeout_ns);
+#define group_wait(g, t) group_wait_ctx(NULL, (g), (t))
+
+static int group_wait_ctx(ferry_ctx *ctx, struct ferry__group *g, int64_t timeout_ns)
 {
 	struct timespec ts;
 	int ret = 0;
 
 	if (atomic_load(&g->done))
 		return 0;
+	uint64_t t0 = ctx && ctx->pub ? ferry__now_ns() : 0;
 	if (timeout_ns >= 0) {
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ns;
@@ -86,6 +91,8 @@ static int group_wait(struct ferry__group *g, int64_t timeout_ns)
 		ret = timeout_ns >= 0 ? pthread_cond_timedwait(&g->cv, &g->mu, &ts)
 				      : pthread_cond_wait(&g->cv, &g->mu);
 	pthread_mutex_unlock(&g->mu);
+	if (t0) /* how long a consumer waited for its data, for `ferry top` */
+		FERRY__PUBLISH_ADD(ctx->pub, consumer_wait_ns, ferry__now_ns() - t0);
 	return atomic_load(&g->done) ? 0 : -ETIMEDOUT;
 }
 
@@ -343,7 +350,7 @@ int ferry_req_done(const ferry_req *r)
 
 ssize_t ferry_req_wait(ferry_req *r, int64_t timeout_ns)
 {
-	if (group_wait(&r->g, timeout_ns))
+	if (group_wait_ctx(r->e.f->ctx, &r->g, timeout_ns))
 		return ferry__error(-ETIMEDOUT, "waiting for %s(%s, offset %llu)",
 				    r->e.is_write ? "pwrite" : "pread", r->e.f->path,
 				    (unsigned long long)r->e.off);
@@ -463,7 +470,7 @@ int ferry_batch_wait(ferry_batch *b, int64_t timeout_ns)
 {
 	int shorts = 0;
 
-	if (group_wait(&b->g, timeout_ns))
+	if (group_wait_ctx(b->ctx, &b->g, timeout_ns))
 		return ferry__error(-ETIMEDOUT, "waiting for a batch of %zu entries", b->count);
 	b->running = false;
 	for (size_t i = 0; i < b->count; i++) {
@@ -512,8 +519,9 @@ int ferry_queue_create(ferry_ctx *ctx, unsigned depth, ferry_queue **out)
 		return ferry__error(-ENOMEM, "allocating a queue");
 	q->ctx = ctx;
 	q->done = calloc(depth, sizeof(*q->done));
-	/* two slots: only unaligned I/Os on O_DIRECT files need them */
-	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, 2) : -ENOMEM;
+	/* A slot per I/O in flight, up to 64: unaligned I/Os on O_DIRECT files and I/Os to device
+	 * memory need them. Their memory is touched only when used. */
+	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, depth < 64 ? depth : 64, false) : -ENOMEM;
 	if (ret) {
 		free(q->done);
 		free(q);

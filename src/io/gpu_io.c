@@ -9,6 +9,7 @@
 
 #include "gpu/shim.h"
 #include "io/io.h"
+#include "sys/publish.h"
 
 struct gpu_dev {
 	bool ready;
@@ -79,7 +80,7 @@ void ferry__file_gds_close(struct ferry_file *f)
 	f->gds_handle = NULL;
 }
 
-int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+static int resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
 			bool is_write, int *dev, int *path)
 {
 	/* the `path` knob's values, in ctx.c's order */
@@ -143,6 +144,20 @@ int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, s
 	}
 }
 
+int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+			bool is_write, int *dev, int *path)
+{
+	int ret = resolve_path(ctx, f, buf, len, is_write, dev, path);
+
+	if (!ret && ctx->pub) {
+		/* the path `ferry top` shows: the mode's short name */
+		static const char *const short_names[] = {"host", "cpu-async-gpu", "cpu-gpu", "pagecache-gpu",
+							  "gds", "gds-async", "gds-batch"};
+		ferry__publish_set_path(ctx->pub, short_names[*path]);
+	}
+	return ret;
+}
+
 /* ------------------------------------------------------------------------------- GPU per queue */
 
 static int chunk_index(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -201,7 +216,9 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 			return NULL;
 		}
 		for (unsigned i = 0; i < q->depth; i++) {
-			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING);
+			/* block: a worker waiting for its oldest copy sleeps instead of spinning a core */
+			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING |
+								(q->ctx->cfg.gpu_sync ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC));
 			if (r) {
 				c->result = ferry__cuda_fail(r, "cuEventCreate on device %d", dev);
 				for (unsigned j = 0; j < i; j++)
