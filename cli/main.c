@@ -16,6 +16,7 @@ static int cmd_version(int argc, char **argv)
 /* Add a row per subcommand (keep the help order: main job first). */
 const struct ferry_cli_command ferry_cli_commands[] = {
 	{"bench", "measure storage and GPU transfer speed (fio- and gdsio-compatible options)", ferry_cmd_bench},
+	{"ckpt", "safetensors files and checkpoints: inspect, verify, bench", ferry_cmd_ckpt},
 	{"doctor", "check the machine and the storage under PATHs against the tuning checklist", ferry_cmd_doctor},
 	{"top", "live view of block devices, CPU, GPUs and ferry transfers (--json, --prometheus)", ferry_cmd_top},
 	{"version", "print the version", cmd_version},

@@ -49,4 +49,16 @@ if [ "${QUICK:-0}" != 1 ]; then
 	run "compile tsan" cmake --build build-tsan -j"$J"
 	run "tests tsan" env TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -j"$J" -R 'unit/'
 fi
+# --- ckpt (issue 5): bounded libFuzzer run of the safetensors header parser over its seed corpus ---
+if command -v clang >/dev/null; then
+	run "build fuzz" env CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON \
+		-DFERRY_SANITIZE=address,undefined
+	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors
+	run "fuzz safetensors 60s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_safetensors -max_total_time=60 \
+		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/safetensors 2>&1 |
+		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
+else
+	echo "=== fuzz safetensors: skipped: clang not installed"
+fi
+# --- end ckpt ---
 exit $status

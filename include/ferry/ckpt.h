@@ -1,0 +1,74 @@
+/*
+ * ferry: checkpoint directories for training, durable and asynchronous.
+ *
+ *   DIR/step-000000000100/rank-00000-of-00002.safetensors   each rank's shard
+ *   DIR/step-000000000100/rank-00000-of-00002.done          a rank's marker: its shard is durable
+ *   DIR/step-000000000100/manifest.json                     written by rank 0 once all markers are in
+ *   DIR/latest                                              "step-000000000100\n"
+ *
+ * A rank writes its shard (temporary name, fsync, rename, directory fsync), then its marker the
+ * same way. Rank 0 (the committer) waits for every marker of the step that carries the same run
+ * id, writes the manifest durably, then moves `latest` by renaming a new file over it and
+ * fsyncing the directory, then prunes old steps. A crash at any instant leaves `latest` naming a
+ * complete checkpoint. Tensors (host or device memory) are added before each save and forgotten
+ * after it.
+ */
+#ifndef FERRY_CKPT_H
+#define FERRY_CKPT_H
+
+#include "ferry/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ferry_ckpt ferry_ckpt;
+
+/* Opens (creates) the checkpoint directory dir for rank of world ranks. Returns 0 or an error. */
+FERRY_API FERRY_WUR int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_ckpt **out);
+/* Waits for a save in flight, then frees. NULL is accepted. */
+FERRY_API void ferry_ckpt_close(ferry_ckpt *ck);
+/*
+ * Options: keep (steps kept by pruning, 0 keeps all; default 2), busy (wait|refuse: what a save
+ * does while another is in flight; default wait), checksum (0|1; default 1 when built with libxxhash, else 0), run (an id shared
+ * by the ranks of one run; markers of another run are ignored), timeout_ms (how long rank 0 waits
+ * for the other ranks' markers; default 600000). Returns 0 or FERRY_EBADOPT.
+ */
+FERRY_API FERRY_WUR int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value);
+/* Adds a tensor / metadata string to the next save (as ferry_st_writer_add / _metadata). */
+FERRY_API FERRY_WUR int ferry_ckpt_add(ferry_ckpt *ck, const char *name, int dtype, int ndim,
+				       const uint64_t *shape, const void *data, size_t nbytes);
+FERRY_API FERRY_WUR int ferry_ckpt_metadata(ferry_ckpt *ck, const char *key, const char *value);
+/*
+ * Saves step (>= 0) synchronously: this rank's shard and marker; rank 0 also commits. Returns 0,
+ * -EEXIST (the step is already committed), FERRY_EBUSY (busy=refuse and a save is in flight),
+ * -ETIMEDOUT (rank 0: markers missing), or an I/O error.
+ */
+FERRY_API FERRY_WUR int ferry_ckpt_save(ferry_ckpt *ck, int64_t step);
+/* The same, returning once the tensors are snapshotted into pinned host memory. */
+FERRY_API FERRY_WUR int ferry_ckpt_save_async(ferry_ckpt *ck, int64_t step);
+/* 1 if no save is in flight. */
+FERRY_API int ferry_ckpt_done(ferry_ckpt *ck);
+/* Waits for the save in flight: 0, its error, or -ETIMEDOUT. */
+FERRY_API int ferry_ckpt_wait(ferry_ckpt *ck, int64_t timeout_ns);
+
+/* The step `latest` names, -ENOENT when there is none, FERRY_ECORRUPT when it is unreadable. */
+FERRY_API FERRY_WUR int64_t ferry_ckpt_latest(const char *dir);
+/* Path of a step's directory, and of a rank's shard in it. Return the length or -ENAMETOOLONG. */
+FERRY_API FERRY_WUR int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len);
+FERRY_API FERRY_WUR int ferry_ckpt_shard_path(const char *dir, int64_t step, int rank, int world,
+					      char *buf, size_t len);
+/*
+ * Checks a committed step: manifest, every shard's structure, sizes and checksums (tensors
+ * without a checksum count as failures when require_sums). Returns 0, FERRY_ECORRUPT,
+ * FERRY_EVERIFY or an I/O error, with the first problem in ferry_last_error().
+ */
+FERRY_API FERRY_WUR int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums);
+/* Removes committed steps beyond the newest keep (never the one latest names) and uncommitted
+ * steps older than latest. Returns the number removed or an error. */
+FERRY_API FERRY_WUR int ferry_ckpt_prune(const char *dir, int keep);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_CKPT_H */

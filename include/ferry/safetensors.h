@@ -1,0 +1,200 @@
+/*
+ * ferry: safetensors files to and from any memory (host or CUDA device), strictly.
+ *
+ * Reading validates the whole header before anything is trusted (docs/CHECKPOINTS.md lists the
+ * rules): a header of at most 100,000,000 bytes holding one JSON object in valid UTF-8, known
+ * dtypes, shapes whose byte size does not overflow, data offsets sorted, contiguous, without holes
+ * and ending exactly at the end of the file, no duplicate names, __metadata__ of strings only, and
+ * no tensor name that is empty or holds '/', '\\' or a control character. Every rejection returns
+ * FERRY_ECORRUPT with ferry_last_error() naming the file, the byte offset and the field.
+ * Nothing is allocated beyond what the file's own size justifies.
+ *
+ * Writing produces files that Hugging Face's safetensors loads, with the header padded with
+ * spaces so that the data section starts 4 KiB-aligned (for O_DIRECT and GPUDirect Storage).
+ * Saves are durable: written to a temporary name, fsynced, renamed into place, directory fsynced.
+ */
+#ifndef FERRY_SAFETENSORS_H
+#define FERRY_SAFETENSORS_H
+
+#include "ferry/ferry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types, in the reference implementation's order (increasing alignment). */
+enum ferry_dtype {
+	FERRY_DT_BOOL, FERRY_DT_F4, FERRY_DT_F6_E2M3, FERRY_DT_F6_E3M2, FERRY_DT_U8, FERRY_DT_I8,
+	FERRY_DT_F8_E5M2, FERRY_DT_F8_E4M3, FERRY_DT_F8_E8M0, FERRY_DT_I16, FERRY_DT_U16, FERRY_DT_F16,
+	FERRY_DT_BF16, FERRY_DT_I32, FERRY_DT_U32, FERRY_DT_F32, FERRY_DT_C64, FERRY_DT_F64,
+	FERRY_DT_I64, FERRY_DT_U64,
+	FERRY_DT__COUNT
+};
+/* "BF16", or NULL for a value out of range. */
+FERRY_API const char *ferry_dtype_name(int dtype);
+/* The dtype named name ("BF16"), or FERRY_EBADOPT. */
+FERRY_API int ferry_dtype_from_name(const char *name);
+/* Bits per element (4, 6, 8, 16, 32 or 64), or 0 for a value out of range. */
+FERRY_API int ferry_dtype_bits(int dtype);
+
+/* Tensors have at most this many dimensions here (the format sets no limit; real files use <= 8). */
+#define FERRY_ST_MAX_DIMS 32
+/* The __metadata__ key under which a tensor's xxh3-64 checksum (16 hex digits) is stored. */
+#define FERRY_ST_CHECKSUM_PREFIX "ferry.xxh3:"
+
+/* ------------------------------------------------------------------------------------- reading */
+
+typedef struct ferry_st ferry_st;
+
+/*
+ * Opens a safetensors file and validates its header. Tensors are listed in file order.
+ * Returns 0, -errno, FERRY_ECORRUPT (with the rule broken) or -ENOMEM.
+ */
+FERRY_API FERRY_WUR int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out);
+/*
+ * Validates a file held in memory: buf holds at least its first 8 + header-length bytes (or
+ * fewer, then the header is truncated) and file_size is the whole file's size. For the fuzzer and
+ * for tools that already hold the bytes. Tensor data cannot be read from the result.
+ */
+FERRY_API FERRY_WUR int ferry_st_parse(const void *buf, size_t len, uint64_t file_size,
+				       const char *name, ferry_st **out);
+/* NULL is accepted. */
+FERRY_API void ferry_st_close(ferry_st *st);
+
+FERRY_API const char *ferry_st_path(const ferry_st *st);
+/* The open file (NULL for ferry_st_parse results), for ferry_pread and batches. */
+FERRY_API ferry_file *ferry_st_file(ferry_st *st);
+/* Byte offset of the data section (8 + header length). */
+FERRY_API uint64_t ferry_st_data_start(const ferry_st *st);
+FERRY_API size_t ferry_st_count(const ferry_st *st);
+/* Index of the tensor named name, or -ENOENT. */
+FERRY_API int ferry_st_find(const ferry_st *st, const char *name);
+/* Tensor i (0 <= i < count, in file order); out-of-range i gives NULL / -1 / 0. */
+FERRY_API const char *ferry_st_name(const ferry_st *st, size_t i);
+FERRY_API int ferry_st_dtype(const ferry_st *st, size_t i);
+/* Number of dimensions; copies up to max of them into dims (which may be NULL). */
+FERRY_API int ferry_st_shape(const ferry_st *st, size_t i, uint64_t *dims, int max);
+/* Absolute file offset of the tensor's first byte, and its length in bytes. */
+FERRY_API uint64_t ferry_st_offset(const ferry_st *st, size_t i);
+FERRY_API uint64_t ferry_st_nbytes(const ferry_st *st, size_t i);
+/* __metadata__ entries, in file order; value of key or NULL. */
+FERRY_API size_t ferry_st_metadata_count(const ferry_st *st);
+FERRY_API const char *ferry_st_metadata_key(const ferry_st *st, size_t i);
+FERRY_API const char *ferry_st_metadata_value(const ferry_st *st, size_t i);
+FERRY_API const char *ferry_st_metadata_get(const ferry_st *st, const char *key);
+
+/*
+ * Reads tensor i whole into buf (host or device memory, len >= its byte size). Returns the bytes
+ * read or a negative error (a file shorter than its header says gives FERRY_ECORRUPT).
+ */
+FERRY_API FERRY_WUR ssize_t ferry_st_read(ferry_st *st, size_t i, void *buf, size_t len);
+/*
+ * Reads the slice [start, stop) of tensor i along dimension dim (what a tensor-parallel rank
+ * needs), packed contiguously into buf (host or device memory). The slice's bytes per row must
+ * be whole bytes (sub-byte dtypes). Returns the bytes read, -EINVAL for a bad range, or an error.
+ */
+FERRY_API FERRY_WUR ssize_t ferry_st_read_slice(ferry_st *st, size_t i, int dim, uint64_t start,
+						uint64_t stop, void *buf, size_t len);
+/*
+ * Checks tensor i against its stored checksum (reads it through host memory).
+ * Returns 1 when it matches, 0 when the file holds no checksum for it, FERRY_EVERIFY when it
+ * differs, -ENOTSUP when ferry was built without xxhash, or an I/O error.
+ */
+FERRY_API FERRY_WUR int ferry_st_verify(ferry_st *st, size_t i);
+/* xxh3-64 of len bytes of host memory, as ferry stores it; -ENOTSUP without xxhash. */
+FERRY_API FERRY_WUR int ferry_xxh3(const void *buf, size_t len, uint64_t *out);
+
+/* ------------------------------------------------------------------------------------- writing */
+
+typedef struct ferry_st_writer ferry_st_writer;
+
+#define FERRY_SAVE_CHECKSUM 0x1 /* store each tensor's xxh3 in __metadata__ */
+#define FERRY_SAVE_NOSYNC 0x2   /* skip fsyncs (benchmarks of the non-durable cost only) */
+#define FERRY_SAVE_EXCL 0x4     /* fail with -EEXIST if path exists */
+
+FERRY_API FERRY_WUR int ferry_st_writer_create(ferry_ctx *ctx, ferry_st_writer **out);
+/* NULL is accepted. Waits for an asynchronous save in flight first. */
+FERRY_API void ferry_st_writer_destroy(ferry_st_writer *w);
+/*
+ * Adds a tensor. data is host or device memory of nbytes (which must match dtype and shape) and
+ * must stay valid and unchanged until the save returns (ferry_st_writer_save) or the snapshot is
+ * taken (ferry_st_writer_save_async returns). Returns its index, -EINVAL (bad name, dtype, shape
+ * or size), -EEXIST (duplicate name) or -ENOMEM.
+ */
+FERRY_API FERRY_WUR int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndim,
+					    const uint64_t *shape, const void *data, size_t nbytes);
+/* Adds a __metadata__ string. Returns 0, -EINVAL or -ENOMEM. */
+FERRY_API FERRY_WUR int ferry_st_writer_metadata(ferry_st_writer *w, const char *key, const char *value);
+/* Forgets the tensors and metadata added (not while a save is in flight: FERRY_EBUSY). */
+FERRY_API FERRY_WUR int ferry_st_writer_reset(ferry_st_writer *w);
+/*
+ * Writes the file durably at path (flags FERRY_SAVE_*). Tensors are laid out like the reference
+ * writer (by decreasing dtype alignment, then name). Returns the file's size or an error; on
+ * error path is untouched and no temporary file is left.
+ */
+FERRY_API FERRY_WUR int64_t ferry_st_writer_save(ferry_st_writer *w, const char *path, int flags);
+/*
+ * Asynchronous save: copies every tensor into pinned host memory (device tensors by
+ * device-to-host copies), within the context's host_budget knob, then returns while a
+ * background thread writes the file as ferry_st_writer_save would. When the state exceeds the
+ * budget the call blocks until written parts free memory. Returns 0 or an error (nothing runs).
+ */
+FERRY_API FERRY_WUR int ferry_st_writer_save_async(ferry_st_writer *w, const char *path, int flags);
+/* 1 if no save is in flight, 0 if one is. */
+FERRY_API int ferry_st_writer_done(const ferry_st_writer *w);
+/* Waits for the save in flight (timeout_ns < 0: forever): its result, or -ETIMEDOUT. 0 if none. */
+FERRY_API int64_t ferry_st_writer_wait(ferry_st_writer *w, int64_t timeout_ns);
+
+/* ------------------------------------------------------------------------------------- loading */
+
+/*
+ * A load: tensors of one safetensors file, of a Hugging Face sharded set
+ * (model.safetensors.index.json), or of a ferry checkpoint step (manifest.json), into host or
+ * device memory. Create from the path (a file, an index, or a directory holding one of them),
+ * optionally choose tensors and slices, run, then take the pointers.
+ */
+typedef struct ferry_st_load ferry_st_load;
+
+#define FERRY_LOAD_PER_TENSOR 0x1 /* one allocation per tensor, not one per file with views */
+#define FERRY_LOAD_VERIFY 0x2     /* check stored checksums (tensors without one are an error) */
+
+FERRY_API FERRY_WUR int ferry_st_load_open(ferry_ctx *ctx, const char *path, ferry_st_load **out);
+/* Frees what the load allocated (not memory given with ferry_st_load_set_dest). NULL is accepted. */
+FERRY_API void ferry_st_load_destroy(ferry_st_load *ld);
+/* Number of files, and each file's parsed header. */
+FERRY_API size_t ferry_st_load_files(const ferry_st_load *ld);
+FERRY_API ferry_st *ferry_st_load_file(ferry_st_load *ld, size_t f);
+/*
+ * Selects a tensor (whole) or the slice [start, stop) of dimension dim of it. Once anything is
+ * selected only the selection loads; otherwise everything does. Returns 0, -ENOENT, -EINVAL.
+ */
+FERRY_API FERRY_WUR int ferry_st_load_select(ferry_st_load *ld, const char *name);
+FERRY_API FERRY_WUR int ferry_st_load_select_slice(ferry_st_load *ld, const char *name, int dim,
+						   uint64_t start, uint64_t stop);
+/* The tensors that will load (the selection, or all), in file order across files. */
+FERRY_API size_t ferry_st_load_count(ferry_st_load *ld);
+FERRY_API const char *ferry_st_load_name(ferry_st_load *ld, size_t i);
+FERRY_API int ferry_st_load_dtype(ferry_st_load *ld, size_t i);
+/* Shape after slicing. */
+FERRY_API int ferry_st_load_shape(ferry_st_load *ld, size_t i, uint64_t *dims, int max);
+FERRY_API uint64_t ferry_st_load_nbytes(ferry_st_load *ld, size_t i);
+/* Memory of the caller's for tensor i (e.g. a torch tensor's data_ptr()); nothing is allocated for it. */
+FERRY_API FERRY_WUR int ferry_st_load_set_dest(ferry_st_load *ld, size_t i, void *ptr, size_t len);
+/*
+ * Loads into device `device` (or host memory when device < 0), flags FERRY_LOAD_*. Reads of all
+ * files are submitted together so that reading one file overlaps copying another. The
+ * staging_budget bounds host memory used for slices and verification (0: 256 MiB).
+ * Returns 0 or an error.
+ */
+FERRY_API FERRY_WUR int ferry_st_load_run(ferry_st_load *ld, int device, int flags,
+					  uint64_t staging_budget);
+/* Where tensor i is after ferry_st_load_run (device address or host pointer). */
+FERRY_API void *ferry_st_load_ptr(ferry_st_load *ld, size_t i);
+/* Bytes read by the last run and its wall time in nanoseconds. */
+FERRY_API uint64_t ferry_st_load_bytes(const ferry_st_load *ld);
+FERRY_API uint64_t ferry_st_load_ns(const ferry_st_load *ld);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_SAFETENSORS_H */

@@ -1,0 +1,443 @@
+/* Checkpoint directories: shards, markers, manifest, `latest`, pruning (see include/ferry/ckpt.h). */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ckpt/save.h"
+#include "core/internal.h"
+#include "ferry/ckpt.h"
+#include "format/json.h"
+
+struct ferry_ckpt {
+	ferry_ctx *ctx;
+	char *dir;
+	int rank, world;
+	int keep, refuse, checksum;
+	int64_t timeout_ms;
+	char run[128];
+	ferry_st_writer *w;
+	/* the step being saved (read by the writer thread's hook) */
+	int64_t step;
+};
+
+int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s/step-%012lld", dir, (long long)step);
+	return n < 0 || (size_t)n >= len ? ferry__error(-ENAMETOOLONG, "%s: path too long", dir) : n;
+}
+
+int ferry_ckpt_shard_path(const char *dir, int64_t step, int rank, int world, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s/step-%012lld/rank-%05d-of-%05d.safetensors", dir, (long long)step, rank, world);
+	return n < 0 || (size_t)n >= len ? ferry__error(-ENAMETOOLONG, "%s: path too long", dir) : n;
+}
+
+static int marker_path(const ferry_ckpt *ck, int64_t step, int rank, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s/step-%012lld/rank-%05d-of-%05d.done", ck->dir, (long long)step, rank, ck->world);
+	return n < 0 || (size_t)n >= len ? ferry__error(-ENAMETOOLONG, "%s: path too long", ck->dir) : 0;
+}
+
+int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_ckpt **out)
+{
+	*out = NULL;
+	if (world < 1 || rank < 0 || rank >= world)
+		return ferry__error(-EINVAL, "ckpt %s: rank %d of world %d", dir, rank, world);
+	if (mkdir(dir, 0755) && errno != EEXIST)
+		return ferry__error(-errno, "mkdir(%s): %s", dir, strerror(errno));
+	ferry_ckpt *ck = calloc(1, sizeof(*ck));
+	if (!ck || !(ck->dir = strdup(dir))) {
+		free(ck);
+		return ferry__error(-ENOMEM, "ckpt: out of memory");
+	}
+	ck->ctx = ctx;
+	ck->rank = rank;
+	ck->world = world;
+	ck->keep = 2;
+	ck->checksum = ferry_xxh3("", 0, &(uint64_t){0}) == 0; /* -ENOTSUP without libxxhash */
+	ck->timeout_ms = 600000;
+	int r = ferry_st_writer_create(ctx, &ck->w);
+	if (r) {
+		free(ck->dir);
+		free(ck);
+		return r;
+	}
+	*out = ck;
+	return 0;
+}
+
+void ferry_ckpt_close(ferry_ckpt *ck)
+{
+	if (!ck)
+		return;
+	ferry_st_writer_destroy(ck->w);
+	free(ck->dir);
+	free(ck);
+}
+
+int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value)
+{
+	char *end;
+	long long v = strtoll(value, &end, 10);
+	int num = *value && !*end;
+	if (!strcmp(key, "keep") && num && v >= 0 && v <= INT32_MAX)
+		ck->keep = (int)v;
+	else if (!strcmp(key, "busy") && (!strcmp(value, "wait") || !strcmp(value, "refuse")))
+		ck->refuse = !strcmp(value, "refuse");
+	else if (!strcmp(key, "checksum") && num && (v == 0 || v == 1))
+		ck->checksum = (int)v;
+	else if (!strcmp(key, "timeout_ms") && num && v >= 0)
+		ck->timeout_ms = v;
+	else if (!strcmp(key, "run") && strlen(value) < sizeof(ck->run) && !strpbrk(value, "\"\\\n"))
+		snprintf(ck->run, sizeof(ck->run), "%s", value);
+	else
+		return ferry__error(FERRY_EBADOPT, "ckpt: bad option %s=%s", key, value);
+	return 0;
+}
+
+int ferry_ckpt_add(ferry_ckpt *ck, const char *name, int dtype, int ndim, const uint64_t *shape,
+		   const void *data, size_t nbytes)
+{
+	int r = ferry_st_writer_add(ck->w, name, dtype, ndim, shape, data, nbytes);
+	return r < 0 ? r : 0;
+}
+
+int ferry_ckpt_metadata(ferry_ckpt *ck, const char *key, const char *value)
+{
+	return ferry_st_writer_metadata(ck->w, key, value);
+}
+
+int ferry_ckpt_done(ferry_ckpt *ck)
+{
+	return ferry_st_writer_done(ck->w);
+}
+
+int ferry_ckpt_wait(ferry_ckpt *ck, int64_t timeout_ns)
+{
+	int64_t r = ferry_st_writer_wait(ck->w, timeout_ns);
+	return r < 0 ? (int)r : 0;
+}
+
+/* ------------------------------------------------------------------------------------- latest */
+
+static int64_t parse_step_name(const char *s)
+{
+	if (strncmp(s, "step-", 5))
+		return -1;
+	int64_t v = 0;
+	const char *p = s + 5;
+	if (!*p)
+		return -1;
+	for (; *p >= '0' && *p <= '9'; p++) {
+		if (v > (INT64_MAX - 9) / 10)
+			return -1;
+		v = v * 10 + (*p - '0');
+	}
+	return *p ? -1 : v;
+}
+
+int64_t ferry_ckpt_latest(const char *dir)
+{
+	char p[PATH_MAX], buf[128];
+	snprintf(p, sizeof(p), "%s/latest", dir);
+	FILE *f = fopen(p, "r");
+	if (!f)
+		return ferry__error(-errno, "%s: %s", p, strerror(errno));
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	if (n && buf[n - 1] == '\n')
+		buf[--n] = '\0';
+	int64_t s = parse_step_name(buf);
+	if (s < 0)
+		return ferry__error(FERRY_ECORRUPT, "%s: \"%.64s\" does not name a step", p, buf);
+	return s;
+}
+
+/* -------------------------------------------------------------------------------------- commit */
+
+static int read_small(const char *path, char *buf, size_t cap, size_t *len)
+{
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return -errno;
+	*len = fread(buf, 1, cap - 1, f);
+	int full = !feof(f) && fgetc(f) != EOF;
+	fclose(f);
+	buf[*len] = '\0';
+	return full ? -EFBIG : 0;
+}
+
+/* Reads rank's marker: 1 when present and of this run (bytes in *bytes), 0 when absent or stale. */
+static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
+{
+	char p[PATH_MAX], buf[1024], *k, *v;
+	size_t len = 0, kl, vl, kpos;
+	if (marker_path(ck, step, rank, p, sizeof(p)))
+		return -ENAMETOOLONG;
+	int r = read_small(p, buf, sizeof(buf), &len);
+	if (r == -ENOENT)
+		return 0;
+	if (r)
+		return ferry__error(r, "%s: %s", p, strerror(-r));
+	struct ferry__json j;
+	int m, run_ok = 0, have_bytes = 0;
+	if (ferry__json_init(&j, buf, len) || ferry__json_object_begin(&j))
+		return ferry__error(FERRY_ECORRUPT, "%s: not a marker", p);
+	while ((m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+		if (!strcmp(k, "run")) {
+			if (ferry__json_string(&j, &v, &vl))
+				break;
+			run_ok = !strcmp(v, ck->run);
+		} else if (!strcmp(k, "bytes")) {
+			if (ferry__json_uint(&j, bytes))
+				break;
+			have_bytes = 1;
+		} else if (ferry__json_skip(&j)) {
+			break;
+		}
+	}
+	if (m != 0 || ferry__json_end(&j) || !have_bytes)
+		return ferry__error(FERRY_ECORRUPT, "%s: not a marker", p);
+	return run_ok;
+}
+
+static int commit(ferry_ckpt *ck, int64_t step)
+{
+	char p[PATH_MAX + 32], sp[PATH_MAX];
+	uint64_t *bytes = calloc((size_t)ck->world, sizeof(*bytes));
+	if (!bytes)
+		return ferry__error(-ENOMEM, "ckpt: out of memory");
+	uint64_t t0 = ferry__now_ns();
+	int r = 0;
+	for (int rank = 0; rank < ck->world && !r;) {
+		int m = read_marker(ck, step, rank, &bytes[rank]);
+		if (m < 0) {
+			r = m;
+		} else if (m) {
+			rank++;
+		} else if ((int64_t)((ferry__now_ns() - t0) / 1000000) > ck->timeout_ms) {
+			r = ferry__error(-ETIMEDOUT, "ckpt %s step %lld: rank %d's marker missing after %lld ms", ck->dir,
+					 (long long)step, rank, (long long)ck->timeout_ms);
+		} else {
+			struct timespec ts = {0, 10 * 1000 * 1000};
+			nanosleep(&ts, NULL);
+		}
+	}
+	size_t cap = 256 + (size_t)ck->world * 96, len = 0;
+	char *m = r ? NULL : malloc(cap);
+	if (!r && !m)
+		r = ferry__error(-ENOMEM, "ckpt: out of memory");
+	if (!r) {
+		len += (size_t)snprintf(m + len, cap - len,
+					"{\"format\":\"ferry-checkpoint-1\",\"step\":%lld,\"world\":%d,\"run\":\"%s\",\"shards\":[",
+					(long long)step, ck->world, ck->run);
+		for (int i = 0; i < ck->world; i++)
+			len += (size_t)snprintf(m + len, cap - len, "%s{\"file\":\"rank-%05d-of-%05d.safetensors\",\"bytes\":%llu}",
+						i ? "," : "", i, ck->world, (unsigned long long)bytes[i]);
+		len += (size_t)snprintf(m + len, cap - len, "]}\n");
+		r = ferry_ckpt_step_path(ck->dir, step, sp, sizeof(sp) - 16);
+		if (r >= 0) {
+			snprintf(p, sizeof(p), "%s/manifest.json", sp);
+			r = ferry__write_durable(p, m, len);
+		}
+	}
+	if (!r) {
+		char text[64];
+		int n = snprintf(text, sizeof(text), "step-%012lld\n", (long long)step);
+		snprintf(p, sizeof(p), "%s/latest", ck->dir);
+		r = ferry__write_durable(p, text, (size_t)n);
+	}
+	free(m);
+	free(bytes);
+	if (!r && ck->keep) {
+		int pr = ferry_ckpt_prune(ck->dir, ck->keep);
+		r = pr < 0 ? pr : 0;
+	}
+	return r;
+}
+
+static int64_t after_shard(void *arg, int64_t result)
+{
+	ferry_ckpt *ck = arg;
+	char p[PATH_MAX], text[512];
+	if (result < 0)
+		return result;
+	int r = marker_path(ck, ck->step, ck->rank, p, sizeof(p));
+	if (!r) {
+		int n = snprintf(text, sizeof(text), "{\"run\":\"%s\",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n",
+				 ck->run, (long long)ck->step, ck->rank, ck->world, (long long)result);
+		r = ferry__write_durable(p, text, (size_t)n);
+	}
+	if (!r && ck->rank == 0)
+		r = commit(ck, ck->step);
+	return r;
+}
+
+static int save(ferry_ckpt *ck, int64_t step, int async)
+{
+	char sp[PATH_MAX], p[PATH_MAX];
+	int r;
+	if (step < 0)
+		return ferry__error(-EINVAL, "ckpt %s: step %lld", ck->dir, (long long)step);
+	if (!ferry_st_writer_done(ck->w) && ck->refuse)
+		return ferry__error(FERRY_EBUSY, "ckpt %s: step %lld refused: a save is in flight (busy=refuse)",
+				    ck->dir, (long long)step);
+	if ((r = ferry_ckpt_wait(ck, -1)))
+		(void)r; /* the previous save's error was reported by its own wait; this save goes on */
+	int64_t latest = ferry_ckpt_latest(ck->dir);
+	if (latest >= step)
+		return ferry__error(-EEXIST, "ckpt %s: step %lld is not after the latest, %lld", ck->dir,
+				    (long long)step, (long long)latest);
+	if ((r = ferry_ckpt_step_path(ck->dir, step, sp, sizeof(sp))) < 0)
+		return r;
+	if (mkdir(sp, 0755) && errno != EEXIST)
+		return ferry__error(-errno, "mkdir(%s): %s", sp, strerror(errno));
+	if ((r = ferry__fsync_parent(sp)))
+		return r;
+	/* A marker of this rank from an earlier attempt at this step must not count for this one. */
+	if (!marker_path(ck, step, ck->rank, p, sizeof(p)))
+		unlink(p);
+	if ((r = ferry_ckpt_shard_path(ck->dir, step, ck->rank, ck->world, p, sizeof(p))) < 0)
+		return r;
+	ck->step = step;
+	int flags = ck->checksum ? FERRY_SAVE_CHECKSUM : 0;
+	int64_t res = ferry__st_writer_save_hooked(ck->w, p, flags, async, after_shard, ck);
+	int reset = ferry_st_writer_reset(ck->w);
+	(void)reset;
+	return res < 0 ? (int)res : 0;
+}
+
+int ferry_ckpt_save(ferry_ckpt *ck, int64_t step)
+{
+	return save(ck, step, 0);
+}
+
+int ferry_ckpt_save_async(ferry_ckpt *ck, int64_t step)
+{
+	return save(ck, step, 1);
+}
+
+/* --------------------------------------------------------------------------------------- prune */
+
+static int rm_tree(const char *path)
+{
+	DIR *d = opendir(path);
+	if (!d)
+		return -errno;
+	struct dirent *e;
+	char p[PATH_MAX];
+	int r = 0;
+	while ((e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", path, e->d_name);
+		if (unlink(p) && !r)
+			r = -errno;
+	}
+	closedir(d);
+	if (rmdir(path) && !r)
+		r = -errno;
+	return r;
+}
+
+static int cmp_i64_desc(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ferry_ckpt_prune(const char *dir, int keep)
+{
+	int64_t latest = ferry_ckpt_latest(dir);
+	ferry__error_clear();
+	if (latest < 0)
+		return 0;
+	DIR *d = opendir(dir);
+	if (!d)
+		return ferry__error(-errno, "opendir(%s): %s", dir, strerror(errno));
+	int64_t *committed = NULL, *debris = NULL;
+	size_t nc = 0, nd = 0, cc = 0, cd = 0;
+	struct dirent *e;
+	char p[PATH_MAX];
+	int r = 0;
+	while ((e = readdir(d))) {
+		int64_t s = parse_step_name(e->d_name);
+		if (s < 0)
+			continue;
+		snprintf(p, sizeof(p), "%s/%s/manifest.json", dir, e->d_name);
+		int has = access(p, F_OK) == 0;
+		if (!has && s >= latest)
+			continue; /* maybe being written */
+		int64_t **arr = has ? &committed : &debris;
+		size_t *n = has ? &nc : &nd, *c = has ? &cc : &cd;
+		if (*n == *c) {
+			size_t nc2 = *c ? *c * 2 : 16;
+			int64_t *q = realloc(*arr, nc2 * sizeof(int64_t));
+			if (!q) {
+				r = -ENOMEM;
+				break;
+			}
+			*arr = q;
+			*c = nc2;
+		}
+		(*arr)[(*n)++] = s;
+	}
+	closedir(d);
+	int removed = 0;
+	if (!r) {
+		if (nc > 1)
+			qsort(committed, nc, sizeof(int64_t), cmp_i64_desc);
+		/* The newest `keep` committed steps stay; so does latest's, and anything newer than it. */
+		for (size_t i = 0; i < nc; i++) {
+			if (committed[i] >= latest || (keep && i < (size_t)keep) || !keep)
+				continue;
+			if (ferry_ckpt_step_path(dir, committed[i], p, sizeof(p)) > 0 && !rm_tree(p))
+				removed++;
+		}
+		for (size_t i = 0; i < nd; i++) {
+			if (ferry_ckpt_step_path(dir, debris[i], p, sizeof(p)) > 0 && !rm_tree(p))
+				removed++;
+		}
+		if (removed)
+			r = ferry__fsync_dir(dir);
+	}
+	free(committed);
+	free(debris);
+	return r < 0 ? r : removed;
+}
+
+/* -------------------------------------------------------------------------------------- verify */
+
+int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums)
+{
+	char sp[PATH_MAX], p[PATH_MAX + 32];
+	int r = ferry_ckpt_step_path(dir, step, sp, sizeof(sp) - 16);
+	if (r < 0)
+		return r;
+	snprintf(p, sizeof(p), "%s/manifest.json", sp);
+	if (access(p, F_OK))
+		return ferry__error(FERRY_ECORRUPT, "%s: no manifest.json: step %lld is not committed", sp, (long long)step);
+	ferry_st_load *ld;
+	if ((r = ferry_st_load_open(ctx, p, &ld)))
+		return r;
+	for (size_t f = 0; f < ferry_st_load_files(ld) && !r; f++) {
+		ferry_st *st = ferry_st_load_file(ld, f);
+		for (size_t i = 0; i < ferry_st_count(st) && !r; i++) {
+			int v = ferry_st_verify(st, i);
+			if (v == 0 && require_sums)
+				r = ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no checksum", ferry_st_path(st),
+						 ferry_st_name(st, i));
+			else if (v < 0)
+				r = v;
+		}
+	}
+	ferry_st_load_destroy(ld);
+	return r;
+}

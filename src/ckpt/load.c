@@ -1,0 +1,595 @@
+/*
+ * Loading safetensors files (one, a Hugging Face sharded set, or a ferry checkpoint step) into host
+ * or device memory. Whole files read as one transfer into one allocation where the selection
+ * covers most of the file (tensors are views at their file offsets): one long sequential read per
+ * file through the engine's pipelined path. Every file's reads are submitted in one batch, so
+ * reading one file overlaps copying another.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "ferry/gpu.h"
+#include "format/json.h"
+#include "format/safetensors.h"
+
+#define VIEW_ALIGN 256 /* cudaMalloc's alignment, so views keep every dtype aligned */
+#define INDEX_MAX (64u << 20)
+
+struct lsel {
+	size_t file, idx;
+	int sliced, dim;
+	uint64_t start, stop, nbytes;
+	void *dest;
+	size_t dest_len;
+	void *ptr;
+};
+
+struct lalloc {
+	void *p;
+	size_t len;
+	int dev;
+};
+
+struct ferry_st_load {
+	ferry_ctx *ctx;
+	char *path;
+	ferry_st **files;
+	size_t nfiles;
+	struct lsel *sel;
+	size_t nsel, cap;
+	int explicit_sel;
+	struct lalloc *allocs;
+	size_t nallocs;
+	uint64_t bytes, ns;
+};
+
+static int grow(void **p, size_t *cap, size_t need, size_t size)
+{
+	if (need <= *cap)
+		return 0;
+	size_t c = *cap ? *cap * 2 : 16;
+	while (c < need)
+		c *= 2;
+	void *q = realloc(*p, c * size);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = c;
+	return 0;
+}
+
+static void free_allocs(ferry_st_load *ld)
+{
+	for (size_t i = 0; i < ld->nallocs; i++) {
+		if (ld->allocs[i].dev >= 0)
+			(void)ferry_gpu_free(ld->allocs[i].p);
+		else
+			ferry_free_aligned(ld->allocs[i].p, ld->allocs[i].len);
+	}
+	free(ld->allocs);
+	ld->allocs = NULL;
+	ld->nallocs = 0;
+}
+
+void ferry_st_load_destroy(ferry_st_load *ld)
+{
+	if (!ld)
+		return;
+	free_allocs(ld);
+	for (size_t i = 0; i < ld->nfiles; i++)
+		ferry_st_close(ld->files[i]);
+	free(ld->files);
+	free(ld->sel);
+	free(ld->path);
+	free(ld);
+}
+
+static int add_file(ferry_st_load *ld, const char *dir, const char *name)
+{
+	char p[PATH_MAX];
+	if (dir && snprintf(p, sizeof(p), "%s/%s", dir, name) >= (int)sizeof(p))
+		return ferry__error(-ENAMETOOLONG, "%s/%s: path too long", dir, name);
+	for (size_t i = 0; i < ld->nfiles; i++)
+		if (!strcmp(ferry_st_path(ld->files[i]), dir ? p : name))
+			return 0; /* an index names each shard many times */
+	ferry_st **f = realloc(ld->files, (ld->nfiles + 1) * sizeof(*f));
+	if (!f)
+		return ferry__error(-ENOMEM, "load: out of memory");
+	ld->files = f;
+	int r = ferry_st_open(ld->ctx, dir ? p : name, &ld->files[ld->nfiles]);
+	if (!r)
+		ld->nfiles++;
+	return r;
+}
+
+/* A shard named by an index or manifest must be a plain file name in the index's directory. */
+static int check_shard_name(const char *index, const char *name, size_t len, size_t pos)
+{
+	if (!len || memchr(name, '/', len) || memchr(name, '\\', len) || !strcmp(name, ".") ||
+	    !strcmp(name, "..") || strlen(name) != len)
+		return ferry__error(FERRY_ECORRUPT, "%s: byte %zu: shard file name \"%.64s\" is not a plain file name",
+				    index, pos, name);
+	return 0;
+}
+
+/*
+ * model.safetensors.index.json: {"metadata": {...}, "weight_map": {"tensor": "file", ...}}
+ * manifest.json (ferry checkpoints): {..., "shards": [{"file": "...", ...}, ...]}
+ */
+static int open_index(ferry_st_load *ld, const char *path)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+	FILE *fp = fopen(path, "rb");
+	if (!fp)
+		return ferry__error(-errno, "open(%s): %s", path, strerror(errno));
+	struct stat sb;
+	if (fstat(fileno(fp), &sb) || sb.st_size > INDEX_MAX) {
+		fclose(fp);
+		return ferry__error(FERRY_ECORRUPT, "%s: index larger than %u bytes", path, INDEX_MAX);
+	}
+	size_t len = (size_t)sb.st_size;
+	char *buf = malloc(len + 1);
+	if (!buf) {
+		fclose(fp);
+		return ferry__error(-ENOMEM, "%s: index", path);
+	}
+	size_t got = fread(buf, 1, len, fp);
+	fclose(fp);
+	if (got != len) {
+		free(buf);
+		return ferry__error(-EIO, "%s: short read", path);
+	}
+	struct ferry__json j;
+	char *k, *v;
+	size_t kl, vl, kpos;
+	int r = 0, m, found = 0;
+	if (ferry__json_init(&j, buf, len) || ferry__json_object_begin(&j))
+		goto bad;
+	while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+		if (!strcmp(k, "weight_map")) {
+			found = 1;
+			if (ferry__json_object_begin(&j))
+				goto bad;
+			while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+				size_t vpos = j.pos;
+				if (ferry__json_string(&j, &v, &vl))
+					goto bad;
+				r = check_shard_name(path, v, vl, vpos);
+				if (!r)
+					r = add_file(ld, dir, v);
+			}
+		} else if (!strcmp(k, "shards")) {
+			found = 1;
+			if (ferry__json_array_begin(&j))
+				goto bad;
+			while (!r && (m = ferry__json_array_next(&j)) == 1) {
+				if (ferry__json_object_begin(&j))
+					goto bad;
+				while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+					if (strcmp(k, "file")) {
+						if (ferry__json_skip(&j))
+							goto bad;
+						continue;
+					}
+					size_t vpos = j.pos;
+					if (ferry__json_string(&j, &v, &vl))
+						goto bad;
+					r = check_shard_name(path, v, vl, vpos);
+					if (!r)
+						r = add_file(ld, dir, v);
+				}
+			}
+		} else if (ferry__json_skip(&j)) {
+			goto bad;
+		}
+		if (m < 0)
+			goto bad;
+	}
+	if (r)
+		goto out;
+	if (m < 0 || ferry__json_end(&j))
+		goto bad;
+	if (!found)
+		r = ferry__error(FERRY_ECORRUPT, "%s: neither \"weight_map\" nor \"shards\"", path);
+	goto out;
+bad:
+	r = ferry__error(FERRY_ECORRUPT, "%s: byte %zu: %s", path, j.err_pos, j.err ? j.err : "unexpected JSON");
+out:
+	free(buf);
+	return r;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+	size_t a = strlen(s), b = strlen(suffix);
+	return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+	return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int open_dir(ferry_st_load *ld, const char *path)
+{
+	char p[PATH_MAX];
+	static const char *const indexes[] = {"manifest.json", "model.safetensors.index.json"};
+	for (size_t i = 0; i < 2; i++) {
+		snprintf(p, sizeof(p), "%s/%s", path, indexes[i]);
+		if (access(p, F_OK) == 0)
+			return open_index(ld, p);
+	}
+	DIR *d = opendir(path);
+	if (!d)
+		return ferry__error(-errno, "opendir(%s): %s", path, strerror(errno));
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	int r = 0;
+	struct dirent *e;
+	while (!r && (e = readdir(d))) {
+		if (!ends_with(e->d_name, ".safetensors"))
+			continue;
+		if (grow((void **)&names, &cap, n + 1, sizeof(*names)) || !(names[n] = strdup(e->d_name)))
+			r = ferry__error(-ENOMEM, "load: out of memory");
+		else
+			n++;
+	}
+	closedir(d);
+	if (n > 1)
+		qsort(names, n, sizeof(*names), cmp_str);
+	for (size_t i = 0; i < n; i++) {
+		if (!r)
+			r = add_file(ld, path, names[i]);
+		free(names[i]);
+	}
+	free(names);
+	if (!r && !n)
+		r = ferry__error(-ENOENT, "%s: no manifest.json, model.safetensors.index.json or *.safetensors", path);
+	return r;
+}
+
+int ferry_st_load_open(ferry_ctx *ctx, const char *path, ferry_st_load **out)
+{
+	struct stat sb;
+	*out = NULL;
+	ferry_st_load *ld = calloc(1, sizeof(*ld));
+	if (!ld || !(ld->path = strdup(path))) {
+		free(ld);
+		return ferry__error(-ENOMEM, "load: out of memory");
+	}
+	ld->ctx = ctx;
+	int r;
+	if (stat(path, &sb))
+		r = ferry__error(-errno, "stat(%s): %s", path, strerror(errno));
+	else if (S_ISDIR(sb.st_mode))
+		r = open_dir(ld, path);
+	else if (ends_with(path, ".json"))
+		r = open_index(ld, path);
+	else
+		r = add_file(ld, NULL, path);
+	/* A name in two files is ambiguous. */
+	for (size_t f = 0; !r && f < ld->nfiles; f++)
+		for (size_t i = 0; !r && i < ferry_st_count(ld->files[f]); i++)
+			for (size_t g = f + 1; !r && g < ld->nfiles; g++)
+				if (ferry_st_find(ld->files[g], ferry_st_name(ld->files[f], i)) >= 0)
+					r = ferry__error(FERRY_ECORRUPT, "%s: tensor \"%s\" is in both %s and %s", path,
+							 ferry_st_name(ld->files[f], i), ferry_st_path(ld->files[f]),
+							 ferry_st_path(ld->files[g]));
+	if (r) {
+		ferry_st_load_destroy(ld);
+		return r;
+	}
+	*out = ld;
+	return 0;
+}
+
+size_t ferry_st_load_files(const ferry_st_load *ld)
+{
+	return ld->nfiles;
+}
+
+ferry_st *ferry_st_load_file(ferry_st_load *ld, size_t f)
+{
+	return f < ld->nfiles ? ld->files[f] : NULL;
+}
+
+static int find(const ferry_st_load *ld, const char *name, size_t *file, size_t *idx)
+{
+	for (size_t f = 0; f < ld->nfiles; f++) {
+		int i = ferry_st_find(ld->files[f], name);
+		if (i >= 0) {
+			*file = f;
+			*idx = (size_t)i;
+			return 0;
+		}
+	}
+	return ferry__error(-ENOENT, "%s: no tensor \"%s\"", ld->path, name);
+}
+
+static void select_all(ferry_st_load *ld)
+{
+	if (ld->explicit_sel || ld->nsel)
+		return;
+	size_t n = 0;
+	for (size_t f = 0; f < ld->nfiles; f++)
+		n += ferry_st_count(ld->files[f]);
+	if (grow((void **)&ld->sel, &ld->cap, n, sizeof(*ld->sel)))
+		return;
+	for (size_t f = 0; f < ld->nfiles; f++)
+		for (size_t i = 0; i < ferry_st_count(ld->files[f]); i++)
+			ld->sel[ld->nsel++] = (struct lsel){.file = f, .idx = i,
+							     .nbytes = ferry_st_nbytes(ld->files[f], i)};
+}
+
+static int select_one(ferry_st_load *ld, const char *name, int sliced, int dim, uint64_t start, uint64_t stop)
+{
+	size_t f = 0, i = 0;
+	int r = find(ld, name, &f, &i);
+	if (r)
+		return r;
+	if (!ld->explicit_sel)
+		ld->nsel = 0;
+	ld->explicit_sel = 1;
+	struct lsel s = {.file = f, .idx = i, .sliced = sliced, .dim = dim, .start = start, .stop = stop,
+			 .nbytes = ferry_st_nbytes(ld->files[f], i)};
+	if (sliced && (r = ferry__st_slice_shape(ld->files[f], i, dim, start, stop, &s.nbytes)))
+		return r;
+	for (size_t k = 0; k < ld->nsel; k++)
+		if (ld->sel[k].file == f && ld->sel[k].idx == i)
+			return ferry__error(-EEXIST, "%s: tensor \"%s\" selected twice", ld->path, name);
+	if (grow((void **)&ld->sel, &ld->cap, ld->nsel + 1, sizeof(*ld->sel)))
+		return ferry__error(-ENOMEM, "load: out of memory");
+	ld->sel[ld->nsel++] = s;
+	return 0;
+}
+
+int ferry_st_load_select(ferry_st_load *ld, const char *name)
+{
+	return select_one(ld, name, 0, 0, 0, 0);
+}
+
+int ferry_st_load_select_slice(ferry_st_load *ld, const char *name, int dim, uint64_t start, uint64_t stop)
+{
+	return select_one(ld, name, 1, dim, start, stop);
+}
+
+size_t ferry_st_load_count(ferry_st_load *ld)
+{
+	select_all(ld);
+	return ld->nsel;
+}
+
+const char *ferry_st_load_name(ferry_st_load *ld, size_t i)
+{
+	select_all(ld);
+	return i < ld->nsel ? ferry_st_name(ld->files[ld->sel[i].file], ld->sel[i].idx) : NULL;
+}
+
+int ferry_st_load_dtype(ferry_st_load *ld, size_t i)
+{
+	select_all(ld);
+	return i < ld->nsel ? ferry_st_dtype(ld->files[ld->sel[i].file], ld->sel[i].idx) : -1;
+}
+
+int ferry_st_load_shape(ferry_st_load *ld, size_t i, uint64_t *dims, int max)
+{
+	select_all(ld);
+	if (i >= ld->nsel)
+		return -1;
+	struct lsel *s = &ld->sel[i];
+	int nd = ferry_st_shape(ld->files[s->file], s->idx, dims, max);
+	if (s->sliced && dims && s->dim < max)
+		dims[s->dim] = s->stop - s->start;
+	return nd;
+}
+
+uint64_t ferry_st_load_nbytes(ferry_st_load *ld, size_t i)
+{
+	select_all(ld);
+	return i < ld->nsel ? ld->sel[i].nbytes : 0;
+}
+
+int ferry_st_load_set_dest(ferry_st_load *ld, size_t i, void *ptr, size_t len)
+{
+	select_all(ld);
+	if (i >= ld->nsel || len < ld->sel[i].nbytes)
+		return ferry__error(-EINVAL, "%s: destination %zu: too small or no such tensor", ld->path, i);
+	ld->sel[i].dest = ptr;
+	ld->sel[i].dest_len = len;
+	return 0;
+}
+
+void *ferry_st_load_ptr(ferry_st_load *ld, size_t i)
+{
+	return i < ld->nsel ? ld->sel[i].ptr : NULL;
+}
+
+uint64_t ferry_st_load_bytes(const ferry_st_load *ld)
+{
+	return ld->bytes;
+}
+
+uint64_t ferry_st_load_ns(const ferry_st_load *ld)
+{
+	return ld->ns;
+}
+
+static int alloc_mem(ferry_st_load *ld, int device, size_t len, void **out)
+{
+	struct lalloc *a = realloc(ld->allocs, (ld->nallocs + 1) * sizeof(*a));
+	if (!a)
+		return ferry__error(-ENOMEM, "load: out of memory");
+	ld->allocs = a;
+	void *p = NULL;
+	size_t n = len ? len : 1;
+	if (device >= 0) {
+		int r = ferry_gpu_malloc(device, n, &p);
+		if (r)
+			return r;
+	} else if (!(p = ferry_alloc_aligned(n))) {
+		return ferry__error(-ENOMEM, "load: %zu bytes of host memory", n);
+	}
+	ld->allocs[ld->nallocs++] = (struct lalloc){p, n, device};
+	*out = p;
+	return 0;
+}
+
+/* Reads a whole tensor through host staging, hashing as it goes; FERRY_EVERIFY on mismatch. */
+static int read_verified(ferry_st_load *ld, struct lsel *s, void *dst, int on_dev, char *stage, size_t cap)
+{
+	ferry_st *st = ld->files[s->file];
+	char key[4096];
+	uint64_t want, nb = ferry_st_nbytes(st, s->idx), off = ferry_st_offset(st, s->idx);
+	const char *name = ferry_st_name(st, s->idx);
+	snprintf(key, sizeof(key), "%s%s", FERRY_ST_CHECKSUM_PREFIX, name);
+	const char *v = ferry_st_metadata_get(st, key);
+	if (!v)
+		return ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no stored checksum", ferry_st_path(st), name);
+	if (ferry__hex64(v, &want))
+		return ferry__error(FERRY_ECORRUPT, "%s: __metadata__ \"%s\" is not 16 hex digits", ferry_st_path(st), key);
+	struct ferry__xxh3 *h = ferry__xxh3_create();
+	if (!h)
+		return ferry__error(ferry__have_xxh3() ? -ENOMEM : -ENOTSUP, "%s: checksums unavailable%s",
+				    ferry_st_path(st), ferry__have_xxh3() ? "" : " (built without libxxhash)");
+	int r = 0;
+	for (uint64_t done = 0; done < nb && !r;) {
+		size_t n = nb - done < cap ? (size_t)(nb - done) : cap;
+		ssize_t got = ferry_pread(ferry_st_file(st), stage, n, off + done);
+		if (got != (ssize_t)n) {
+			r = got < 0 ? (int)got : ferry__error(FERRY_ECORRUPT, "%s: file ends early", ferry_st_path(st));
+			break;
+		}
+		ferry__xxh3_update(h, stage, n);
+		if (on_dev)
+			r = ferry_gpu_memcpy_htod((char *)dst + done, stage, n);
+		else
+			memcpy((char *)dst + done, stage, n);
+		done += n;
+	}
+	uint64_t got = ferry__xxh3_digest(h);
+	ferry__xxh3_destroy(h);
+	if (!r && got != want)
+		r = ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\": xxh3 %016llx, stored %016llx", ferry_st_path(st),
+				 name, (unsigned long long)got, (unsigned long long)want);
+	return r;
+}
+
+int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging_budget)
+{
+	uint64_t t0 = ferry__now_ns();
+	int r = 0;
+	select_all(ld);
+	free_allocs(ld);
+	ld->bytes = 0;
+	if (!staging_budget)
+		staging_budget = 256u << 20;
+	ferry_batch *b = NULL;
+	if ((r = ferry_batch_create(ld->ctx, &b)))
+		return r;
+	/* Placement: per file, one allocation for the span of what loads whole, or one per tensor. */
+	for (size_t f = 0; f < ld->nfiles && !r; f++) {
+		ferry_st *st = ld->files[f];
+		uint64_t lo = UINT64_MAX, hi = 0, want = 0, compact = 0;
+		for (size_t k = 0; k < ld->nsel; k++) {
+			struct lsel *s = &ld->sel[k];
+			if (s->file != f || s->sliced || s->dest)
+				continue;
+			uint64_t off = ferry_st_offset(st, s->idx);
+			lo = off < lo ? off : lo;
+			hi = off + s->nbytes > hi ? off + s->nbytes : hi;
+			want += s->nbytes;
+			compact += (s->nbytes + VIEW_ALIGN - 1) / VIEW_ALIGN * VIEW_ALIGN;
+		}
+		int span = !(flags & FERRY_LOAD_PER_TENSOR) && hi > lo && want >= (hi - lo) / 4 * 3;
+		char *base = NULL;
+		if (span && (r = alloc_mem(ld, device, (size_t)(hi - lo), (void **)&base)))
+			break;
+		if (!span && !(flags & FERRY_LOAD_PER_TENSOR) && compact &&
+		    (r = alloc_mem(ld, device, (size_t)compact, (void **)&base)))
+			break;
+		uint64_t at = 0;
+		for (size_t k = 0; k < ld->nsel && !r; k++) {
+			struct lsel *s = &ld->sel[k];
+			if (s->file != f)
+				continue;
+			if (s->dest) {
+				s->ptr = s->dest;
+			} else if (span && !s->sliced) {
+				s->ptr = base + (ferry_st_offset(st, s->idx) - lo);
+			} else if (!(flags & FERRY_LOAD_PER_TENSOR) && !s->sliced) {
+				s->ptr = base + at;
+				at += (s->nbytes + VIEW_ALIGN - 1) / VIEW_ALIGN * VIEW_ALIGN;
+			} else {
+				r = alloc_mem(ld, device, (size_t)s->nbytes, &s->ptr);
+			}
+		}
+		if (r)
+			break;
+		if (flags & FERRY_LOAD_VERIFY)
+			continue;
+		/* The reads: one for the span, one per other whole tensor. */
+		if (span)
+			r = ferry_batch_add_read(b, ferry_st_file(st), lo, (size_t)(hi - lo), base);
+		for (size_t k = 0; k < ld->nsel && r >= 0; k++) {
+			struct lsel *s = &ld->sel[k];
+			if (s->file != f || s->sliced || !s->nbytes || (span && !s->dest))
+				continue;
+			r = ferry_batch_add_read(b, ferry_st_file(st), ferry_st_offset(st, s->idx), (size_t)s->nbytes,
+						 s->ptr);
+		}
+		r = r < 0 ? r : 0;
+	}
+	if (!r && ferry_batch_count(b))
+		r = ferry_batch_submit(b);
+	int submitted = !r && ferry_batch_count(b);
+	/* Slices and verified loads run on this thread while the batch is in flight. */
+	char *stage = NULL;
+	size_t cap = (size_t)staging_budget;
+	for (size_t k = 0; k < ld->nsel && !r; k++) {
+		struct lsel *s = &ld->sel[k];
+		ferry_st *st = ld->files[s->file];
+		int on_dev = s->ptr && ferry_mem_kind(s->ptr, NULL) == FERRY_MEM_DEVICE;
+		if ((flags & FERRY_LOAD_VERIFY) && (!stage && !(stage = ferry_alloc_aligned(cap))))
+			r = ferry__error(-ENOMEM, "load: staging of %zu bytes", cap);
+		if (!r && (flags & FERRY_LOAD_VERIFY) && s->sliced) {
+			int v = ferry_st_verify(st, s->idx);
+			r = v == 0 ? ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no stored checksum",
+						  ferry_st_path(st), ferry_st_name(st, s->idx))
+				   : v < 0 ? v : 0;
+		} else if (!r && (flags & FERRY_LOAD_VERIFY)) {
+			r = read_verified(ld, s, s->ptr, on_dev, stage, cap);
+		}
+		if (!r && s->sliced) {
+			ssize_t got = ferry_st_read_slice(st, s->idx, s->dim, s->start, s->stop, s->ptr,
+							  (size_t)s->nbytes);
+			r = got < 0 ? (int)got : 0;
+		}
+	}
+	ferry_free_aligned(stage, cap);
+	if (submitted) {
+		int w = ferry_batch_wait(b, -1);
+		if (w > 0)
+			w = ferry__error(FERRY_ECORRUPT, "%s: a file ends before its header says", ld->path);
+		if (!r)
+			r = w;
+	}
+	ferry_batch_destroy(b);
+	for (size_t k = 0; k < ld->nsel; k++)
+		ld->bytes += ld->sel[k].nbytes;
+	ld->ns = ferry__now_ns() - t0;
+	if (r) {
+		free_allocs(ld);
+		for (size_t k = 0; k < ld->nsel; k++)
+			ld->sel[k].ptr = NULL;
+	}
+	return r;
+}

@@ -1,0 +1,893 @@
+/*
+ * The safetensors writer: one pipeline for synchronous and asynchronous saves.
+ *
+ * The data section is cut into chunks of CHUNK bytes at 4 KiB-aligned file offsets. The caller's
+ * thread (the producer) copies tensor bytes into a ring of pinned slots (device tensors with
+ * cuMemcpyDtoHAsync and an event per slot, host tensors with memcpy); a writer thread (the
+ * consumer) hashes each slot in file order and writes it with O_DIRECT through the engine. So every
+ * write is aligned and no two writes share a block, checksums cost no extra pass, and an
+ * asynchronous save returns as soon as the ring holds the whole state (the snapshot). The header,
+ * whose checksums are known last, is written last; then fsync, rename, directory fsync.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt/save.h"
+#include "core/internal.h"
+#include "ferry/gpu.h"
+#include "format/json.h"
+#include "format/safetensors.h"
+#include "gpu/shim.h"
+
+#define CHUNK (16u << 20)
+#define MAX_INFLIGHT 4
+
+struct wtensor {
+	char *name;
+	int dtype, ndim;
+	uint64_t shape[FERRY_ST_MAX_DIMS];
+	const void *data;
+	uint64_t nbytes;
+	int dev; /* CUDA device, -1 for host memory */
+};
+
+/* What the writer thread needs of a tensor once the snapshot is taken. */
+struct jtensor {
+	uint64_t begin, end;
+	size_t sum_pos; /* of the 16 hex digits in the header, or 0 */
+};
+
+enum { S_FREE, S_READY };
+
+struct slot {
+	char *buf;
+	int state;
+	int has_ev;
+	ferry__CUevent ev;
+};
+
+struct job {
+	ferry_st_writer *w;
+	ferry_ctx *ctx;
+	ferry_file *f;
+	char *path, *tmp;
+	int flags;
+	char *hdr; /* data_start - 8 bytes of header, then spaces */
+	uint64_t data_start, total;
+	struct jtensor *jt;
+	size_t *order;
+	size_t n;
+	struct slot *slots;
+	size_t k, nchunks;
+	int64_t err;
+	int cuda_dev;
+	ferry__CUstream stream;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	ferry__save_hook hook;
+	void *arg;
+};
+
+struct ferry_st_writer {
+	ferry_ctx *ctx;
+	struct wtensor *t;
+	size_t n, cap;
+	char **mk, **mv;
+	size_t nm, mcap;
+	struct ferry__pinned_pool *pool;
+	int pool_dev;
+	/* the save in flight */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int running, joined;
+	int64_t result;
+	char errmsg[1024]; /* the writer thread's ferry_last_error(), handed to wait()'s caller */
+	pthread_t thr;
+	struct job *job;
+};
+
+static unsigned long save_seq;
+
+int ferry_st_writer_create(ferry_ctx *ctx, ferry_st_writer **out)
+{
+	ferry_st_writer *w = calloc(1, sizeof(*w));
+	if (!w)
+		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	w->ctx = ctx;
+	w->pool_dev = -2;
+	w->joined = 1;
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	*out = w;
+	return 0;
+}
+
+static void clear_entries(ferry_st_writer *w)
+{
+	for (size_t i = 0; i < w->n; i++)
+		free(w->t[i].name);
+	for (size_t i = 0; i < w->nm; i++) {
+		free(w->mk[i]);
+		free(w->mv[i]);
+	}
+	w->n = w->nm = 0;
+}
+
+void ferry_st_writer_destroy(ferry_st_writer *w)
+{
+	if (!w)
+		return;
+	(void)ferry_st_writer_wait(w, -1);
+	clear_entries(w);
+	free(w->t);
+	free(w->mk);
+	free(w->mv);
+	ferry__pinned_pool_destroy(w->pool);
+	pthread_mutex_destroy(&w->mu);
+	pthread_cond_destroy(&w->cv);
+	free(w);
+}
+
+int ferry_st_writer_reset(ferry_st_writer *w)
+{
+	clear_entries(w);
+	return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t size)
+{
+	if (need <= *cap)
+		return 0;
+	size_t c = *cap ? *cap * 2 : 16;
+	while (c < need)
+		c *= 2;
+	void *q = realloc(*p, c * size);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = c;
+	return 0;
+}
+
+int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndim, const uint64_t *shape,
+			const void *data, size_t nbytes)
+{
+	uint64_t nb;
+	const char *why;
+	if (!name)
+		return ferry__error(-EINVAL, "safetensors writer: NULL name");
+	size_t len = strlen(name);
+	if ((why = ferry__st_name_problem(name, len)) || !ferry__utf8_valid(name, len))
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%.64s\": %s", name, why ? why : "name is not valid UTF-8");
+	if (!ferry_dtype_name(dtype))
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": unknown dtype %d", name, dtype);
+	if (ndim < 0 || ndim > FERRY_ST_MAX_DIMS || (ndim && !shape))
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": %d dimensions", name, ndim);
+	int r = ferry__st_nbytes(dtype, ndim, shape, &nb);
+	if (r)
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": %s", name,
+				    r == -EOVERFLOW ? "byte size overflows" : "not a whole number of bytes");
+	if (nb != nbytes)
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": %zu bytes given, dtype and shape make %llu",
+				    name, nbytes, (unsigned long long)nb);
+	if (nbytes && !data)
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": NULL data", name);
+	if (grow((void **)&w->t, &w->cap, w->n + 1, sizeof(*w->t)))
+		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	struct wtensor *t = &w->t[w->n];
+	memset(t, 0, sizeof(*t));
+	t->name = strdup(name);
+	if (!t->name)
+		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	t->dtype = dtype;
+	t->ndim = ndim;
+	if (ndim)
+		memcpy(t->shape, shape, (size_t)ndim * sizeof(*shape));
+	t->data = data;
+	t->nbytes = nb;
+	t->dev = -1;
+	if (nbytes && ferry_mem_kind(data, &t->dev) != FERRY_MEM_DEVICE)
+		t->dev = -1;
+	return (int)w->n++;
+}
+
+int ferry_st_writer_metadata(ferry_st_writer *w, const char *key, const char *value)
+{
+	if (!key || !value || !ferry__utf8_valid(key, strlen(key)) || !ferry__utf8_valid(value, strlen(value)))
+		return ferry__error(-EINVAL, "safetensors writer: metadata key and value must be UTF-8 strings");
+	if (!strncmp(key, FERRY_ST_CHECKSUM_PREFIX, strlen(FERRY_ST_CHECKSUM_PREFIX)))
+		return ferry__error(-EINVAL, "safetensors writer: metadata key \"%s\" is reserved for checksums", key);
+	for (size_t i = 0; i < w->nm; i++)
+		if (!strcmp(w->mk[i], key))
+			return ferry__error(-EEXIST, "safetensors writer: metadata key \"%s\" given twice", key);
+	size_t c = w->mcap;
+	if (grow((void **)&w->mk, &c, w->nm + 1, sizeof(char *)) ||
+	    grow((void **)&w->mv, &w->mcap, w->nm + 1, sizeof(char *)))
+		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	w->mk[w->nm] = strdup(key);
+	w->mv[w->nm] = strdup(value);
+	if (!w->mk[w->nm] || !w->mv[w->nm]) {
+		free(w->mk[w->nm]);
+		free(w->mv[w->nm]);
+		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	}
+	w->nm++;
+	return 0;
+}
+
+/* ------------------------------------------------------------------------------------- header */
+
+struct sb {
+	char *p;
+	size_t len, cap;
+	int oom;
+};
+
+static void sb_put(struct sb *b, const char *s, size_t n)
+{
+	if (b->oom)
+		return;
+	if (b->len + n + 1 > b->cap) {
+		size_t c = b->cap ? b->cap : 4096;
+		while (c < b->len + n + 1)
+			c *= 2;
+		char *q = realloc(b->p, c);
+		if (!q) {
+			b->oom = 1;
+			return;
+		}
+		b->p = q;
+		b->cap = c;
+	}
+	memcpy(b->p + b->len, s, n);
+	b->len += n;
+	b->p[b->len] = '\0';
+}
+
+static void sb_str(struct sb *b, const char *s)
+{
+	sb_put(b, s, strlen(s));
+}
+
+static void sb_json_body(struct sb *b, const char *s)
+{
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+		char e[8];
+		if (c == '"' || c == '\\') {
+			e[0] = '\\';
+			e[1] = (char)c;
+			sb_put(b, e, 2);
+		} else if (c < 0x20) {
+			snprintf(e, sizeof(e), "\\u%04x", c);
+			sb_put(b, e, 6);
+		} else {
+			sb_put(b, (const char *)&c, 1);
+		}
+	}
+}
+
+static void sb_json(struct sb *b, const char *s)
+{
+	sb_put(b, "\"", 1);
+	sb_json_body(b, s);
+	sb_put(b, "\"", 1);
+}
+
+static const ferry_st_writer *sort_w;
+static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The reference writer's order: decreasing dtype (alignment), then name. */
+static int cmp_layout(const void *a, const void *b)
+{
+	const struct wtensor *x = &sort_w->t[*(const size_t *)a], *y = &sort_w->t[*(const size_t *)b];
+	if (x->dtype != y->dtype)
+		return x->dtype > y->dtype ? -1 : 1;
+	return strcmp(x->name, y->name);
+}
+
+static int cmp_name(const void *a, const void *b)
+{
+	return strcmp(sort_w->t[*(const size_t *)a].name, sort_w->t[*(const size_t *)b].name);
+}
+
+/* Builds the header of job j (order, offsets, checksum placeholders). */
+static int build_header(ferry_st_writer *w, struct job *j)
+{
+	struct sb b = {0};
+	char num[64];
+	size_t *byname = malloc((w->n ? w->n : 1) * sizeof(size_t));
+	j->order = malloc((w->n ? w->n : 1) * sizeof(size_t));
+	j->jt = calloc(w->n ? w->n : 1, sizeof(*j->jt));
+	if (!byname || !j->order || !j->jt) {
+		free(byname);
+		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	}
+	for (size_t i = 0; i < w->n; i++)
+		j->order[i] = byname[i] = i;
+	pthread_mutex_lock(&sort_lock);
+	sort_w = w;
+	qsort(j->order, w->n, sizeof(size_t), cmp_layout);
+	qsort(byname, w->n, sizeof(size_t), cmp_name);
+	pthread_mutex_unlock(&sort_lock);
+	for (size_t i = 1; i < w->n; i++)
+		if (!strcmp(w->t[byname[i - 1]].name, w->t[byname[i]].name)) {
+			int r = ferry__error(-EEXIST, "safetensors writer: tensor \"%s\" added twice", w->t[byname[i]].name);
+			free(byname);
+			return r;
+		}
+	free(byname);
+	j->n = w->n;
+
+	int sums = j->flags & FERRY_SAVE_CHECKSUM;
+	sb_str(&b, "{");
+	int first = 1;
+	if (w->nm || (sums && w->n)) {
+		sb_str(&b, "\"__metadata__\":{");
+		for (size_t i = 0; i < w->nm; i++) {
+			if (i)
+				sb_str(&b, ",");
+			sb_json(&b, w->mk[i]);
+			sb_str(&b, ":");
+			sb_json(&b, w->mv[i]);
+		}
+		for (size_t i = 0; sums && i < w->n; i++) {
+			struct wtensor *t = &w->t[j->order[i]];
+			if (i || w->nm)
+				sb_str(&b, ",");
+			sb_str(&b, "\"" FERRY_ST_CHECKSUM_PREFIX);
+			sb_json_body(&b, t->name);
+			sb_str(&b, "\":\"");
+			j->jt[i].sum_pos = b.len;
+			sb_str(&b, "0000000000000000\"");
+		}
+		sb_str(&b, "}");
+		first = 0;
+	}
+	uint64_t off = 0;
+	for (size_t i = 0; i < w->n; i++) {
+		struct wtensor *t = &w->t[j->order[i]];
+		if (!first)
+			sb_str(&b, ",");
+		first = 0;
+		sb_json(&b, t->name);
+		sb_str(&b, ":{\"dtype\":\"");
+		sb_str(&b, ferry_dtype_name(t->dtype));
+		sb_str(&b, "\",\"shape\":[");
+		for (int d = 0; d < t->ndim; d++) {
+			snprintf(num, sizeof(num), "%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
+			sb_str(&b, num);
+		}
+		snprintf(num, sizeof(num), "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
+			 (unsigned long long)(off + t->nbytes));
+		sb_str(&b, num);
+		j->jt[i].begin = off;
+		j->jt[i].end = off + t->nbytes;
+		off += t->nbytes;
+	}
+	sb_str(&b, "}");
+	if (b.oom) {
+		free(b.p);
+		return ferry__error(-ENOMEM, "safetensors writer: header");
+	}
+	if (b.len > FERRY__ST_MAX_HEADER - FERRY__ST_ALIGN) {
+		free(b.p);
+		return ferry__error(-E2BIG, "safetensors writer: header of %zu bytes exceeds the format's limit", b.len);
+	}
+	j->total = off;
+	j->data_start = (8 + b.len + FERRY__ST_ALIGN - 1) / FERRY__ST_ALIGN * FERRY__ST_ALIGN;
+	j->hdr = ferry_alloc_aligned((size_t)j->data_start);
+	if (!j->hdr) {
+		free(b.p);
+		return ferry__error(-ENOMEM, "safetensors writer: header");
+	}
+	uint64_t hl = j->data_start - 8;
+	for (int i = 0; i < 8; i++)
+		j->hdr[i] = (char)(hl >> (8 * i));
+	memcpy(j->hdr + 8, b.p, b.len);
+	memset(j->hdr + 8 + b.len, ' ', (size_t)(hl - b.len));
+	for (size_t i = 0; i < w->n; i++)
+		if (j->jt[i].sum_pos)
+			j->jt[i].sum_pos += 8;
+	free(b.p);
+	return 0;
+}
+
+/* ----------------------------------------------------------------------------------- durability */
+
+int ferry__fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return ferry__error(-errno, "open(%s) for fsync: %s", dir, strerror(errno));
+	int r = fsync(fd) ? -errno : 0;
+	close(fd);
+	return r ? ferry__error(r, "fsync(%s): %s", dir, strerror(-r)) : 0;
+}
+
+int ferry__fsync_parent(const char *path)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	if (!slash)
+		return ferry__fsync_dir(".");
+	size_t n = slash == path ? 1 : (size_t)(slash - path);
+	if (n >= sizeof(dir))
+		return ferry__error(-ENAMETOOLONG, "%s: path too long", path);
+	memcpy(dir, path, n);
+	dir[n] = '\0';
+	return ferry__fsync_dir(dir);
+}
+
+int ferry__write_durable(const char *path, const char *text, size_t len)
+{
+	char tmp[PATH_MAX];
+	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d-%lu", path, (int)getpid(),
+		     __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED)) >= (int)sizeof(tmp))
+		return ferry__error(-ENAMETOOLONG, "%s: path too long", path);
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
+	int r = 0;
+	for (size_t done = 0; done < len && !r;) {
+		ssize_t n = write(fd, text + done, len - done);
+		if (n < 0 && errno != EINTR)
+			r = ferry__error(-errno, "write(%s): %s", tmp, strerror(errno));
+		else if (n > 0)
+			done += (size_t)n;
+	}
+	if (!r && fsync(fd))
+		r = ferry__error(-errno, "fsync(%s): %s", tmp, strerror(errno));
+	close(fd);
+	if (!r && rename(tmp, path))
+		r = ferry__error(-errno, "rename(%s, %s): %s", tmp, path, strerror(errno));
+	if (r) {
+		unlink(tmp);
+		return r;
+	}
+	return ferry__fsync_parent(path);
+}
+
+/* ------------------------------------------------------------------------------------- pipeline */
+
+static void job_fail(struct job *j, int64_t err)
+{
+	pthread_mutex_lock(&j->mu);
+	if (!j->err)
+		j->err = err;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+}
+
+static void job_free(struct job *j)
+{
+	if (!j)
+		return;
+	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
+	for (size_t i = 0; i < j->k; i++) {
+		if (cu && j->slots[i].ev)
+			cu->EventDestroy(j->slots[i].ev);
+		ferry__pinned_free(j->w->pool, j->slots[i].buf);
+	}
+	if (cu && j->stream)
+		cu->StreamDestroy(j->stream);
+	free(j->slots);
+	ferry_file_close(j->f);
+	if (j->tmp)
+		unlink(j->tmp); /* a no-op once renamed: the name is gone */
+	free(j->tmp);
+	free(j->path);
+	ferry_free_aligned(j->hdr, (size_t)j->data_start);
+	free(j->jt);
+	free(j->order);
+	pthread_mutex_destroy(&j->mu);
+	pthread_cond_destroy(&j->cv);
+	free(j);
+}
+
+static size_t chunk_len(struct job *j, size_t c)
+{
+	uint64_t a = (uint64_t)c * CHUNK;
+	return (size_t)(j->total - a < CHUNK ? j->total - a : CHUNK);
+}
+
+/* The writer thread's part: hash and write every chunk in order, then the header, then commit. */
+static int64_t consume(struct job *j)
+{
+	struct ferry__xxh3 *h = (j->flags & FERRY_SAVE_CHECKSUM) ? ferry__xxh3_create() : NULL;
+	ferry_req *req[MAX_INFLIGHT];
+	size_t inflight_first = 0, ninflight = 0, ti = 0;
+	size_t q = j->k > 1 ? j->k - 1 : 1;
+	const struct ferry__cuda_api *cu = NULL;
+	int64_t err = 0;
+
+	if (q > MAX_INFLIGHT)
+		q = MAX_INFLIGHT;
+	if ((j->flags & FERRY_SAVE_CHECKSUM) && !h)
+		err = ferry__error(-ENOMEM, "%s: checksum state", j->path);
+	if (!err && j->cuda_dev >= 0) {
+		int r = ferry__cuda_set_device(j->cuda_dev);
+		if (r)
+			err = r;
+		cu = ferry__cuda();
+	}
+	if (err)
+		job_fail(j, err);
+	for (size_t c = 0; c < j->nchunks && !err; c++) {
+		struct slot *s = &j->slots[c % j->k];
+		pthread_mutex_lock(&j->mu);
+		while (s->state != S_READY && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		err = j->err;
+		pthread_mutex_unlock(&j->mu);
+		if (err)
+			break;
+		if (s->has_ev) {
+			ferry__CUresult cr = cu->EventSynchronize(s->ev);
+			if (cr) {
+				err = ferry__cuda_fail(cr, "%s: device-to-host copy of chunk %zu", j->path, c);
+				break;
+			}
+		}
+		uint64_t a = (uint64_t)c * CHUNK, b = a + chunk_len(j, c);
+		while (h && ti < j->n) {
+			struct jtensor *t = &j->jt[ti];
+			if (t->begin > b || (t->begin == b && t->end > t->begin))
+				break;
+			uint64_t lo = t->begin > a ? t->begin : a, hi = t->end < b ? t->end : b;
+			if (hi > lo)
+				ferry__xxh3_update(h, s->buf + (lo - a), (size_t)(hi - lo));
+			if (t->end > b)
+				break;
+			char hex[17];
+			snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)ferry__xxh3_digest(h));
+			memcpy(j->hdr + t->sum_pos, hex, 16);
+			ferry__xxh3_reset(h);
+			ti++;
+		}
+		int r = ferry_pwrite_async(j->f, s->buf, chunk_len(j, c), j->data_start + a,
+					   &req[(inflight_first + ninflight) % MAX_INFLIGHT]);
+		if (r) {
+			err = r;
+			break;
+		}
+		ninflight++;
+		while (ninflight && (ninflight >= q || c + 1 == j->nchunks)) {
+			size_t oc = c + 1 - ninflight;
+			ferry_req *rq = req[inflight_first];
+			ssize_t got = ferry_req_wait(rq, -1);
+			ferry_req_free(rq);
+			inflight_first = (inflight_first + 1) % MAX_INFLIGHT;
+			ninflight--;
+			if (got != (ssize_t)chunk_len(j, oc) && !err)
+				err = got < 0 ? got : ferry__error(-EIO, "%s: short write at %llu", j->tmp,
+								   (unsigned long long)(j->data_start + (uint64_t)oc * CHUNK));
+			pthread_mutex_lock(&j->mu);
+			j->slots[oc % j->k].state = S_FREE;
+			pthread_cond_broadcast(&j->cv);
+			pthread_mutex_unlock(&j->mu);
+		}
+	}
+	while (ninflight) { /* after an error: the buffers stay busy until their writes end */
+		ferry_req_wait(req[inflight_first], -1);
+		ferry_req_free(req[inflight_first]);
+		inflight_first = (inflight_first + 1) % MAX_INFLIGHT;
+		ninflight--;
+	}
+	if (err) {
+		job_fail(j, err);
+		ferry__xxh3_destroy(h);
+		return err;
+	}
+	for (; h && ti < j->n; ti++) { /* empty tensors at the end */
+		char hex[17];
+		ferry__xxh3_reset(h);
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)ferry__xxh3_digest(h));
+		memcpy(j->hdr + j->jt[ti].sum_pos, hex, 16);
+	}
+	ferry__xxh3_destroy(h);
+	ssize_t got = ferry_pwrite(j->f, j->hdr, (size_t)j->data_start, 0);
+	if (got != (ssize_t)j->data_start)
+		return got < 0 ? got : ferry__error(-EIO, "%s: short header write", j->tmp);
+	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
+		int r = ferry_file_sync(j->f, 1);
+		if (r)
+			return r;
+	}
+	ferry_file_close(j->f);
+	j->f = NULL;
+	if ((j->flags & FERRY_SAVE_EXCL) && access(j->path, F_OK) == 0)
+		return ferry__error(-EEXIST, "%s: exists", j->path);
+	if (rename(j->tmp, j->path))
+		return ferry__error(-errno, "rename(%s, %s): %s", j->tmp, j->path, strerror(errno));
+	free(j->tmp);
+	j->tmp = NULL;
+	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
+		int r = ferry__fsync_parent(j->path);
+		if (r)
+			return r;
+	}
+	return (int64_t)(j->data_start + j->total);
+}
+
+static void *writer_thread(void *arg)
+{
+	struct job *j = arg;
+	ferry_st_writer *w = j->w;
+	int64_t res = consume(j);
+	if (j->hook)
+		res = j->hook(j->arg, res);
+	pthread_mutex_lock(&w->mu);
+	w->result = res;
+	if (res < 0)
+		snprintf(w->errmsg, sizeof(w->errmsg), "%s", ferry_last_error());
+	w->running = 0;
+	pthread_cond_broadcast(&w->cv);
+	pthread_mutex_unlock(&w->mu);
+	return NULL;
+}
+
+/* The caller's part: copy every tensor into the ring of slots, in file order. */
+static int produce(ferry_st_writer *w, struct job *j)
+{
+	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
+	ferry__CUcontext prev = NULL;
+	size_t ti = 0;
+	int r = 0;
+
+	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
+		return r;
+	for (size_t c = 0; c < j->nchunks && !r; c++) {
+		struct slot *s = &j->slots[c % j->k];
+		pthread_mutex_lock(&j->mu);
+		while (s->state != S_FREE && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		r = (int)j->err;
+		pthread_mutex_unlock(&j->mu);
+		if (r)
+			break;
+		uint64_t a = (uint64_t)c * CHUNK, b = a + chunk_len(j, c);
+		s->has_ev = 0;
+		while (ti < j->n) {
+			struct jtensor *jt = &j->jt[ti];
+			struct wtensor *t = &w->t[j->order[ti]];
+			if (jt->begin >= b)
+				break;
+			uint64_t lo = jt->begin > a ? jt->begin : a, hi = jt->end < b ? jt->end : b;
+			if (hi > lo) {
+				const char *src = (const char *)t->data + (lo - jt->begin);
+				if (t->dev >= 0) {
+					ferry__CUresult cr = cu->MemcpyDtoHAsync(s->buf + (lo - a),
+										 (ferry__CUdeviceptr)(uintptr_t)src,
+										 (size_t)(hi - lo), j->stream);
+					if (cr) {
+						r = ferry__cuda_fail(cr, "%s: copying tensor \"%s\" from the device",
+								     j->path, t->name);
+						break;
+					}
+					s->has_ev = 1;
+				} else {
+					memcpy(s->buf + (lo - a), src, (size_t)(hi - lo));
+				}
+			}
+			if (jt->end > b)
+				break;
+			ti++;
+		}
+		if (!r && s->has_ev) {
+			ferry__CUresult cr = cu->EventRecord(s->ev, j->stream);
+			if (cr)
+				r = ferry__cuda_fail(cr, "%s: cuEventRecord", j->path);
+		}
+		if (r)
+			break;
+		pthread_mutex_lock(&j->mu);
+		s->state = S_READY;
+		pthread_cond_broadcast(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+	}
+	/* The snapshot is complete only when the last copy has landed. */
+	if (!r && cu && j->stream) {
+		ferry__CUresult cr = cu->StreamSynchronize(j->stream);
+		if (cr)
+			r = ferry__cuda_fail(cr, "%s: cuStreamSynchronize", j->path);
+	}
+	if (cu)
+		ferry__cuda_leave_device(prev);
+	if (r)
+		job_fail(j, r);
+	return r;
+}
+
+static uint64_t host_budget(ferry_ctx *ctx)
+{
+	char buf[64];
+	uint64_t v = 0;
+	if (ferry_ctx_get(ctx, "host_budget", buf, sizeof(buf)) > 0)
+		(void)ferry__parse_size(buf, &v);
+	return v;
+}
+
+static int job_setup(ferry_st_writer *w, struct job *j, int async)
+{
+	int r;
+	j->cuda_dev = -1;
+	for (size_t i = 0; i < w->n; i++)
+		if (w->t[i].dev >= 0 && w->t[i].nbytes) {
+			j->cuda_dev = w->t[i].dev;
+			break;
+		}
+	if (w->pool_dev != j->cuda_dev) {
+		ferry__pinned_pool_destroy(w->pool);
+		w->pool = NULL;
+		if ((r = ferry__pinned_pool_create(host_budget(w->ctx), j->cuda_dev, &w->pool)))
+			return r;
+		w->pool_dev = j->cuda_dev;
+	}
+	j->nchunks = (size_t)((j->total + CHUNK - 1) / CHUNK);
+	uint64_t budget = host_budget(w->ctx);
+	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
+	size_t want = async ? j->nchunks : 2 * MAX_INFLIGHT;
+	if (budget && want > budget / CHUNK)
+		want = (size_t)(budget / CHUNK);
+	if (want > j->nchunks)
+		want = j->nchunks;
+	if (want == 0 && j->nchunks)
+		want = 1;
+	j->slots = calloc(want ? want : 1, sizeof(*j->slots));
+	if (!j->slots)
+		return ferry__error(-ENOMEM, "%s: slots", j->path);
+	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
+	ferry__CUcontext prev = NULL;
+	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
+		return r;
+	if (cu && (r = cu->StreamCreate(&j->stream, FERRY__CU_STREAM_NON_BLOCKING))) {
+		ferry__cuda_leave_device(prev);
+		return ferry__cuda_fail(r, "%s: cuStreamCreate", j->path);
+	}
+	for (size_t i = 0; i < want; i++) {
+		int pinned;
+		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : CHUNK;
+		r = ferry__pinned_alloc(w->pool, sz, (void **)&j->slots[i].buf, &pinned);
+		if (r == FERRY_EBUDGET && i > 0)
+			break; /* fewer slots than hoped: the snapshot blocks on writes */
+		if (r)
+			break;
+		j->k++;
+		if (cu && (r = cu->EventCreate(&j->slots[i].ev, FERRY__CU_EVENT_DISABLE_TIMING))) {
+			r = ferry__cuda_fail(r, "%s: cuEventCreate", j->path);
+			break;
+		}
+	}
+	if (cu)
+		ferry__cuda_leave_device(prev);
+	if (r == FERRY_EBUDGET && j->k > 0)
+		r = 0;
+	return r;
+}
+
+int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
+				     ferry__save_hook hook, void *arg)
+{
+	int r;
+	pthread_mutex_lock(&w->mu);
+	int busy = w->running;
+	pthread_mutex_unlock(&w->mu);
+	if (busy)
+		return ferry__error(FERRY_EBUSY, "%s: a save of this writer is in flight", path);
+	(void)ferry_st_writer_wait(w, -1); /* joins the finished thread */
+	if ((flags & FERRY_SAVE_CHECKSUM) && !ferry__have_xxh3())
+		return ferry__error(-ENOTSUP, "%s: checksums: ferry was built without libxxhash", path);
+	if ((flags & FERRY_SAVE_EXCL) && access(path, F_OK) == 0)
+		return ferry__error(-EEXIST, "%s: exists", path);
+
+	struct job *j = calloc(1, sizeof(*j));
+	if (!j)
+		return ferry__error(-ENOMEM, "%s: save", path);
+	j->w = w;
+	j->ctx = w->ctx;
+	j->flags = flags;
+	j->hook = hook;
+	j->arg = arg;
+	j->cuda_dev = -1;
+	pthread_mutex_init(&j->mu, NULL);
+	pthread_cond_init(&j->cv, NULL);
+	j->path = strdup(path);
+	size_t tl = strlen(path) + 64;
+	j->tmp = malloc(tl);
+	if (!j->path || !j->tmp) {
+		job_free(j);
+		return ferry__error(-ENOMEM, "%s: save", path);
+	}
+	snprintf(j->tmp, tl, "%s.tmp-%d-%lu", path, (int)getpid(),
+		 __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED));
+	if ((r = build_header(w, j)) || (r = job_setup(w, j, async))) {
+		job_free(j);
+		return r;
+	}
+	r = ferry_file_open(w->ctx, j->tmp, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &j->f);
+	if (!r)
+		r = ferry_file_truncate(j->f, j->data_start + j->total);
+	if (r) {
+		job_free(j);
+		return r;
+	}
+	pthread_mutex_lock(&w->mu);
+	w->running = 1;
+	w->joined = 0;
+	w->result = 0;
+	w->job = j;
+	pthread_mutex_unlock(&w->mu);
+	if ((r = pthread_create(&w->thr, NULL, writer_thread, j))) {
+		w->running = 0;
+		w->joined = 1;
+		w->job = NULL;
+		job_free(j);
+		return ferry__error(-r, "%s: pthread_create: %s", path, strerror(r));
+	}
+	r = produce(w, j);
+	if (async && !r)
+		return 0;
+	int64_t res = ferry_st_writer_wait(w, -1);
+	return r ? r : res;
+}
+
+int64_t ferry_st_writer_save(ferry_st_writer *w, const char *path, int flags)
+{
+	return ferry__st_writer_save_hooked(w, path, flags, 0, NULL, NULL);
+}
+
+int ferry_st_writer_save_async(ferry_st_writer *w, const char *path, int flags)
+{
+	int64_t r = ferry__st_writer_save_hooked(w, path, flags, 1, NULL, NULL);
+	return r < 0 ? (int)r : 0;
+}
+
+int ferry_st_writer_done(const ferry_st_writer *w)
+{
+	ferry_st_writer *mw = (ferry_st_writer *)w;
+	pthread_mutex_lock(&mw->mu);
+	int done = !mw->running;
+	pthread_mutex_unlock(&mw->mu);
+	return done;
+}
+
+int64_t ferry_st_writer_wait(ferry_st_writer *w, int64_t timeout_ns)
+{
+	pthread_mutex_lock(&w->mu);
+	if (w->joined) {
+		pthread_mutex_unlock(&w->mu);
+		return 0;
+	}
+	if (timeout_ns >= 0) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ns;
+		ts.tv_sec += (time_t)(ns / 1000000000u);
+		ts.tv_nsec = (long)(ns % 1000000000u);
+		while (w->running)
+			if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT && w->running) {
+				pthread_mutex_unlock(&w->mu);
+				return -ETIMEDOUT;
+			}
+	}
+	pthread_mutex_unlock(&w->mu);
+	pthread_join(w->thr, NULL);
+	pthread_mutex_lock(&w->mu);
+	int64_t res = w->result;
+	struct job *j = w->job;
+	w->job = NULL;
+	w->joined = 1;
+	pthread_mutex_unlock(&w->mu);
+	job_free(j);
+	if (res < 0)
+		return ferry__error((int)res, "%s", w->errmsg);
+	return res;
+}

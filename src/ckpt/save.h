@@ -1,0 +1,21 @@
+/* Internals of the safetensors writer shared with checkpoints (src/ckpt/ckpt.c). */
+#ifndef FERRY_CKPT_SAVE_H
+#define FERRY_CKPT_SAVE_H
+
+#include "ferry/safetensors.h"
+
+/*
+ * Runs after the file of an asynchronous or synchronous save is in place (or failed): result is
+ * the save's result; the hook's return replaces it. Called on the writer's thread.
+ */
+typedef int64_t (*ferry__save_hook)(void *arg, int64_t result);
+int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
+				     ferry__save_hook hook, void *arg);
+/* fsync of a directory. Returns 0 or -errno (with detail). */
+int ferry__fsync_dir(const char *dir);
+/* fsync of the directory holding path. */
+int ferry__fsync_parent(const char *path);
+/* Writes text durably to path: temporary file, fsync, rename, parent fsync. */
+int ferry__write_durable(const char *path, const char *text, size_t len);
+
+#endif

@@ -1,0 +1,321 @@
+/* Checkpoint directories: commit protocol, pruning, several ranks, async saves, and a writer killed
+ * with SIGKILL at many random moments (at least 50) during save and async save. */
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include "ferry/ckpt.h"
+#include "ferry_test.h"
+
+static ferry_ctx *ctx;
+static char root[512];
+
+#define NT 3
+static const size_t sizes[NT] = {1u << 20, (3u << 20) + 4093, 17};
+
+static void fill_step(unsigned char **bufs, int64_t step, int rank)
+{
+	for (int i = 0; i < NT; i++)
+		t_fill_pattern(bufs[i], sizes[i], (uint64_t)i << 32, (uint32_t)(step * 131 + rank));
+}
+
+static int add_all(ferry_ckpt *ck, unsigned char **bufs, int rank)
+{
+	char name[64];
+	for (int i = 0; i < NT; i++) {
+		uint64_t shape[1] = {sizes[i]};
+		snprintf(name, sizeof(name), "r%d.t%d", rank, i);
+		int r = ferry_ckpt_add(ck, name, FERRY_DT_U8, 1, shape, bufs[i], sizes[i]);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+/* 0 when step of dir verifies and holds the content of that step (rank 0 of world 1). */
+static int check_content(const char *dir, int64_t step, int world)
+{
+	char p[700];
+	if (ferry_ckpt_verify(ctx, dir, step, 1)) {
+		fprintf(stderr, "verify step %lld: %s\n", (long long)step, ferry_last_error());
+		return -1;
+	}
+	if (ferry_ckpt_step_path(dir, step, p, sizeof(p)) < 0)
+		return -1;
+	ferry_st_load *ld;
+	if (ferry_st_load_open(ctx, p, &ld) || ferry_st_load_run(ld, -1, FERRY_LOAD_VERIFY, 0)) {
+		fprintf(stderr, "load step %lld: %s\n", (long long)step, ferry_last_error());
+		return -1;
+	}
+	int bad = 0;
+	unsigned char *want[NT];
+	for (int i = 0; i < NT; i++)
+		want[i] = malloc(sizes[i]);
+	for (int rank = 0; rank < world; rank++) {
+		fill_step(want, step, rank);
+		for (size_t k = 0; k < ferry_st_load_count(ld); k++) {
+			int rr, ti;
+			if (sscanf(ferry_st_load_name(ld, k), "r%d.t%d", &rr, &ti) != 2 || rr != rank)
+				continue;
+			bad |= memcmp(ferry_st_load_ptr(ld, k), want[ti], sizes[ti]) != 0;
+		}
+	}
+	if (ferry_st_load_count(ld) != (size_t)(NT * world))
+		bad = 1;
+	for (int i = 0; i < NT; i++)
+		free(want[i]);
+	ferry_st_load_destroy(ld);
+	if (bad)
+		fprintf(stderr, "step %lld: content differs from what was saved\n", (long long)step);
+	return bad ? -1 : 0;
+}
+
+static unsigned char *bufs0[NT];
+
+static void test_basic(void)
+{
+	char dir[600];
+	ferry_ckpt *ck;
+	snprintf(dir, sizeof(dir), "%s/basic", root);
+	T_ASSERT(ferry_ckpt_open(ctx, dir, 0, 1, &ck) == 0);
+	T_EQ_INT(ferry_ckpt_latest(dir), -ENOENT);
+	T_EQ_INT(ferry_ckpt_set(ck, "keep", "2"), 0);
+	T_EQ_INT(ferry_ckpt_set(ck, "busy", "maybe"), FERRY_EBADOPT);
+	for (int64_t s = 1; s <= 4; s++) {
+		fill_step(bufs0, s, 0);
+		T_EQ_INT(add_all(ck, bufs0, 0), 0);
+		int r = s % 2 ? ferry_ckpt_save(ck, s) : ferry_ckpt_save_async(ck, s);
+		T_EQ_INT(r, 0);
+		if (r)
+			fprintf(stderr, "%s\n", ferry_last_error());
+		if (s % 2 == 0) {
+			/* the snapshot is taken: the caller may overwrite its tensors at once */
+			memset(bufs0[0], 0xee, sizes[0]);
+			T_EQ_INT(ferry_ckpt_wait(ck, -1), 0);
+			T_EQ_INT(ferry_ckpt_done(ck), 1);
+		}
+		T_EQ_INT(ferry_ckpt_latest(dir), s);
+	}
+	T_EQ_INT(check_content(dir, 4, 1), 0);
+	T_EQ_INT(check_content(dir, 3, 1), 0);
+	char p[700];
+	T_CHECK(ferry_ckpt_step_path(dir, 2, p, sizeof(p)) > 0 && access(p, F_OK) != 0);
+	T_CHECK(ferry_ckpt_step_path(dir, 1, p, sizeof(p)) > 0 && access(p, F_OK) != 0);
+	/* A step not after latest is refused. */
+	T_EQ_INT(add_all(ck, bufs0, 0), 0);
+	T_EQ_INT(ferry_ckpt_save(ck, 4), -EEXIST);
+
+	/* busy=refuse: a second save while one is in flight fails with FERRY_EBUSY. */
+	T_EQ_INT(ferry_ckpt_set(ck, "busy", "refuse"), 0);
+	size_t bn = 64u << 20;
+	unsigned char *big = calloc(1, bn);
+	int tested = 0;
+	for (int64_t s = 5; s < 15 && !tested; s += 2) {
+		uint64_t shape[1] = {bn};
+		T_EQ_INT(ferry_ckpt_add(ck, "big", FERRY_DT_U8, 1, shape, big, bn), 0);
+		T_EQ_INT(ferry_ckpt_save_async(ck, s), 0);
+		if (!ferry_ckpt_done(ck)) {
+			T_EQ_INT(ferry_ckpt_add(ck, "big", FERRY_DT_U8, 1, shape, big, bn), 0);
+			T_EQ_INT(ferry_ckpt_save_async(ck, s + 1), FERRY_EBUSY);
+			tested = 1;
+		}
+		T_EQ_INT(ferry_ckpt_wait(ck, -1), 0);
+		(void)ferry_st_writer_reset; /* the refused save's tensors are forgotten with it */
+	}
+	T_CHECK(tested);
+	free(big);
+	ferry_ckpt_close(ck);
+}
+
+struct rank_arg {
+	const char *dir;
+	int rank, world;
+	int64_t step;
+	int result;
+};
+
+static void *rank_main(void *p)
+{
+	struct rank_arg *a = p;
+	unsigned char *b[NT];
+	ferry_ckpt *ck;
+	for (int i = 0; i < NT; i++)
+		b[i] = malloc(sizes[i]);
+	fill_step(b, a->step, a->rank);
+	a->result = ferry_ckpt_open(ctx, a->dir, a->rank, a->world, &ck);
+	if (!a->result)
+		a->result = ferry_ckpt_set(ck, "run", "test-run");
+	if (!a->result)
+		a->result = add_all(ck, b, a->rank);
+	if (!a->result)
+		a->result = ferry_ckpt_save_async(ck, a->step);
+	if (!a->result)
+		a->result = ferry_ckpt_wait(ck, -1);
+	if (a->result)
+		fprintf(stderr, "rank %d: %s\n", a->rank, ferry_last_error());
+	ferry_ckpt_close(ck);
+	for (int i = 0; i < NT; i++)
+		free(b[i]);
+	return NULL;
+}
+
+static void test_ranks(void)
+{
+	char dir[600];
+	snprintf(dir, sizeof(dir), "%s/ranks", root);
+	enum { W = 3 };
+	for (int64_t step = 10; step <= 11; step++) {
+		pthread_t th[W];
+		struct rank_arg a[W];
+		/* rank 0 starts first: it must wait for the others' markers */
+		for (int r = 0; r < W; r++) {
+			a[r] = (struct rank_arg){dir, r, W, step, -1};
+			T_ASSERT(pthread_create(&th[r], NULL, rank_main, &a[r]) == 0);
+			if (r == 0)
+				usleep(20000);
+		}
+		for (int r = 0; r < W; r++) {
+			pthread_join(th[r], NULL);
+			T_EQ_INT(a[r].result, 0);
+		}
+		T_EQ_INT(ferry_ckpt_latest(dir), step);
+		T_EQ_INT(check_content(dir, step, W), 0);
+	}
+	/* Rank 0 alone times out instead of committing a partial step. */
+	ferry_ckpt *ck;
+	T_ASSERT(ferry_ckpt_open(ctx, dir, 0, W, &ck) == 0);
+	T_EQ_INT(ferry_ckpt_set(ck, "timeout_ms", "200"), 0);
+	T_EQ_INT(ferry_ckpt_set(ck, "run", "test-run"), 0);
+	T_EQ_INT(add_all(ck, bufs0, 0), 0);
+	T_EQ_INT(ferry_ckpt_save(ck, 12), -ETIMEDOUT);
+	T_EQ_INT(ferry_ckpt_latest(dir), 11);
+	ferry_ckpt_close(ck);
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The writer: resumes after latest and saves step after step until killed. */
+static void child(const char *dir, int async)
+{
+	ferry_ckpt *ck;
+	ferry_ctx *c;
+	if (ferry_ctx_create(&c) || ferry_ckpt_open(c, dir, 0, 1, &ck) || ferry_ckpt_set(ck, "keep", "3"))
+		_exit(3);
+	int64_t step = ferry_ckpt_latest(dir);
+	step = step < 0 ? 0 : step + 1;
+	for (;; step++) {
+		fill_step(bufs0, step, 0);
+		if (add_all(ck, bufs0, 0))
+			_exit(4);
+		int r = async ? ferry_ckpt_save_async(ck, step) : ferry_ckpt_save(ck, step);
+		if (!r && async) {
+			/* training goes on and scribbles over its tensors while the write runs */
+			memset(bufs0[1], 0x5a, sizes[1]);
+			r = ferry_ckpt_wait(ck, -1);
+		}
+		if (r) {
+			fprintf(stderr, "child: step %lld: %s\n", (long long)step, ferry_last_error());
+			_exit(5);
+		}
+	}
+}
+
+static void test_crash(int async, int kills)
+{
+	char dir[600], p[700];
+	snprintf(dir, sizeof(dir), "%s/crash-%s", root, async ? "async" : "sync");
+	uint64_t seed = 0x9e3779b97f4a7c15ull ^ (uint64_t)time(NULL) ^ (uint64_t)async;
+	int64_t prev = -1;
+	int advanced = 0;
+	uint64_t window_ns = 0;
+	for (int k = 0; k < kills; k++) {
+		pid_t pid = fork();
+		T_ASSERT(pid >= 0);
+		if (pid == 0) {
+			/* A fresh process image: the parent is multi-threaded (and TSan refuses threads
+			 * after a fork of one). */
+			execl("/proc/self/exe", "test_ckpt", "--writer", dir, async ? "1" : "0", (char *)NULL);
+			_exit(6);
+		}
+		if (k == 0) {
+			/* Calibration: how long a writer takes to commit its first step here (sanitizers
+			 * and slow disks differ by 10x); kills then land anywhere in three times that. */
+			uint64_t t0 = now_ns();
+			while (ferry_ckpt_latest(dir) < 0 && now_ns() - t0 < 60000000000ull)
+				usleep(1000);
+			window_ns = 3 * (now_ns() - t0) + 1000000;
+		} else {
+			uint64_t d = t_rand(&seed) % window_ns + 1000000;
+			struct timespec ts = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)};
+			nanosleep(&ts, NULL);
+		}
+		kill(pid, SIGKILL);
+		int st;
+		waitpid(pid, &st, 0);
+		if (!WIFSIGNALED(st)) {
+			fprintf(stderr, "writer exited with status %d before it was killed\n", WEXITSTATUS(st));
+			t_failures++;
+			break;
+		}
+		int64_t latest = ferry_ckpt_latest(dir);
+		if (latest < 0) {
+			if (prev >= 0) {
+				fprintf(stderr, "kill %d: latest lost (%s)\n", k, ferry_last_error());
+				t_failures++;
+			}
+			continue;
+		}
+		if (latest < prev) {
+			fprintf(stderr, "kill %d: latest went back from %lld to %lld\n", k, (long long)prev, (long long)latest);
+			t_failures++;
+		}
+		if (check_content(dir, latest, 1)) {
+			fprintf(stderr, "kill %d: latest step %lld is not a complete checkpoint\n", k, (long long)latest);
+			t_failures++;
+		}
+		/* Nothing older was lost: the previous latest is kept unless pruning was due (keep 3). */
+		if (prev >= 0 && prev != latest && latest - prev < 3 &&
+		    (ferry_ckpt_step_path(dir, prev, p, sizeof(p)) < 0 || check_content(dir, prev, 1))) {
+			fprintf(stderr, "kill %d: previous latest %lld lost\n", k, (long long)prev);
+			t_failures++;
+		}
+		advanced += latest > prev;
+		prev = latest;
+	}
+	printf("crash %s: %d kills within %.0f ms of start, latest advanced %d times, last step %lld\n",
+	       async ? "async" : "sync", kills, (double)window_ns / 1e6, advanced, (long long)prev);
+	T_CHECK(advanced >= 3);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 4 && !strcmp(argv[1], "--writer")) {
+		for (int i = 0; i < NT; i++)
+			bufs0[i] = malloc(sizes[i]);
+		child(argv[2], atoi(argv[3]));
+	}
+	snprintf(root, sizeof(root), "%s/ckpt-%d", t_tmpdir(), (int)getpid());
+	mkdir(root, 0755);
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	for (int i = 0; i < NT; i++)
+		bufs0[i] = malloc(sizes[i]);
+	test_basic();
+	test_ranks();
+	test_crash(0, 30);
+	test_crash(1, 30);
+	for (int i = 0; i < NT; i++)
+		free(bufs0[i]);
+	ferry_ctx_destroy(ctx);
+	if (!t_failures) {
+		char cmd[700];
+		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
+		if (system(cmd))
+			fprintf(stderr, "could not remove %s\n", root);
+	}
+	return t_result();
+}
