@@ -16,6 +16,8 @@ static int cmd_version(int argc, char **argv)
 /* Add a row per subcommand (keep the help order: main job first). */
 const struct ferry_cli_command ferry_cli_commands[] = {
 	{"bench", "measure storage and GPU transfer speed (fio- and gdsio-compatible options)", ferry_cmd_bench},
+	{"pack", "pack files, JSON Lines or token arrays into shards (or Megatron .bin/.idx)", ferry_cmd_pack},
+	{"loader-bench", "measure the data loader: samples/s, bytes/s, how long each step waited", ferry_cmd_loader_bench},
 	{"version", "print the version", cmd_version},
 	{NULL, NULL, NULL},
 };
