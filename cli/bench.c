@@ -14,6 +14,7 @@
 
 #include "bench.h"
 #include "commands.h"
+#include "ferry/gpu.h"
 
 enum opt_type {
 	OPT_STR,
@@ -31,6 +32,9 @@ enum opt_type {
 	OPT_FORMAT,
 	OPT_COLD,    /* value optional: --cold or --cold=file|system */
 	OPT_FLAG,    /* no value (or =0/=1) */
+	OPT_XMODE,   /* -x: a transfer mode's name or gdsio number, or all */
+	OPT_API,
+	OPT_INT0,    /* 0..1024 */
 };
 
 struct bench_cli {
@@ -41,6 +45,7 @@ struct bench_cli {
 	const char *directory;
 	const char *report;
 	int suite, quick, help, time_based;
+	int xall;
 	unsigned seen;
 };
 
@@ -76,6 +81,9 @@ static const struct opt opts[] = {
 	{"cold", OPT_COLD, JO(cold), "[=file|system]", "drop the file's cached pages first (system: all caches, as root)"},
 	{"output-format", OPT_FORMAT, CL(json), "FMT", "normal or json (fio's schema)"},
 	{"output", OPT_STR, CL(output), "FILE", "write the results to FILE instead of standard output"},
+	{"xfer", OPT_XMODE, JO(xmode), "MODE", "-x MODE: to/from GPU memory: gds, cpu, cpu-gpu, cpu-async-gpu, pagecache-gpu, gds-async, gds-batch, auto (or gdsio's 0-6), or all"},
+	{"gpu", OPT_INT0, JO(gpu), "N", "with -x: the GPU (default 0)"},
+	{"api", OPT_API, JO(api_pread), "queue|pread", "queue: each job keeps --iodepth I/Os on its own ring (default); pread: each I/O is one ferry_pread/pwrite, split over the worker threads"},
 	{"suite", OPT_FLAG, CL(suite), NULL, "run the storage-tuning demonstrations (see below)"},
 	{"quick", OPT_FLAG, CL(quick), NULL, "with --suite: one second per case (default 4; --runtime sets it)"},
 	{"report", OPT_STR, CL(report), "FILE", "with --suite: write a self-contained HTML report"},
@@ -211,8 +219,8 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 				return bad("--bs expects a size above zero (4k, 1m) or a sweep MIN:MAX; got '%s'", val);
 			hi = lo;
 		}
-		if (hi > (1ull << 30))
-			return bad("--bs expects at most 1g; got '%s'", val);
+		if (hi > (64ull << 30))
+			return bad("--bs expects at most 64g; got '%s'", val);
 		c->jo.bs = lo;
 		c->bs_max = hi;
 		return 0;
@@ -270,6 +278,30 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 			return bad("--output-format expects normal or json; got '%s'", val);
 		*(int *)p = !strcmp(val, "json");
 		return 0;
+	case OPT_XMODE:
+		if (!strcmp(val, "all")) {
+			c->xall = 1;
+			*(int *)p = BENCH_X_AUTO;
+			return 0;
+		}
+		for (int m = 1; m < BENCH_X_COUNT; m++)
+			if (!strcmp(val, bench_x_names[m]) ||
+			    (m != BENCH_X_AUTO && val[0] == '0' + BENCH_X_GDSIO(m) && !val[1])) {
+				*(int *)p = m;
+				return 0;
+			}
+		return bad("-x expects a transfer mode: gds, cpu, cpu-gpu, cpu-async-gpu, pagecache-gpu, gds-async, "
+			   "gds-batch, auto, gdsio's number 0-6, or all; got '%s'", val);
+	case OPT_API:
+		if (strcmp(val, "queue") && strcmp(val, "pread"))
+			return bad("--api expects queue or pread; got '%s'", val);
+		*(int *)p = !strcmp(val, "pread");
+		return 0;
+	case OPT_INT0:
+		if (parse_u64(val, &u) || u > 1024)
+			return bad("--%s expects a whole number from 0 to 1024; got '%s'", o->name, val);
+		*(int *)p = (int)u;
+		return 0;
 	case OPT_COLD:
 		if (!strcmp(val, "1") || !strcmp(val, "file"))
 			*(enum bench_cold *)p = BENCH_COLD_FILE;
@@ -284,10 +316,26 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 	return 2;
 }
 
+static const struct opt *find_opt(const char *name)
+{
+	for (size_t k = 0; k < NOPTS; k++)
+		if (!strcmp(opts[k].name, name))
+			return &opts[k];
+	return NULL;
+}
+
 static int parse(struct bench_cli *c, int argc, char **argv)
 {
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
+		if (!strcmp(a, "-x"))
+			a = "--xfer"; /* gdsio's spelling */
+		else if (!strncmp(a, "-x", 2) && a[2]) {
+			int rc = set_opt(c, &opts[0] + (size_t)(find_opt("xfer") - opts), a + 2);
+			if (rc)
+				return rc;
+			continue;
+		}
 		if (strncmp(a, "--", 2) || !a[2])
 			return bad("unexpected argument '%s'; options start with --", a);
 		const char *eq = strchr(a, '=');
@@ -339,6 +387,31 @@ static int open_output(const struct bench_cli *c, FILE **out)
 		return 1;
 	}
 	return 0;
+}
+
+struct cannot_list {
+	struct bench_result *const *res;
+	unsigned n;
+};
+
+/* -x: the ceilings, and the modes that could not run, with why, at the top level */
+static void json_cannot(struct bench_json *j, void *arg)
+{
+	const struct cannot_list *l = arg;
+	if (l->n) {
+		bench_json_dbl(j, "htod_ceiling_bytes", l->res[0]->htod);
+		bench_json_dbl(j, "dtoh_ceiling_bytes", l->res[0]->dtoh);
+	}
+	bench_json_arr(j, "xfer_cannot_run");
+	for (unsigned i = 0; i < l->n; i++) {
+		if (!l->res[i]->cannot[0])
+			continue;
+		bench_json_obj(j, NULL);
+		bench_json_str(j, "mode", bench_x_names[l->res[i]->opts.xmode]);
+		bench_json_str(j, "reason", l->res[i]->cannot);
+		bench_json_close_obj(j);
+	}
+	bench_json_close_arr(j);
 }
 
 static int run_suite(struct bench_cli *c, FILE **out)
@@ -443,6 +516,22 @@ int ferry_cmd_bench(int argc, char **argv)
 			goto done;
 		}
 	}
+	if (jo->xmode != BENCH_X_NONE && jo->verify) {
+		rc = bad("--verify checks host memory; it does not go with -x");
+		goto done;
+	}
+	/* like gdsio, -x opens files for O_DIRECT; without --direct, the library's direct=auto also
+	 * reads page-cache-resident data through the cache */
+	if (jo->xmode != BENCH_X_NONE && !seen(&c, "direct"))
+		jo->direct = BENCH_DIRECT_AUTO;
+	if (seen(&c, "gpu") && jo->xmode == BENCH_X_NONE) {
+		rc = bad("--gpu goes with -x");
+		goto done;
+	}
+	if (c.xall && c.bs_max != jo->bs) {
+		rc = bad("-x all takes one --bs, not a sweep");
+		goto done;
+	}
 	if (!seen(&c, "name"))
 		jo->name = bench_rw_name(jo->rw);
 	if (open_output(&c, &out)) {
@@ -451,27 +540,79 @@ int ferry_cmd_bench(int argc, char **argv)
 	}
 
 	struct bench_result *res[64];
-	unsigned n = 0;
+	unsigned n = 0, ran = 0;
+	double htod = 0, dtoh = 0;
+	char gpu_why[512] = "";
 	rc = 0;
-	for (uint64_t bs = jo->bs; bs <= c.bs_max && n < 64; bs *= 2) {
-		struct bench_job_opts one = *jo;
-		one.bs = bs;
-		res[n] = calloc(1, sizeof(*res[n]));
-		if (!res[n]) {
-			fprintf(stderr, "ferry bench: out of memory\n");
-			rc = 1;
-			break;
-		}
-		if (bench_run(&one, res[n++])) {
-			rc = 1;
-			break;
+	if (jo->xmode != BENCH_X_NONE && (c.xall || bench_x_on_gpu(jo->xmode))) {
+		/* the ceilings every GPU figure is a fraction of, measured in this run */
+		int err = ferry_gpu_copy_ceiling(jo->gpu, 256u << 20, 5, &htod, &dtoh);
+		if (err < 0) {
+			snprintf(gpu_why, sizeof(gpu_why), "%s", ferry_last_error());
+			if (!c.xall) {
+				fprintf(stderr, "ferry bench: -x %s needs a GPU: %s\n", bench_x_names[jo->xmode], gpu_why);
+				rc = 1;
+				goto done;
+			}
 		}
 	}
+	/* -x all: storage to host first (the storage ceiling), then every mode to the GPU */
+	static const int all_modes[] = {BENCH_X(1), BENCH_X(2), BENCH_X(3), BENCH_X(4), BENCH_X(0),
+					BENCH_X(5), BENCH_X(6), BENCH_X_AUTO};
+	unsigned nmodes = c.xall ? sizeof(all_modes) / sizeof(all_modes[0]) : 1;
+	for (uint64_t bs = jo->bs; bs <= c.bs_max && n < 64; bs *= 2) {
+		for (unsigned m = 0; m < nmodes && n < 64; m++) {
+			struct bench_job_opts one = *jo;
+			one.bs = bs;
+			if (c.xall)
+				one.xmode = all_modes[m];
+			res[n] = calloc(1, sizeof(*res[n]));
+			if (!res[n]) {
+				fprintf(stderr, "ferry bench: out of memory\n");
+				rc = 1;
+				break;
+			}
+			struct bench_result *r = res[n++];
+			r->htod = htod;
+			r->dtoh = dtoh;
+			if (c.xall && bench_x_on_gpu(one.xmode) && gpu_why[0]) {
+				r->opts = one;
+				snprintf(r->cannot, sizeof(r->cannot), "no GPU: %s", gpu_why);
+				continue;
+			}
+			if (c.xall) {
+				bench_error_sink = r->cannot;
+				bench_error_sink_len = sizeof(r->cannot);
+			}
+			int failed = bench_run(&one, r);
+			bench_error_sink = NULL;
+			r->htod = htod;
+			r->dtoh = dtoh;
+			if (failed && !c.xall) {
+				rc = 1;
+				break;
+			}
+			ran += !failed;
+		}
+		if (rc)
+			break;
+	}
+	if (c.xall && !ran) {
+		fprintf(stderr, "ferry bench: no transfer mode could run here\n");
+		rc = 1;
+	}
 	if (!rc) {
+		struct bench_result *ok[64];
+		unsigned nok = 0;
+		for (unsigned i = 0; i < n; i++)
+			if (!res[i]->cannot[0])
+				ok[nok++] = res[i];
 		if (c.json)
-			bench_print_json(out, res, n, NULL, NULL);
+			bench_print_json(out, ok, nok, jo->xmode != BENCH_X_NONE ? json_cannot : NULL, &(struct cannot_list){res, n});
 		else
-			bench_print_normal(out, res, n);
+			bench_print_normal(out, ok, nok);
+		if (!c.json && jo->xmode != BENCH_X_NONE)
+			bench_print_xfer(out, res, n);
 	}
 	for (unsigned i = 0; i < n; i++)
 		free(res[i]);

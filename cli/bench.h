@@ -71,7 +71,7 @@ struct bench_job_opts {
 	uint64_t offset;        /* region start */
 	unsigned numjobs;
 	unsigned iodepth;
-	int direct;
+	int direct;             /* 0, 1, or BENCH_DIRECT_AUTO (-x without --direct: the library's choice) */
 	const char *ioengine;   /* "auto", "psync", "io_uring" */
 	double runtime;         /* seconds, time based; 0: by bytes */
 	uint64_t io_size;       /* bytes per job; 0: one pass over the region */
@@ -79,7 +79,24 @@ struct bench_job_opts {
 	enum bench_verify verify;
 	enum bench_cold cold;
 	int quiet;              /* no notes on stderr (the suite) */
+	int xmode;              /* -x: BENCH_X_NONE (0: host memory, no -x), else BENCH_X(gdsio's number), BENCH_X_AUTO */
+	int gpu;                /* --gpu: the device for -x */
+	int api_pread;          /* --api=pread: each I/O is one ferry_pread/pwrite (worker pool) */
 };
+
+#define BENCH_DIRECT_AUTO 2
+
+/* Transfer modes (-x): gdsio's -x number n is BENCH_X(n); names as DESIGN.md's table and the `path`
+ * knob. 0 is "no -x", so that zeroed options mean host memory. */
+#define BENCH_X_NONE 0
+#define BENCH_X(gdsio) ((gdsio) + 1)
+#define BENCH_X_GDSIO(x) ((x) - 1)
+#define BENCH_X_CPU BENCH_X(1)
+#define BENCH_X_AUTO 8
+#define BENCH_X_COUNT 9
+extern const char *const bench_x_names[BENCH_X_COUNT];
+/* 1 if the mode moves data to or from device memory (all but none and cpu). */
+int bench_x_on_gpu(int xmode);
 
 struct bench_dir {
 	uint64_t bytes, ios;
@@ -103,6 +120,9 @@ struct bench_result {
 	uint64_t verified;      /* blocks verified */
 	uint64_t stats[FERRY_STAT__COUNT]; /* the context's counters over the run */
 	int64_t timestamp_ms;
+	char path_info[768];    /* -x: ferry_file_path_info() of the file after the run */
+	double htod, dtoh;      /* -x: pinned copy ceilings (bytes/s) measured in the same invocation */
+	char cannot[768];       /* -x all: why this mode cannot run here ("" if it ran) */
 };
 
 /*
@@ -111,6 +131,9 @@ struct bench_result {
  * res must point to zeroed memory; its histograms are large, so callers allocate it.
  */
 int bench_run(const struct bench_job_opts *o, struct bench_result *res);
+/* When set, bench_run's next error sentence goes here instead of stderr (then it is reset). */
+extern char *bench_error_sink;
+extern size_t bench_error_sink_len;
 const char *bench_rw_name(enum bench_rw rw);
 int bench_rw_reads(enum bench_rw rw);
 int bench_rw_writes(enum bench_rw rw);
@@ -123,6 +146,8 @@ char *bench_fmt_ns(char *buf, size_t len, double ns);
 double bench_gbps(const struct bench_result *r);
 
 void bench_print_normal(FILE *out, struct bench_result *const *res, unsigned n);
+/* -x: the transfer modes' table, each figure beside the ceiling that bounds it. */
+void bench_print_xfer(FILE *out, struct bench_result *const *res, unsigned n);
 /* JSON in fio's schema; extra_top (may be NULL) writes more members into the top-level "ferry". */
 struct bench_json;
 void bench_print_json(FILE *out, struct bench_result *const *res, unsigned n,

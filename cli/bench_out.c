@@ -74,7 +74,8 @@ void bench_print_normal(FILE *out, struct bench_result *const *res, unsigned n)
 	fprintf(out, "  file     %s, %s region at offset %" PRIu64 ", %s\n", o->filename,
 		bench_fmt_size(a, sizeof(a), r0->region), o->offset,
 		r0->direct ? "O_DIRECT" : "buffered (page cache)");
-	fprintf(out, "  engine   ferry_queue (one ring per job), backend %s, cold cache: %s, verify: %s\n",
+	fprintf(out, "  engine   %s, backend %s, cold cache: %s, verify: %s\n",
+		o->api_pread ? "ferry_pread/pwrite (chunks over the worker threads)" : "ferry_queue (one ring per job)",
 		r0->backend, r0->cold_done, bench_verify_name(o->verify));
 	if (o->runtime > 0)
 		fprintf(out, "  workload %s, time based: %.3g s per run\n", bench_rw_name(o->rw), o->runtime);
@@ -299,7 +300,8 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 		opt_u64(j, "offset", o->offset);
 	opt_u64(j, "numjobs", o->numjobs);
 	opt_u64(j, "iodepth", o->iodepth);
-	opt_u64(j, "direct", (uint64_t)o->direct);
+	if (o->direct != BENCH_DIRECT_AUTO) /* -x without --direct: the library decides per chunk */
+		opt_u64(j, "direct", (uint64_t)o->direct);
 	bench_json_str(j, "ioengine", o->ioengine);
 	if (o->rw == BENCH_RANDRW)
 		opt_u64(j, "rwmixread", o->rwmixread);
@@ -329,7 +331,7 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	bench_json_u64(j, "minf", r->minf);
 	bench_json_obj(j, "ferry");
 	bench_json_u64(j, "schema_version", 1);
-	bench_json_str(j, "engine", "ferry_queue");
+	bench_json_str(j, "engine", o->api_pread ? "ferry_pread" : "ferry_queue");
 	bench_json_str(j, "backend", r->backend);
 	bench_json_bool(j, "direct", r->direct);
 	bench_json_str(j, "cold_cache", r->cold_done);
@@ -338,6 +340,21 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	bench_json_dbl(j, "gibps", bench_gbps(r) * 1e9 / (1024.0 * 1024 * 1024));
 	bench_json_str(j, "verify", bench_verify_name(o->verify));
 	bench_json_u64(j, "verified_blocks", r->verified);
+	if (o->xmode != BENCH_X_NONE) {
+		bench_json_obj(j, "xfer");
+		bench_json_str(j, "mode", bench_x_names[o->xmode]);
+		if (o->xmode != BENCH_X_AUTO)
+			bench_json_u64(j, "gdsio_mode", (uint64_t)BENCH_X_GDSIO(o->xmode));
+		bench_json_u64(j, "gpu", (uint64_t)o->gpu);
+		bench_json_str(j, "api", o->api_pread ? "pread" : "queue");
+		bench_json_dbl(j, "htod_ceiling_bytes", r->htod);
+		bench_json_dbl(j, "dtoh_ceiling_bytes", r->dtoh);
+		double ceil = bench_rw_writes(o->rw) ? r->dtoh : r->htod;
+		bench_json_dbl(j, "fraction_of_copy_ceiling",
+			       bench_x_on_gpu(o->xmode) && ceil > 0 ? bench_gbps(r) * 1e9 / ceil : 0);
+		bench_json_str(j, "path_info", r->path_info);
+		bench_json_close_obj(j);
+	}
 	bench_json_str(j, "rw", bench_rw_name(o->rw));
 	bench_json_u64(j, "bs", o->bs);
 	bench_json_u64(j, "iodepth", r->iodepth);
@@ -397,4 +414,45 @@ void bench_print_json(FILE *out, struct bench_result *const *res, unsigned n,
 		extra_top(&j, arg);
 	bench_json_close_obj(&j);
 	bench_json_end(&j);
+}
+
+void bench_print_xfer(FILE *out, struct bench_result *const *res, unsigned n)
+{
+	double htod = 0, dtoh = 0, storage = 0;
+	int gpu = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		if (res[i]->htod > 0) {
+			htod = res[i]->htod;
+			dtoh = res[i]->dtoh;
+		}
+		gpu = res[i]->opts.gpu;
+		if (res[i]->opts.xmode == BENCH_X_CPU && !res[i]->cannot[0])
+			storage = bench_gbps(res[i]);
+	}
+	fprintf(out, "\n  transfer modes, GPU %d; pinned copy ceilings measured in this run: host-to-device %.1f GB/s, "
+		     "device-to-host %.1f GB/s\n", gpu, htod / 1e9, dtoh / 1e9);
+	fprintf(out, "  %-14s %9s %11s %11s %6s  %s\n", "mode", "GB/s", "of copy", "of storage", "cores",
+		"path");
+	for (unsigned i = 0; i < n; i++) {
+		const struct bench_result *r = res[i];
+		const struct bench_job_opts *o = &r->opts;
+		if (r->cannot[0]) {
+			fprintf(out, "  %-14s %9s %11s %11s %6s  cannot run here: %s\n", bench_x_names[o->xmode], "-",
+				"-", "-", "-", r->cannot);
+			continue;
+		}
+		double g = bench_gbps(r), ceil = bench_rw_writes(o->rw) ? dtoh : htod;
+		char f1[16] = "-", f2[16] = "-";
+		if (bench_x_on_gpu(o->xmode) && ceil > 0)
+			snprintf(f1, sizeof(f1), "%.2f", g * 1e9 / ceil);
+		if (storage > 0 && o->xmode != BENCH_X_CPU)
+			snprintf(f2, sizeof(f2), "%.2f", g / storage);
+		const char *info = strstr(r->path_info, "device memory: ");
+		fprintf(out, "  %-14s %9.3f %11s %11s %6.2f  %s\n", bench_x_names[o->xmode], g, f1, f2,
+			cpu_cores(r), !bench_x_on_gpu(o->xmode) ? "storage to host memory"
+								 : info ? info + 15 : r->path_info);
+	}
+	fprintf(out, "  of copy: the figure over the pinned ceiling of its direction; of storage: over mode cpu\n"
+		     "  (storage to host memory) measured just before, the ceiling when storage is the bottleneck\n");
 }

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "ferry/gpu.h"
 
 struct bench_slot {
 	uint8_t *buf;
@@ -53,6 +54,7 @@ struct bench_job {
 	int cold_fd;            /* --cold: the file's pages are dropped at each pass, as fio's invalidate */
 	int direct;
 	int failed;
+	uint8_t *dev_mem;       /* -x: the I/O buffers in device memory */
 	char msg[1024];
 };
 
@@ -184,7 +186,7 @@ static int job_setup(struct bench_job *j)
 {
 	const struct bench_job_opts *o = j->sh->o;
 	int flags = bench_rw_writes(o->rw) ? FERRY_O_RDWR : FERRY_O_RDONLY;
-	if (!o->direct)
+	if (o->direct == 0)
 		flags |= FERRY_O_BUFFERED;
 	int err = ferry_file_open(j->sh->ctx, o->filename, flags, &j->file);
 	if (err < 0) {
@@ -212,8 +214,26 @@ static int job_setup(struct bench_job *j)
 	}
 	/* Random bytes, not zeros: compressing or deduplicating storage would flatter zeros. */
 	fill_random(j->mem, j->memlen, o->randseed ^ j->index);
+	if (bench_x_on_gpu(o->xmode)) {
+		/* the I/O buffers live in device memory; the host copy only seeds them */
+		void *dev = NULL;
+		err = ferry_gpu_malloc(o->gpu, j->memlen, &dev);
+		if (!err)
+			err = ferry_gpu_memcpy_htod(dev, j->mem, j->memlen);
+		ferry_free_aligned(j->mem, j->memlen);
+		j->mem = NULL;
+		if (err < 0) {
+			if (dev)
+				ferry_gpu_free(dev);
+			job_fail(j, "cannot set up %zu bytes of GPU %d memory: %s (%s)", j->memlen, o->gpu,
+				 ferry_strerror(err), detail());
+			return -1;
+		}
+		j->dev_mem = dev;
+	}
+	uint8_t *base = j->dev_mem ? j->dev_mem : j->mem;
 	for (unsigned i = 0; i < j->sh->depth; i++)
-		j->slots[i].buf = j->mem + (size_t)i * o->bs;
+		j->slots[i].buf = base + (size_t)i * o->bs;
 	for (int d = 0; d < 2; d++) {
 		bench_hist_init(&j->dir[d].clat);
 		bench_hist_init(&j->dir[d].lat);
@@ -299,6 +319,20 @@ static void job_loop(struct bench_job *j)
 			if (s->write && o->verify)
 				bench_verify_fill(o->verify, s->buf, o->bs, s->off, o->randseed);
 			s->t_queue = now;
+			if (o->api_pread) {
+				/* one call through the worker pool; depth is 1 */
+				s->t_submit = now_ns();
+				ssize_t r = s->write ? ferry_pwrite(j->file, s->buf, o->bs, s->off)
+						     : ferry_pread(j->file, s->buf, o->bs, s->off);
+				now = now_ns();
+				issued++;
+				job_complete(j, s, r, now);
+				freel[nfree++] = s;
+				if (j->failed || now >= deadline ||
+				    atomic_load_explicit(&sh->stop, memory_order_relaxed))
+					stop = 1;
+				continue;
+			}
 			int err = s->write ? ferry_queue_write(j->q, j->file, s->buf, o->bs, s->off, s)
 					   : ferry_queue_read(j->q, j->file, s->buf, o->bs, s->off, s);
 			if (err < 0) {
@@ -323,8 +357,10 @@ static void job_loop(struct bench_job *j)
 				stop = 1;
 			}
 		}
-		if (!ferry_queue_pending(j->q))
+		if (!ferry_queue_pending(j->q) && (!o->api_pread || stop || issued >= target))
 			break;
+		if (o->api_pread)
+			continue;
 		int n = ferry_queue_reap(j->q, 1, depth, ud, resv);
 		if (n < 0) {
 			job_fail(j, "waiting for I/O on %s failed: %s (%s)", o->filename, ferry_strerror(n),
@@ -364,7 +400,11 @@ static void *job_main(void *arg)
 	}
 	pthread_barrier_wait(&sh->end);
 	ferry_queue_destroy(j->q);
+	if (j->index == 0 && j->file)
+		ferry_file_path_info(j->file, sh->res->path_info, sizeof(sh->res->path_info));
 	ferry_file_close(j->file);
+	if (j->dev_mem)
+		ferry_gpu_free(j->dev_mem);
 	if (j->cold_fd >= 0)
 		close(j->cold_fd);
 	if (j->mem)
@@ -376,13 +416,22 @@ static void *job_main(void *arg)
 /* ------------------------------------------------------------------------------------ file setup */
 
 static int err1(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+char *bench_error_sink;
+size_t bench_error_sink_len;
+
 static int err1(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fprintf(stderr, "ferry bench: ");
-	vfprintf(stderr, fmt, ap);
-	fprintf(stderr, "\n");
+	if (bench_error_sink) {
+		/* -x all collects why a mode cannot run instead of failing */
+		vsnprintf(bench_error_sink, bench_error_sink_len, fmt, ap);
+		bench_error_sink = NULL;
+	} else {
+		fprintf(stderr, "ferry bench: ");
+		vfprintf(stderr, fmt, ap);
+		fprintf(stderr, "\n");
+	}
 	va_end(ap);
 	return 1;
 }
@@ -546,7 +595,22 @@ static int setup_ctx(ferry_ctx **ctxp, const struct bench_job_opts *o)
 	ferry_ctx *ctx = *ctxp;
 	err = ferry_ctx_set(ctx, "backend", o->ioengine);
 	if (!err)
-		err = ferry_ctx_set(ctx, "direct", o->direct ? "on" : "off");
+		err = ferry_ctx_set(ctx, "direct", o->direct == BENCH_DIRECT_AUTO ? "auto" : o->direct ? "on" : "off");
+	if (!err) /* `ferry top` shows running benchmarks; a ferry that cannot publish still runs */
+		err = ferry_ctx_set(ctx, "publish", "1");
+	if (!err && o->xmode != BENCH_X_NONE) {
+		err = ferry_ctx_set(ctx, "path", bench_x_names[o->xmode]);
+		char dev[16];
+		snprintf(dev, sizeof(dev), "%d", o->gpu);
+		if (!err)
+			err = ferry_ctx_set(ctx, "device", dev);
+		/* a transfer to device memory goes through one slot: chunks must hold an I/O */
+		if (!err && o->bs > (1u << 20) && !o->api_pread) {
+			char cs[32];
+			snprintf(cs, sizeof(cs), "%llu", (unsigned long long)((o->bs + 4095) / 4096 * 4096));
+			err = ferry_ctx_set(ctx, "chunk_size", cs);
+		}
+	}
 	if (err < 0)
 		return err1("cannot configure the ferry context (--ioengine %s, --direct %d): %s (%s)",
 			    o->ioengine, o->direct, ferry_strerror(err), detail());
@@ -677,4 +741,12 @@ out:
 	if (ret && created && bench_rw_writes(o->rw) && !bench_rw_reads(o->rw))
 		unlink(o->filename);
 	return ret;
+}
+
+const char *const bench_x_names[BENCH_X_COUNT] = {"none", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
+						   "pagecache-gpu", "gds-async", "gds-batch", "auto"};
+
+int bench_x_on_gpu(int xmode)
+{
+	return xmode != BENCH_X_NONE && xmode != BENCH_X_CPU;
 }

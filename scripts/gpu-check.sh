@@ -102,7 +102,9 @@ grep -h -E '^(skipped|GDS |libcufile|NVML|CUDA driver|/run/udev|resolved with)' 
 
 step "GPU benchmarks"
 shopt -s nullglob
-benches=(bench/gpu-*.sh)
+# GPU_BENCHES: which bench/NAME.sh to run (a glob; "none" for none), so that a long benchmark can
+# have a device call of its own.
+benches=(bench/${GPU_BENCHES:-gpu-*}.sh)
 [ ${#benches[@]} -eq 0 ] && echo "(no bench/gpu-*.sh yet)"
 for b in "${benches[@]}"; do
 	name=$(basename "$b" .sh)

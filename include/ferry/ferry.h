@@ -77,10 +77,11 @@ FERRY_API FERRY_WUR int ferry_ctx_create(ferry_ctx **out);
 FERRY_API void ferry_ctx_destroy(ferry_ctx *ctx);
 
 /*
- * Sets a knob by name. Keys (docs/CONFIG.md has the units and the measurements behind defaults):
+ * Sets a knob by name. Keys (docs/CONFIG.md has the units and the measurements behind defaults).
+ * direct=auto reads data already in the page cache through it and the rest with O_DIRECT:
  *   threads, chunk_size, queue_depth, slots, direct (auto|on|off), backend (auto|psync|io_uring),
  *   sqpoll (0|1), register (0|1: registered files and buffers with io_uring), path, device,
- *   host_budget, device_budget, log_level.
+ *   host_budget, device_budget, log_level, gpu_sync (block|spin: how a worker waits for a copy).
  * Sizes take suffixes k, m, g (powers of 1024). Keys that shape the workers (threads, backend,
  * queue_depth, slots, sqpoll, register) fail with FERRY_EBUSY once the workers have started.
  * Returns 0, FERRY_EBADOPT (unknown key or bad value) or FERRY_EBUSY.
@@ -114,6 +115,7 @@ enum ferry_stat {
 	FERRY_STAT_RETRIES,        /* short transfers, EINTR or EAGAIN resubmitted */
 	FERRY_STAT_ERRORS,         /* requests that failed */
 	FERRY_STAT_FALLBACKS,      /* automatic fallbacks (backend, O_DIRECT, GDS) taken */
+	FERRY_STAT_CACHED_CHUNKS,  /* read through the page cache because the data was resident (direct=auto) */
 	FERRY_STAT__COUNT
 };
 FERRY_API uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which);
@@ -184,6 +186,19 @@ FERRY_API FERRY_WUR int ferry_pread_async(ferry_file *f, void *buf, size_t len, 
 					  ferry_req **out);
 FERRY_API FERRY_WUR int ferry_pwrite_async(ferry_file *f, const void *buf, size_t len,
 					   uint64_t offset, ferry_req **out);
+/*
+ * Stream-ordered transfers of device memory (cuda.h's CUstream or cudaStream_t as stream; NULL is
+ * the legacy default stream): nothing lands in (or leaves) dev_buf before the work already queued
+ * on stream, and work queued on stream afterwards sees the whole transfer done. The calling thread
+ * does not block: storage reads start at once into pinned slots, the copies to dev_buf wait for the
+ * stream on the GPU, and a host function on the stream holds later work until the data is there.
+ * The request is waited and freed as any other (ferry_req_wait gives the count or the error).
+ * Host memory is refused (-EINVAL): there is nothing to order.
+ */
+FERRY_API FERRY_WUR int ferry_pread_stream(ferry_file *f, void *dev_buf, size_t len, uint64_t offset,
+					   void *stream, ferry_req **out);
+FERRY_API FERRY_WUR int ferry_pwrite_stream(ferry_file *f, const void *dev_buf, size_t len,
+					    uint64_t offset, void *stream, ferry_req **out);
 /* 1 if finished, 0 if not. Never blocks. */
 FERRY_API int ferry_req_done(const ferry_req *r);
 /*

@@ -71,6 +71,15 @@ FERRY_API int ferry_mem_kind(const void *ptr, int *device);
  */
 FERRY_API int ferry_gds_status(const char *path, char *why, size_t len);
 
+/*
+ * The machine's copy ceilings for device dev, measured now: `reps` copies of `bytes` each way between
+ * pinned host memory (cuMemHostAlloc) and device memory, the median of each in bytes per second
+ * (*htod, *dtoh). Benchmarks report their figures as fractions of these. Returns 0, FERRY_ENOGPU,
+ * -EINVAL, -ENOMEM or FERRY_ECUDA.
+ */
+FERRY_API FERRY_WUR int ferry_gpu_copy_ceiling(int dev, size_t bytes, unsigned reps, double *htod,
+					       double *dtoh);
+
 #ifdef __cplusplus
 }
 #endif

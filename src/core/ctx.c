@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "io/io.h"
+#include "sys/publish.h"
 
 enum knob_type { K_SIZE, K_UINT, K_ENUM };
 
@@ -22,6 +23,7 @@ struct knob {
 
 static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
+static const char *const gpu_sync_choices[] = {"block", "spin", NULL};
 static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
 					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
 
@@ -31,15 +33,18 @@ static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu
 #define GiB (1ull << 30)
 
 /*
- * Defaults: docs/CONFIG.md records the measurement behind each one. threads=4 and queue_depth=8
- * keep 32 chunks of 1 MiB in flight, which saturated the GPU machine's disk (fio: 4 jobs x QD16 of
- * 4 MiB) and its tmpfs to host in the first runs; revisit with bench/ on new machines.
+ * Defaults: docs/CONFIG.md records the measurements behind each one (bench/gpu-tune.sh and
+ * bench/gpu-read.sh on the GPU machine): 8 threads with 1 MiB chunks read tmpfs into GPU memory
+ * fastest (4 and 16 threads, 4 and 16 MiB chunks were slower), and 8 x 16 chunks in flight with a
+ * slot each matched fio's disk read and write ceilings. gpu_sync=spin: blocking event waits cost
+ * half the throughput to and from the GPU (20.8 against 37.8 to 44.8 GB/s from tmpfs; 2.06 against
+ * 3.39 GB/s to disk), the wake-up latency idling the copy pipeline.
  */
 static const struct knob knobs[] = {
-	{"threads", K_UINT, CFG(threads), 4, 1, 256, NULL, true},
+	{"threads", K_UINT, CFG(threads), 8, 1, 256, NULL, true},
 	{"chunk_size", K_SIZE, CFG(chunk_size), 1 * MiB, 4 * KiB, 1 * GiB, NULL, false},
-	{"queue_depth", K_UINT, CFG(queue_depth), 8, 1, 4096, NULL, true},
-	{"slots", K_UINT, CFG(slots), 4, 1, 1024, NULL, true},
+	{"queue_depth", K_UINT, CFG(queue_depth), 16, 1, 4096, NULL, true},
+	{"slots", K_UINT, CFG(slots), 16, 1, 1024, NULL, true},
 	{"direct", K_ENUM, CFG(direct), FERRY__DIRECT_AUTO, 0, 2, direct_choices, false},
 	{"backend", K_ENUM, CFG(backend), FERRY__BACKEND_AUTO, 0, 2, backend_choices, true},
 	{"sqpoll", K_UINT, CFG(sqpoll), 0, 0, 1, NULL, true},
@@ -49,12 +54,14 @@ static const struct knob knobs[] = {
 	{"host_budget", K_SIZE, CFG(host_budget), 4 * GiB, 0, UINT64_MAX, NULL, false},
 	{"device_budget", K_SIZE, CFG(device_budget), 1 * GiB, 0, UINT64_MAX, NULL, false},
 	{"log_level", K_UINT, CFG(log_level), 0, 0, 4, NULL, false},
+	{"gpu_sync", K_ENUM, CFG(gpu_sync), 1, 0, 1, gpu_sync_choices, true},
+	{"publish", K_UINT, CFG(publish), 0, 0, 1, NULL, true},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
-	"register", "path", "device", "host_budget", "device_budget", "log_level", NULL};
+	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", NULL};
 
 const char *const *ferry_ctx_keys(void)
 {
@@ -186,6 +193,32 @@ int ferry_ctx_create(ferry_ctx **out)
 	return 0;
 }
 
+void ferry__publish_stat(struct ferry__publish_counters *pub, enum ferry_stat s, uint64_t n)
+{
+	switch (s) {
+	case FERRY_STAT_BYTES_READ:
+		FERRY__PUBLISH_ADD(pub, bytes_read, n);
+		break;
+	case FERRY_STAT_BYTES_WRITTEN:
+		FERRY__PUBLISH_ADD(pub, bytes_written, n);
+		break;
+	case FERRY_STAT_READS:
+		FERRY__PUBLISH_ADD(pub, reads, n);
+		break;
+	case FERRY_STAT_WRITES:
+		FERRY__PUBLISH_ADD(pub, writes, n);
+		break;
+	case FERRY_STAT_ERRORS:
+		FERRY__PUBLISH_ADD(pub, errors, n);
+		break;
+	case FERRY_STAT_FALLBACKS:
+		FERRY__PUBLISH_ADD(pub, fallbacks, n);
+		break;
+	default:
+		break;
+	}
+}
+
 int ferry_ctx_set(ferry_ctx *ctx, const char *key, const char *value)
 {
 	if (!ctx || !key)
@@ -274,6 +307,12 @@ int ferry__ctx_choose_backend(ferry_ctx *ctx)
 	int ret = 0;
 
 	pthread_mutex_lock(&ctx->mu);
+	if (!ctx->backend && ctx->cfg.publish && !ctx->pub) {
+		/* best effort: a context that cannot publish still works */
+		ctx->pub = ferry__publish_open(program_invocation_short_name);
+		if (ctx->pub)
+			ferry__publish_set_path(ctx->pub, "host");
+	}
 	if (!ctx->backend)
 		ret = choose_backend(ctx);
 	pthread_mutex_unlock(&ctx->mu);
@@ -310,7 +349,7 @@ int ferry__ctx_start(ferry_ctx *ctx)
 		w[made].ctx = ctx;
 		w[made].index = made;
 		ret = ferry__ioq_init(&w[made].q, ctx, (unsigned)ctx->cfg.queue_depth,
-				      (unsigned)ctx->cfg.slots);
+				      (unsigned)ctx->cfg.slots, true);
 		if (ret)
 			break;
 	}
@@ -376,6 +415,7 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 	for (unsigned i = 0; i < ctx->nslot_cache; i++)
 		ferry_free_aligned(ctx->slot_cache[i], ferry__slot_size(ctx));
 	free(ctx->slot_cache);
+	ferry__publish_close(ctx->pub);
 	pthread_mutex_destroy(&ctx->mu);
 	pthread_mutex_destroy(&ctx->slot_mu);
 	pthread_cond_destroy(&ctx->work_cv);
@@ -386,7 +426,7 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 
 static const char *const stat_names[FERRY_STAT__COUNT] = {
 	"bytes_read",      "bytes_written",  "reads",    "writes",  "chunks",    "direct_chunks",
-	"bounced_chunks",  "buffered_chunks", "retries", "errors",  "fallbacks",
+	"bounced_chunks",  "buffered_chunks", "retries", "errors",  "fallbacks", "cached_chunks",
 };
 
 uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which)

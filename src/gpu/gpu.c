@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -218,4 +219,70 @@ int ferry_gds_status(const char *path, char *why, size_t len)
 	state = ferry__gds_probe_fd(fd, why, len);
 	close(fd);
 	return state;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+int ferry_gpu_copy_ceiling(int dev, size_t bytes, unsigned reps, double *htod, double *dtoh)
+{
+	const struct ferry__cuda_api *cu;
+	ferry__CUcontext prev = NULL;
+	ferry__CUdeviceptr d = 0;
+	void *h = NULL;
+	double *t;
+	ferry__CUresult r = FERRY__CUDA_SUCCESS;
+	int err = ferry__cuda_require();
+
+	if (err)
+		return err;
+	if (!bytes || !reps || reps > 1000 || !htod || !dtoh)
+		return ferry__error(-EINVAL, "ferry_gpu_copy_ceiling: %zu bytes, %u repetitions", bytes, reps);
+	cu = ferry__cuda();
+	if ((err = ferry__cuda_enter_device(dev, &prev)))
+		return err;
+	t = calloc(2 * (size_t)reps, sizeof(*t));
+	if (!t) {
+		ferry__cuda_leave_device(prev);
+		return ferry__error(-ENOMEM, "ferry_gpu_copy_ceiling");
+	}
+	if ((r = cu->MemHostAlloc(&h, bytes, FERRY__CU_MEMHOSTALLOC_PORTABLE)) ||
+	    (r = cu->MemAlloc(&d, bytes))) {
+		err = ferry__cuda_fail(r, "ferry_gpu_copy_ceiling: allocating 2 x %zu bytes on device %d", bytes, dev);
+		goto out;
+	}
+	memset(h, 0x5a, bytes);
+	/* the first copy of each direction warms the path and is not counted */
+	for (unsigned i = 0; i <= reps && !r; i++) {
+		uint64_t a = ferry__now_ns();
+		if ((r = cu->MemcpyHtoD(d, h, bytes)))
+			break;
+		uint64_t b = ferry__now_ns();
+		if ((r = cu->MemcpyDtoH(h, d, bytes)))
+			break;
+		uint64_t c = ferry__now_ns();
+		if (i) {
+			t[i - 1] = (double)bytes / ((double)(b - a) / 1e9);
+			t[reps + i - 1] = (double)bytes / ((double)(c - b) / 1e9);
+		}
+	}
+	if (r) {
+		err = ferry__cuda_fail(r, "ferry_gpu_copy_ceiling: copying %zu bytes on device %d", bytes, dev);
+		goto out;
+	}
+	qsort(t, reps, sizeof(*t), cmp_double);
+	qsort(t + reps, reps, sizeof(*t), cmp_double);
+	*htod = t[reps / 2];
+	*dtoh = t[reps + reps / 2];
+out:
+	if (d)
+		cu->MemFree(d);
+	if (h)
+		cu->MemFreeHost(h);
+	free(t);
+	ferry__cuda_leave_device(prev);
+	return err;
 }

@@ -3,6 +3,8 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "io/io.h"
 
@@ -61,15 +63,53 @@ uint64_t ferry__chunk_end(uint64_t cur, uint64_t end, uint64_t chunk_size)
 	return next < end ? next : end;
 }
 
+/* cachestat(2), Linux 6.5: page-cache residency of a file range, without side effects (a
+ * RWF_NOWAIT read would start read-ahead of what is missing, and then O_DIRECT would read it again). */
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+struct cachestat_range {
+	uint64_t off, len;
+};
+struct cachestat_result {
+	uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+};
+static atomic_int cachestat_missing;
+
+bool ferry__range_resident(int fd, uint64_t off, uint64_t len)
+{
+	struct cachestat_range r = {off, len};
+	struct cachestat_result cs;
+	long page = 4096;
+
+	if (atomic_load_explicit(&cachestat_missing, memory_order_relaxed) || !len)
+		return false;
+	if (syscall(__NR_cachestat, fd, &r, &cs, 0) < 0) {
+		if (errno == ENOSYS || errno == EPERM) /* old kernel, or a seccomp filter */
+			atomic_store(&cachestat_missing, 1);
+		return false;
+	}
+	/* pages of the range, counting the partial ones at both ends */
+	uint64_t pages = (off + len + (uint64_t)page - 1) / (uint64_t)page - off / (uint64_t)page;
+	return cs.nr_cache >= pages;
+}
+
 bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size)
 {
 	struct ferry_file *f = c->f;
+	bool direct = f->fd_direct >= 0 && c->path != FERRY__P_PAGECACHE;
+
+	/* DESIGN.md decision 5: data already in RAM is read from it; O_DIRECT would go to the device. */
+	if (direct && !c->is_write && ctx->cfg.direct == FERRY__DIRECT_AUTO &&
+	    ferry__range_resident(f->fd_buf, c->off, c->len)) {
+		direct = false;
+		ferry__stat_add(ctx, FERRY_STAT_CACHED_CHUNKS, 1);
+	}
 
 	/* Device memory is always staged through a slot, whose address is aligned. */
 	c->staged = c->dev >= 0;
 	ferry__plan_chunk(c->off, c->len, c->staged ? 0 : (uintptr_t)c->buf, f->block_size, f->mem_align,
-			  f->fd_direct >= 0 && c->path != FERRY__P_PAGECACHE, c->is_write, slot_size,
-			  &c->plan);
+			  direct, c->is_write, slot_size, &c->plan);
 	c->done = 0;
 	c->retries = 0;
 	c->result = 0;
@@ -85,7 +125,7 @@ bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size
 		return true;
 	default:
 		ferry__stat_add(ctx, FERRY_STAT_BUFFERED_CHUNKS, 1);
-		if (f->fd_direct >= 0 && c->len && c->path != FERRY__P_PAGECACHE)
+		if (direct && c->len)
 			ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1);
 		return c->staged;
 	}

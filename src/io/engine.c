@@ -7,10 +7,15 @@
 #include <time.h>
 
 #include "io/io.h"
+#include "sys/publish.h"
 
 struct ferry_req {
 	struct ferry__group g;
 	struct ferry__entry e;
+	/* stream-ordered: a host function on the caller's stream holds it until the request is done */
+	atomic_int hold_pending;
+	pthread_mutex_t hold_mu;
+	pthread_cond_t hold_cv;
 };
 
 struct ferry_batch {
@@ -68,13 +73,17 @@ static void group_entry_done(struct ferry__group *g)
 	}
 }
 
-static int group_wait(struct ferry__group *g, int64_t timeout_ns)
+static int group_wait_ctx(ferry_ctx *ctx, struct ferry__group *g, int64_t timeout_ns);
+#define group_wait(g, t) group_wait_ctx(NULL, (g), (t))
+
+static int group_wait_ctx(ferry_ctx *ctx, struct ferry__group *g, int64_t timeout_ns)
 {
 	struct timespec ts;
 	int ret = 0;
 
 	if (atomic_load(&g->done))
 		return 0;
+	uint64_t t0 = ctx && ctx->pub ? ferry__now_ns() : 0;
 	if (timeout_ns >= 0) {
 		clock_gettime(CLOCK_MONOTONIC, &ts);
 		uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)timeout_ns;
@@ -86,6 +95,8 @@ static int group_wait(struct ferry__group *g, int64_t timeout_ns)
 		ret = timeout_ns >= 0 ? pthread_cond_timedwait(&g->cv, &g->mu, &ts)
 				      : pthread_cond_wait(&g->cv, &g->mu);
 	pthread_mutex_unlock(&g->mu);
+	if (t0) /* how long a consumer waited for its data, for `ferry top` */
+		FERRY__PUBLISH_ADD(ctx->pub, consumer_wait_ns, ferry__now_ns() - t0);
 	return atomic_load(&g->done) ? 0 : -ETIMEDOUT;
 }
 
@@ -307,7 +318,7 @@ static int transfer_async(ferry_file *f, void *buf, size_t len, uint64_t off, bo
 		ret = ferry__resolve_path(f->ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
-	r = malloc(sizeof(*r));
+	r = calloc(1, sizeof(*r));
 	if (!r)
 		return ferry__error(-ENOMEM, "allocating a request");
 	group_init(&r->g, len ? 1 : 0);
@@ -343,7 +354,7 @@ int ferry_req_done(const ferry_req *r)
 
 ssize_t ferry_req_wait(ferry_req *r, int64_t timeout_ns)
 {
-	if (group_wait(&r->g, timeout_ns))
+	if (group_wait_ctx(r->e.f->ctx, &r->g, timeout_ns))
 		return ferry__error(-ETIMEDOUT, "waiting for %s(%s, offset %llu)",
 				    r->e.is_write ? "pwrite" : "pread", r->e.f->path,
 				    (unsigned long long)r->e.off);
@@ -357,8 +368,98 @@ void ferry_req_free(ferry_req *r)
 	if (!r)
 		return;
 	group_wait(&r->g, -1);
+	if (r->e.start_ev) {
+		/* the host function on the caller's stream still points at r until it has run */
+		pthread_mutex_lock(&r->hold_mu);
+		while (atomic_load(&r->hold_pending))
+			pthread_cond_wait(&r->hold_cv, &r->hold_mu);
+		pthread_mutex_unlock(&r->hold_mu);
+		pthread_mutex_destroy(&r->hold_mu);
+		pthread_cond_destroy(&r->hold_cv);
+		ferry__stream_end(r->e.dev, r->e.start_ev);
+	}
 	group_destroy(&r->g);
 	free(r);
+}
+
+/* Runs on CUDA's host-function thread, in order on the caller's stream: later work on the stream
+ * starts only once the request is done. It makes no CUDA call, as host functions must not. */
+static void stream_hold(void *arg)
+{
+	struct ferry_req *r = arg;
+
+	group_wait(&r->g, -1);
+	pthread_mutex_lock(&r->hold_mu);
+	atomic_store(&r->hold_pending, 0);
+	pthread_cond_broadcast(&r->hold_cv);
+	pthread_mutex_unlock(&r->hold_mu);
+}
+
+static int transfer_stream(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write,
+			   void *stream, ferry_req **out)
+{
+	const char *op = is_write ? "ferry_pwrite_stream" : "ferry_pread_stream";
+	int dev = -1, path = FERRY__P_HOST, ret;
+	struct ferry_req *r;
+
+	if (!out)
+		return ferry__error(-EINVAL, "%s: a request handle is needed (out is NULL)", op);
+	*out = NULL;
+	ret = check_args(f, buf, len, off, is_write);
+	if (!ret && len)
+		ret = ferry__resolve_path(f->ctx, f, buf, len, is_write, &dev, &path);
+	if (ret)
+		return ret;
+	if (len && dev < 0)
+		return ferry__error(-EINVAL, "%s(%s): the buffer is host memory; stream ordering is for device "
+				    "memory (use ferry_%s_async)", op, f->path, is_write ? "pwrite" : "pread");
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return ferry__error(-ENOMEM, "allocating a request");
+	group_init(&r->g, len ? 1 : 0);
+	entry_init(&r->e, &r->g, f, buf, off, len, is_write, f->ctx->cfg.chunk_size, dev, path);
+	if (!len) {
+		*out = r;
+		return 0;
+	}
+	pthread_mutex_init(&r->hold_mu, NULL);
+	pthread_cond_init(&r->hold_cv, NULL);
+	ret = ferry__stream_begin(dev, stream, &r->e.start_ev);
+	if (ret)
+		goto fail;
+	ret = submit_entries(f->ctx, &r->e, 1, sizeof(r->e));
+	if (ret)
+		goto fail_ev;
+	atomic_store(&r->hold_pending, 1);
+	ret = ferry__stream_hold(dev, stream, stream_hold, r);
+	if (ret) {
+		/* the request runs, but the stream cannot be made to wait: report, after it finished */
+		atomic_store(&r->hold_pending, 0);
+		group_wait(&r->g, -1);
+		goto fail_ev;
+	}
+	*out = r;
+	return 0;
+fail_ev:
+	ferry__stream_end(dev, r->e.start_ev);
+fail:
+	pthread_mutex_destroy(&r->hold_mu);
+	pthread_cond_destroy(&r->hold_cv);
+	group_destroy(&r->g);
+	free(r);
+	return ret;
+}
+
+int ferry_pread_stream(ferry_file *f, void *dev_buf, size_t len, uint64_t offset, void *stream,
+		       ferry_req **out)
+{
+	return transfer_stream(f, dev_buf, len, offset, false, stream, out);
+}
+
+int ferry_pwrite_stream(ferry_file *f, const void *dev_buf, size_t len, uint64_t offset, void *stream,
+			ferry_req **out)
+{
+	return transfer_stream(f, (void *)dev_buf, len, offset, true, stream, out);
 }
 
 /* -------------------------------------------------------------------------------------- batches */
@@ -463,7 +564,7 @@ int ferry_batch_wait(ferry_batch *b, int64_t timeout_ns)
 {
 	int shorts = 0;
 
-	if (group_wait(&b->g, timeout_ns))
+	if (group_wait_ctx(b->ctx, &b->g, timeout_ns))
 		return ferry__error(-ETIMEDOUT, "waiting for a batch of %zu entries", b->count);
 	b->running = false;
 	for (size_t i = 0; i < b->count; i++) {
@@ -512,8 +613,9 @@ int ferry_queue_create(ferry_ctx *ctx, unsigned depth, ferry_queue **out)
 		return ferry__error(-ENOMEM, "allocating a queue");
 	q->ctx = ctx;
 	q->done = calloc(depth, sizeof(*q->done));
-	/* two slots: only unaligned I/Os on O_DIRECT files need them */
-	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, 2) : -ENOMEM;
+	/* A slot per I/O in flight, up to 64: unaligned I/Os on O_DIRECT files and I/Os to device
+	 * memory need them. Their memory is touched only when used. */
+	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, depth < 64 ? depth : 64, false) : -ENOMEM;
 	if (ret) {
 		free(q->done);
 		free(q);

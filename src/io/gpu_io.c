@@ -9,6 +9,7 @@
 
 #include "gpu/shim.h"
 #include "io/io.h"
+#include "sys/publish.h"
 
 struct gpu_dev {
 	bool ready;
@@ -79,7 +80,7 @@ void ferry__file_gds_close(struct ferry_file *f)
 	f->gds_handle = NULL;
 }
 
-int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+static int resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
 			bool is_write, int *dev, int *path)
 {
 	/* the `path` knob's values, in ctx.c's order */
@@ -143,6 +144,20 @@ int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, s
 	}
 }
 
+int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
+			bool is_write, int *dev, int *path)
+{
+	int ret = resolve_path(ctx, f, buf, len, is_write, dev, path);
+
+	if (!ret && ctx->pub) {
+		/* the path `ferry top` shows: the mode's short name */
+		static const char *const short_names[] = {"host", "cpu-async-gpu", "cpu-gpu", "pagecache-gpu",
+							  "gds", "gds-async", "gds-batch"};
+		ferry__publish_set_path(ctx->pub, short_names[*path]);
+	}
+	return ret;
+}
+
 /* ------------------------------------------------------------------------------- GPU per queue */
 
 static int chunk_index(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -201,7 +216,10 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 			return NULL;
 		}
 		for (unsigned i = 0; i < q->depth; i++) {
-			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING);
+			/* block: a worker waiting for its oldest copy sleeps instead of spinning a core;
+			 * slower (docs/CONFIG.md), so spin is the default */
+			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING |
+								(q->ctx->cfg.gpu_sync ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC));
 			if (r) {
 				c->result = ferry__cuda_fail(r, "cuEventCreate on device %d", dev);
 				for (unsigned j = 0; j < i; j++)
@@ -255,6 +273,20 @@ static int64_t gds_result(ssize_t r, const struct ferry__chunk *c)
 			    ferry__cufile_explain(e, why, sizeof(why)));
 }
 
+/* Stream-ordered requests: nothing touches the caller's buffer before the work queued ahead of
+ * the request on the caller's stream; the worker's stream waits for it on the GPU, not the host. */
+static bool wait_start(struct gpu_dev *gd, struct ferry__chunk *c)
+{
+	if (!c->entry || !c->entry->start_ev)
+		return true;
+	ferry__CUresult r = ferry__cuda()->StreamWaitEvent(gd->stream, (ferry__CUevent)c->entry->start_ev, 0);
+	if (r) {
+		c->result = ferry__cuda_fail(r, "cuStreamWaitEvent on the caller's stream event");
+		return false;
+	}
+	return true;
+}
+
 bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
@@ -266,6 +298,8 @@ bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 	if (c->path == FERRY__P_GDS_ASYNC) {
 		const struct ferry__cufile_api *cf = ferry__cufile();
 		ferry__CUfileError_t e;
+		if (!wait_start(gd, c))
+			return false;
 		c->g_size = c->len;
 		c->g_foff = (off_t)c->off;
 		c->g_boff = 0;
@@ -284,7 +318,9 @@ bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 		}
 		return record(q, gd, c, "cuFile stream op");
 	}
-	/* a device write: its bytes come to the slot first */
+	/* a device write: its bytes come to the slot first, after the caller's stream work */
+	if (!wait_start(gd, c))
+		return false;
 	if (c->path == FERRY__P_PIPE_SYNC || !q->gpu->pinned) {
 		r = cu->MemcpyDtoH(c->slot, (ferry__CUdeviceptr)(uintptr_t)c->buf, c->len);
 		if (r)
@@ -306,7 +342,7 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 	size_t n = (size_t)c->result;
 	ferry__CUresult r;
 
-	if (!gd)
+	if (!gd || !wait_start(gd, c))
 		return false;
 	if (c->path == FERRY__P_PIPE_SYNC || !q->gpu->pinned) {
 		r = cu->MemcpyHtoD((ferry__CUdeviceptr)(uintptr_t)c->buf, c->slot + c->copy_off, n);
@@ -360,6 +396,11 @@ void ferry__gds_chunk_sync(struct ferry__ioq *q, struct ferry__chunk *c)
 	(void)q;
 	if (ferry__cuda_set_device(c->dev)) {
 		c->result = FERRY_ENOGPU;
+		return;
+	}
+	/* cuFileRead is synchronous: the host waits for the caller's stream work first */
+	if (c->entry && c->entry->start_ev && (r = ferry__cuda()->EventSynchronize(c->entry->start_ev))) {
+		c->result = ferry__cuda_fail((ferry__CUresult)r, "waiting for the caller's stream before cuFile");
 		return;
 	}
 	r = c->is_write ? cf->Write(c->f->gds_handle, c->buf, c->len, (off_t)c->off, 0)
@@ -489,4 +530,50 @@ void ferry__ioq_gpu_exit(struct ferry__ioq *q)
 	free(g->events);
 	free(g);
 	q->gpu = NULL;
+}
+
+/* ----------------------------------------------------------------------------- stream ordering */
+
+int ferry__stream_begin(int dev, void *stream, void **start_ev)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	ferry__CUcontext prev = NULL;
+	ferry__CUevent ev = NULL;
+	ferry__CUresult r;
+	int err = ferry__cuda_enter_device(dev, &prev);
+
+	if (err)
+		return err;
+	r = cu->EventCreate(&ev, FERRY__CU_EVENT_DISABLE_TIMING);
+	if (!r && (r = cu->EventRecord(ev, (ferry__CUstream)stream)))
+		cu->EventDestroy(ev);
+	ferry__cuda_leave_device(prev);
+	if (r)
+		return ferry__cuda_fail(r, "recording an event on the caller's stream %p (device %d)", stream, dev);
+	*start_ev = ev;
+	return 0;
+}
+
+int ferry__stream_hold(int dev, void *stream, void (*fn)(void *), void *arg)
+{
+	ferry__CUcontext prev = NULL;
+	int err = ferry__cuda_enter_device(dev, &prev);
+
+	if (err)
+		return err;
+	ferry__CUresult r = ferry__cuda()->LaunchHostFunc((ferry__CUstream)stream, fn, arg);
+	ferry__cuda_leave_device(prev);
+	if (r)
+		return ferry__cuda_fail(r, "cuLaunchHostFunc on the caller's stream %p", stream);
+	return 0;
+}
+
+void ferry__stream_end(int dev, void *start_ev)
+{
+	ferry__CUcontext prev = NULL;
+
+	if (!start_ev || ferry__cuda_enter_device(dev, &prev))
+		return;
+	ferry__cuda()->EventDestroy((ferry__CUevent)start_ev);
+	ferry__cuda_leave_device(prev);
 }

@@ -30,6 +30,8 @@ struct ferry__config {
 	uint64_t host_budget;
 	uint64_t device_budget;
 	uint64_t log_level;
+	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
+	uint64_t publish;  /* publish live counters for `ferry top` (src/sys/publish.h) */
 };
 
 /* --------------------------------------------------------------------------------------- files */
@@ -141,6 +143,8 @@ struct ferry__op {
 
 enum { FERRY__CH_FINISHED, FERRY__CH_AGAIN };
 
+/* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
+bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* Plans c (c->f, buf, len, off, is_write set) and counts it. Returns true if it needs a slot. */
 bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size);
 /* Fills op with the next transfer of c. */
@@ -220,7 +224,9 @@ struct ferry__ioq {
 	unsigned gds_inflight;                    /* gds-batch chunks submitted */
 };
 
-int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots);
+/* reg_bufs: register the slots as io_uring fixed buffers (pins them: workers only; a queue's slots
+ * stay lazily backed until used). */
+int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, bool reg_bufs);
 void ferry__ioq_exit(struct ferry__ioq *q);
 struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q);
 void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c);
@@ -256,6 +262,11 @@ int ferry__gds_batch_submit(struct ferry__ioq *q);
 int ferry__gds_batch_reap(struct ferry__ioq *q, bool block,
 			  void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
 void ferry__ioq_gpu_exit(struct ferry__ioq *q);
+/* Stream-ordered requests: records the start event on the caller's stream and, once the request
+ * is queued, a host function there that holds the stream until the request is done. */
+int ferry__stream_begin(int dev, void *stream, void **start_ev);
+int ferry__stream_hold(int dev, void *stream, void (*fn)(void *), void *arg);
+void ferry__stream_end(int dev, void *start_ev);
 void ferry__file_gds_close(struct ferry_file *f);
 
 /* ------------------------------------------------------------------------------------- context */
@@ -282,6 +293,7 @@ struct ferry__entry {
 	uint64_t err_off; /* offset of the chunk that failed first */
 	int dev;          /* device of buf, -1 for host memory */
 	int path;         /* enum ferry__path */
+	void *start_ev;   /* stream-ordered: a CUevent on the caller's stream; copies to or from buf wait for it */
 	int64_t result;
 	struct ferry__group *group;
 	struct ferry__entry *next_work;
@@ -311,11 +323,17 @@ struct ferry_ctx {
 	char **slot_cache;
 	unsigned nslot_cache, slot_cache_cap;
 	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
+	struct ferry__publish_counters *pub; /* NULL unless publish=1 */
 };
+
+/* Mirrors the counters `ferry top` shows into the context's publication, when there is one. */
+void ferry__publish_stat(struct ferry__publish_counters *pub, enum ferry_stat s, uint64_t n);
 
 static inline void ferry__stat_add(ferry_ctx *ctx, enum ferry_stat s, uint64_t n)
 {
 	atomic_fetch_add_explicit(&ctx->stats[s], n, memory_order_relaxed);
+	if (ctx->pub)
+		ferry__publish_stat(ctx->pub, s, n);
 }
 
 const struct ferry__backend_ops *ferry__backend_by_name(const char *name);

@@ -290,6 +290,12 @@ static void errors(ferry_ctx *ctx, const char *dir)
 	T_CHECK(strstr(ferry_last_error(), "read-only") != NULL);
 	T_EQ_INT(ferry_pread(f, NULL, 10, 0), -EFAULT);
 	T_EQ_INT(ferry_pread(f, buf, 10, UINT64_MAX - 4), -EINVAL);
+	/* stream ordering is for device memory; host memory is refused with a reason */
+	ferry_req *sr = (ferry_req *)&sr;
+	T_EQ_INT(ferry_pread_stream(f, buf, sizeof(buf), 0, NULL, &sr), -EINVAL);
+	T_CHECK(sr == NULL);
+	T_CHECK(strstr(ferry_last_error(), "host memory") != NULL);
+	T_EQ_INT(ferry_pread_stream(f, buf, sizeof(buf), 0, NULL, NULL), -EINVAL);
 	ferry_file_close(f);
 	ferry_file_close(NULL);
 }

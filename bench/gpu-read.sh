@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Issue 3's figures, side by side in one run on one machine (scripts/gpu-check.sh runs it):
+#  - pinned copy ceilings (ferry's measurement and torch's), the disk's raw read and write ceilings
+#    (fio when given as $FIO, and ferry bench to host memory, O_DIRECT);
+#  - warm page cache (/dev/shm) into GPU memory: ferry (-x auto, --api=pread: one read of the whole
+#    file over the worker threads, a small sweep of threads and chunk size) vs kvikio (its sweep of
+#    threads and task size);
+#  - cold disk into GPU memory (caches dropped before each read);
+#  - GPU memory to a file on disk (O_DIRECT, then fsync) against the raw write ceiling.
+# Prints "TABLE name | figure | note" rows; full outputs go to $FERRY_LOG_DIR.
+#   FERRY_CLI=build/ferry SHM_GIB=4 DISK_GIB=4 bash bench/gpu-read.sh
+set -u
+FERRY=${FERRY_CLI:-build/ferry}
+LOG=${FERRY_LOG_DIR:-/tmp/ferry-gpu-read}
+mkdir -p "$LOG"
+SHM=${SHM_DIR:-/dev/shm}/ferry-gpu-read.dat
+DISKDIR=${DISK_DIR:-$PWD/build-bench-disk}
+DISK=$DISKDIR/ferry-gpu-read.dat
+SHM_GIB=${SHM_GIB:-4}
+DISK_GIB=${DISK_GIB:-4}
+FIO=${FIO:-$(command -v fio || true)}
+[ -x .deb/fio ] && FIO=${FIO:-.deb/fio}
+mkdir -p "$DISKDIR"
+row() { echo "TABLE $1 | $2 | $3"; }
+jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval(sys.argv[2]))" "$@"; }
+drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
+
+"$FERRY" bench --filename "$SHM" --size ${SHM_GIB}g --bs 4m --rw write >/dev/null || exit 1
+"$FERRY" bench --filename "$DISK" --size ${DISK_GIB}g --bs 4m --rw write --direct 1 >/dev/null || exit 1
+
+# ---- ceilings
+python3 - <<'PY' >"$LOG/torch-ceiling.json" 2>&1
+import json, torch
+n = 1 << 30
+h = torch.empty(n, dtype=torch.uint8).pin_memory(); d = torch.empty(n, dtype=torch.uint8, device="cuda")
+for _ in range(2): d.copy_(h, non_blocking=True)
+torch.cuda.synchronize(); s, e = torch.cuda.Event(True), torch.cuda.Event(True); t = []
+for _ in range(5):
+    s.record(); d.copy_(h, non_blocking=True); e.record(); torch.cuda.synchronize(); t.append(s.elapsed_time(e))
+t.sort(); print(json.dumps({"htod_gbps": n / (t[2] / 1e3) / 1e9}))
+PY
+row "ceiling: torch pinned HtoD 1 GiB" "$(jget "$LOG/torch-ceiling.json" '"%.1f GB/s" % d["htod_gbps"]')" "median of 5, CUDA events"
+if [ -n "$FIO" ]; then
+	drop
+	"$FIO" --name=r --filename="$DISK" --rw=read --bs=4m --iodepth=16 --numjobs=4 --direct=1 --ioengine=io_uring \
+		--group_reporting --output-format=json >"$LOG/fio-disk-read.json" 2>&1
+	row "ceiling: fio disk read O_DIRECT 4x QD16 4m" "$(jget "$LOG/fio-disk-read.json" '"%.2f GB/s" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')" "fio $("$FIO" --version)"
+	"$FIO" --name=w --filename="$DISK" --rw=write --bs=4m --iodepth=16 --numjobs=4 --direct=1 --ioengine=io_uring \
+		--size=${DISK_GIB}g --group_reporting --output-format=json >"$LOG/fio-disk-write.json" 2>&1
+	row "ceiling: fio disk write O_DIRECT 4x QD16 4m" "$(jget "$LOG/fio-disk-write.json" '"%.2f GB/s" % (d["jobs"][0]["write"]["bw_bytes"]/1e9)')" "no fsync, as ferry bench"
+fi
+"$FERRY" bench --filename "$DISK" --rw read --bs 4m --iodepth 16 --numjobs 4 --direct 1 --cold=system \
+	--output-format=json >"$LOG/ferry-disk-read.json"
+row "ceiling: ferry bench disk read to host, O_DIRECT 4x QD16 4m" "$(jget "$LOG/ferry-disk-read.json" '"%.2f GB/s" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')" "cold"
+
+# ---- warm: /dev/shm into GPU memory
+size=$((SHM_GIB << 30))
+# ferry's defaults first, then the knobs that matter for memory-bound reads: threads, backend
+# (io_uring punts tmpfs reads to its kernel workers; psync reads in the worker itself) and how a
+# worker waits for its copies (gpu_sync)
+for cfg in "default" "threads=8 backend=psync" "threads=12 backend=psync" "threads=16 backend=psync" \
+	"threads=12 backend=io_uring" "threads=8 backend=psync gpu_sync=spin" "threads=12 backend=psync gpu_sync=spin"; do
+	envs=()
+	for kv in $cfg; do [ "$kv" = default ] || envs+=("FERRY_$(echo "${kv%%=*}" | tr a-z A-Z)=${kv#*=}"); done
+	tag=$(echo "$cfg" | tr ' =' '_-')
+	env "${envs[@]}" "$FERRY" bench --filename "$SHM" --bs 1g --size $size --api pread \
+		-x auto --io_size $((size * 3)) --output-format=json >"$LOG/ferry-shm-$tag.json" || continue
+	g=$(jget "$LOG/ferry-shm-$tag.json" '"%.2f" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')
+	cores=$(jget "$LOG/ferry-shm-$tag.json" '"%.2f" % d["jobs"][0]["ferry"]["cpu_cores"]')
+	frac=$(jget "$LOG/ferry-shm-$tag.json" '"%.2f" % d["jobs"][0]["ferry"]["xfer"]["fraction_of_copy_ceiling"]')
+	row "warm /dev/shm->GPU ferry $cfg" "$g GB/s" "$frac of pinned HtoD; $cores cores"
+done
+python3 bench/kvikio_read.py "$SHM" --threads ${KVIKIO_THREADS:-8,16} --task-sizes ${KVIKIO_TASKS:-4m,16m} >"$LOG/kvikio-shm.jsonl" 2>"$LOG/kvikio-shm.err"
+if grep -q skipped "$LOG/kvikio-shm.jsonl"; then
+	row "warm /dev/shm->GPU kvikio" "skipped" "$(head -c 200 "$LOG/kvikio-shm.jsonl")"
+else
+	while read -r l; do
+		row "warm /dev/shm->GPU kvikio $(echo "$l" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("threads=%d task=%s" % (d["threads"], d["task_size"]))')" \
+			"$(echo "$l" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f GB/s" % d["gbps"])')" \
+			"$(echo "$l" | python3 -c 'import json,sys; d=json.load(sys.stdin); print("%.2f cores, compat %s" % (d["cores"], d["compat_mode"]))')"
+	done <"$LOG/kvikio-shm.jsonl"
+fi
+
+# ---- cold disk into GPU memory
+dsize=$((DISK_GIB << 30))
+"$FERRY" bench --filename "$DISK" --bs 1g --size $dsize --api pread -x auto --cold=system --output-format=json >"$LOG/ferry-disk-gpu.json"
+row "cold disk->GPU ferry -x auto" "$(jget "$LOG/ferry-disk-gpu.json" '"%.2f GB/s" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')" \
+	"$(jget "$LOG/ferry-disk-gpu.json" '"%.2f cores" % d["jobs"][0]["ferry"]["cpu_cores"]')"
+python3 bench/kvikio_read.py "$DISK" --threads 16 --task-sizes 4m --rounds 1 --drop-caches >"$LOG/kvikio-disk.jsonl" 2>&1
+grep -q gbps "$LOG/kvikio-disk.jsonl" && row "cold disk->GPU kvikio threads=16 task=4m" \
+	"$(python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).readlines()[-1]); print("%.2f GB/s" % d["gbps"])' "$LOG/kvikio-disk.jsonl")" "caches dropped"
+
+# ---- GPU memory to a file on disk
+"$FERRY" bench --filename "$DISK" --rw write --bs 1g --size $dsize --api pread -x auto --direct 1 --output-format=json >"$LOG/ferry-gpu-disk.json"
+row "GPU->disk ferry -x auto, O_DIRECT" "$(jget "$LOG/ferry-gpu-disk.json" '"%.2f GB/s" % (d["jobs"][0]["write"]["bw_bytes"]/1e9)')" \
+	"$(jget "$LOG/ferry-gpu-disk.json" '"%.2f cores" % d["jobs"][0]["ferry"]["cpu_cores"]')"
+"$FERRY" bench --filename "$SHM" --bs 256m --api pread -x all --io_size 2g >"$LOG/ferry-xall-shm.txt" 2>&1
+sed -n '/transfer modes/,$p' "$LOG/ferry-xall-shm.txt"
+rm -f "$SHM" "$DISK"
+exit 0

@@ -1,0 +1,374 @@
+/* ferry top: a live view of block devices, CPU, GPUs and ferry processes; JSON lines; Prometheus. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "ferry/ferry.h"
+#include "ferry/sys.h"
+
+#define MAX_CLIENTS 16
+#define REQ_MAX 8192
+
+static volatile sig_atomic_t stop;
+
+static void on_signal(int sig)
+{
+	(void)sig;
+	stop = 1;
+}
+
+static void usage(FILE *out)
+{
+	fprintf(out,
+		"usage: ferry top [-i SECONDS] [--count N] [--json] [--prometheus [ADDR]]\n"
+		"\n"
+		"Live view: per block device MB/s, IOPS, latency and queue depth (/proc/diskstats), CPU busy,\n"
+		"iowait and softirq (/proc/stat), per GPU utilisation, memory and PCIe traffic (NVML), and\n"
+		"the ferry processes that publish their counters (docs/DOCTOR.md, 'ferry top').\n"
+		"\n"
+		"  -i, --interval SECONDS  refresh period, fractions allowed (default 1)\n"
+		"  -n, --count N           stop after N samples\n"
+		"      --json              one JSON object per sample per line\n"
+		"      --prometheus [ADDR] serve GET /metrics in Prometheus text format on ADDR\n"
+		"                          (default 127.0.0.1:9464; port 0 picks a free one)\n");
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double val(const ferry_sampler *s, size_t i, const char *m)
+{
+	double v;
+	return ferry_sampler_row_value(s, i, m, &v) == 0 ? v : NAN;
+}
+
+static void draw(ferry_sampler *s, int tty)
+{
+	size_t n = ferry_sampler_rows(s);
+	if (tty)
+		fputs("\033[H\033[2J", stdout);
+	time_t t = time(NULL);
+	char when[32];
+	strftime(when, sizeof(when), "%H:%M:%S", localtime(&t));
+	printf("ferry top  %s  interval %.2fs  (Ctrl-C quits)\n\n", when, ferry_sampler_interval(s));
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(ferry_sampler_row_kind(s, i), "cpu"))
+			printf("CPU  busy %5.1f%%  iowait %5.1f%%  softirq %5.1f%%\n\n", val(s, i, "busy_pct"),
+			       val(s, i, "iowait_pct"), val(s, i, "softirq_pct"));
+	printf("%-12s %9s %9s %9s %9s %9s %9s %7s %6s\n", "DEVICE", "rMB/s", "wMB/s", "r/s", "w/s", "r_await", "w_await",
+	       "aqu-sz", "util%");
+	for (size_t i = 0; i < n; i++)
+		if (!strcmp(ferry_sampler_row_kind(s, i), "disk"))
+			printf("%-12.12s %9.1f %9.1f %9.0f %9.0f %9.2f %9.2f %7.2f %6.1f\n", ferry_sampler_row_name(s, i),
+			       val(s, i, "read_mbps"), val(s, i, "write_mbps"), val(s, i, "read_iops"),
+			       val(s, i, "write_iops"), val(s, i, "read_await_ms"), val(s, i, "write_await_ms"),
+			       val(s, i, "queue_depth"), val(s, i, "util_pct"));
+	int gpus = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(ferry_sampler_row_kind(s, i), "gpu"))
+			continue;
+		if (!gpus++)
+			printf("\n%-4s %-24s %6s %10s %10s %10s %10s\n", "GPU", "MODEL", "util%", "mem MiB", "of MiB",
+			       "rxMB/s", "txMB/s");
+		const char *model = ferry_sampler_row_text(s, i, "name");
+		printf("%-4s %-24.24s %6.0f %10.0f %10.0f %10.1f %10.1f\n", ferry_sampler_row_name(s, i),
+		       model ? model : "", val(s, i, "util_pct"), val(s, i, "mem_used_mib"), val(s, i, "mem_total_mib"),
+		       val(s, i, "pcie_rx_mbps"), val(s, i, "pcie_tx_mbps"));
+	}
+	for (size_t k = 0; ferry_sampler_note(s, k); k++)
+		printf("\n%s\n", ferry_sampler_note(s, k));
+	int procs = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(ferry_sampler_row_kind(s, i), "ferry"))
+			continue;
+		if (!procs++)
+			printf("\n%-8s %-20s %-10s %9s %9s %9s %9s %6s\n", "PID", "FERRY", "PATH", "rMB/s", "wMB/s", "r/s",
+			       "w/s", "wait%");
+		const char *name = ferry_sampler_row_text(s, i, "name"), *path = ferry_sampler_row_text(s, i, "path");
+		printf("%-8s %-20.20s %-10.10s %9.1f %9.1f %9.0f %9.0f %6.1f\n", ferry_sampler_row_name(s, i),
+		       name ? name : "", path ? path : "", val(s, i, "read_mbps"), val(s, i, "write_mbps"),
+		       val(s, i, "read_iops"), val(s, i, "write_iops"), val(s, i, "wait_pct"));
+	}
+	if (!procs)
+		printf("\nno ferry process publishes statistics\n");
+	if (!tty)
+		printf("\n");
+	fflush(stdout);
+}
+
+/* ------------------------------------------------------------------------------- HTTP server */
+
+struct client {
+	int fd;
+	size_t len;
+	double since;
+	char buf[REQ_MAX];
+};
+
+static int listen_on(const char *addr, char *shown, size_t len)
+{
+	char host[256];
+	const char *colon = strrchr(addr, ':');
+	long port = 9464;
+	if (colon) {
+		snprintf(host, sizeof(host), "%.*s", (int)(colon - addr), addr);
+		char *end;
+		port = strtol(colon + 1, &end, 10);
+		if (*end || port < 0 || port > 65535)
+			return -EINVAL;
+	} else {
+		snprintf(host, sizeof(host), "%s", addr);
+	}
+	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+	if (!host[0])
+		snprintf(host, sizeof(host), "127.0.0.1");
+	if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+		return -EINVAL;
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	int one = 1;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(fd, 16) < 0) {
+		int err = -errno;
+		close(fd);
+		return err;
+	}
+	socklen_t sl = sizeof(sa);
+	getsockname(fd, (struct sockaddr *)&sa, &sl);
+	char ip[INET_ADDRSTRLEN];
+	inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+	snprintf(shown, len, "%s:%u", ip, ntohs(sa.sin_port));
+	return fd;
+}
+
+static void send_all(int fd, const char *p, size_t n)
+{
+	double deadline = now_s() + 2.0;
+	while (n && now_s() < deadline) {
+		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+		} else if (w < 0 && (errno == EAGAIN || errno == EINTR)) {
+			struct pollfd pf = {.fd = fd, .events = POLLOUT};
+			poll(&pf, 1, 100);
+		} else {
+			return;
+		}
+	}
+}
+
+static void respond(struct client *c, ferry_sampler *s)
+{
+	char method[16] = "", target[256] = "";
+	sscanf(c->buf, "%15s %255s", method, target);
+	const char *body = "not found: only GET /metrics is served\n", *status = "404 Not Found";
+	const char *ctype = "text/plain; charset=utf-8";
+	if (!strcmp(method, "GET") && (!strcmp(target, "/metrics") || !strncmp(target, "/metrics?", 9))) {
+		if (ferry_sampler_prometheus(s, &body) == 0) {
+			status = "200 OK";
+			ctype = "text/plain; version=0.0.4; charset=utf-8";
+		} else {
+			status = "500 Internal Server Error";
+			body = "out of memory\n";
+		}
+	}
+	char head[256];
+	int hn = snprintf(head, sizeof(head),
+			  "HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n", status,
+			  ctype, strlen(body));
+	send_all(c->fd, head, (size_t)hn);
+	if (strcmp(method, "HEAD"))
+		send_all(c->fd, body, strlen(body));
+}
+
+/* Serves until deadline (monotonic seconds). The sampler holds the latest sample. */
+static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
+{
+	while (!stop) {
+		double left = deadline - now_s();
+		if (left <= 0)
+			return;
+		struct pollfd pf[MAX_CLIENTS + 1];
+		int np = 0;
+		pf[np++] = (struct pollfd){.fd = lfd, .events = POLLIN};
+		for (int i = 0; i < MAX_CLIENTS; i++)
+			if (cl[i].fd >= 0)
+				pf[np++] = (struct pollfd){.fd = cl[i].fd, .events = POLLIN};
+		int r = poll(pf, (nfds_t)np, (int)(left * 1000) + 1);
+		if (r < 0 && errno != EINTR)
+			return;
+		if (r <= 0)
+			continue;
+		if (pf[0].revents & POLLIN) {
+			int fd = accept4(lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+			int slot = -1;
+			for (int i = 0; fd >= 0 && i < MAX_CLIENTS && slot < 0; i++)
+				if (cl[i].fd < 0)
+					slot = i;
+			if (fd >= 0 && slot < 0) {
+				close(fd); /* too many at once: the client retries */
+			} else if (fd >= 0) {
+				cl[slot].fd = fd;
+				cl[slot].len = 0;
+				cl[slot].buf[0] = '\0';
+				cl[slot].since = now_s();
+			}
+		}
+		for (int i = 0; i < MAX_CLIENTS; i++) {
+			struct client *c = &cl[i];
+			if (c->fd < 0)
+				continue;
+			ssize_t got = recv(c->fd, c->buf + c->len, sizeof(c->buf) - 1 - c->len, 0);
+			if (got > 0) {
+				c->len += (size_t)got;
+				c->buf[c->len] = '\0';
+			}
+			int done = got > 0 && (strstr(c->buf, "\r\n\r\n") || strstr(c->buf, "\n\n"));
+			int dead = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
+				   c->len >= sizeof(c->buf) - 1 || now_s() - c->since > 5.0;
+			if (done)
+				respond(c, s);
+			if (done || dead) {
+				close(c->fd);
+				c->fd = -1;
+			}
+		}
+	}
+}
+
+int ferry_cmd_top(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"interval", required_argument, NULL, 'i'}, {"count", required_argument, NULL, 'n'},
+		{"json", no_argument, NULL, 'j'},	    {"prometheus", optional_argument, NULL, 'p'},
+		{"help", no_argument, NULL, 'h'},	    {NULL, 0, NULL, 0},
+	};
+	double interval = 1.0;
+	long count = -1;
+	int json = 0, c;
+	const char *prom = NULL;
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "i:n:h", opts, NULL)) != -1) {
+		char *end;
+		switch (c) {
+		case 'i':
+			interval = strtod(optarg, &end);
+			if (*end || !(interval >= 0.05 && interval <= 3600)) {
+				fprintf(stderr, "ferry top: -i takes seconds between 0.05 and 3600, not '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'n':
+			count = strtol(optarg, &end, 10);
+			if (*end || count < 1) {
+				fprintf(stderr, "ferry top: --count takes a positive number, not '%s'\n", optarg);
+				return 2;
+			}
+			break;
+		case 'j': json = 1; break;
+		case 'p':
+			/* --prometheus ADDR and --prometheus=ADDR both work; a following option is not an ADDR. */
+			if (optarg)
+				prom = optarg;
+			else if (optind < argc && argv[optind][0] != '-')
+				prom = argv[optind++];
+			else
+				prom = "127.0.0.1:9464";
+			break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (optind < argc) {
+		fprintf(stderr, "ferry top: unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	int lfd = -1;
+	struct client cl[MAX_CLIENTS];
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		cl[i].fd = -1;
+	if (prom) {
+		char shown[64];
+		lfd = listen_on(prom, shown, sizeof(shown));
+		if (lfd == -EINVAL) {
+			fprintf(stderr, "ferry top: --prometheus takes IPv4ADDR:PORT, not '%s'\n", prom);
+			return 2;
+		}
+		if (lfd < 0) {
+			fprintf(stderr, "ferry top: cannot listen on %s: %s\n", prom, strerror(-lfd));
+			return 1;
+		}
+		fprintf(stderr, "ferry top: serving http://%s/metrics\n", shown);
+	}
+	ferry_sampler *s;
+	if (ferry_sampler_create(&s)) {
+		fprintf(stderr, "ferry top: %s\n", ferry_last_error());
+		return 1;
+	}
+	struct sigaction sa = {.sa_handler = on_signal};
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	int tty = isatty(STDOUT_FILENO), rc = 0;
+	if (ferry_sampler_sample(s)) {
+		fprintf(stderr, "ferry top: %s\n", ferry_last_error());
+		ferry_sampler_destroy(s);
+		if (lfd >= 0)
+			close(lfd);
+		return 1;
+	}
+	double next = now_s() + interval;
+	for (long shown = 0; !stop && (count < 0 || shown < count); shown++) {
+		if (lfd >= 0) {
+			serve(lfd, cl, s, next);
+		} else {
+			double left;
+			while (!stop && (left = next - now_s()) > 0) {
+				struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+				nanosleep(&ts, NULL);
+			}
+		}
+		if (stop)
+			break;
+		next += interval;
+		if (ferry_sampler_sample(s)) {
+			fprintf(stderr, "ferry top: %s\n", ferry_last_error());
+			rc = 1;
+			break;
+		}
+		if (json) {
+			const char *line;
+			if (ferry_sampler_json(s, &line) == 0)
+				printf("%s\n", line);
+			if (fflush(stdout) == EOF) /* the reader went away */
+				break;
+		} else if (lfd < 0) {
+			draw(s, tty);
+		}
+	}
+	for (int i = 0; i < MAX_CLIENTS; i++)
+		if (cl[i].fd >= 0)
+			close(cl[i].fd);
+	if (lfd >= 0)
+		close(lfd);
+	ferry_sampler_destroy(s);
+	return rc;
+}

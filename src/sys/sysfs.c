@@ -1,0 +1,250 @@
+/* Reading /sys, /proc, /run and /etc (or the fixture trees that stand in for them). */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "sys/sys.h"
+
+static const struct {
+	const char *env;
+	const char *dflt;
+} roots[FERRY__ROOT__COUNT] = {
+	[FERRY__ROOT_SYS] = {"FERRY_SYSFS_ROOT", "/sys"},
+	[FERRY__ROOT_PROC] = {"FERRY_PROCFS_ROOT", "/proc"},
+	[FERRY__ROOT_RUN] = {"FERRY_RUN_ROOT", "/run"},
+	[FERRY__ROOT_ETC] = {"FERRY_ETC_ROOT", "/etc"},
+};
+
+/*
+ * Read on every call, not cached: tests switch fixtures within one process. getenv is cheap next
+ * to the open() that follows. (src/core's ferry__sysfs_root/ferry__procfs_root read the same two
+ * variables.)
+ */
+const char *ferry__sys_root(int root)
+{
+	if (root < 0 || root >= FERRY__ROOT__COUNT)
+		return "/nonexistent";
+	const char *v = getenv(roots[root].env);
+	return v && *v ? v : roots[root].dflt;
+}
+
+int ferry__sys_fixture_mode(void)
+{
+	const char *a = getenv("FERRY_SYSFS_ROOT"), *b = getenv("FERRY_PROCFS_ROOT");
+	return (a && *a) || (b && *b);
+}
+
+char *ferry__sys_path(char *buf, size_t len, int root, const char *fmt, ...)
+{
+	int n = snprintf(buf, len, "%s/", ferry__sys_root(root));
+	if (n < 0 || (size_t)n >= len)
+		return buf;
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf + n, len - (size_t)n, fmt, ap);
+	va_end(ap);
+	return buf;
+}
+
+int ferry__sys_read(const char *path, char *buf, size_t len)
+{
+	if (!len)
+		return -EINVAL;
+	buf[0] = '\0';
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+	if (fd < 0)
+		return -errno;
+	size_t got = 0;
+	while (got + 1 < len) {
+		ssize_t n = read(fd, buf + got, len - 1 - got);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			int err = -errno;
+			close(fd);
+			return err;
+		}
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	close(fd);
+	while (got && isspace((unsigned char)buf[got - 1]))
+		got--;
+	buf[got] = '\0';
+	/* Binary junk (a NUL inside) is cut at the NUL: callers treat the text as a C string. */
+	return (int)strlen(buf);
+}
+
+int ferry__sys_read_ll(const char *path, long long *out)
+{
+	char buf[64], *end;
+	int n = ferry__sys_read(path, buf, sizeof(buf));
+	if (n < 0)
+		return n;
+	errno = 0;
+	long long v = strtoll(buf, &end, 0);
+	if (end == buf || errno)
+		return -EINVAL;
+	while (isspace((unsigned char)*end))
+		end++;
+	if (*end)
+		return -EINVAL;
+	*out = v;
+	return 0;
+}
+
+int ferry__sys_exists(const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st) == 0)
+		return 1;
+	return errno == ENOENT || errno == ENOTDIR ? 0 : -errno;
+}
+
+const char *ferry__sys_reason(char *buf, size_t len, const char *path, int err)
+{
+	if (err == -EINVAL)
+		snprintf(buf, len, "%s: unexpected content", path);
+	else
+		snprintf(buf, len, "%s: %s", path, strerror(-err));
+	return buf;
+}
+
+int ferry__sys_bracketed(const char *text, char *out, size_t len)
+{
+	const char *a = strchr(text, '['), *b = a ? strchr(a, ']') : NULL;
+	if (!a || !b || !len)
+		return -EINVAL;
+	size_t n = (size_t)(b - a - 1);
+	if (n >= len)
+		n = len - 1;
+	memcpy(out, a + 1, n);
+	out[n] = '\0';
+	return 0;
+}
+
+int ferry__sys_online_cpus(void)
+{
+	char path[512], buf[1024];
+	ferry__sys_path(path, sizeof(path), FERRY__ROOT_SYS, "devices/system/cpu/online");
+	if (ferry__sys_read(path, buf, sizeof(buf)) <= 0)
+		return 0;
+	int count = 0;
+	for (char *p = buf; *p;) {
+		char *end;
+		long a = strtol(p, &end, 10), b = a;
+		if (end == p)
+			return 0;
+		if (*end == '-') {
+			p = end + 1;
+			b = strtol(p, &end, 10);
+			if (end == p || b < a)
+				return 0;
+		}
+		if (b - a > 65536)
+			return 0;
+		count += (int)(b - a + 1);
+		p = end;
+		if (*p == ',')
+			p++;
+		else if (*p)
+			return 0;
+	}
+	return count;
+}
+
+/* ------------------------------------------------------------------------------ string builder */
+
+static int sbuf_grow(struct ferry__sbuf *b, size_t extra)
+{
+	if (b->oom)
+		return -1;
+	if (b->len + extra + 1 <= b->cap)
+		return 0;
+	size_t cap = b->cap ? b->cap : 256;
+	while (cap < b->len + extra + 1)
+		cap *= 2;
+	char *p = realloc(b->data, cap);
+	if (!p) {
+		b->oom = 1;
+		return -1;
+	}
+	b->data = p;
+	b->cap = cap;
+	return 0;
+}
+
+void ferry__sbuf_put(struct ferry__sbuf *b, const char *s, size_t n)
+{
+	if (sbuf_grow(b, n))
+		return;
+	memcpy(b->data + b->len, s, n);
+	b->len += n;
+	b->data[b->len] = '\0';
+}
+
+void ferry__sbuf_vprintf(struct ferry__sbuf *b, const char *fmt, va_list ap)
+{
+	va_list aq;
+	va_copy(aq, ap);
+	int n = vsnprintf(NULL, 0, fmt, aq);
+	va_end(aq);
+	if (n < 0 || sbuf_grow(b, (size_t)n))
+		return;
+	vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+	b->len += (size_t)n;
+}
+
+void ferry__sbuf_printf(struct ferry__sbuf *b, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	ferry__sbuf_vprintf(b, fmt, ap);
+	va_end(ap);
+}
+
+void ferry__sbuf_json(struct ferry__sbuf *b, const char *s)
+{
+	if (!s) {
+		ferry__sbuf_put(b, "null", 4);
+		return;
+	}
+	ferry__sbuf_put(b, "\"", 1);
+	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+		char esc[8];
+		switch (*p) {
+		case '"': ferry__sbuf_put(b, "\\\"", 2); break;
+		case '\\': ferry__sbuf_put(b, "\\\\", 2); break;
+		case '\n': ferry__sbuf_put(b, "\\n", 2); break;
+		case '\t': ferry__sbuf_put(b, "\\t", 2); break;
+		case '\r': ferry__sbuf_put(b, "\\r", 2); break;
+		default:
+			if (*p < 0x20 || *p == 0x7f) {
+				snprintf(esc, sizeof(esc), "\\u%04x", *p);
+				ferry__sbuf_put(b, esc, 6);
+			} else if (*p >= 0x80) {
+				/* Bytes from sysfs or mountinfo are not promised to be UTF-8: keep the
+				 * JSON valid by escaping each byte as a code point (Latin-1 reading). */
+				snprintf(esc, sizeof(esc), "\\u%04x", *p);
+				ferry__sbuf_put(b, esc, 6);
+			} else {
+				ferry__sbuf_put(b, (const char *)p, 1);
+			}
+		}
+	}
+	ferry__sbuf_put(b, "\"", 1);
+}
+
+void ferry__sbuf_free(struct ferry__sbuf *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->len = b->cap = 0;
+	b->oom = 0;
+}
