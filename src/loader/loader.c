@@ -754,8 +754,14 @@ int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out)
 		pthread_cond_wait(&l->cv, &l->mu);
 	if (l->failed && !(s->state == SLOT_READY && s->seq == l->next_consume && !s->err)) {
 		int err = l->err;
+		char msg[sizeof(l->errmsg)];
+		snprintf(msg, sizeof(msg), "%s", l->errmsg);
 		pthread_mutex_unlock(&l->mu);
-		return ferry__error(err, "%s", l->errmsg);
+		/* ferry__error appends the code's text again: drop the copy already in the detail */
+		size_t ml = strlen(msg), tl = strlen(ferry_strerror(err));
+		if (ml > tl + 2 && !strcmp(msg + ml - tl, ferry_strerror(err)) && msg[ml - tl - 2] == ':')
+			msg[ml - tl - 2] = 0;
+		return ferry__error(err, "%s", msg);
 	}
 	pthread_mutex_unlock(&l->mu);
 	if (l->device >= 0) {
