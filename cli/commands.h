@@ -14,6 +14,8 @@ extern const struct ferry_cli_command ferry_cli_commands[];
 
 int ferry_cmd_bench(int argc, char **argv);  /* cli/bench.c */
 int ferry_cmd_doctor(int argc, char **argv); /* cli/doctor.c */
+int ferry_cmd_pack(int argc, char **argv);         /* cli/pack.c */
+int ferry_cmd_loader_bench(int argc, char **argv); /* cli/loader_bench.c */
 int ferry_cmd_top(int argc, char **argv);    /* cli/top.c */
 int ferry_cmd_ckpt(int argc, char **argv);   /* cli/ckpt.c */
 

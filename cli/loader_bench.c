@@ -1,0 +1,187 @@
+/*
+ * ferry loader-bench: runs the loader over a dataset and reports samples/s, bytes/s, CPU time and
+ * how long the consumer waited per step. With --step-fraction F it first measures the loader's
+ * peak rate, then consumes with a synthetic step (a busy wait) that needs F of that rate, which
+ * is the GPU-starvation figure: the share of time the "GPU" waited for data.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "commands.h"
+#include "ferry/data.h"
+#include "ferry/ferry.h"
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+struct run {
+	double seconds, samples_per_s, bytes_per_s, wait_total, wait_p50, wait_p99, wait_max, cpu_s;
+	double steps, reads, wait_share;
+};
+
+static const char *knobs[] = {"batch_size", "seq_len", "order", "block", "threads", "prefetch", "device",
+			      "world_size", "rank", "seed", "merge_gap", "epoch", NULL};
+
+static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_t step_ns, struct run *r)
+{
+	ferry_loader *l;
+	if (ferry_loader_create(ds, &l))
+		return -1;
+	for (int k = 0; knobs[k]; k++)
+		if (vals[k] && ferry_loader_set(l, knobs[k], vals[k])) {
+			fprintf(stderr, "ferry loader-bench: %s\n", ferry_last_error());
+			ferry_loader_destroy(l);
+			return -2;
+		}
+	if (ferry_loader_start(l)) {
+		fprintf(stderr, "ferry loader-bench: %s\n", ferry_last_error());
+		ferry_loader_destroy(l);
+		return -1;
+	}
+	uint64_t t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), busy = 0;
+	ferry_loader_batch *b;
+	int rc;
+	while ((rc = ferry_loader_next(l, &b)) == 1) {
+		if (step_ns) {
+			uint64_t s = now_ns();
+			while (now_ns() - s < step_ns)
+				;
+			busy += step_ns;
+		}
+		ferry_loader_release(l, b);
+		if (now_ns() >= end)
+			break;
+	}
+	if (rc < 0) {
+		fprintf(stderr, "ferry loader-bench: %s\n", ferry_last_error());
+		ferry_loader_destroy(l);
+		return -1;
+	}
+	double el = (double)(now_ns() - t0) / 1e9;
+	r->seconds = el;
+	r->samples_per_s = ferry_loader_metric(l, "samples_per_s");
+	r->bytes_per_s = ferry_loader_metric(l, "bytes_per_s");
+	r->wait_total = ferry_loader_metric(l, "wait_total_ns") / 1e9;
+	r->wait_p50 = ferry_loader_metric(l, "wait_p50_ns") / 1e3;
+	r->wait_p99 = ferry_loader_metric(l, "wait_p99_ns") / 1e3;
+	r->wait_max = ferry_loader_metric(l, "wait_max_ns") / 1e3;
+	r->cpu_s = ferry_loader_metric(l, "cpu_ns") / 1e9;
+	r->steps = ferry_loader_metric(l, "steps");
+	r->reads = ferry_loader_metric(l, "reads");
+	r->wait_share = el > 0 ? r->wait_total / el : 0;
+	(void)busy;
+	ferry_loader_destroy(l);
+	return 0;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: ferry loader-bench DATASET [options]\n"
+		   "  --batch-size N  --seq-len N (token windows; 0: whole samples)  --order sequential|shuffle|block\n"
+		   "  --block N  --threads N  --prefetch N  --device cpu|N  --world-size N --rank N --seed N\n"
+		   "  --merge-gap BYTES  --seconds S (per run, default 10)\n"
+		   "  --step-fraction F  also run with a synthetic step needing F of the peak rate (e.g. 0.8)\n"
+		   "  --name NAME        label of the TABLE lines   --json  one JSON object\n");
+}
+
+int ferry_cmd_loader_bench(int argc, char **argv)
+{
+	const char *vals[sizeof(knobs) / sizeof(knobs[0])] = {0};
+	const char *path = NULL, *name = "ferry";
+	double seconds = 10, frac = 0;
+	int json = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+			usage(stdout);
+			return 0;
+		}
+		if (!strcmp(a, "--json")) {
+			json = 1;
+			continue;
+		}
+		if (strncmp(a, "--", 2)) {
+			path = a;
+			continue;
+		}
+		if (i + 1 >= argc) {
+			fprintf(stderr, "ferry loader-bench: %s needs a value\n", a);
+			return 2;
+		}
+		const char *v = argv[++i];
+		char key[64];
+		snprintf(key, sizeof(key), "%s", a + 2);
+		for (char *c = key; *c; c++)
+			if (*c == '-')
+				*c = '_';
+		int found = 0;
+		for (int k = 0; knobs[k]; k++)
+			if (!strcmp(key, knobs[k]))
+				vals[k] = v, found = 1;
+		if (found)
+			continue;
+		if (!strcmp(key, "seconds"))
+			seconds = atof(v);
+		else if (!strcmp(key, "step_fraction"))
+			frac = atof(v);
+		else if (!strcmp(key, "name"))
+			name = v;
+		else {
+			fprintf(stderr, "ferry loader-bench: unknown option %s\n", a);
+			return 2;
+		}
+	}
+	if (!path || seconds <= 0 || frac < 0 || frac >= 10) {
+		usage(stderr);
+		return 2;
+	}
+	ferry_ctx *ctx;
+	ferry_dataset *ds;
+	if (ferry_ctx_create(&ctx) || ferry_dataset_open(ctx, path, &ds)) {
+		fprintf(stderr, "ferry loader-bench: %s\n", ferry_last_error());
+		return 1;
+	}
+	struct run peak, fed = {0};
+	int rc = one_run(ds, vals, seconds, 0, &peak);
+	uint64_t step_ns = 0;
+	if (!rc && frac > 0 && peak.steps > 0) {
+		double steps_per_s = peak.steps / peak.seconds;
+		step_ns = (uint64_t)(1e9 / (steps_per_s * frac));
+		rc = one_run(ds, vals, seconds, step_ns, &fed);
+	}
+	if (rc) {
+		ferry_dataset_close(ds);
+		ferry_ctx_destroy(ctx);
+		return rc == -2 ? 2 : 1;
+	}
+	if (json) {
+		printf("{\"name\": \"%s\", \"dataset\": \"%s\", \"samples_per_s\": %.1f, \"bytes_per_s\": %.0f, "
+		       "\"cpu_cores\": %.3f, \"steps\": %.0f, \"reads\": %.0f, \"wait_share\": %.5f, "
+		       "\"wait_p50_us\": %.1f, \"wait_p99_us\": %.1f, \"wait_max_us\": %.1f",
+		       name, path, peak.samples_per_s, peak.bytes_per_s, peak.cpu_s / peak.seconds, peak.steps,
+		       peak.reads, peak.wait_share, peak.wait_p50, peak.wait_p99, peak.wait_max);
+		if (step_ns)
+			printf(", \"step_fraction\": %.2f, \"step_us\": %.1f, \"fed_wait_share\": %.5f, "
+			       "\"fed_wait_p99_us\": %.1f, \"fed_samples_per_s\": %.1f",
+			       frac, step_ns / 1e3, fed.wait_share, fed.wait_p99, fed.samples_per_s);
+		printf("}\n");
+	} else {
+		printf("TABLE %s samples/s | %.0f | %.1f MiB/s, %.2f CPU cores in pipeline threads, %.0f steps\n",
+		       name, peak.samples_per_s, peak.bytes_per_s / 1048576.0, peak.cpu_s / peak.seconds, peak.steps);
+		printf("TABLE %s wait p50/p99/max | %.0f/%.0f/%.0f us | consumer not computing (peak run)\n", name,
+		       peak.wait_p50, peak.wait_p99, peak.wait_max);
+		if (step_ns)
+			printf("TABLE %s GPU wait at %.0f%% of peak | %.3f%% | step %.1f us, wait p99 %.0f us, %.0f samples/s\n",
+			       name, frac * 100, fed.wait_share * 100, step_ns / 1e3, fed.wait_p99, fed.samples_per_s);
+	}
+	ferry_dataset_close(ds);
+	ferry_ctx_destroy(ctx);
+	return 0;
+}

@@ -1,0 +1,566 @@
+/*
+ * ferry pack: a directory of files, JSON Lines, or token arrays (.npy, raw) into ferry shards and
+ * an index, or into Megatron's .bin/.idx. Sources are listed first (so the layout is known), then
+ * threads copy whole ranges of samples; the index is published last (write, fsync, rename).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "ferry/data.h"
+#include "ferry/ferry.h"
+
+enum { IN_AUTO, IN_FILES, IN_JSONL, IN_NPY, IN_RAW };
+
+struct src {
+	char *path;
+	int fd;
+};
+
+struct sample {
+	uint32_t src;
+	uint64_t off, len;
+};
+
+struct pack {
+	struct src *srcs;
+	size_t nsrc, src_cap;
+	struct sample *s;
+	uint64_t n, cap;
+	int in, dtype, keys;
+	uint64_t bytes;
+	ferry_dataset_writer *w;
+	atomic_uint_fast64_t done;
+	atomic_int failed;
+	char err[1024];
+	pthread_mutex_t mu;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int parse_size(const char *s, uint64_t *out)
+{
+	char *end;
+	double v = strtod(s, &end);
+	if (end == s || v < 0)
+		return -1;
+	uint64_t m = 1;
+	switch (*end) {
+	case 'k': case 'K': m = 1ull << 10; end++; break;
+	case 'm': case 'M': m = 1ull << 20; end++; break;
+	case 'g': case 'G': m = 1ull << 30; end++; break;
+	case 't': case 'T': m = 1ull << 40; end++; break;
+	}
+	if (*end == 'i' || *end == 'b' || *end == 'B')
+		end++;
+	if (*end)
+		return -1;
+	*out = (uint64_t)(v * (double)m);
+	return 0;
+}
+
+static int add_src(struct pack *p, const char *path)
+{
+	if (p->nsrc == p->src_cap) {
+		p->src_cap = p->src_cap ? p->src_cap * 2 : 64;
+		p->srcs = realloc(p->srcs, p->src_cap * sizeof(*p->srcs));
+		if (!p->srcs)
+			return -ENOMEM;
+	}
+	p->srcs[p->nsrc].path = strdup(path);
+	p->srcs[p->nsrc].fd = -1;
+	return (int)p->nsrc++;
+}
+
+static int add_sample(struct pack *p, uint32_t src, uint64_t off, uint64_t len)
+{
+	if (p->n == p->cap) {
+		p->cap = p->cap ? p->cap * 2 : 1024;
+		p->s = realloc(p->s, p->cap * sizeof(*p->s));
+		if (!p->s)
+			return -ENOMEM;
+	}
+	p->s[p->n++] = (struct sample){src, off, len};
+	p->bytes += len;
+	return 0;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Files of a directory tree, in name order so that packing is reproducible. */
+static int walk(struct pack *p, const char *dir)
+{
+	DIR *d = opendir(dir);
+	if (!d) {
+		fprintf(stderr, "ferry pack: %s: %s\n", dir, strerror(errno));
+		return -1;
+	}
+	char **names = NULL;
+	size_t n = 0, cap = 0;
+	struct dirent *e;
+	while ((e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			names = realloc(names, cap * sizeof(char *));
+		}
+		names[n++] = strdup(e->d_name);
+	}
+	closedir(d);
+	qsort(names, n, sizeof(char *), cmp_str);
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		char path[4096];
+		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+		struct stat st;
+		if (!rc && stat(path, &st) == 0) {
+			if (S_ISDIR(st.st_mode))
+				rc = walk(p, path);
+			else if (S_ISREG(st.st_mode) && add_src(p, path) < 0)
+				rc = -1;
+		}
+		free(names[i]);
+	}
+	free(names);
+	return rc;
+}
+
+static int npy_dtype(const char *descr)
+{
+	static const struct { const char *d; int t; } map[] = {
+		{"u1", FERRY_DTYPE_UINT8}, {"i1", FERRY_DTYPE_INT8}, {"i2", FERRY_DTYPE_INT16},
+		{"u2", FERRY_DTYPE_UINT16}, {"i4", FERRY_DTYPE_INT32}, {"i8", FERRY_DTYPE_INT64},
+		{"f4", FERRY_DTYPE_FLOAT32}, {"f8", FERRY_DTYPE_FLOAT64},
+	};
+	if ((descr[0] != '<' && descr[0] != '|' && descr[0] != '=') )
+		return -1;
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (!strcmp(descr + 1, map[i].d))
+			return map[i].t;
+	return -1;
+}
+
+/* An .npy file: 1-D is one sample, 2-D (rows, n) is a sample per row. */
+static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
+{
+	char h[4096];
+	ssize_t r = pread(fd, h, sizeof(h) - 1, 0);
+	const char *path = p->srcs[si].path;
+	if (r < 10 || memcmp(h, "\x93NUMPY", 6)) {
+		fprintf(stderr, "ferry pack: %s: not an .npy file\n", path);
+		return -1;
+	}
+	h[r] = 0;
+	uint64_t hl, start;
+	if (h[6] == 1) {
+		hl = (uint8_t)h[8] | (uint64_t)(uint8_t)h[9] << 8;
+		start = 10;
+	} else {
+		hl = (uint8_t)h[8] | (uint64_t)(uint8_t)h[9] << 8 | (uint64_t)(uint8_t)h[10] << 16 |
+		     (uint64_t)(uint8_t)h[11] << 24;
+		start = 12;
+	}
+	if (start + hl > (uint64_t)r) {
+		fprintf(stderr, "ferry pack: %s: .npy header too long\n", path);
+		return -1;
+	}
+	h[start + hl] = 0;
+	char *descr = strstr(h + start, "'descr':"), *shape = strstr(h + start, "'shape':");
+	char *fortran = strstr(h + start, "'fortran_order':");
+	char d[16] = "";
+	if (!descr || !shape || sscanf(descr, "'descr': '%15[^']'", d) != 1 || npy_dtype(d) < 0) {
+		fprintf(stderr, "ferry pack: %s: unsupported .npy dtype '%s' (integers and floats, little-endian)\n",
+			path, d);
+		return -1;
+	}
+	if (fortran && strstr(fortran, "True") == fortran + 17) {
+		fprintf(stderr, "ferry pack: %s: Fortran-ordered arrays are not supported\n", path);
+		return -1;
+	}
+	int dt = npy_dtype(d);
+	if (p->dtype >= 0 && p->dtype != dt) {
+		fprintf(stderr, "ferry pack: %s: dtype %s differs from the other inputs' %s\n", path,
+			ferry_dtype_name(dt), ferry_dtype_name(p->dtype));
+		return -1;
+	}
+	p->dtype = dt;
+	unsigned long long a = 0, b = 0;
+	int dims = sscanf(shape, "'shape': (%llu, %llu", &a, &b);
+	if (dims < 1 || (dims == 1 && strstr(shape, "(") && strchr(shape, ')') && sscanf(shape, "'shape': (%llu,)", &a) != 1)) {
+		fprintf(stderr, "ferry pack: %s: unsupported shape\n", path);
+		return -1;
+	}
+	uint64_t es = ferry_dtype_size(dt), data = start + hl;
+	uint64_t rows = dims == 2 ? a : 1, cols = dims == 2 ? b : a;
+	if (data + rows * cols * es > size) {
+		fprintf(stderr, "ferry pack: %s: truncated .npy (%llu bytes of data expected)\n", path,
+			(unsigned long long)(rows * cols * es));
+		return -1;
+	}
+	for (uint64_t i = 0; i < rows; i++)
+		if (add_sample(p, si, data + i * cols * es, cols * es))
+			return -1;
+	return 0;
+}
+
+static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
+{
+	size_t cap = 1 << 20;
+	char *buf = malloc(cap);
+	uint64_t pos = 0, line = 0;
+	while (pos < size) {
+		ssize_t r = pread(fd, buf, cap, (off_t)pos);
+		if (r <= 0) {
+			free(buf);
+			return -1;
+		}
+		uint64_t i = 0;
+		for (; i < (uint64_t)r; i++)
+			if (buf[i] == '\n') {
+				if (pos + i > line && add_sample(p, si, line, pos + i - line))
+					return -1;
+				line = pos + i + 1;
+			}
+		pos += (uint64_t)r;
+	}
+	if (size > line && add_sample(p, si, line, size - line))
+		return -1;
+	free(buf);
+	return 0;
+}
+
+static int scan(struct pack *p)
+{
+	for (size_t si = 0; si < p->nsrc; si++) {
+		struct src *s = &p->srcs[si];
+		s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+		struct stat st;
+		if (s->fd < 0 || fstat(s->fd, &st) < 0) {
+			fprintf(stderr, "ferry pack: %s: %s\n", s->path, strerror(errno));
+			return -1;
+		}
+		uint64_t size = (uint64_t)st.st_size;
+		int in = p->in;
+		if (in == IN_AUTO) {
+			size_t l = strlen(s->path);
+			in = l > 6 && !strcmp(s->path + l - 6, ".jsonl") ? IN_JSONL
+			     : l > 4 && !strcmp(s->path + l - 4, ".npy") ? IN_NPY : IN_FILES;
+		}
+		int rc = 0;
+		if (in == IN_NPY)
+			rc = scan_npy(p, (uint32_t)si, s->fd, size);
+		else if (in == IN_JSONL)
+			rc = scan_jsonl(p, (uint32_t)si, s->fd, size);
+		else {
+			if (in == IN_RAW && size % ferry_dtype_size(p->dtype)) {
+				fprintf(stderr, "ferry pack: %s: %llu bytes is not a whole number of %s\n", s->path,
+					(unsigned long long)size, ferry_dtype_name(p->dtype));
+				return -1;
+			}
+			rc = add_sample(p, (uint32_t)si, 0, size);
+		}
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+struct job {
+	struct pack *p;
+	uint64_t first, end;
+};
+
+static void *copy_main(void *arg)
+{
+	struct job *j = arg;
+	struct pack *p = j->p;
+	size_t cap = 1 << 20;
+	char *buf = malloc(cap);
+	for (uint64_t i = j->first; i < j->end && buf && !atomic_load(&p->failed); i++) {
+		struct sample *s = &p->s[i];
+		if (s->len > cap) {
+			free(buf);
+			cap = s->len;
+			if (!(buf = malloc(cap)))
+				break;
+		}
+		uint64_t got = 0;
+		while (got < s->len) {
+			ssize_t r = pread(p->srcs[s->src].fd, buf + got, s->len - got, (off_t)(s->off + got));
+			if (r <= 0) {
+				pthread_mutex_lock(&p->mu);
+				snprintf(p->err, sizeof(p->err), "%s: read at %llu: %s", p->srcs[s->src].path,
+					 (unsigned long long)(s->off + got), r < 0 ? strerror(errno) : "file shrank");
+				pthread_mutex_unlock(&p->mu);
+				atomic_store(&p->failed, 1);
+				goto out;
+			}
+			got += (uint64_t)r;
+		}
+		int err = ferry_dataset_writer_put(p->w, i, buf, s->len);
+		if (err) {
+			pthread_mutex_lock(&p->mu);
+			snprintf(p->err, sizeof(p->err), "%s", ferry_last_error());
+			pthread_mutex_unlock(&p->mu);
+			atomic_store(&p->failed, 1);
+			break;
+		}
+		atomic_fetch_add(&p->done, s->len);
+	}
+	if (!buf)
+		atomic_store(&p->failed, 1);
+out:
+	free(buf);
+	return NULL;
+}
+
+static void progress(uint64_t done, uint64_t total, double t0, int final)
+{
+	double el = now_s() - t0, frac = total ? (double)done / (double)total : 1;
+	int w = 30, k = (int)(frac * w);
+	char bar[40];
+	for (int i = 0; i < w; i++)
+		bar[i] = i < k ? '#' : ' ';
+	bar[w] = 0;
+	fprintf(stderr, "\r[%s] %3.0f%% %.1f/%.1f MiB %.0f MiB/s%s", bar, frac * 100, done / 1048576.0,
+		total / 1048576.0, el > 0 ? done / 1048576.0 / el : 0, final ? "\n" : "");
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: ferry pack [options] -o OUT INPUT...\n"
+		"Packs files, directories (walked in name order), JSON Lines (.jsonl: a sample per line) or\n"
+		"token arrays (.npy: 1-D one sample, 2-D a sample per row; raw: --input raw --dtype T) into\n"
+		"ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).\n\n"
+		"  -o, --output PATH      output directory (ferry) or prefix (megatron)\n"
+		"  --format ferry|megatron\n"
+		"  --input auto|files|jsonl|npy|raw   how to read INPUTs (auto: by extension)\n"
+		"  --dtype T              element type (raw inputs; uint16, int32, ...)\n"
+		"  --shard-size SIZE      bytes per shard (default 1g; samples never straddle shards)\n"
+		"  --keys                 store each sample's source (file name, file:line) as its key\n"
+		"  --threads N            copying threads (default: number of CPUs)\n"
+		"  --json                 print the summary as JSON\n"
+		"  -q, --quiet            no progress bar\n");
+}
+
+int ferry_cmd_pack(int argc, char **argv)
+{
+	struct pack p = {.dtype = -1};
+	pthread_mutex_init(&p.mu, NULL);
+	const char *out = NULL, *dtype = NULL;
+	int kind = FERRY_WRITE_FERRY, json = 0, quiet = 0;
+	uint64_t shard_size = 0;
+	long threads = sysconf(_SC_NPROCESSORS_ONLN);
+	char **inputs = calloc((size_t)argc, sizeof(char *));
+	int ninputs = 0;
+	for (int i = 1; i < argc; i++) {
+		const char *a = argv[i];
+		char *eq = strchr(a, '=');
+		char name[64] = "";
+		const char *val = NULL;
+		if (!strncmp(a, "--", 2) && eq && eq - a < 60) {
+			memcpy(name, a, (size_t)(eq - a));
+			val = eq + 1;
+		} else {
+			snprintf(name, sizeof(name), "%s", a);
+		}
+#define VAL() (val ? val : (i + 1 < argc ? argv[++i] : (fprintf(stderr, "ferry pack: %s needs a value\n", name), (char *)NULL)))
+		if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(name, "-o") || !strcmp(name, "--output")) {
+			if (!(out = VAL()))
+				return 2;
+		} else if (!strcmp(name, "--format")) {
+			const char *v = VAL();
+			if (!v)
+				return 2;
+			if (!strcmp(v, "megatron"))
+				kind = FERRY_WRITE_MEGATRON;
+			else if (strcmp(v, "ferry")) {
+				fprintf(stderr, "ferry pack: --format %s: ferry or megatron\n", v);
+				return 2;
+			}
+		} else if (!strcmp(name, "--input")) {
+			const char *v = VAL();
+			static const char *names[] = {"auto", "files", "jsonl", "npy", "raw"};
+			int k = -1;
+			for (int j = 0; v && j < 5; j++)
+				if (!strcmp(v, names[j]))
+					k = j;
+			if (k < 0) {
+				fprintf(stderr, "ferry pack: --input %s: auto, files, jsonl, npy or raw\n", v ? v : "");
+				return 2;
+			}
+			p.in = k;
+		} else if (!strcmp(name, "--dtype")) {
+			if (!(dtype = VAL()))
+				return 2;
+		} else if (!strcmp(name, "--shard-size")) {
+			const char *v = VAL();
+			if (!v || parse_size(v, &shard_size) || !shard_size) {
+				fprintf(stderr, "ferry pack: --shard-size %s: a size like 1g, 256m\n", v ? v : "");
+				return 2;
+			}
+		} else if (!strcmp(name, "--threads")) {
+			const char *v = VAL();
+			if (!v || (threads = strtol(v, NULL, 10)) < 1 || threads > 1024) {
+				fprintf(stderr, "ferry pack: --threads %s: 1..1024\n", v ? v : "");
+				return 2;
+			}
+		} else if (!strcmp(name, "--keys")) {
+			p.keys = 1;
+		} else if (!strcmp(name, "--json")) {
+			json = 1;
+		} else if (!strcmp(name, "-q") || !strcmp(name, "--quiet")) {
+			quiet = 1;
+		} else if (a[0] == '-' && a[1]) {
+			fprintf(stderr, "ferry pack: unknown option %s (try --help)\n", a);
+			return 2;
+		} else {
+			inputs[ninputs++] = argv[i];
+		}
+#undef VAL
+	}
+	if (!out || !ninputs) {
+		fprintf(stderr, "ferry pack: %s\n", !out ? "-o OUT is required" : "no INPUT given");
+		usage(stderr);
+		return 2;
+	}
+	if (dtype) {
+		p.dtype = ferry_dtype_from_name(dtype);
+		if (p.dtype < 0) {
+			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+			return 2;
+		}
+	} else if (p.in == IN_RAW) {
+		fprintf(stderr, "ferry pack: --input raw needs --dtype\n");
+		return 2;
+	}
+	double t0 = now_s();
+	for (int i = 0; i < ninputs; i++) {
+		struct stat st;
+		if (stat(inputs[i], &st) < 0) {
+			fprintf(stderr, "ferry pack: %s: %s\n", inputs[i], strerror(errno));
+			return 1;
+		}
+		if (S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i]) < 0)
+			return 1;
+	}
+	if (scan(&p))
+		return 1;
+	if (p.dtype < 0)
+		p.dtype = FERRY_DTYPE_BYTES;
+	ferry_ctx *ctx;
+	if (ferry_ctx_create(&ctx)) {
+		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+		return 1;
+	}
+	int err = ferry_dataset_writer_create(ctx, out, kind, p.dtype, shard_size, &p.w);
+	for (uint64_t i = 0; !err && i < p.n; i++) {
+		char key[4200];
+		int kl = 0;
+		if (p.keys) {
+			struct sample *s = &p.s[i];
+			kl = snprintf(key, sizeof(key), "%s", p.srcs[s->src].path);
+			if (i && p.s[i - 1].src == s->src)
+				kl = snprintf(key, sizeof(key), "%s@%llu", p.srcs[s->src].path,
+					      (unsigned long long)s->off);
+			else if (i + 1 < p.n && p.s[i + 1].src == s->src)
+				kl = snprintf(key, sizeof(key), "%s@%llu", p.srcs[s->src].path,
+					      (unsigned long long)s->off);
+			if (kl >= (int)sizeof(key))
+				kl = (int)sizeof(key) - 1;
+		}
+		int64_t r = ferry_dataset_writer_add(p.w, p.s[i].len, p.keys ? key : NULL, (size_t)kl, 1);
+		err = r < 0 ? (int)r : 0;
+	}
+	int nshards = err ? 0 : ferry_dataset_writer_layout(p.w);
+	if (err || nshards < 0) {
+		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+		return 1;
+	}
+	if ((uint64_t)threads > p.n)
+		threads = p.n ? (long)p.n : 1;
+	struct job *jobs = calloc((size_t)threads, sizeof(*jobs));
+	pthread_t *tids = calloc((size_t)threads, sizeof(*tids));
+	/* contiguous ranges of about equal bytes */
+	uint64_t per = p.bytes / (uint64_t)threads + 1, acc = 0, first = 0;
+	long t = 0;
+	for (uint64_t i = 0; i < p.n && t < threads - 1; i++) {
+		acc += p.s[i].len;
+		if (acc >= per * (uint64_t)(t + 1)) {
+			jobs[t] = (struct job){&p, first, i + 1};
+			first = i + 1;
+			t++;
+		}
+	}
+	for (; t < threads; t++) {
+		jobs[t] = (struct job){&p, first, p.n};
+		first = p.n;
+	}
+	for (t = 0; t < threads; t++)
+		pthread_create(&tids[t], NULL, copy_main, &jobs[t]);
+	int tty = !quiet && isatty(2);
+	if (tty) {
+		while (atomic_load(&p.done) < p.bytes && !atomic_load(&p.failed)) {
+			progress(atomic_load(&p.done), p.bytes, t0, 0);
+			usleep(100000);
+		}
+	}
+	for (t = 0; t < threads; t++)
+		pthread_join(tids[t], NULL);
+	if (tty)
+		progress(atomic_load(&p.done), p.bytes, t0, 1);
+	if (atomic_load(&p.failed)) {
+		fprintf(stderr, "ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
+		return 1;
+	}
+	if (ferry_dataset_writer_finish(p.w)) {
+		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+		return 1;
+	}
+	double el = now_s() - t0;
+	ferry_dataset_writer_destroy(p.w);
+	ferry_ctx_destroy(ctx);
+	const char *fmt = kind == FERRY_WRITE_MEGATRON ? "megatron" : "ferry";
+	int odt = kind == FERRY_WRITE_MEGATRON && p.dtype == FERRY_DTYPE_BYTES ? FERRY_DTYPE_UINT8 : p.dtype;
+	if (json)
+		printf("{\"format\": \"%s\", \"output\": \"%s\", \"samples\": %" PRIu64 ", \"bytes\": %" PRIu64
+		       ", \"shards\": %d, \"dtype\": \"%s\", \"inputs\": %zu, \"seconds\": %.3f, \"bytes_per_s\": %.0f}\n",
+		       fmt, out, p.n, p.bytes, nshards, ferry_dtype_name(odt), p.nsrc, el,
+		       el > 0 ? p.bytes / el : 0);
+	else
+		printf("packed %" PRIu64 " samples (%.1f MiB, %s) from %zu inputs into %d %s in %.2f s "
+		       "(%.0f MiB/s): %s\n", p.n, p.bytes / 1048576.0, ferry_dtype_name(odt), p.nsrc, nshards,
+		       kind == FERRY_WRITE_MEGATRON ? "file (.bin/.idx)" : nshards == 1 ? "shard" : "shards",
+		       el, el > 0 ? p.bytes / 1048576.0 / el : 0, out);
+	for (size_t i = 0; i < p.nsrc; i++) {
+		if (p.srcs[i].fd >= 0)
+			close(p.srcs[i].fd);
+		free(p.srcs[i].path);
+	}
+	free(p.srcs);
+	free(p.s);
+	free(jobs);
+	free(tids);
+	free(inputs);
+	return 0;
+}

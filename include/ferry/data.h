@@ -1,0 +1,233 @@
+/*
+ * ferry: training data. Packed datasets (ferry shards, Megatron/NeMo .bin/.idx), the sample orders
+ * (PyTorch's DistributedSampler, index for index; sequential; a locality-aware block shuffle) and
+ * the loader: pipeline threads that read batches with batched I/O, assemble them in pinned memory,
+ * copy them to the GPU on their own stream and keep a number of them ready.
+ *
+ * Conventions as in ferry.h: 0 or a count on success, a negative code on failure with
+ * ferry_last_error() naming the file, the shard and the sample; opaque handles; NULL accepted by
+ * every _close/_destroy. docs/DATA.md describes the formats and the orders.
+ */
+#ifndef FERRY_DATA_H
+#define FERRY_DATA_H
+
+#include "ferry/ferry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------------------------- data types */
+
+/* Element types, numbered as Megatron's index numbers them (indexed_dataset.py DType codes). */
+enum ferry_dtype {
+	FERRY_DTYPE_BYTES = 0, /* opaque bytes (files, JSON lines): element size 1 */
+	FERRY_DTYPE_UINT8 = 1,
+	FERRY_DTYPE_INT8 = 2,
+	FERRY_DTYPE_INT16 = 3,
+	FERRY_DTYPE_INT32 = 4,
+	FERRY_DTYPE_INT64 = 5,
+	FERRY_DTYPE_FLOAT64 = 6,
+	FERRY_DTYPE_FLOAT32 = 7,
+	FERRY_DTYPE_UINT16 = 8,
+};
+/* Bytes per element (1 for BYTES), 0 for an unknown code. */
+FERRY_API size_t ferry_dtype_size(int dtype);
+/* "uint16", "bytes", ...; "unknown" for an unknown code. NumPy's names where NumPy has one. */
+FERRY_API const char *ferry_dtype_name(int dtype);
+/* Code for a name ("uint16", "u2", "int32", "i4", "bytes", ...), or FERRY_EBADOPT. */
+FERRY_API int ferry_dtype_from_name(const char *name);
+
+/* -------------------------------------------------------------------------------------- samplers */
+
+/*
+ * The number of indices each rank gets from torch.utils.data.DistributedSampler over n samples:
+ * ceil(n / replicas), or with drop_last (and n not a multiple) ceil((n - replicas) / replicas).
+ */
+FERRY_API uint64_t ferry_distributed_num_samples(uint64_t n, uint32_t num_replicas, int drop_last);
+
+/*
+ * Rank `rank`'s indices for `epoch`, equal index for index to
+ *   s = DistributedSampler(ds, num_replicas, rank, shuffle, seed, drop_last); s.set_epoch(epoch);
+ *   list(s)
+ * where len(ds) == n: torch.randperm(n) from a CPU generator seeded with seed + epoch (mt19937
+ * reimplemented here), padded by repeating the start when not drop_last, strided by rank.
+ * out must hold ferry_distributed_num_samples() entries. Returns that count, -EINVAL (rank >=
+ * replicas, replicas 0, out_len too small) or -ENOMEM.
+ */
+FERRY_API FERRY_WUR int64_t ferry_distributed_indices(uint64_t n, uint32_t num_replicas, uint32_t rank,
+						      int shuffle, uint64_t seed, uint64_t epoch,
+						      int drop_last, int64_t *out, size_t out_len);
+
+/* torch.randperm(n, generator=torch.Generator().manual_seed(seed)) into out[n]. Returns 0 or -EINVAL. */
+FERRY_API FERRY_WUR int ferry_randperm(uint64_t n, uint64_t seed, int64_t *out);
+
+/* Orders a loader can draw samples in (the loader knob `order`). */
+enum ferry_order {
+	FERRY_ORDER_SEQUENTIAL = 0, /* DistributedSampler(shuffle=False) */
+	FERRY_ORDER_SHUFFLE = 1,    /* DistributedSampler(shuffle=True), index for index */
+	FERRY_ORDER_BLOCK = 2,      /* blocks of `block` neighbouring samples shuffled, then within each */
+};
+
+/*
+ * The global order of an epoch before the split across ranks, for any ferry_order: out[n].
+ * FERRY_ORDER_BLOCK permutes the ceil(n / block) blocks with randperm(seed + epoch), then each
+ * block's members with randperm(len, seed + epoch + 1 + block index). Returns 0 or -EINVAL.
+ */
+FERRY_API FERRY_WUR int ferry_order_indices(uint64_t n, int order, uint64_t block, uint64_t seed,
+					    uint64_t epoch, int64_t *out);
+
+/* --------------------------------------------------------------------------------------- datasets */
+
+typedef struct ferry_dataset ferry_dataset;
+
+/*
+ * Opens a dataset: a directory written by `ferry pack` (holding ferry.idx), a ferry index file,
+ * or a Megatron/NeMo prefix (path.idx + path.bin; a path ending in .idx or .bin is taken as
+ * its prefix). The whole index is read and checked: magic, version, checksum, bounds of every
+ * sample, and each shard's size. A corrupt index or a truncated shard fails with FERRY_ECORRUPT
+ * and a detail naming the file, the shard and the first sample affected. Returns 0, -errno or
+ * FERRY_ECORRUPT.
+ */
+FERRY_API FERRY_WUR int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out);
+FERRY_API void ferry_dataset_close(ferry_dataset *ds);
+/* Samples (Megatron: sequences). */
+FERRY_API uint64_t ferry_dataset_count(const ferry_dataset *ds);
+/* Element type (enum ferry_dtype). */
+FERRY_API int ferry_dataset_dtype(const ferry_dataset *ds);
+/* "ferry" or "megatron". */
+FERRY_API const char *ferry_dataset_format(const ferry_dataset *ds);
+/* Bytes of all samples together. */
+FERRY_API uint64_t ferry_dataset_bytes(const ferry_dataset *ds);
+/* Number of data files (shards; 1 for Megatron). */
+FERRY_API uint32_t ferry_dataset_shards(const ferry_dataset *ds);
+/* Sample i's length in bytes, or -EINVAL when i is out of range. */
+FERRY_API int64_t ferry_dataset_sample_bytes(const ferry_dataset *ds, uint64_t i);
+/*
+ * Reads sample i into buf (len >= its length). Returns its length, -EINVAL, -ENOSPC (buf too
+ * small) or an I/O error; a sample that ends past its shard's end is FERRY_ECORRUPT naming both.
+ */
+FERRY_API FERRY_WUR ssize_t ferry_dataset_read(ferry_dataset *ds, uint64_t i, void *buf, size_t len);
+/* Sample i's key (NULL with *len 0 when the dataset has no keys). Valid until close. */
+FERRY_API const char *ferry_dataset_key(const ferry_dataset *ds, uint64_t i, size_t *len);
+/*
+ * Reads every shard whole and compares its CRC-32C with the index (ferry datasets; Megatron ones
+ * have no checksums and return 0). Returns 0 or FERRY_ECORRUPT naming the shard.
+ */
+FERRY_API FERRY_WUR int ferry_dataset_verify(ferry_dataset *ds);
+
+/* ----------------------------------------------------------------------------------------- writer */
+
+typedef struct ferry_dataset_writer ferry_dataset_writer;
+
+#define FERRY_WRITE_FERRY 0    /* shards + ferry.idx in a directory */
+#define FERRY_WRITE_MEGATRON 1 /* prefix.bin + prefix.idx (MMIDIDX version 1) */
+
+/*
+ * A writer of a packed dataset. The caller first declares every sample's length (and key) with
+ * ferry_dataset_writer_add, which also assigns it its place; then ferry_dataset_writer_layout
+ * fixes the shards; then any threads call ferry_dataset_writer_put for any samples, in any order,
+ * each sample once; ferry_dataset_writer_finish syncs the data files, the directory, then writes
+ * the index under a temporary name, syncs it and renames it into place (then syncs the directory
+ * again). Until finish has returned 0 no index exists, so a crash leaves no half dataset that
+ * opens. shard_size: bytes per shard (0: 1 GiB); samples are never split across shards.
+ */
+FERRY_API FERRY_WUR int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, int kind,
+						    int dtype, uint64_t shard_size,
+						    ferry_dataset_writer **out);
+/* Aborts an unfinished writer (its files stay; no index is written). */
+FERRY_API void ferry_dataset_writer_destroy(ferry_dataset_writer *w);
+/*
+ * Declares the next sample (index = number added before). key may be NULL. document_end (Megatron
+ * only): 1 when this sample ends a document (ferry pack makes each sample a document).
+ * Returns the sample's index or an error.
+ */
+FERRY_API FERRY_WUR int64_t ferry_dataset_writer_add(ferry_dataset_writer *w, uint64_t bytes,
+						     const char *key, size_t key_len, int document_end);
+/* Fixes the layout after the last add and creates the data files. Returns the number of shards. */
+FERRY_API FERRY_WUR int ferry_dataset_writer_layout(ferry_dataset_writer *w);
+/* Which shard sample i goes to (after layout), so callers can give each thread whole shards. */
+FERRY_API int64_t ferry_dataset_writer_shard_of(const ferry_dataset_writer *w, uint64_t i);
+/* Writes sample i's bytes (len must equal its declared length). Thread-safe. */
+FERRY_API FERRY_WUR int ferry_dataset_writer_put(ferry_dataset_writer *w, uint64_t i, const void *data,
+						 size_t len);
+/* Syncs and publishes the index as described above. Returns 0 or an error (then no index). */
+FERRY_API FERRY_WUR int ferry_dataset_writer_finish(ferry_dataset_writer *w);
+
+/* ----------------------------------------------------------------------------------------- loader */
+
+typedef struct ferry_loader ferry_loader;
+typedef struct ferry_loader_batch ferry_loader_batch;
+
+/*
+ * A loader over ds (which must outlive it). Configure with ferry_loader_set, then iterate with
+ * ferry_loader_next. Knobs (text values):
+ *   batch_size (samples per batch, default 1), seq_len (0: one sample per dataset sample, the
+ *   batch carries offsets; N: samples are windows of N tokens over the concatenation of all
+ *   samples, LLM pre-training style), world_size (1), rank (0), seed (0), epoch (first epoch, 0),
+ *   epochs (0: run until destroyed), order (sequential|shuffle|block), block (samples per block,
+ *   256), drop_last (0|1, the sampler's), drop_last_batch (0|1: drop a short last batch),
+ *   prefetch (batches kept ready, 4), threads (pipeline threads, 1), merge_gap (bytes between two
+ *   reads that are still merged into one, 0), device (-1: host memory; N: CUDA device N), state
+ *   (a string from ferry_loader_state: resume there).
+ * Returns 0, -ENOMEM.
+ */
+FERRY_API FERRY_WUR int ferry_loader_create(ferry_dataset *ds, ferry_loader **out);
+/* Stops the pipeline (waits for its threads) and frees everything, batches not released too. */
+FERRY_API void ferry_loader_destroy(ferry_loader *l);
+/* Returns 0, FERRY_EBADOPT (detail names key and value) or FERRY_EBUSY once started. */
+FERRY_API FERRY_WUR int ferry_loader_set(ferry_loader *l, const char *key, const char *value);
+/* Starts the pipeline threads (otherwise the first next does). Returns 0 or an error (ENOGPU, ...). */
+FERRY_API FERRY_WUR int ferry_loader_start(ferry_loader *l);
+/* Samples per epoch for this rank, and batches per epoch. */
+FERRY_API uint64_t ferry_loader_samples_per_epoch(const ferry_loader *l);
+FERRY_API uint64_t ferry_loader_batches_per_epoch(const ferry_loader *l);
+/*
+ * The next batch, in order. Blocks until it is ready (on the device when device >= 0: its copy has
+ * completed); the time blocked is the step's wait. Returns 1 with *out, 0 when the last epoch is
+ * done, or the error the pipeline met (it stops then). The batch stays valid until released;
+ * at most `prefetch` batches can be held at once (the next call then fails with FERRY_EBUSY).
+ */
+FERRY_API FERRY_WUR int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out);
+/* Hands a batch's buffers back to the pipeline. NULL is accepted. */
+FERRY_API void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b);
+
+/* The batch's data: a host pointer (device -1) or a CUDA device address. */
+FERRY_API void *ferry_loader_batch_data(const ferry_loader_batch *b);
+/* Bytes of data. */
+FERRY_API size_t ferry_loader_batch_bytes(const ferry_loader_batch *b);
+/* Samples in the batch (batch_size, fewer for a short last batch). */
+FERRY_API uint32_t ferry_loader_batch_samples(const ferry_loader_batch *b);
+/* count + 1 byte offsets of the samples in data (host memory); offsets[count] == bytes. */
+FERRY_API const uint64_t *ferry_loader_batch_offsets(const ferry_loader_batch *b);
+/* The samples' indices (dataset samples, or token windows when seq_len > 0), host memory. */
+FERRY_API const int64_t *ferry_loader_batch_indices(const ferry_loader_batch *b);
+FERRY_API uint64_t ferry_loader_batch_epoch(const ferry_loader_batch *b);
+/* Position of the batch in its epoch (0-based). */
+FERRY_API uint64_t ferry_loader_batch_step(const ferry_loader_batch *b);
+
+/*
+ * The resume point after the batches returned so far, as a NUL-terminated line
+ * ("ferry-loader-state 1 epoch=E batch=K samples=N world_size=W rank=R seed=S order=O ...").
+ * Setting it as the `state` knob of a loader with the same configuration continues exactly
+ * there; a different configuration is FERRY_EBADOPT naming the field. Returns its length, or
+ * -ENOSPC when len is too small.
+ */
+FERRY_API FERRY_WUR int ferry_loader_state(const ferry_loader *l, char *buf, size_t len);
+
+/*
+ * Starvation and throughput metrics since start, by name: steps, wait_total_ns, wait_mean_ns,
+ * wait_p50_ns, wait_p90_ns, wait_p99_ns, wait_max_ns, bytes, samples, elapsed_ns, samples_per_s,
+ * bytes_per_s, reads (read I/Os submitted), merged (samples read as part of a merged read),
+ * cpu_ns (CPU time of the pipeline threads). Unknown names give -1.
+ */
+FERRY_API double ferry_loader_metric(ferry_loader *l, const char *name);
+/* The metric names, NULL-terminated. */
+FERRY_API const char *const *ferry_loader_metric_names(void);
+/* Per step waits in nanoseconds: copies up to len of them into out; returns the number of steps. */
+FERRY_API uint64_t ferry_loader_waits(ferry_loader *l, uint64_t *out, uint64_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FERRY_DATA_H */

@@ -1,0 +1,893 @@
+/*
+ * The ferry shard format: shard-NNNNN.fsh data files and one ferry.idx (docs/DATA.md), its strict
+ * parser, the dataset reader shared with Megatron datasets, and the writer used by `ferry pack`.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "format/shards.h"
+
+/* ------------------------------------------------------------------------------------- CRC-32C */
+
+static uint32_t crc_table[8][256];
+static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
+
+static void crc_init(void)
+{
+	for (uint32_t i = 0; i < 256; i++) {
+		uint32_t c = i;
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+		crc_table[0][i] = c;
+	}
+	for (uint32_t i = 0; i < 256; i++)
+		for (int t = 1; t < 8; t++)
+			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t c, const uint8_t *p, size_t n)
+{
+	uint64_t c64 = c;
+	while (n && ((uintptr_t)p & 7)) {
+		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
+		n--;
+	}
+	for (; n >= 8; n -= 8, p += 8) {
+		uint64_t v;
+		memcpy(&v, p, 8);
+		c64 = __builtin_ia32_crc32di(c64, v);
+	}
+	while (n--)
+		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
+	return (uint32_t)c64;
+}
+#endif
+
+uint32_t ferry__crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+	uint32_t c = ~crc;
+#if defined(__x86_64__)
+	if (__builtin_cpu_supports("sse4.2"))
+		return ~crc_hw(c, p, len);
+#endif
+	pthread_once(&crc_once, crc_init);
+	for (; len >= 8; len -= 8, p += 8) {
+		uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+		c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
+		    crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^
+		    crc_table[0][p[7]];
+	}
+	while (len--)
+		c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
+	return ~c;
+}
+
+/* ------------------------------------------------------------------------------------- helpers */
+
+static uint64_t rd64(const uint8_t *p)
+{
+	uint64_t v = 0;
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void wr64(uint8_t *p, uint64_t v)
+{
+	for (int i = 0; i < 8; i++, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+static void wr32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++, v >>= 8)
+		p[i] = (uint8_t)v;
+}
+
+void ferry__index_free(struct ferry__index *x)
+{
+	free(x->file_bytes);
+	free(x->file_first);
+	free(x->off);
+	free(x->len);
+	free(x->crc);
+	free(x->key_off);
+	free(x->keys);
+	free(x->doc_idx);
+	memset(x, 0, sizeof(*x));
+}
+
+uint32_t ferry__index_shard_of(const struct ferry__index *x, uint64_t i)
+{
+	uint32_t lo = 0, hi = x->nfiles;
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (x->file_first[mid] <= i)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* --------------------------------------------------------------------------------------- parser */
+
+#define CORRUPT(...) ferry__error(FERRY_ECORRUPT, __VA_ARGS__)
+
+int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, const char *name,
+			     struct ferry__index *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (len < FERRY__IDX_HEADER + 8)
+		return CORRUPT("%s: %zu bytes, too short for a ferry index (%d at least)", name, len,
+			       FERRY__IDX_HEADER + 8);
+	if (memcmp(buf, FERRY__IDX_MAGIC, 8))
+		return CORRUPT("%s: not a ferry index (bad magic)", name);
+	uint32_t version = rd32(buf + 8), flags = rd32(buf + 12), dtype = rd32(buf + 16);
+	uint32_t nshards = rd32(buf + 20);
+	uint64_t n = rd64(buf + 24), bytes = rd64(buf + 32), file_len = rd64(buf + 40);
+	uint64_t keys_len = rd64(buf + 48);
+	if (version != FERRY__IDX_VERSION)
+		return CORRUPT("%s: index version %u, this reader knows version %d", name, version,
+			       FERRY__IDX_VERSION);
+	if (file_len != len)
+		return CORRUPT("%s: index is %zu bytes, its header says %llu (truncated or extended)",
+			       name, len, (unsigned long long)file_len);
+	if (memcmp(buf + len - 4, FERRY__IDX_END, 4))
+		return CORRUPT("%s: bad end marker (truncated index)", name);
+	if (check_crc) {
+		uint32_t want = rd32(buf + len - 8), got = ferry__crc32c(0, buf, len - 8);
+		if (want != got)
+			return CORRUPT("%s: index checksum mismatch (crc32c %08x, stored %08x)", name, got,
+				       want);
+	}
+	if (flags & ~FERRY__IDX_FLAG_KEYS)
+		return CORRUPT("%s: unknown flags 0x%x", name, flags);
+	if (!ferry_dtype_size((int)dtype) || dtype > FERRY_DTYPE_UINT16)
+		return CORRUPT("%s: unknown dtype code %u", name, dtype);
+	if (rd32(buf + 56) || rd32(buf + 60))
+		return CORRUPT("%s: reserved header fields are not zero", name);
+	int keys = flags & FERRY__IDX_FLAG_KEYS;
+	if (!keys && keys_len)
+		return CORRUPT("%s: %llu key bytes without the keys flag", name, (unsigned long long)keys_len);
+	/* Sizes from the header must add up to the file length exactly; overflow-safe because each
+	 * table is bounded by len before it is multiplied out. */
+	uint64_t avail = len - FERRY__IDX_HEADER - 8;
+	if (nshards > avail / FERRY__IDX_SHARD_ENTRY || (n && !nshards))
+		return CORRUPT("%s: %u shards do not fit the index", name, nshards);
+	avail -= (uint64_t)nshards * FERRY__IDX_SHARD_ENTRY;
+	if (n > avail / FERRY__IDX_SAMPLE_ENTRY)
+		return CORRUPT("%s: %llu samples do not fit the index", name, (unsigned long long)n);
+	avail -= n * FERRY__IDX_SAMPLE_ENTRY;
+	uint64_t need = 0;
+	if (keys) {
+		if (n + 1 > avail / 8)
+			return CORRUPT("%s: key offsets do not fit the index", name);
+		need = (n + 1) * 8;
+		if (keys_len > avail - need)
+			return CORRUPT("%s: %llu key bytes do not fit the index", name,
+				       (unsigned long long)keys_len);
+		need += (keys_len + 7) & ~7ull;
+	}
+	if (need != avail)
+		return CORRUPT("%s: index tables take %llu bytes, %llu are there", name,
+			       (unsigned long long)(len - avail + need), (unsigned long long)len);
+
+	out->format = 0;
+	out->dtype = (int)dtype;
+	out->n = n;
+	out->nfiles = nshards;
+	out->bytes = bytes;
+	out->file_bytes = calloc(nshards ? nshards : 1, sizeof(uint64_t));
+	out->file_first = calloc((size_t)nshards + 1, sizeof(uint64_t));
+	out->off = malloc((n ? n : 1) * sizeof(uint64_t));
+	out->len = malloc((n ? n : 1) * sizeof(uint64_t));
+	out->crc = malloc((n ? n : 1) * sizeof(uint32_t));
+	if (!out->file_bytes || !out->file_first || !out->off || !out->len || !out->crc)
+		goto nomem;
+	const uint8_t *p = buf + FERRY__IDX_HEADER;
+	uint64_t next = 0;
+	for (uint32_t s = 0; s < nshards; s++, p += FERRY__IDX_SHARD_ENTRY) {
+		uint64_t sb = rd64(p), first = rd64(p + 8), cnt = rd64(p + 16);
+		if (first != next || cnt > n - next)
+			goto bad_shard;
+		if (rd64(p + 24))
+			goto bad_shard;
+		out->file_bytes[s] = sb;
+		out->file_first[s] = first;
+		next = first + cnt;
+		continue;
+bad_shard:
+		ferry__index_free(out);
+		return CORRUPT("%s: shard %u: entry inconsistent (first sample %llu, %llu samples, "
+			       "expected first %llu of %llu)", name, s, (unsigned long long)first,
+			       (unsigned long long)cnt, (unsigned long long)next, (unsigned long long)n);
+	}
+	if (next != n) {
+		ferry__index_free(out);
+		return CORRUPT("%s: shards hold %llu samples, header says %llu", name,
+			       (unsigned long long)next, (unsigned long long)n);
+	}
+	out->file_first[nshards] = n;
+	uint64_t total = 0;
+	for (uint32_t s = 0; s < nshards; s++) {
+		uint64_t end = 0;
+		for (uint64_t i = out->file_first[s]; i < out->file_first[s + 1]; i++, p += 16) {
+			uint64_t off = rd64(p);
+			uint32_t l = rd32(p + 8);
+			out->off[i] = off;
+			out->len[i] = l;
+			out->crc[i] = rd32(p + 12);
+			if (off < end || off > out->file_bytes[s] || l > out->file_bytes[s] - off) {
+				ferry__index_free(out);
+				return CORRUPT("%s: shard %u (shard-%05u.fsh), sample %llu: bytes %llu..%llu "
+					       "overlap the previous sample or lie past the shard's %llu bytes",
+					       name, s, s, (unsigned long long)i, (unsigned long long)off,
+					       (unsigned long long)off + l,
+					       (unsigned long long)out->file_bytes[s]);
+			}
+			if (l % ferry_dtype_size((int)dtype)) {
+				ferry__index_free(out);
+				return CORRUPT("%s: shard %u, sample %llu: %u bytes is not a whole number of "
+					       "%s elements", name, s, (unsigned long long)i, l,
+					       ferry_dtype_name((int)dtype));
+			}
+			end = off + l;
+			total += l;
+		}
+	}
+	if (total != bytes) {
+		ferry__index_free(out);
+		return CORRUPT("%s: samples hold %llu bytes, header says %llu", name,
+			       (unsigned long long)total, (unsigned long long)bytes);
+	}
+	if (keys) {
+		out->key_off = malloc((n + 1) * sizeof(uint64_t));
+		out->keys = malloc(keys_len + 1);
+		if (!out->key_off || !out->keys)
+			goto nomem;
+		for (uint64_t i = 0; i <= n; i++, p += 8) {
+			out->key_off[i] = rd64(p);
+			if (out->key_off[i] > keys_len || (i && out->key_off[i] < out->key_off[i - 1]) ||
+			    (i == 0 && out->key_off[0]) || (i == n && out->key_off[n] != keys_len)) {
+				ferry__index_free(out);
+				return CORRUPT("%s: key offset of sample %llu out of order or range", name,
+					       (unsigned long long)i);
+			}
+		}
+		memcpy(out->keys, p, keys_len);
+		out->keys[keys_len] = 0;
+		out->keys_len = keys_len;
+	}
+	return 0;
+nomem:
+	ferry__index_free(out);
+	return ferry__error(-ENOMEM, "%s: index of %llu samples", name, (unsigned long long)n);
+}
+
+/* ---------------------------------------------------------------------------------- the reader */
+
+int ferry__read_whole(const char *path, uint8_t **buf, size_t *len)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return ferry__error(-errno, "open(%s)", path);
+	struct stat st;
+	if (fstat(fd, &st) < 0) {
+		int e = -errno;
+		close(fd);
+		return ferry__error(e, "fstat(%s)", path);
+	}
+	size_t n = (size_t)st.st_size;
+	uint8_t *b = malloc(n ? n : 1);
+	if (!b) {
+		close(fd);
+		return ferry__error(-ENOMEM, "reading %s (%zu bytes)", path, n);
+	}
+	size_t got = 0;
+	while (got < n) {
+		ssize_t r = pread(fd, b + got, n - got, (off_t)got);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? -errno : -EIO;
+			free(b);
+			close(fd);
+			return ferry__error(e, "pread(%s, offset %zu)", path, got);
+		}
+		got += (size_t)r;
+	}
+	close(fd);
+	*buf = b;
+	*len = n;
+	return 0;
+}
+
+int ferry__dataset_check_sizes(struct ferry_dataset *ds)
+{
+	struct ferry__index *x = &ds->x;
+	for (uint32_t s = 0; s < x->nfiles; s++) {
+		int64_t sz = ferry_file_size(ds->files[s]);
+		if (sz < 0)
+			return (int)sz;
+		if ((uint64_t)sz >= x->file_bytes[s])
+			continue;
+		uint64_t i = x->file_first[s];
+		while (i < x->file_first[s + 1] && x->off[i] + x->len[i] <= (uint64_t)sz)
+			i++;
+		if (x->format == 1) {
+			/* Megatron samples need not be in file order: find the first one cut. */
+			for (i = 0; i < x->n && x->off[i] + x->len[i] <= (uint64_t)sz; i++)
+				;
+		}
+		return CORRUPT("%s: truncated: %lld bytes, the index needs %llu; sample %llu (bytes "
+			       "%llu..%llu) lies past its end (shard %u)", ds->paths[s], (long long)sz,
+			       (unsigned long long)x->file_bytes[s], (unsigned long long)i,
+			       (unsigned long long)(i < x->n ? x->off[i] : 0),
+			       (unsigned long long)(i < x->n ? x->off[i] + x->len[i] : 0), s);
+	}
+	return 0;
+}
+
+static int open_files(struct ferry_dataset *ds)
+{
+	ds->files = calloc(ds->x.nfiles ? ds->x.nfiles : 1, sizeof(*ds->files));
+	if (!ds->files)
+		return ferry__error(-ENOMEM, "opening %u shards", ds->x.nfiles);
+	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
+		int err = ferry_file_open(ds->ctx, ds->paths[s], FERRY_O_RDONLY, &ds->files[s]);
+		if (err < 0) {
+			ferry__error_append("shard %u of %s", s, ds->path);
+			return err;
+		}
+	}
+	return ferry__dataset_check_sizes(ds);
+}
+
+static int path_is_dir(const char *p)
+{
+	struct stat st;
+	return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+	size_t a = strlen(s), b = strlen(suf);
+	return a >= b && !strcmp(s + a - b, suf);
+}
+
+static int ferry_open_index(struct ferry_dataset *ds, const char *idx_path, const char *dir)
+{
+	uint8_t *buf;
+	size_t len;
+	int err = ferry__read_whole(idx_path, &buf, &len);
+	if (err)
+		return err;
+	err = ferry__shard_index_parse(buf, len, 1, idx_path, &ds->x);
+	free(buf);
+	if (err)
+		return err;
+	ds->paths = calloc(ds->x.nfiles ? ds->x.nfiles : 1, sizeof(char *));
+	if (!ds->paths)
+		return ferry__error(-ENOMEM, "%s", idx_path);
+	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
+		size_t l = strlen(dir) + 32;
+		ds->paths[s] = malloc(l);
+		if (!ds->paths[s])
+			return ferry__error(-ENOMEM, "%s", idx_path);
+		snprintf(ds->paths[s], l, "%s/shard-%05u.fsh", dir, s);
+	}
+	return open_files(ds);
+}
+
+int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out)
+{
+	if (!ctx || !path || !out)
+		return ferry__error(-EINVAL, "ferry_dataset_open: NULL argument");
+	struct ferry_dataset *ds = calloc(1, sizeof(*ds));
+	if (!ds || !(ds->path = strdup(path))) {
+		free(ds);
+		return ferry__error(-ENOMEM, "ferry_dataset_open(%s)", path);
+	}
+	ds->ctx = ctx;
+	int err;
+	size_t pl = strlen(path);
+	char *tmp = malloc(pl + 32);
+	if (!tmp) {
+		ferry_dataset_close(ds);
+		return ferry__error(-ENOMEM, "ferry_dataset_open(%s)", path);
+	}
+	if (path_is_dir(path)) {
+		snprintf(tmp, pl + 32, "%s/%s", path, FERRY__IDX_NAME);
+		err = ferry_open_index(ds, tmp, path);
+	} else if (ends_with(path, "/" FERRY__IDX_NAME) || !strcmp(path, FERRY__IDX_NAME)) {
+		memcpy(tmp, path, pl + 1);
+		char *slash = strrchr(tmp, '/');
+		if (slash)
+			*slash = 0;
+		else
+			strcpy(tmp, ".");
+		err = ferry_open_index(ds, path, tmp);
+	} else {
+		memcpy(tmp, path, pl + 1);
+		if (ends_with(tmp, ".idx") || ends_with(tmp, ".bin"))
+			tmp[pl - 4] = 0;
+		err = ferry__megatron_open(ds, tmp);
+		if (!err)
+			err = open_files(ds);
+	}
+	free(tmp);
+	if (err) {
+		ferry_dataset_close(ds);
+		return err;
+	}
+	*out = ds;
+	return 0;
+}
+
+void ferry_dataset_close(ferry_dataset *ds)
+{
+	if (!ds)
+		return;
+	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
+		if (ds->files)
+			ferry_file_close(ds->files[s]);
+		if (ds->paths)
+			free(ds->paths[s]);
+	}
+	free(ds->files);
+	free(ds->paths);
+	free(ds->path);
+	ferry__index_free(&ds->x);
+	free(ds);
+}
+
+uint64_t ferry_dataset_count(const ferry_dataset *ds) { return ds ? ds->x.n : 0; }
+int ferry_dataset_dtype(const ferry_dataset *ds) { return ds ? ds->x.dtype : 0; }
+const char *ferry_dataset_format(const ferry_dataset *ds) { return ds && ds->x.format ? "megatron" : "ferry"; }
+uint64_t ferry_dataset_bytes(const ferry_dataset *ds) { return ds ? ds->x.bytes : 0; }
+uint32_t ferry_dataset_shards(const ferry_dataset *ds) { return ds ? ds->x.nfiles : 0; }
+
+int64_t ferry_dataset_sample_bytes(const ferry_dataset *ds, uint64_t i)
+{
+	if (!ds || i >= ds->x.n)
+		return ferry__error(-EINVAL, "sample %llu out of range", (unsigned long long)i);
+	return (int64_t)ds->x.len[i];
+}
+
+const char *ferry_dataset_key(const ferry_dataset *ds, uint64_t i, size_t *len)
+{
+	if (!ds || !ds->x.key_off || i >= ds->x.n) {
+		if (len)
+			*len = 0;
+		return NULL;
+	}
+	if (len)
+		*len = ds->x.key_off[i + 1] - ds->x.key_off[i];
+	return ds->x.keys + ds->x.key_off[i];
+}
+
+ssize_t ferry_dataset_read(ferry_dataset *ds, uint64_t i, void *buf, size_t len)
+{
+	if (!ds || i >= ds->x.n)
+		return ferry__error(-EINVAL, "ferry_dataset_read: sample %llu out of range (%llu samples)",
+				    (unsigned long long)i, (unsigned long long)(ds ? ds->x.n : 0));
+	uint64_t l = ds->x.len[i];
+	if (len < l)
+		return ferry__error(-ENOSPC, "ferry_dataset_read: sample %llu is %llu bytes, buffer %zu",
+				    (unsigned long long)i, (unsigned long long)l, len);
+	uint32_t s = ferry__index_shard_of(&ds->x, i);
+	ssize_t r = ferry_pread(ds->files[s], buf, l, ds->x.off[i]);
+	if (r < 0) {
+		ferry__error_append("sample %llu of %s", (unsigned long long)i, ds->paths[s]);
+		return r;
+	}
+	if ((uint64_t)r != l)
+		return CORRUPT("%s: sample %llu (shard %u, bytes %llu..%llu) ends past the end of the file",
+			       ds->paths[s], (unsigned long long)i, s, (unsigned long long)ds->x.off[i],
+			       (unsigned long long)(ds->x.off[i] + l));
+	return r;
+}
+
+int ferry_dataset_verify(ferry_dataset *ds)
+{
+	if (!ds || !ds->x.crc)
+		return 0;
+	size_t cap = 1 << 20;
+	uint8_t *buf = malloc(cap);
+	if (!buf)
+		return -ENOMEM;
+	for (uint64_t i = 0; i < ds->x.n; i++) {
+		if (ds->x.len[i] > cap) {
+			free(buf);
+			cap = ds->x.len[i];
+			if (!(buf = malloc(cap)))
+				return -ENOMEM;
+		}
+		ssize_t r = ferry_dataset_read(ds, i, buf, cap);
+		if (r < 0) {
+			free(buf);
+			return (int)r;
+		}
+		uint32_t c = ferry__crc32c(0, buf, (size_t)r);
+		if (c != ds->x.crc[i]) {
+			uint32_t s = ferry__index_shard_of(&ds->x, i);
+			free(buf);
+			return CORRUPT("%s: sample %llu (shard %u, bytes %llu..%llu): checksum mismatch "
+				       "(crc32c %08x, index says %08x)", ds->paths[s], (unsigned long long)i,
+				       s, (unsigned long long)ds->x.off[i],
+				       (unsigned long long)(ds->x.off[i] + ds->x.len[i]), c, ds->x.crc[i]);
+		}
+	}
+	free(buf);
+	return 0;
+}
+
+/* ---------------------------------------------------------------------------------- the writer */
+
+struct ferry_dataset_writer {
+	ferry_ctx *ctx;
+	char *path;
+	int kind, dtype;
+	uint64_t shard_size;
+	uint64_t n, cap;
+	uint64_t *len, *off;
+	uint32_t *crc, *shard;
+	uint8_t *doc_end;
+	char *keys;
+	uint64_t keys_len, keys_cap, *key_off;
+	int has_keys, laid_out;
+	uint32_t nshards;
+	uint64_t *shard_bytes, *shard_first;
+	int *fds;
+};
+
+static int fsync_dir(const char *dir)
+{
+	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return ferry__error(-errno, "open(%s) to sync the directory", dir);
+	int r = fsync(fd) < 0 ? -errno : 0;
+	close(fd);
+	return r ? ferry__error(r, "fsync(%s)", dir) : 0;
+}
+
+/* The directory a writer's files go to, and the index's final path. */
+static void writer_paths(const struct ferry_dataset_writer *w, char *dir, char *idx, size_t len)
+{
+	if (w->kind == FERRY_WRITE_FERRY) {
+		snprintf(dir, len, "%s", w->path);
+		snprintf(idx, len, "%s/%s", w->path, FERRY__IDX_NAME);
+	} else {
+		snprintf(dir, len, "%s", w->path);
+		char *slash = strrchr(dir, '/');
+		if (slash)
+			*slash = slash == dir ? (slash[1] = 0, '/') : 0;
+		else
+			snprintf(dir, len, ".");
+		snprintf(idx, len, "%s.idx", w->path);
+	}
+}
+
+int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, int kind, int dtype,
+				uint64_t shard_size, ferry_dataset_writer **out)
+{
+	if (!path || !out || (kind != FERRY_WRITE_FERRY && kind != FERRY_WRITE_MEGATRON))
+		return ferry__error(-EINVAL, "ferry_dataset_writer_create: bad argument");
+	if (!ferry_dtype_size(dtype))
+		return ferry__error(FERRY_EBADOPT, "ferry_dataset_writer_create: unknown dtype %d", dtype);
+	if (kind == FERRY_WRITE_MEGATRON && dtype == FERRY_DTYPE_BYTES)
+		dtype = FERRY_DTYPE_UINT8;
+	struct ferry_dataset_writer *w = calloc(1, sizeof(*w));
+	if (!w || !(w->path = strdup(path))) {
+		free(w);
+		return ferry__error(-ENOMEM, "ferry_dataset_writer_create(%s)", path);
+	}
+	w->ctx = ctx;
+	w->kind = kind;
+	w->dtype = dtype;
+	w->shard_size = shard_size ? shard_size : (1ull << 30);
+	char dir[PATH_MAX], idx[PATH_MAX];
+	writer_paths(w, dir, idx, sizeof(dir));
+	if (kind == FERRY_WRITE_FERRY && mkdir(path, 0755) < 0 && errno != EEXIST) {
+		int e = -errno;
+		ferry_dataset_writer_destroy(w);
+		return ferry__error(e, "mkdir(%s)", path);
+	}
+	/* An index left from an earlier dataset at this path must not describe the new data files. */
+	if (unlink(idx) == 0) {
+		int err = fsync_dir(dir);
+		if (err) {
+			ferry_dataset_writer_destroy(w);
+			return err;
+		}
+	}
+	*out = w;
+	return 0;
+}
+
+void ferry_dataset_writer_destroy(ferry_dataset_writer *w)
+{
+	if (!w)
+		return;
+	if (w->fds)
+		for (uint32_t s = 0; s < w->nshards; s++)
+			if (w->fds[s] >= 0)
+				close(w->fds[s]);
+	free(w->fds);
+	free(w->len);
+	free(w->off);
+	free(w->crc);
+	free(w->shard);
+	free(w->doc_end);
+	free(w->keys);
+	free(w->key_off);
+	free(w->shard_bytes);
+	free(w->shard_first);
+	free(w->path);
+	free(w);
+}
+
+static int grow(void **p, uint64_t cap, size_t elem)
+{
+	void *q = realloc(*p, cap * elem);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	return 0;
+}
+
+int64_t ferry_dataset_writer_add(ferry_dataset_writer *w, uint64_t bytes, const char *key,
+				 size_t key_len, int document_end)
+{
+	if (!w || w->laid_out)
+		return ferry__error(FERRY_EBUSY, "ferry_dataset_writer_add after layout");
+	if (w->kind == FERRY_WRITE_FERRY && bytes > UINT32_MAX)
+		return ferry__error(-EFBIG, "sample %llu: %llu bytes, a ferry shard sample holds 4 GiB - 1 at most",
+				    (unsigned long long)w->n, (unsigned long long)bytes);
+	if (bytes % ferry_dtype_size(w->dtype))
+		return ferry__error(-EINVAL, "sample %llu: %llu bytes is not a whole number of %s",
+				    (unsigned long long)w->n, (unsigned long long)bytes,
+				    ferry_dtype_name(w->dtype));
+	if (w->kind == FERRY_WRITE_MEGATRON && bytes / ferry_dtype_size(w->dtype) > INT32_MAX)
+		return ferry__error(-EFBIG, "sample %llu: too many elements for Megatron's int32 sizes",
+				    (unsigned long long)w->n);
+	if (w->n == w->cap) {
+		uint64_t c = w->cap ? w->cap * 2 : 1024;
+		if (grow((void **)&w->len, c, 8) || grow((void **)&w->off, c, 8) ||
+		    grow((void **)&w->crc, c, 4) || grow((void **)&w->shard, c, 4) ||
+		    grow((void **)&w->doc_end, c, 1) || grow((void **)&w->key_off, c + 1, 8))
+			return ferry__error(-ENOMEM, "ferry_dataset_writer_add: %llu samples", (unsigned long long)c);
+		w->cap = c;
+	}
+	if (key && key_len) {
+		w->has_keys = 1;
+		if (w->keys_len + key_len > w->keys_cap) {
+			uint64_t c = (w->keys_cap + key_len) * 2;
+			if (grow((void **)&w->keys, c, 1))
+				return ferry__error(-ENOMEM, "ferry_dataset_writer_add: keys");
+			w->keys_cap = c;
+		}
+		memcpy(w->keys + w->keys_len, key, key_len);
+	}
+	w->key_off[w->n] = w->keys_len;
+	w->keys_len += key && key_len ? key_len : 0;
+	w->len[w->n] = bytes;
+	w->crc[w->n] = 0;
+	w->doc_end[w->n] = document_end ? 1 : 0;
+	return (int64_t)w->n++;
+}
+
+int ferry_dataset_writer_layout(ferry_dataset_writer *w)
+{
+	if (!w || w->laid_out)
+		return ferry__error(FERRY_EBUSY, "ferry_dataset_writer_layout: already laid out");
+	w->key_off = w->key_off ? w->key_off : calloc(1, 8);
+	if (!w->key_off)
+		return -ENOMEM;
+	w->key_off[w->n] = w->keys_len;
+	uint32_t ns = 0;
+	uint64_t cur = 0;
+	/* Count shards first: a sample never straddles two. Megatron output is one .bin. */
+	for (uint64_t i = 0; i < w->n; i++) {
+		if (w->kind == FERRY_WRITE_FERRY && ns && cur && cur + w->len[i] > w->shard_size) {
+			ns++;
+			cur = 0;
+		}
+		if (!ns)
+			ns = 1;
+		cur += w->len[i];
+	}
+	if (!ns && w->kind == FERRY_WRITE_MEGATRON)
+		ns = 1;
+	w->nshards = ns;
+	w->shard_bytes = calloc(ns ? ns : 1, 8);
+	w->shard_first = calloc((size_t)ns + 1, 8);
+	w->fds = malloc((ns ? ns : 1) * sizeof(int));
+	if (!w->shard_bytes || !w->shard_first || !w->fds)
+		return ferry__error(-ENOMEM, "ferry_dataset_writer_layout");
+	for (uint32_t s = 0; s < ns; s++)
+		w->fds[s] = -1;
+	uint32_t s = 0;
+	cur = 0;
+	for (uint64_t i = 0; i < w->n; i++) {
+		if (w->kind == FERRY_WRITE_FERRY && cur && cur + w->len[i] > w->shard_size) {
+			w->shard_bytes[s++] = cur;
+			w->shard_first[s] = i;
+			cur = 0;
+		}
+		w->off[i] = cur;
+		w->shard[i] = s;
+		cur += w->len[i];
+	}
+	if (ns)
+		w->shard_bytes[s] = cur;
+	w->shard_first[ns] = w->n;
+	for (s = 0; s < ns; s++) {
+		char p[PATH_MAX];
+		if (w->kind == FERRY_WRITE_FERRY)
+			snprintf(p, sizeof(p), "%s/shard-%05u.fsh", w->path, s);
+		else
+			snprintf(p, sizeof(p), "%s.bin", w->path);
+		w->fds[s] = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		if (w->fds[s] < 0)
+			return ferry__error(-errno, "open(%s) for writing", p);
+		if (ftruncate(w->fds[s], (off_t)w->shard_bytes[s]) < 0)
+			return ferry__error(-errno, "ftruncate(%s, %llu)", p,
+					    (unsigned long long)w->shard_bytes[s]);
+	}
+	w->laid_out = 1;
+	return (int)ns;
+}
+
+int64_t ferry_dataset_writer_shard_of(const ferry_dataset_writer *w, uint64_t i)
+{
+	if (!w || !w->laid_out || i >= w->n)
+		return -EINVAL;
+	return w->shard[i];
+}
+
+int ferry_dataset_writer_put(ferry_dataset_writer *w, uint64_t i, const void *data, size_t len)
+{
+	if (!w || !w->laid_out || i >= w->n)
+		return ferry__error(-EINVAL, "ferry_dataset_writer_put: sample %llu", (unsigned long long)i);
+	if (len != w->len[i])
+		return ferry__error(-EINVAL, "ferry_dataset_writer_put: sample %llu is %zu bytes, declared %llu",
+				    (unsigned long long)i, len, (unsigned long long)w->len[i]);
+	w->crc[i] = ferry__crc32c(0, data, len);
+	const uint8_t *p = data;
+	size_t done = 0;
+	while (done < len) {
+		ssize_t r = pwrite(w->fds[w->shard[i]], p + done, len - done, (off_t)(w->off[i] + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return ferry__error(-errno, "pwrite(shard %u, offset %llu, %zu bytes) of sample %llu",
+					    w->shard[i], (unsigned long long)(w->off[i] + done), len - done,
+					    (unsigned long long)i);
+		done += (size_t)r;
+	}
+	return 0;
+}
+
+static int write_all_sync(const char *path, const uint8_t *buf, size_t len)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return ferry__error(-errno, "open(%s)", path);
+	size_t done = 0;
+	while (done < len) {
+		ssize_t r = write(fd, buf + done, len - done);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0) {
+			int e = -errno;
+			close(fd);
+			return ferry__error(e, "write(%s)", path);
+		}
+		done += (size_t)r;
+	}
+	if (fsync(fd) < 0) {
+		int e = -errno;
+		close(fd);
+		return ferry__error(e, "fsync(%s)", path);
+	}
+	close(fd);
+	return 0;
+}
+
+static int build_ferry_index(ferry_dataset_writer *w, uint8_t **out, size_t *out_len)
+{
+	uint64_t keys_len = w->has_keys ? w->keys_len : 0;
+	size_t len = FERRY__IDX_HEADER + (size_t)w->nshards * FERRY__IDX_SHARD_ENTRY +
+		     w->n * FERRY__IDX_SAMPLE_ENTRY + 8;
+	if (w->has_keys)
+		len += (w->n + 1) * 8 + ((keys_len + 7) & ~7ull);
+	uint8_t *b = calloc(1, len);
+	if (!b)
+		return ferry__error(-ENOMEM, "index of %llu samples", (unsigned long long)w->n);
+	uint64_t bytes = 0;
+	for (uint64_t i = 0; i < w->n; i++)
+		bytes += w->len[i];
+	memcpy(b, FERRY__IDX_MAGIC, 8);
+	wr32(b + 8, FERRY__IDX_VERSION);
+	wr32(b + 12, w->has_keys ? FERRY__IDX_FLAG_KEYS : 0);
+	wr32(b + 16, (uint32_t)w->dtype);
+	wr32(b + 20, w->nshards);
+	wr64(b + 24, w->n);
+	wr64(b + 32, bytes);
+	wr64(b + 40, len);
+	wr64(b + 48, keys_len);
+	uint8_t *p = b + FERRY__IDX_HEADER;
+	for (uint32_t s = 0; s < w->nshards; s++, p += FERRY__IDX_SHARD_ENTRY) {
+		wr64(p, w->shard_bytes[s]);
+		wr64(p + 8, w->shard_first[s]);
+		wr64(p + 16, w->shard_first[s + 1] - w->shard_first[s]);
+	}
+	for (uint64_t i = 0; i < w->n; i++, p += FERRY__IDX_SAMPLE_ENTRY) {
+		wr64(p, w->off[i]);
+		wr32(p + 8, (uint32_t)w->len[i]);
+		wr32(p + 12, w->crc[i]);
+	}
+	if (w->has_keys) {
+		for (uint64_t i = 0; i <= w->n; i++, p += 8)
+			wr64(p, w->key_off[i]);
+		memcpy(p, w->keys, keys_len);
+	}
+	wr32(b + len - 8, ferry__crc32c(0, b, len - 8));
+	memcpy(b + len - 4, FERRY__IDX_END, 4);
+	*out = b;
+	*out_len = len;
+	return 0;
+}
+
+int ferry__megatron_build_index(int dtype, uint64_t n, const uint64_t *len, const uint64_t *off,
+				const uint8_t *doc_end, uint8_t **out, size_t *out_len);
+
+int ferry_dataset_writer_finish(ferry_dataset_writer *w)
+{
+	if (!w || !w->laid_out)
+		return ferry__error(-EINVAL, "ferry_dataset_writer_finish before layout");
+	char dir[PATH_MAX], idx[PATH_MAX], tmp[PATH_MAX + 8];
+	writer_paths(w, dir, idx, sizeof(dir));
+	for (uint32_t s = 0; s < w->nshards; s++) {
+		if (fsync(w->fds[s]) < 0)
+			return ferry__error(-errno, "fsync(shard %u of %s)", s, w->path);
+		close(w->fds[s]);
+		w->fds[s] = -1;
+	}
+	int err = fsync_dir(dir);
+	if (err)
+		return err;
+	uint8_t *buf;
+	size_t len;
+	if (w->kind == FERRY_WRITE_FERRY)
+		err = build_ferry_index(w, &buf, &len);
+	else
+		err = ferry__megatron_build_index(w->dtype, w->n, w->len, w->off, w->doc_end, &buf, &len);
+	if (err)
+		return err;
+	snprintf(tmp, sizeof(tmp), "%s.tmp", idx);
+	err = write_all_sync(tmp, buf, len);
+	free(buf);
+	if (err)
+		return err;
+	if (rename(tmp, idx) < 0)
+		return ferry__error(-errno, "rename(%s, %s)", tmp, idx);
+	return fsync_dir(dir);
+}

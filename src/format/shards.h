@@ -1,0 +1,76 @@
+/*
+ * Packed datasets: the in-memory index shared by the ferry shard format (shards.c) and Megatron's
+ * .bin/.idx (megatron.c), their parsers of untrusted bytes, and CRC-32C.
+ * docs/DATA.md specifies both file formats.
+ */
+#ifndef FERRY_FORMAT_SHARDS_H
+#define FERRY_FORMAT_SHARDS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "ferry/data.h"
+
+#define FERRY__IDX_MAGIC "FERRYIDX"
+#define FERRY__IDX_END "FEND"
+#define FERRY__IDX_VERSION 1
+#define FERRY__IDX_HEADER 64
+#define FERRY__IDX_SHARD_ENTRY 32
+#define FERRY__IDX_SAMPLE_ENTRY 16
+#define FERRY__IDX_FLAG_KEYS 1u
+#define FERRY__IDX_NAME "ferry.idx"
+#define FERRY__MEGATRON_MAGIC "MMIDIDX\0\0"
+#define FERRY__MEGATRON_HEADER 34
+
+struct ferry__index {
+	int format; /* 0 ferry, 1 megatron */
+	int dtype;
+	uint64_t n;            /* samples */
+	uint32_t nfiles;       /* shards (1 for Megatron) */
+	uint64_t *file_bytes;  /* [nfiles]: the size each shard must have at least */
+	uint64_t *file_first;  /* [nfiles + 1]: first sample of each shard, then n */
+	uint64_t *off;         /* [n]: byte offset in its shard */
+	uint64_t *len;         /* [n]: bytes */
+	uint32_t *crc;         /* [n]: CRC-32C of the sample (ferry), NULL for Megatron */
+	uint64_t *key_off;     /* [n + 1] or NULL */
+	char *keys;
+	uint64_t keys_len;
+	uint64_t bytes;        /* sum of len */
+	int64_t *doc_idx;      /* Megatron document indices */
+	uint64_t ndocs;
+};
+
+void ferry__index_free(struct ferry__index *x);
+/* Shard holding sample i (binary search over file_first). */
+uint32_t ferry__index_shard_of(const struct ferry__index *x, uint64_t i);
+
+/*
+ * Parses a ferry index from buf. check_crc 0 skips only the footer checksum (the fuzzer's way
+ * past it); every other check runs. name is used in error details. Returns 0 or FERRY_ECORRUPT
+ * (-ENOMEM) with the detail naming the field, the shard and the sample.
+ */
+int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, const char *name,
+			     struct ferry__index *out);
+/* Parses a Megatron MMIDIDX version 1 index. Same contract. */
+int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name,
+				struct ferry__index *out);
+
+uint32_t ferry__crc32c(uint32_t crc, const void *buf, size_t len);
+
+/* The dataset handle (data.h). */
+struct ferry_dataset {
+	ferry_ctx *ctx;
+	struct ferry__index x;
+	char *path;       /* what was opened */
+	char **paths;     /* [nfiles] data files */
+	ferry_file **files;
+};
+
+/* Reads a whole small file (an index) into memory. Returns 0 or -errno (with detail). */
+int ferry__read_whole(const char *path, uint8_t **buf, size_t *len);
+/* Checks each shard's size against the index: FERRY_ECORRUPT naming shard and first sample cut. */
+int ferry__dataset_check_sizes(struct ferry_dataset *ds);
+
+/* Megatron dataset open (megatron.c), for a prefix. */
+int ferry__megatron_open(struct ferry_dataset *ds, const char *prefix);
+
+#endif

@@ -1,0 +1,969 @@
+/*
+ * The loader: pipeline threads plan each batch (the sampler's indices, or token windows mapped to
+ * pieces of samples), sort and merge the reads of neighbouring samples, submit them as one
+ * ferry_batch, assemble the batch in a pinned slot, and copy it to the device on the thread's own
+ * stream with an event. The consumer takes batches in order; the time it blocks is the step's wait.
+ * Slots cycle FREE -> FILLING -> READY -> HELD (by the consumer) -> FREE.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/internal.h"
+#include "ferry/data.h"
+#include "format/shards.h"
+#include "gpu/shim.h"
+#include "loader/sampler.h"
+
+int ferry__distributed_from_order(const int64_t *order, uint64_t n, uint32_t num_replicas,
+				  uint32_t rank, uint64_t count, int64_t *out);
+
+enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
+
+struct ferry_loader_batch {
+	int state;
+	int err;
+	uint64_t seq, epoch, step;
+	uint32_t count;
+	size_t bytes;
+	void *host;
+	int pinned;
+	ferry__CUdeviceptr dev;
+	ferry__CUevent event;
+	uint64_t *offsets; /* [batch_size + 1] */
+	int64_t *indices;  /* [batch_size] */
+};
+
+struct piece {
+	uint32_t file;
+	uint64_t off, len, dst;
+	int64_t sample;
+};
+
+struct worker {
+	struct ferry_loader *l;
+	pthread_t tid;
+	int started;
+	ferry_batch *batch;
+	ferry__CUstream stream;
+	int64_t *epoch_idx; /* this rank's indices of cached_epoch */
+	uint64_t cached_epoch;
+	int64_t *order;
+	struct piece *pieces;
+	uint32_t *sorted;
+	size_t pieces_cap;
+	uint8_t *stage;
+	size_t stage_cap;
+	uint64_t cpu_ns;
+};
+
+struct ferry_loader {
+	ferry_dataset *ds;
+	/* knobs */
+	uint32_t batch_size, world_size, rank, threads, prefetch;
+	uint64_t seq_len, seed, epoch, epochs, block, merge_gap;
+	int order, drop_last, drop_last_batch, device;
+	/* resume position */
+	uint64_t pos_epoch, pos_batch;
+	/* derived */
+	uint64_t items, per_rank, bpe, end_seq;
+	size_t esize, slot_bytes;
+	uint64_t *cum; /* token mode: byte prefix sums of the samples, [n + 1] */
+	/* pipeline */
+	int started, stop, failed;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	uint64_t next_claim, next_consume;
+	struct ferry_loader_batch *slots;
+	uint32_t nslots;
+	struct worker *workers;
+	struct ferry__pinned_pool *pool;
+	const struct ferry__cuda_api *cu;
+	/* metrics */
+	uint64_t *waits, nwaits, waits_cap;
+	uint64_t t_start, bytes, samples, reads, merged;
+	int err;
+	char errmsg[768];
+};
+
+static const char *const metric_names[] = {
+	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
+	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
+	"merged", "cpu_ns", NULL,
+};
+
+const char *const *ferry_loader_metric_names(void) { return metric_names; }
+
+int ferry_loader_create(ferry_dataset *ds, ferry_loader **out)
+{
+	if (!ds || !out)
+		return ferry__error(-EINVAL, "ferry_loader_create: NULL argument");
+	struct ferry_loader *l = calloc(1, sizeof(*l));
+	if (!l)
+		return ferry__error(-ENOMEM, "ferry_loader_create");
+	l->ds = ds;
+	l->batch_size = 1;
+	l->world_size = 1;
+	l->threads = 1;
+	l->prefetch = 4;
+	l->block = 256;
+	l->device = -1;
+	l->pos_epoch = UINT64_MAX;
+	pthread_mutex_init(&l->mu, NULL);
+	pthread_cond_init(&l->cv, NULL);
+	*out = l;
+	return 0;
+}
+
+static const char *order_name(int o)
+{
+	return o == FERRY_ORDER_SHUFFLE ? "shuffle" : o == FERRY_ORDER_BLOCK ? "block" : "sequential";
+}
+
+static int parse_u64(const char *key, const char *v, uint64_t *out)
+{
+	char *end;
+	errno = 0;
+	if (!v || !*v || *v == '-')
+		goto bad;
+	unsigned long long x = strtoull(v, &end, 0);
+	if (errno || *end)
+		goto bad;
+	*out = x;
+	return 0;
+bad:
+	return ferry__error(FERRY_EBADOPT, "loader knob %s: '%s' is not a non-negative integer", key,
+			    v ? v : "(null)");
+}
+
+static int set_state(struct ferry_loader *l, const char *v);
+
+static int below(uint64_t v, uint64_t min) { return v < min; }
+
+int ferry_loader_set(ferry_loader *l, const char *key, const char *value)
+{
+	if (!l || !key || !value)
+		return ferry__error(-EINVAL, "ferry_loader_set: NULL argument");
+	if (l->started)
+		return ferry__error(FERRY_EBUSY, "ferry_loader_set(%s): the loader has started", key);
+	uint64_t v = 0;
+	if (!strcmp(key, "order")) {
+		if (!strcmp(value, "sequential"))
+			l->order = FERRY_ORDER_SEQUENTIAL;
+		else if (!strcmp(value, "shuffle"))
+			l->order = FERRY_ORDER_SHUFFLE;
+		else if (!strcmp(value, "block"))
+			l->order = FERRY_ORDER_BLOCK;
+		else
+			return ferry__error(FERRY_EBADOPT, "loader knob order: '%s' (sequential|shuffle|block)",
+					    value);
+		return 0;
+	}
+	if (!strcmp(key, "state"))
+		return set_state(l, value);
+	if (!strcmp(key, "device")) {
+		if (!strcmp(value, "cpu") || !strcmp(value, "-1")) {
+			l->device = -1;
+			return 0;
+		}
+		if (!strncmp(value, "cuda:", 5))
+			value += 5;
+		else if (!strcmp(value, "cuda"))
+			value = "0";
+		if (parse_u64(key, value, &v) || v > 1024)
+			return ferry__error(FERRY_EBADOPT, "loader knob device: '%s' (cpu, -1, N, cuda:N)", value);
+		l->device = (int)v;
+		return 0;
+	}
+	int err = parse_u64(key, value, &v);
+	if (err)
+		return err;
+#define U32(name, min)                                                                        \
+	if (!strcmp(key, #name)) {                                                             \
+		if (below(v, (min)) || v > UINT32_MAX)                                               \
+			return ferry__error(FERRY_EBADOPT, "loader knob " #name ": %s out of range", value); \
+		l->name = (uint32_t)v;                                                         \
+		return 0;                                                                      \
+	}
+	U32(batch_size, 1)
+	U32(world_size, 1)
+	U32(rank, 0)
+	U32(threads, 1)
+	U32(prefetch, 1)
+#undef U32
+	if (!strcmp(key, "seq_len")) {
+		l->seq_len = v;
+		return 0;
+	}
+	if (!strcmp(key, "seed")) {
+		l->seed = v;
+		return 0;
+	}
+	if (!strcmp(key, "epoch")) {
+		l->epoch = v;
+		return 0;
+	}
+	if (!strcmp(key, "epochs")) {
+		l->epochs = v;
+		return 0;
+	}
+	if (!strcmp(key, "block")) {
+		if (!v)
+			return ferry__error(FERRY_EBADOPT, "loader knob block: 0");
+		l->block = v;
+		return 0;
+	}
+	if (!strcmp(key, "merge_gap")) {
+		l->merge_gap = v;
+		return 0;
+	}
+	if (!strcmp(key, "drop_last") || !strcmp(key, "drop_last_batch")) {
+		if (v > 1)
+			return ferry__error(FERRY_EBADOPT, "loader knob %s: '%s' (0|1)", key, value);
+		if (key[9])
+			l->drop_last_batch = (int)v;
+		else
+			l->drop_last = (int)v;
+		return 0;
+	}
+	return ferry__error(FERRY_EBADOPT, "unknown loader knob '%s'", key);
+}
+
+/* ----------------------------------------------------------------------------------- planning */
+
+static void seq_pos(const struct ferry_loader *l, uint64_t seq, uint64_t *epoch, uint64_t *b)
+{
+	uint64_t g = l->pos_batch + seq;
+	*epoch = l->pos_epoch + g / l->bpe;
+	*b = g % l->bpe;
+}
+
+static int epoch_indices(struct worker *w, uint64_t epoch)
+{
+	struct ferry_loader *l = w->l;
+	if (w->epoch_idx && w->cached_epoch == epoch)
+		return 0;
+	int err = ferry_order_indices(l->items, l->order, l->block, l->seed, epoch, w->order);
+	if (err)
+		return err;
+	ferry__distributed_from_order(w->order, l->items, l->world_size, l->rank, l->per_rank,
+				      w->epoch_idx);
+	w->cached_epoch = epoch;
+	return 0;
+}
+
+static int add_piece(struct worker *w, size_t *np, uint32_t file, uint64_t off, uint64_t len,
+		     uint64_t dst, int64_t sample)
+{
+	if (*np == w->pieces_cap) {
+		size_t c = w->pieces_cap ? w->pieces_cap * 2 : 256;
+		struct piece *p = realloc(w->pieces, c * sizeof(*p));
+		uint32_t *s = p ? realloc(w->sorted, c * sizeof(*s)) : NULL;
+		if (p)
+			w->pieces = p;
+		if (!p || !s)
+			return ferry__error(-ENOMEM, "loader: %zu reads", c);
+		w->sorted = s;
+		w->pieces_cap = c;
+	}
+	w->pieces[(*np)++] = (struct piece){file, off, len, dst, sample};
+	return 0;
+}
+
+static int cmp_piece(const void *a, const void *b, void *base)
+{
+	const struct piece *pieces = base;
+	const struct piece *x = &pieces[*(const uint32_t *)a], *y = &pieces[*(const uint32_t *)b];
+	if (x->file != y->file)
+		return x->file < y->file ? -1 : 1;
+	if (x->off != y->off)
+		return x->off < y->off ? -1 : 1;
+	return x->dst < y->dst ? -1 : x->dst > y->dst;
+}
+
+/* Reads one batch into slot s->host. */
+static int fill(struct worker *w, struct ferry_loader_batch *s)
+{
+	struct ferry_loader *l = w->l;
+	struct ferry__index *x = &l->ds->x;
+	uint64_t epoch, b;
+	seq_pos(l, s->seq, &epoch, &b);
+	int err = epoch_indices(w, epoch);
+	if (err)
+		return err;
+	uint64_t first = b * l->batch_size;
+	uint64_t count = l->per_rank - first < l->batch_size ? l->per_rank - first : l->batch_size;
+	s->epoch = epoch;
+	s->step = b;
+	s->count = (uint32_t)count;
+	size_t np = 0;
+	uint64_t pos = 0;
+	for (uint64_t k = 0; k < count; k++) {
+		int64_t item = w->epoch_idx[first + k];
+		s->indices[k] = item;
+		s->offsets[k] = pos;
+		if (!l->seq_len) {
+			uint64_t i = (uint64_t)item;
+			if ((err = add_piece(w, &np, ferry__index_shard_of(x, i), x->off[i], x->len[i], pos, item)))
+				return err;
+			pos += x->len[i];
+			continue;
+		}
+		uint64_t want = l->seq_len * l->esize, at = (uint64_t)item * want;
+		uint64_t lo = 0, hi = x->n;
+		while (hi - lo > 1) { /* sample holding stream byte `at` */
+			uint64_t mid = lo + (hi - lo) / 2;
+			if (l->cum[mid] <= at)
+				lo = mid;
+			else
+				hi = mid;
+		}
+		for (uint64_t i = lo; want; i++) {
+			uint64_t in = at - l->cum[i], take = x->len[i] - in;
+			if (take > want)
+				take = want;
+			if (take && (err = add_piece(w, &np, ferry__index_shard_of(x, i), x->off[i] + in, take,
+						     pos, (int64_t)i)))
+				return err;
+			pos += take;
+			at += take;
+			want -= take;
+		}
+	}
+	s->offsets[count] = pos;
+	s->bytes = pos;
+	for (size_t i = 0; i < np; i++)
+		w->sorted[i] = (uint32_t)i;
+	qsort_r(w->sorted, np, sizeof(*w->sorted), cmp_piece, w->pieces);
+
+	/* Groups of neighbours: one read each. A group laid out in the batch as it is in the file is
+	 * read in place; any other group goes through the staging buffer and is scattered. */
+	ferry_batch_reset(w->batch);
+	size_t stage_need = 0;
+	uint64_t reads = 0, merged = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		size_t stage_pos = 0;
+		for (size_t g = 0; g < np;) {
+			const struct piece *p0 = &w->pieces[w->sorted[g]];
+			uint64_t end = p0->off + p0->len;
+			int inplace = 1;
+			size_t h = g + 1;
+			for (; h < np; h++) {
+				const struct piece *p = &w->pieces[w->sorted[h]], *q = &w->pieces[w->sorted[h - 1]];
+				if (p->file != p0->file || p->off < end || p->off - end > l->merge_gap)
+					break;
+				if (p->off != end || p->dst != q->dst + q->len)
+					inplace = 0;
+				end = p->off + p->len;
+			}
+			uint64_t span = end - p0->off;
+			if (pass == 0) {
+				if (!inplace)
+					stage_need += span;
+			} else if (inplace) {
+				int r = ferry_batch_add_read(w->batch, l->ds->files[p0->file], p0->off, span,
+							     (uint8_t *)s->host + p0->dst);
+				if (r < 0)
+					return r;
+			} else {
+				int r = ferry_batch_add_read(w->batch, l->ds->files[p0->file], p0->off, span,
+							     w->stage + stage_pos);
+				if (r < 0)
+					return r;
+				stage_pos += span;
+			}
+			if (pass == 1) {
+				reads++;
+				if (h - g > 1)
+					merged += h - g;
+			}
+			g = h;
+		}
+		if (pass == 0 && stage_need > w->stage_cap) {
+			ferry_free_aligned(w->stage, w->stage_cap);
+			w->stage_cap = stage_need * 2;
+			if (!(w->stage = ferry_alloc_aligned(w->stage_cap))) {
+				w->stage_cap = 0;
+				return ferry__error(-ENOMEM, "loader: staging %zu bytes", stage_need);
+			}
+		}
+	}
+	if (ferry_batch_count(w->batch)) {
+		if ((err = ferry_batch_submit(w->batch)))
+			return err;
+		int r = ferry_batch_wait(w->batch, -1);
+		if (r != 0) {
+			/* Name the entry that failed or came back short. */
+			size_t e = 0;
+			for (size_t g = 0, k = 0; g < np; k++) {
+				const struct piece *p0 = &w->pieces[w->sorted[g]];
+				uint64_t end = p0->off + p0->len;
+				size_t h = g + 1;
+				for (; h < np; h++) {
+					const struct piece *p = &w->pieces[w->sorted[h]];
+					if (p->file != p0->file || p->off < end || p->off - end > l->merge_gap)
+						break;
+					end = p->off + p->len;
+				}
+				ssize_t res = ferry_batch_result(w->batch, k);
+				if (res < 0 || (uint64_t)res != end - p0->off) {
+					e = g;
+					if (res < 0)
+						return ferry__error((int)res, "%s: reading sample %" PRId64
+								    " (bytes %" PRIu64 "..%" PRIu64 "): %s",
+								    l->ds->paths[p0->file], p0->sample, p0->off,
+								    end, ferry_strerror((int)res));
+					return ferry__error(FERRY_ECORRUPT, "%s (shard %u): sample %" PRId64
+							    " (bytes %" PRIu64 "..%" PRIu64 ") lies past the end of "
+							    "the file (truncated shard)", l->ds->paths[p0->file],
+							    p0->file, w->pieces[w->sorted[e]].sample, p0->off, end);
+				}
+				g = h;
+			}
+			return r < 0 ? r : ferry__error(FERRY_ECORRUPT, "loader: short read");
+		}
+	}
+	/* Scatter the staged groups. */
+	size_t stage_pos = 0;
+	for (size_t g = 0; g < np;) {
+		const struct piece *p0 = &w->pieces[w->sorted[g]];
+		uint64_t end = p0->off + p0->len;
+		int inplace = 1;
+		size_t h = g + 1;
+		for (; h < np; h++) {
+			const struct piece *p = &w->pieces[w->sorted[h]], *q = &w->pieces[w->sorted[h - 1]];
+			if (p->file != p0->file || p->off < end || p->off - end > l->merge_gap)
+				break;
+			if (p->off != end || p->dst != q->dst + q->len)
+				inplace = 0;
+			end = p->off + p->len;
+		}
+		if (!inplace) {
+			for (size_t k = g; k < h; k++) {
+				const struct piece *p = &w->pieces[w->sorted[k]];
+				memcpy((uint8_t *)s->host + p->dst, w->stage + stage_pos + (p->off - p0->off), p->len);
+			}
+			stage_pos += end - p0->off;
+		}
+		g = h;
+	}
+	pthread_mutex_lock(&l->mu);
+	l->reads += reads;
+	l->merged += merged;
+	l->bytes += s->bytes;
+	l->samples += count;
+	pthread_mutex_unlock(&l->mu);
+	return 0;
+}
+
+static uint64_t thread_cpu_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	struct ferry_loader *l = w->l;
+	int err = 0;
+	if (l->device >= 0) {
+		err = ferry__cuda_set_device(l->device);
+		if (!err) {
+			ferry__CUresult r = l->cu->StreamCreate(&w->stream, FERRY__CU_STREAM_NON_BLOCKING);
+			if (r)
+				err = ferry__cuda_fail(r, "loader: cuStreamCreate");
+		}
+	}
+	pthread_mutex_lock(&l->mu);
+	while (!err && !l->stop && !l->failed && l->next_claim < l->end_seq) {
+		struct ferry_loader_batch *s = &l->slots[l->next_claim % l->nslots];
+		if (s->state != SLOT_FREE) {
+			pthread_cond_wait(&l->cv, &l->mu);
+			continue;
+		}
+		s->seq = l->next_claim++;
+		s->state = SLOT_FILLING;
+		pthread_mutex_unlock(&l->mu);
+		int e = fill(w, s);
+		if (!e && l->device >= 0) {
+			ferry__CUresult r = l->cu->MemcpyHtoDAsync(s->dev, s->host, s->bytes, w->stream);
+			if (!r)
+				r = l->cu->EventRecord(s->event, w->stream);
+			if (r)
+				e = ferry__cuda_fail(r, "loader: cuMemcpyHtoDAsync of batch %" PRIu64 " (%zu bytes)",
+						     s->step, s->bytes);
+		}
+		w->cpu_ns = thread_cpu_ns();
+		pthread_mutex_lock(&l->mu);
+		s->err = e;
+		s->state = SLOT_READY;
+		if (e && !l->failed) {
+			/* the detail is thread-local: keep it for the consumer */
+			l->failed = 1;
+			l->err = e;
+			snprintf(l->errmsg, sizeof(l->errmsg), "%s", ferry_last_error());
+		}
+		pthread_cond_broadcast(&l->cv);
+	}
+	if (err && !l->failed) {
+		l->failed = 1;
+		l->err = err;
+		snprintf(l->errmsg, sizeof(l->errmsg), "%s", ferry_last_error());
+	}
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+	w->cpu_ns = thread_cpu_ns();
+	return NULL;
+}
+
+/* -------------------------------------------------------------------------------- life cycle */
+
+static int setup(struct ferry_loader *l, int with_cum)
+{
+	struct ferry__index *x = &l->ds->x;
+	free(l->cum);
+	l->cum = NULL;
+	l->esize = ferry_dtype_size(x->dtype);
+	if (l->rank >= l->world_size)
+		return ferry__error(FERRY_EBADOPT, "loader: rank %u is not below world_size %u", l->rank,
+				    l->world_size);
+	if (l->seq_len && !l->esize)
+		return ferry__error(FERRY_EBADOPT, "loader: seq_len needs a dataset of tokens");
+	if (l->seq_len && with_cum) {
+		l->cum = malloc((x->n + 1) * sizeof(uint64_t));
+		if (!l->cum)
+			return ferry__error(-ENOMEM, "loader: %" PRIu64 " samples", x->n);
+		l->cum[0] = 0;
+		for (uint64_t i = 0; i < x->n; i++)
+			l->cum[i + 1] = l->cum[i] + x->len[i];
+	}
+	if (l->seq_len) {
+		l->items = x->bytes / l->esize / l->seq_len;
+		l->slot_bytes = (size_t)(l->batch_size * l->seq_len * l->esize);
+	} else {
+		uint64_t maxlen = 0;
+		for (uint64_t i = 0; i < x->n; i++)
+			maxlen = x->len[i] > maxlen ? x->len[i] : maxlen;
+		l->items = x->n;
+		l->slot_bytes = (size_t)(l->batch_size * maxlen);
+	}
+	if (!l->slot_bytes)
+		l->slot_bytes = 1;
+	l->per_rank = ferry_distributed_num_samples(l->items, l->world_size, l->drop_last);
+	l->bpe = l->drop_last_batch ? l->per_rank / l->batch_size
+				    : (l->per_rank + l->batch_size - 1) / l->batch_size;
+	return 0;
+}
+
+static void set_end(struct ferry_loader *l)
+{
+	if (l->pos_epoch == UINT64_MAX) {
+		l->pos_epoch = l->epoch;
+		l->pos_batch = 0;
+	}
+	if (!l->bpe) {
+		l->end_seq = 0;
+	} else if (l->epochs) {
+		uint64_t last = l->epoch + l->epochs;
+		l->end_seq = l->pos_epoch >= last ? 0 : (last - l->pos_epoch) * l->bpe - l->pos_batch;
+	} else {
+		l->end_seq = UINT64_MAX;
+	}
+}
+
+int ferry_loader_start(ferry_loader *l)
+{
+	if (!l)
+		return -EINVAL;
+	if (l->started)
+		return l->failed ? l->err : 0;
+	int err = setup(l, 1);
+	if (err)
+		return err;
+	set_end(l);
+	ferry__CUcontext prev = NULL;
+	int entered = 0;
+	if (l->device >= 0) {
+		if ((err = ferry__cuda_require()))
+			return err;
+		l->cu = ferry__cuda();
+		if ((err = ferry__cuda_enter_device(l->device, &prev)))
+			return err;
+		entered = 1;
+	}
+	l->nslots = l->prefetch + l->threads;
+	l->slots = calloc(l->nslots, sizeof(*l->slots));
+	l->workers = calloc(l->threads, sizeof(*l->workers));
+	if (!l->slots || !l->workers) {
+		err = ferry__error(-ENOMEM, "loader: %u slots", l->nslots);
+		goto out;
+	}
+	if ((err = ferry__pinned_pool_create(0, l->device, &l->pool)))
+		goto out;
+	for (uint32_t i = 0; i < l->nslots; i++) {
+		struct ferry_loader_batch *s = &l->slots[i];
+		s->offsets = malloc((l->batch_size + 1) * sizeof(uint64_t));
+		s->indices = malloc(l->batch_size * sizeof(int64_t));
+		if (!s->offsets || !s->indices) {
+			err = ferry__error(-ENOMEM, "loader: batch %u", i);
+			goto out;
+		}
+		if ((err = ferry__pinned_alloc(l->pool, l->slot_bytes, &s->host, &s->pinned))) {
+			ferry__error_append("loader: %u batches of %zu bytes", l->nslots, l->slot_bytes);
+			goto out;
+		}
+		if (l->device >= 0) {
+			ferry__CUresult r = l->cu->MemAlloc(&s->dev, l->slot_bytes);
+			if (!r)
+				r = l->cu->EventCreate(&s->event, FERRY__CU_EVENT_DISABLE_TIMING);
+			if (r) {
+				err = ferry__cuda_fail(r, "loader: cuMemAlloc of %zu bytes on device %d",
+						       l->slot_bytes, l->device);
+				goto out;
+			}
+		}
+	}
+	for (uint32_t t = 0; t < l->threads; t++) {
+		struct worker *w = &l->workers[t];
+		w->l = l;
+		w->cached_epoch = UINT64_MAX;
+		w->epoch_idx = malloc((l->per_rank ? l->per_rank : 1) * sizeof(int64_t));
+		w->order = malloc((l->items ? l->items : 1) * sizeof(int64_t));
+		if (!w->epoch_idx || !w->order) {
+			err = ferry__error(-ENOMEM, "loader: sample order of %" PRIu64, l->items);
+			goto out;
+		}
+		if ((err = ferry_batch_create(l->ds->ctx, &w->batch)))
+			goto out;
+	}
+	l->started = 1;
+	l->t_start = ferry__now_ns();
+	for (uint32_t t = 0; t < l->threads; t++) {
+		if (pthread_create(&l->workers[t].tid, NULL, worker_main, &l->workers[t])) {
+			err = ferry__error(-EAGAIN, "loader: pthread_create");
+			pthread_mutex_lock(&l->mu);
+			l->stop = 1;
+			pthread_mutex_unlock(&l->mu);
+			break;
+		}
+		l->workers[t].started = 1;
+	}
+out:
+	if (entered)
+		ferry__cuda_leave_device(prev);
+	if (err)
+		l->started = 1, l->failed = 1, l->err = err,
+		snprintf(l->errmsg, sizeof(l->errmsg), "%s", ferry_last_error());
+	return err;
+}
+
+void ferry_loader_destroy(ferry_loader *l)
+{
+	if (!l)
+		return;
+	pthread_mutex_lock(&l->mu);
+	l->stop = 1;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+	ferry__CUcontext prev = NULL;
+	int entered = l->cu && !ferry__cuda_enter_device(l->device, &prev);
+	for (uint32_t t = 0; l->workers && t < l->threads; t++) {
+		struct worker *w = &l->workers[t];
+		if (w->started)
+			pthread_join(w->tid, NULL);
+		if (w->stream && entered) {
+			l->cu->StreamSynchronize(w->stream);
+			l->cu->StreamDestroy(w->stream);
+		}
+		ferry_batch_destroy(w->batch);
+		free(w->epoch_idx);
+		free(w->order);
+		free(w->pieces);
+		free(w->sorted);
+		if (w->stage)
+			ferry_free_aligned(w->stage, w->stage_cap);
+	}
+	for (uint32_t i = 0; l->slots && i < l->nslots; i++) {
+		struct ferry_loader_batch *s = &l->slots[i];
+		if (entered && s->event)
+			l->cu->EventDestroy(s->event);
+		if (entered && s->dev)
+			l->cu->MemFree(s->dev);
+		free(s->offsets);
+		free(s->indices);
+	}
+	if (entered)
+		ferry__cuda_leave_device(prev);
+	ferry__pinned_pool_destroy(l->pool);
+	free(l->slots);
+	free(l->workers);
+	free(l->cum);
+	free(l->waits);
+	pthread_mutex_destroy(&l->mu);
+	pthread_cond_destroy(&l->cv);
+	free(l);
+}
+
+uint64_t ferry_loader_samples_per_epoch(const ferry_loader *l)
+{
+	if (!l)
+		return 0;
+	if (!l->started)
+		setup((struct ferry_loader *)l, 0);
+	return l->per_rank;
+}
+
+uint64_t ferry_loader_batches_per_epoch(const ferry_loader *l)
+{
+	if (!l)
+		return 0;
+	if (!l->started)
+		setup((struct ferry_loader *)l, 0);
+	return l->bpe;
+}
+
+int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out)
+{
+	if (!l || !out)
+		return ferry__error(-EINVAL, "ferry_loader_next: NULL argument");
+	*out = NULL;
+	uint64_t t0 = ferry__now_ns();
+	if (!l->started) {
+		int err = ferry_loader_start(l);
+		if (err)
+			return err;
+	}
+	pthread_mutex_lock(&l->mu);
+	if (l->next_consume >= l->end_seq) {
+		pthread_mutex_unlock(&l->mu);
+		return 0;
+	}
+	struct ferry_loader_batch *s = &l->slots[l->next_consume % l->nslots];
+	if (s->state == SLOT_HELD) {
+		pthread_mutex_unlock(&l->mu);
+		return ferry__error(FERRY_EBUSY, "ferry_loader_next: %u batches are held; release one first",
+				    l->prefetch);
+	}
+	while (!(s->state == SLOT_READY && s->seq == l->next_consume) && !l->failed)
+		pthread_cond_wait(&l->cv, &l->mu);
+	if (l->failed && !(s->state == SLOT_READY && s->seq == l->next_consume && !s->err)) {
+		int err = l->err;
+		char msg[sizeof(l->errmsg)];
+		snprintf(msg, sizeof(msg), "%s", l->errmsg);
+		pthread_mutex_unlock(&l->mu);
+		/* ferry__error appends the code's text again: drop the copy already in the detail */
+		size_t ml = strlen(msg), tl = strlen(ferry_strerror(err));
+		if (ml > tl + 2 && !strcmp(msg + ml - tl, ferry_strerror(err)) && msg[ml - tl - 2] == ':')
+			msg[ml - tl - 2] = 0;
+		return ferry__error(err, "%s", msg);
+	}
+	pthread_mutex_unlock(&l->mu);
+	if (l->device >= 0) {
+		ferry__CUcontext prev;
+		int err = ferry__cuda_enter_device(l->device, &prev);
+		if (err)
+			return err;
+		ferry__CUresult r = l->cu->EventSynchronize(s->event);
+		ferry__cuda_leave_device(prev);
+		if (r)
+			return ferry__cuda_fail(r, "ferry_loader_next: cuEventSynchronize");
+	}
+	uint64_t wait = ferry__now_ns() - t0;
+	pthread_mutex_lock(&l->mu);
+	s->state = SLOT_HELD;
+	l->next_consume++;
+	if (l->nwaits == l->waits_cap) {
+		uint64_t c = l->waits_cap ? l->waits_cap * 2 : 1024;
+		uint64_t *p = realloc(l->waits, c * sizeof(*p));
+		if (p) {
+			l->waits = p;
+			l->waits_cap = c;
+		}
+	}
+	if (l->nwaits < l->waits_cap)
+		l->waits[l->nwaits++] = wait;
+	pthread_mutex_unlock(&l->mu);
+	*out = s;
+	return 1;
+}
+
+void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b)
+{
+	if (!l || !b)
+		return;
+	pthread_mutex_lock(&l->mu);
+	if (b->state == SLOT_HELD) {
+		b->state = SLOT_FREE;
+		pthread_cond_broadcast(&l->cv);
+	}
+	pthread_mutex_unlock(&l->mu);
+}
+
+void *ferry_loader_batch_data(const ferry_loader_batch *b)
+{
+	return b ? (b->dev ? (void *)(uintptr_t)b->dev : b->host) : NULL;
+}
+size_t ferry_loader_batch_bytes(const ferry_loader_batch *b) { return b ? b->bytes : 0; }
+uint32_t ferry_loader_batch_samples(const ferry_loader_batch *b) { return b ? b->count : 0; }
+const uint64_t *ferry_loader_batch_offsets(const ferry_loader_batch *b) { return b ? b->offsets : NULL; }
+const int64_t *ferry_loader_batch_indices(const ferry_loader_batch *b) { return b ? b->indices : NULL; }
+uint64_t ferry_loader_batch_epoch(const ferry_loader_batch *b) { return b ? b->epoch : 0; }
+uint64_t ferry_loader_batch_step(const ferry_loader_batch *b) { return b ? b->step : 0; }
+
+/* --------------------------------------------------------------------------------- resumption */
+
+#define STATE_FMT                                                                                 \
+	"ferry-loader-state 1 start_epoch=%" PRIu64 " epoch=%" PRIu64 " batch=%" PRIu64               \
+	" items=%" PRIu64 " world_size=%u rank=%u seed=%" PRIu64 " order=%s block=%" PRIu64         \
+	" batch_size=%u seq_len=%" PRIu64 " drop_last=%d drop_last_batch=%d"
+
+int ferry_loader_state(const ferry_loader *l, char *buf, size_t len)
+{
+	if (!l || !buf)
+		return -EINVAL;
+	struct ferry_loader *m = (struct ferry_loader *)l;
+	if (!m->started && setup(m, 0))
+		return -EINVAL;
+	pthread_mutex_lock(&m->mu);
+	uint64_t epoch = m->pos_epoch == UINT64_MAX ? m->epoch : m->pos_epoch;
+	uint64_t b = m->pos_epoch == UINT64_MAX ? 0 : m->pos_batch;
+	if (m->bpe) {
+		uint64_t g = b + m->next_consume;
+		epoch = epoch + g / m->bpe;
+		b = g % m->bpe;
+	}
+	pthread_mutex_unlock(&m->mu);
+	int n = snprintf(buf, len, STATE_FMT, m->epoch, epoch, b, m->items, m->world_size, m->rank,
+			 m->seed, order_name(m->order), m->block, m->batch_size, m->seq_len, m->drop_last,
+			 m->drop_last_batch);
+	if (n < 0 || (size_t)n >= len)
+		return ferry__error(-ENOSPC, "ferry_loader_state: %zu bytes are too few", len);
+	return n;
+}
+
+static int set_state(struct ferry_loader *l, const char *v)
+{
+	uint64_t start, epoch, b, items, seed, block, seq_len;
+	unsigned world, rank, bs;
+	int dl, dlb;
+	char order[16];
+	int n = sscanf(v, "ferry-loader-state 1 start_epoch=%" SCNu64 " epoch=%" SCNu64
+			  " batch=%" SCNu64 " items=%" SCNu64 " world_size=%u rank=%u seed=%" SCNu64
+			  " order=%15s block=%" SCNu64 " batch_size=%u seq_len=%" SCNu64
+			  " drop_last=%d drop_last_batch=%d",
+		       &start, &epoch, &b, &items, &world, &rank, &seed, order, &block, &bs, &seq_len,
+		       &dl, &dlb);
+	if (n != 13)
+		return ferry__error(FERRY_EBADOPT, "loader state: not a ferry-loader-state 1 line: '%.80s'", v);
+#define SAME(field, have, want)                                                                  \
+	if ((uint64_t)(have) != (uint64_t)(want))                                                \
+		return ferry__error(FERRY_EBADOPT, "loader state: %s was %llu, the loader has %llu", \
+				    field, (unsigned long long)(have), (unsigned long long)(want));
+	SAME("world_size", world, l->world_size)
+	SAME("rank", rank, l->rank)
+	SAME("seed", seed, l->seed)
+	SAME("batch_size", bs, l->batch_size)
+	SAME("seq_len", seq_len, l->seq_len)
+	SAME("drop_last", dl, l->drop_last)
+	SAME("drop_last_batch", dlb, l->drop_last_batch)
+	if (l->order == FERRY_ORDER_BLOCK)
+		SAME("block", block, l->block)
+#undef SAME
+	if (strcmp(order, order_name(l->order)))
+		return ferry__error(FERRY_EBADOPT, "loader state: order was %s, the loader has %s", order,
+				    order_name(l->order));
+	int err = setup(l, 0);
+	if (err)
+		return err;
+	if (items != l->items)
+		return ferry__error(FERRY_EBADOPT, "loader state: the dataset had %" PRIu64 " samples, "
+				    "this one has %" PRIu64, items, l->items);
+	if (l->bpe && b >= l->bpe)
+		return ferry__error(FERRY_EBADOPT, "loader state: batch %" PRIu64 " of %" PRIu64, b, l->bpe);
+	l->epoch = start;
+	l->pos_epoch = epoch;
+	l->pos_batch = b;
+	return 0;
+}
+
+/* ------------------------------------------------------------------------------------ metrics */
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+double ferry_loader_metric(ferry_loader *l, const char *name)
+{
+	if (!l || !name)
+		return -1;
+	pthread_mutex_lock(&l->mu);
+	uint64_t n = l->nwaits, total = 0, max = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		total += l->waits[i];
+		max = l->waits[i] > max ? l->waits[i] : max;
+	}
+	double elapsed = l->started ? (double)(ferry__now_ns() - l->t_start) : 0;
+	double r = -1;
+	if (!strcmp(name, "steps"))
+		r = (double)n;
+	else if (!strcmp(name, "wait_total_ns"))
+		r = (double)total;
+	else if (!strcmp(name, "wait_mean_ns"))
+		r = n ? (double)total / (double)n : 0;
+	else if (!strcmp(name, "wait_max_ns"))
+		r = (double)max;
+	else if (!strncmp(name, "wait_p", 6)) {
+		int q = atoi(name + 6);
+		if (q == 50 || q == 90 || q == 99) {
+			r = 0;
+			uint64_t *c = n ? malloc(n * sizeof(*c)) : NULL;
+			if (c) {
+				memcpy(c, l->waits, n * sizeof(*c));
+				qsort(c, n, sizeof(*c), cmp_u64);
+				uint64_t k = (n * (uint64_t)q + 99) / 100;
+				r = (double)c[k ? k - 1 : 0];
+				free(c);
+			}
+		}
+	} else if (!strcmp(name, "bytes"))
+		r = (double)l->bytes;
+	else if (!strcmp(name, "samples"))
+		r = (double)l->samples;
+	else if (!strcmp(name, "elapsed_ns"))
+		r = elapsed;
+	else if (!strcmp(name, "samples_per_s"))
+		r = elapsed > 0 ? (double)l->samples * 1e9 / elapsed : 0;
+	else if (!strcmp(name, "bytes_per_s"))
+		r = elapsed > 0 ? (double)l->bytes * 1e9 / elapsed : 0;
+	else if (!strcmp(name, "reads"))
+		r = (double)l->reads;
+	else if (!strcmp(name, "merged"))
+		r = (double)l->merged;
+	else if (!strcmp(name, "cpu_ns")) {
+		r = 0;
+		for (uint32_t t = 0; l->workers && t < l->threads; t++)
+			r += (double)l->workers[t].cpu_ns;
+	}
+	pthread_mutex_unlock(&l->mu);
+	return r;
+}
+
+uint64_t ferry_loader_waits(ferry_loader *l, uint64_t *out, uint64_t len)
+{
+	if (!l)
+		return 0;
+	pthread_mutex_lock(&l->mu);
+	uint64_t n = l->nwaits;
+	for (uint64_t i = 0; out && i < n && i < len; i++)
+		out[i] = l->waits[i];
+	pthread_mutex_unlock(&l->mu);
+	return n;
+}

@@ -1,0 +1,337 @@
+/* The loader on host memory: batches hold the right bytes, every sample once per epoch across
+ * ranks (one process and forked processes), resume equals an uninterrupted run, token windows,
+ * merged reads, truncated shards named, held-batch limit. */
+#include <sys/wait.h>
+
+#include "ferry_test.h"
+#include "ferry/data.h"
+
+static ferry_ctx *ctx;
+static char dir[512], path[600];
+static uint64_t N = 997;
+static uint8_t *stream; /* all samples concatenated */
+static uint64_t *soff;
+
+static size_t slen(uint64_t i) { return 2 * (1 + (i * 53) % 200); }
+
+static void make_dataset(void)
+{
+	ferry_dataset_writer *w;
+	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_DTYPE_UINT16, 32768, &w) == 0);
+	uint64_t total = 0;
+	soff = malloc((N + 1) * 8);
+	for (uint64_t i = 0; i < N; i++) {
+		soff[i] = total;
+		total += slen(i);
+		T_ASSERT(ferry_dataset_writer_add(w, slen(i), NULL, 0, 1) >= 0);
+	}
+	soff[N] = total;
+	stream = malloc(total);
+	t_fill_pattern(stream, total, 0, 7);
+	T_ASSERT(ferry_dataset_writer_layout(w) > 3);
+	for (uint64_t i = 0; i < N; i++)
+		T_ASSERT(ferry_dataset_writer_put(w, i, stream + soff[i], slen(i)) == 0);
+	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
+	ferry_dataset_writer_destroy(w);
+}
+
+static ferry_loader *make_loader(ferry_dataset *ds, const char *const *kv)
+{
+	ferry_loader *l;
+	T_ASSERT(ferry_loader_create(ds, &l) == 0);
+	for (; kv && kv[0]; kv += 2)
+		if (ferry_loader_set(l, kv[0], kv[1])) {
+			fprintf(stderr, "set %s=%s: %s\n", kv[0], kv[1], ferry_last_error());
+			exit(T_EXIT_FAIL);
+		}
+	return l;
+}
+
+/* Runs up to max batches (0: all), checking each batch's bytes; appends indices to out. */
+static uint64_t drain(ferry_loader *l, uint64_t seq_len, int64_t *out, uint64_t max, uint64_t *nbatches)
+{
+	uint64_t k = 0, b = 0;
+	ferry_loader_batch *bt;
+	int r;
+	while ((!max || b < max) && (r = ferry_loader_next(l, &bt)) == 1) {
+		const uint8_t *d = ferry_loader_batch_data(bt);
+		const uint64_t *o = ferry_loader_batch_offsets(bt);
+		const int64_t *ix = ferry_loader_batch_indices(bt);
+		for (uint32_t s = 0; s < ferry_loader_batch_samples(bt); s++) {
+			const uint8_t *want = seq_len ? stream + (uint64_t)ix[s] * seq_len * 2 : stream + soff[ix[s]];
+			size_t len = seq_len ? seq_len * 2 : slen((uint64_t)ix[s]);
+			if (o[s + 1] - o[s] != len || memcmp(d + o[s], want, len)) {
+				fprintf(stderr, "batch %llu sample %u (index %lld): wrong bytes\n",
+					(unsigned long long)b, s, (long long)ix[s]);
+				t_failures++;
+			}
+			out[k++] = ix[s];
+		}
+		T_EQ_INT(o[ferry_loader_batch_samples(bt)], ferry_loader_batch_bytes(bt));
+		ferry_loader_release(l, bt);
+		b++;
+	}
+	if (!max)
+		T_EQ_INT(r, 0);
+	if (nbatches)
+		*nbatches = b;
+	return k;
+}
+
+static void check_epoch_cover(ferry_dataset *ds, const char *order, uint32_t W, int drop_last)
+{
+	uint64_t per = ferry_distributed_num_samples(N, W, drop_last);
+	int64_t *all = malloc(per * W * 8);
+	int64_t *want = malloc(N * 8);
+	char ws[16], rs[16], dl[4];
+	snprintf(ws, sizeof(ws), "%u", W);
+	snprintf(dl, sizeof(dl), "%d", drop_last);
+	for (uint32_t r = 0; r < W; r++) {
+		snprintf(rs, sizeof(rs), "%u", r);
+		const char *kv[] = {"batch_size", "16", "world_size", ws, "rank", rs, "order", order, "seed", "5",
+				    "epoch", "2", "epochs", "1", "threads", "2", "prefetch", "3", "drop_last", dl,
+				    "block", "10", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		T_EQ_INT(ferry_loader_samples_per_epoch(l), per);
+		uint64_t k = drain(l, 0, all + r * per, 0, NULL);
+		T_EQ_INT(k, per);
+		if (!strcmp(order, "shuffle")) {
+			T_EQ_INT(ferry_distributed_indices(N, W, r, 1, 5, 2, drop_last, want, N), per);
+			T_CHECK(memcmp(want, all + r * per, per * 8) == 0);
+		}
+		ferry_loader_destroy(l);
+	}
+	/* every sample once, plus the padding DistributedSampler adds (the order's first ones) */
+	uint32_t *seen = calloc(N, 4);
+	for (uint64_t i = 0; i < per * W; i++)
+		seen[all[i]]++;
+	uint64_t once = 0, twice = 0, none = 0;
+	for (uint64_t i = 0; i < N; i++)
+		once += seen[i] == 1, twice += seen[i] == 2, none += seen[i] == 0;
+	if (drop_last) {
+		T_EQ_INT(once, per * W);
+		T_EQ_INT(none, N - per * W);
+	} else {
+		T_EQ_INT(twice, per * W - N);
+		T_EQ_INT(once + twice, N);
+	}
+	free(seen);
+	free(all);
+	free(want);
+}
+
+/* One rank of 4 in its own process: its indices, binary, to stdout. */
+static int rank_main(const char *rank, const char *ds_path)
+{
+	ferry_dataset *d2;
+	if (ferry_ctx_create(&ctx) || ferry_dataset_open(ctx, ds_path, &d2))
+		return 1;
+	N = ferry_dataset_count(d2);
+	const char *kv[] = {"batch_size", "8", "world_size", "4", "rank", rank, "order", "shuffle",
+			    "seed", "9", "epochs", "1", NULL};
+	ferry_loader *l = make_loader(d2, kv);
+	uint64_t per = ferry_loader_samples_per_epoch(l);
+	int64_t *ix = malloc(per * 8);
+	ferry_loader_batch *b;
+	uint64_t k = 0;
+	while (ferry_loader_next(l, &b) == 1) {
+		memcpy(ix + k, ferry_loader_batch_indices(b), ferry_loader_batch_samples(b) * 8);
+		k += ferry_loader_batch_samples(b);
+		ferry_loader_release(l, b);
+	}
+	ssize_t wr = write(1, ix, k * 8);
+	ferry_loader_destroy(l);
+	ferry_dataset_close(d2);
+	ferry_ctx_destroy(ctx);
+	free(ix);
+	return wr == (ssize_t)(per * 8) && k == per ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 4 && !strcmp(argv[1], "--rank"))
+		return rank_main(argv[2], argv[3]);
+	char self[4096];
+	ssize_t sl = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	T_ASSERT(sl > 0);
+	self[sl] = 0;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	snprintf(dir, sizeof(dir), "%s/test_loader.%d", t_tmpdir(), (int)getpid());
+	T_ASSERT(mkdir(dir, 0755) == 0);
+	snprintf(path, sizeof(path), "%s/ds", dir);
+	make_dataset();
+	ferry_dataset *ds;
+	T_ASSERT(ferry_dataset_open(ctx, path, &ds) == 0);
+
+	const char *orders[] = {"sequential", "shuffle", "block"};
+	uint32_t worlds[] = {1, 3, 8};
+	for (int o = 0; o < 3; o++)
+		for (int wi = 0; wi < 3; wi++)
+			for (int dl = 0; dl < 2; dl++)
+				check_epoch_cover(ds, orders[o], worlds[wi], dl);
+
+	/* ranks in separate processes (this program run again with --rank, so no threads cross a
+	 * fork): each writes its indices to a pipe */
+	{
+		uint32_t W = 4;
+		uint64_t per = ferry_distributed_num_samples(N, W, 0);
+		int fds[4][2];
+		for (uint32_t r = 0; r < W; r++) {
+			T_ASSERT(pipe(fds[r]) == 0);
+			pid_t pid = fork();
+			T_ASSERT(pid >= 0);
+			if (pid == 0) {
+				char rs[8];
+				snprintf(rs, sizeof(rs), "%u", r);
+				dup2(fds[r][1], 1);
+				execl(self, self, "--rank", rs, path, (char *)NULL);
+				_exit(127);
+			}
+			close(fds[r][1]);
+		}
+		int64_t *all = malloc(per * W * 8);
+		for (uint32_t r = 0; r < W; r++) {
+			size_t got = 0;
+			ssize_t n;
+			while ((n = read(fds[r][0], (char *)(all + r * per) + got, per * 8 - got)) > 0)
+				got += (size_t)n;
+			T_EQ_INT(got, per * 8);
+			close(fds[r][0]);
+		}
+		for (uint32_t r = 0; r < W; r++) {
+			int st;
+			wait(&st);
+			T_CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+		}
+		uint8_t *seen = calloc(N, 1);
+		for (uint64_t i = 0; i < per * W; i++)
+			seen[all[i]]++;
+		uint64_t covered = 0;
+		for (uint64_t i = 0; i < N; i++)
+			covered += seen[i] > 0;
+		T_EQ_INT(covered, N);
+		free(seen);
+		free(all);
+	}
+
+	/* resume: K batches, state, a new loader from there equals the uninterrupted run (across an
+	 * epoch boundary, token windows too) */
+	for (int tokens = 0; tokens < 2; tokens++) {
+		const char *kv[] = {"batch_size", "7", "world_size", "2", "rank", "1", "order", "shuffle", "seed", "3",
+				    "epochs", "3", "seq_len", tokens ? "33" : "0", "prefetch", "2", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		uint64_t bpe = ferry_loader_batches_per_epoch(l);
+		uint64_t total = 3 * bpe * 7;
+		int64_t *full = malloc(total * 8), *part = malloc(total * 8);
+		uint64_t nfull = drain(l, tokens ? 33 : 0, full, 0, NULL);
+		ferry_loader_destroy(l);
+		uint64_t cut = bpe + 3;
+		l = make_loader(ds, kv);
+		uint64_t k = drain(l, tokens ? 33 : 0, part, cut, NULL);
+		char st[512];
+		T_ASSERT(ferry_loader_state(l, st, sizeof(st)) > 0);
+		T_CHECK(strstr(st, "epoch=1 batch=3") != NULL);
+		ferry_loader_destroy(l);
+		l = make_loader(ds, kv);
+		T_ASSERT(ferry_loader_set(l, "state", st) == 0);
+		k += drain(l, tokens ? 33 : 0, part + k, 0, NULL);
+		ferry_loader_destroy(l);
+		T_EQ_INT(k, nfull);
+		T_CHECK(memcmp(full, part, k * 8) == 0);
+		/* a state from another configuration is refused, naming the field */
+		const char *kv2[] = {"batch_size", "7", "world_size", "3", "rank", "1", "order", "shuffle", NULL};
+		l = make_loader(ds, kv2);
+		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT);
+		T_CHECK(strstr(ferry_last_error(), "world_size") != NULL);
+		ferry_loader_destroy(l);
+		free(full);
+		free(part);
+	}
+
+	/* token windows, sequential, one rank: windows are consecutive, reads merge */
+	{
+		const char *kv[] = {"batch_size", "8", "seq_len", "64", "epochs", "1", "merge_gap", "0", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		uint64_t items = ferry_loader_samples_per_epoch(l);
+		T_EQ_INT(items, soff[N] / 2 / 64);
+		int64_t *ix = malloc(items * 8);
+		T_EQ_INT(drain(l, 64, ix, 0, NULL), items);
+		for (uint64_t i = 0; i < items; i++)
+			T_EQ_INT(ix[i], i);
+		T_CHECK(ferry_loader_metric(l, "reads") < ferry_loader_metric(l, "samples"));
+		T_EQ_INT(ferry_loader_metric(l, "steps"), (items + 7) / 8);
+		T_CHECK(ferry_loader_metric(l, "wait_p99_ns") >= ferry_loader_metric(l, "wait_p50_ns"));
+		T_CHECK(ferry_loader_metric(l, "bytes") == (double)(items * 128));
+		T_EQ_INT(ferry_loader_metric(l, "no_such_metric"), -1);
+		ferry_loader_destroy(l);
+		free(ix);
+	}
+	/* block order with a merge gap: neighbours out of batch order are staged and scattered */
+	{
+		const char *kv[] = {"batch_size", "32", "order", "block", "block", "32", "epochs", "1",
+				    "merge_gap", "4096", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		int64_t *ix = malloc(N * 8);
+		T_EQ_INT(drain(l, 0, ix, 0, NULL), N);
+		T_CHECK(ferry_loader_metric(l, "merged") > 0);
+		ferry_loader_destroy(l);
+		free(ix);
+	}
+
+	/* held batches are bounded by prefetch */
+	{
+		const char *kv[] = {"batch_size", "4", "prefetch", "2", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		ferry_loader_batch *a, *b, *c;
+		T_EQ_INT(ferry_loader_next(l, &a), 1);
+		T_EQ_INT(ferry_loader_next(l, &b), 1);
+		T_EQ_INT(ferry_loader_next(l, &c), 1); /* prefetch + threads slots */
+		ferry_loader_batch *d;
+		T_EQ_INT(ferry_loader_next(l, &d), FERRY_EBUSY);
+		ferry_loader_release(l, a);
+		T_EQ_INT(ferry_loader_next(l, &d), 1);
+		T_EQ_INT(ferry_loader_batch_step(d), 3);
+		ferry_loader_destroy(l); /* with batches held */
+	}
+	/* bad knobs */
+	{
+		ferry_loader *l = make_loader(ds, NULL);
+		T_EQ_INT(ferry_loader_set(l, "order", "random"), FERRY_EBADOPT);
+		T_EQ_INT(ferry_loader_set(l, "batch_size", "0"), FERRY_EBADOPT);
+		T_EQ_INT(ferry_loader_set(l, "nope", "1"), FERRY_EBADOPT);
+		T_EQ_INT(ferry_loader_set(l, "rank", "3"), 0);
+		ferry_loader_batch *b;
+		T_EQ_INT(ferry_loader_next(l, &b), FERRY_EBADOPT); /* rank >= world_size */
+		ferry_loader_destroy(l);
+	}
+
+	/* a shard truncated after open: the batch that needs it fails, naming shard and sample */
+	{
+		char shard[700];
+		snprintf(shard, sizeof(shard), "%s/shard-00002.fsh", path);
+		T_ASSERT(truncate(shard, 100) == 0);
+		const char *kv[] = {"batch_size", "50", "epochs", "1", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		int64_t *ix = malloc(N * 8);
+		ferry_loader_batch *b;
+		int r;
+		while ((r = ferry_loader_next(l, &b)) == 1)
+			ferry_loader_release(l, b);
+		T_EQ_INT(r, FERRY_ECORRUPT);
+		T_CHECK(strstr(ferry_last_error(), "shard-00002.fsh") && strstr(ferry_last_error(), "sample "));
+		if (t_failures)
+			fprintf(stderr, "detail: %s\n", ferry_last_error());
+		ferry_loader_destroy(l);
+		free(ix);
+	}
+
+	ferry_dataset_close(ds);
+	ferry_ctx_destroy(ctx);
+	free(stream);
+	free(soff);
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (!t_failures && system(cmd)) {
+	}
+	return t_result();
+}
