@@ -144,9 +144,9 @@ static int walk(struct pack *p, const char *dir)
 static int npy_dtype(const char *descr)
 {
 	static const struct { const char *d; int t; } map[] = {
-		{"u1", FERRY_DTYPE_UINT8}, {"i1", FERRY_DTYPE_INT8}, {"i2", FERRY_DTYPE_INT16},
-		{"u2", FERRY_DTYPE_UINT16}, {"i4", FERRY_DTYPE_INT32}, {"i8", FERRY_DTYPE_INT64},
-		{"f4", FERRY_DTYPE_FLOAT32}, {"f8", FERRY_DTYPE_FLOAT64},
+		{"u1", FERRY_ELEM_UINT8}, {"i1", FERRY_ELEM_INT8}, {"i2", FERRY_ELEM_INT16},
+		{"u2", FERRY_ELEM_UINT16}, {"i4", FERRY_ELEM_INT32}, {"i8", FERRY_ELEM_INT64},
+		{"f4", FERRY_ELEM_FLOAT32}, {"f8", FERRY_ELEM_FLOAT64},
 	};
 	if ((descr[0] != '<' && descr[0] != '|' && descr[0] != '=') )
 		return -1;
@@ -196,7 +196,7 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	int dt = npy_dtype(d);
 	if (p->dtype >= 0 && p->dtype != dt) {
 		fprintf(stderr, "ferry pack: %s: dtype %s differs from the other inputs' %s\n", path,
-			ferry_dtype_name(dt), ferry_dtype_name(p->dtype));
+			ferry_elem_name(dt), ferry_elem_name(p->dtype));
 		return -1;
 	}
 	p->dtype = dt;
@@ -206,7 +206,7 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 		fprintf(stderr, "ferry pack: %s: unsupported shape\n", path);
 		return -1;
 	}
-	uint64_t es = ferry_dtype_size(dt), data = start + hl;
+	uint64_t es = ferry_elem_size(dt), data = start + hl;
 	uint64_t rows = dims == 2 ? a : 1, cols = dims == 2 ? b : a;
 	if (data + rows * cols * es > size) {
 		fprintf(stderr, "ferry pack: %s: truncated .npy (%llu bytes of data expected)\n", path,
@@ -268,9 +268,9 @@ static int scan(struct pack *p)
 		else if (in == IN_JSONL)
 			rc = scan_jsonl(p, (uint32_t)si, s->fd, size);
 		else {
-			if (in == IN_RAW && size % ferry_dtype_size(p->dtype)) {
+			if (in == IN_RAW && size % ferry_elem_size(p->dtype)) {
 				fprintf(stderr, "ferry pack: %s: %llu bytes is not a whole number of %s\n", s->path,
-					(unsigned long long)size, ferry_dtype_name(p->dtype));
+					(unsigned long long)size, ferry_elem_name(p->dtype));
 				return -1;
 			}
 			rc = add_sample(p, (uint32_t)si, 0, size);
@@ -445,7 +445,7 @@ int ferry_cmd_pack(int argc, char **argv)
 		return 2;
 	}
 	if (dtype) {
-		p.dtype = ferry_dtype_from_name(dtype);
+		p.dtype = ferry_elem_from_name(dtype);
 		if (p.dtype < 0) {
 			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
 			return 2;
@@ -467,7 +467,7 @@ int ferry_cmd_pack(int argc, char **argv)
 	if (scan(&p))
 		return 1;
 	if (p.dtype < 0)
-		p.dtype = FERRY_DTYPE_BYTES;
+		p.dtype = FERRY_ELEM_BYTES;
 	ferry_ctx *ctx;
 	if (ferry_ctx_create(&ctx)) {
 		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
@@ -541,15 +541,15 @@ int ferry_cmd_pack(int argc, char **argv)
 	ferry_dataset_writer_destroy(p.w);
 	ferry_ctx_destroy(ctx);
 	const char *fmt = kind == FERRY_WRITE_MEGATRON ? "megatron" : "ferry";
-	int odt = kind == FERRY_WRITE_MEGATRON && p.dtype == FERRY_DTYPE_BYTES ? FERRY_DTYPE_UINT8 : p.dtype;
+	int odt = kind == FERRY_WRITE_MEGATRON && p.dtype == FERRY_ELEM_BYTES ? FERRY_ELEM_UINT8 : p.dtype;
 	if (json)
 		printf("{\"format\": \"%s\", \"output\": \"%s\", \"samples\": %" PRIu64 ", \"bytes\": %" PRIu64
 		       ", \"shards\": %d, \"dtype\": \"%s\", \"inputs\": %zu, \"seconds\": %.3f, \"bytes_per_s\": %.0f}\n",
-		       fmt, out, p.n, p.bytes, nshards, ferry_dtype_name(odt), p.nsrc, el,
+		       fmt, out, p.n, p.bytes, nshards, ferry_elem_name(odt), p.nsrc, el,
 		       el > 0 ? p.bytes / el : 0);
 	else
 		printf("packed %" PRIu64 " samples (%.1f MiB, %s) from %zu inputs into %d %s in %.2f s "
-		       "(%.0f MiB/s): %s\n", p.n, p.bytes / 1048576.0, ferry_dtype_name(odt), p.nsrc, nshards,
+		       "(%.0f MiB/s): %s\n", p.n, p.bytes / 1048576.0, ferry_elem_name(odt), p.nsrc, nshards,
 		       kind == FERRY_WRITE_MEGATRON ? "file (.bin/.idx)" : nshards == 1 ? "shard" : "shards",
 		       el, el > 0 ? p.bytes / 1048576.0 / el : 0, out);
 	for (size_t i = 0; i < p.nsrc; i++) {

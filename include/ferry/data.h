@@ -19,24 +19,25 @@ extern "C" {
 
 /* ----------------------------------------------------------------------------------- data types */
 
-/* Element types, numbered as Megatron's index numbers them (indexed_dataset.py DType codes). */
-enum ferry_dtype {
-	FERRY_DTYPE_BYTES = 0, /* opaque bytes (files, JSON lines): element size 1 */
-	FERRY_DTYPE_UINT8 = 1,
-	FERRY_DTYPE_INT8 = 2,
-	FERRY_DTYPE_INT16 = 3,
-	FERRY_DTYPE_INT32 = 4,
-	FERRY_DTYPE_INT64 = 5,
-	FERRY_DTYPE_FLOAT64 = 6,
-	FERRY_DTYPE_FLOAT32 = 7,
-	FERRY_DTYPE_UINT16 = 8,
+/* Element types of a dataset's samples, numbered as Megatron's index numbers them (indexed_dataset.py
+ * DType codes). Tensors in safetensors files have their own dtypes (safetensors.h, enum ferry_dtype). */
+enum ferry_elem {
+	FERRY_ELEM_BYTES = 0, /* opaque bytes (files, JSON lines): element size 1 */
+	FERRY_ELEM_UINT8 = 1,
+	FERRY_ELEM_INT8 = 2,
+	FERRY_ELEM_INT16 = 3,
+	FERRY_ELEM_INT32 = 4,
+	FERRY_ELEM_INT64 = 5,
+	FERRY_ELEM_FLOAT64 = 6,
+	FERRY_ELEM_FLOAT32 = 7,
+	FERRY_ELEM_UINT16 = 8,
 };
 /* Bytes per element (1 for BYTES), 0 for an unknown code. */
-FERRY_API size_t ferry_dtype_size(int dtype);
+FERRY_API size_t ferry_elem_size(int dtype);
 /* "uint16", "bytes", ...; "unknown" for an unknown code. NumPy's names where NumPy has one. */
-FERRY_API const char *ferry_dtype_name(int dtype);
+FERRY_API const char *ferry_elem_name(int dtype);
 /* Code for a name ("uint16", "u2", "int32", "i4", "bytes", ...), or FERRY_EBADOPT. */
-FERRY_API int ferry_dtype_from_name(const char *name);
+FERRY_API int ferry_elem_from_name(const char *name);
 
 /* -------------------------------------------------------------------------------------- samplers */
 
@@ -93,7 +94,7 @@ FERRY_API FERRY_WUR int ferry_dataset_open(ferry_ctx *ctx, const char *path, fer
 FERRY_API void ferry_dataset_close(ferry_dataset *ds);
 /* Samples (Megatron: sequences). */
 FERRY_API uint64_t ferry_dataset_count(const ferry_dataset *ds);
-/* Element type (enum ferry_dtype). */
+/* Element type (enum ferry_elem). */
 FERRY_API int ferry_dataset_dtype(const ferry_dataset *ds);
 /* "ferry" or "megatron". */
 FERRY_API const char *ferry_dataset_format(const ferry_dataset *ds);

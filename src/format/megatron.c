@@ -20,26 +20,26 @@ static const struct {
 	const char *name, *alt;
 	size_t size;
 } dtypes[] = {
-	[FERRY_DTYPE_BYTES] = {"bytes", "b", 1},     [FERRY_DTYPE_UINT8] = {"uint8", "u1", 1},
-	[FERRY_DTYPE_INT8] = {"int8", "i1", 1},      [FERRY_DTYPE_INT16] = {"int16", "i2", 2},
-	[FERRY_DTYPE_INT32] = {"int32", "i4", 4},    [FERRY_DTYPE_INT64] = {"int64", "i8", 8},
-	[FERRY_DTYPE_FLOAT64] = {"float64", "f8", 8}, [FERRY_DTYPE_FLOAT32] = {"float32", "f4", 4},
-	[FERRY_DTYPE_UINT16] = {"uint16", "u2", 2},
+	[FERRY_ELEM_BYTES] = {"bytes", "b", 1},     [FERRY_ELEM_UINT8] = {"uint8", "u1", 1},
+	[FERRY_ELEM_INT8] = {"int8", "i1", 1},      [FERRY_ELEM_INT16] = {"int16", "i2", 2},
+	[FERRY_ELEM_INT32] = {"int32", "i4", 4},    [FERRY_ELEM_INT64] = {"int64", "i8", 8},
+	[FERRY_ELEM_FLOAT64] = {"float64", "f8", 8}, [FERRY_ELEM_FLOAT32] = {"float32", "f4", 4},
+	[FERRY_ELEM_UINT16] = {"uint16", "u2", 2},
 };
 
-size_t ferry_dtype_size(int dtype)
+size_t ferry_elem_size(int dtype)
 {
-	return dtype >= 0 && dtype <= FERRY_DTYPE_UINT16 ? dtypes[dtype].size : 0;
+	return dtype >= 0 && dtype <= FERRY_ELEM_UINT16 ? dtypes[dtype].size : 0;
 }
 
-const char *ferry_dtype_name(int dtype)
+const char *ferry_elem_name(int dtype)
 {
-	return dtype >= 0 && dtype <= FERRY_DTYPE_UINT16 ? dtypes[dtype].name : "unknown";
+	return dtype >= 0 && dtype <= FERRY_ELEM_UINT16 ? dtypes[dtype].name : "unknown";
 }
 
-int ferry_dtype_from_name(const char *name)
+int ferry_elem_from_name(const char *name)
 {
-	for (int d = 0; name && d <= FERRY_DTYPE_UINT16; d++)
+	for (int d = 0; name && d <= FERRY_ELEM_UINT16; d++)
 		if (!strcasecmp(name, dtypes[d].name) || !strcasecmp(name, dtypes[d].alt))
 			return d;
 	return ferry__error(FERRY_EBADOPT, "unknown dtype '%s' (uint8, int8, int16, uint16, int32, "
@@ -76,14 +76,14 @@ int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name
 		return CORRUPT("%s: Megatron index version %llu, only version 1 exists", name,
 			       (unsigned long long)version);
 	int dtype = buf[17];
-	if (dtype < FERRY_DTYPE_UINT8 || dtype > FERRY_DTYPE_UINT16)
+	if (dtype < FERRY_ELEM_UINT8 || dtype > FERRY_ELEM_UINT16)
 		return CORRUPT("%s: unknown dtype code %d", name, dtype);
 	uint64_t S = rd64(buf + 18), D = rd64(buf + 26);
 	uint64_t avail = len - FERRY__MEGATRON_HEADER;
 	if (S > avail / 12 || D > (avail - S * 12) / 8)
 		return CORRUPT("%s: %llu sequences and %llu documents need more than the index's %zu bytes "
 			       "(truncated index)", name, (unsigned long long)S, (unsigned long long)D, len);
-	size_t esize = ferry_dtype_size(dtype);
+	size_t esize = ferry_elem_size(dtype);
 	out->format = 1;
 	out->dtype = dtype;
 	out->n = S;
@@ -165,7 +165,7 @@ int ferry__megatron_build_index(int dtype, uint64_t n, const uint64_t *len, cons
 	uint64_t docs = 1;
 	for (uint64_t i = 0; i < n; i++)
 		docs += doc_end[i] ? 1 : 0;
-	size_t esize = ferry_dtype_size(dtype);
+	size_t esize = ferry_elem_size(dtype);
 	size_t total = FERRY__MEGATRON_HEADER + n * 12 + docs * 8;
 	uint8_t *b = calloc(1, total);
 	if (!b)

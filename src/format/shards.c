@@ -158,7 +158,7 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 	}
 	if (flags & ~FERRY__IDX_FLAG_KEYS)
 		return CORRUPT("%s: unknown flags 0x%x", name, flags);
-	if (!ferry_dtype_size((int)dtype) || dtype > FERRY_DTYPE_UINT16)
+	if (!ferry_elem_size((int)dtype) || dtype > FERRY_ELEM_UINT16)
 		return CORRUPT("%s: unknown dtype code %u", name, dtype);
 	if (rd32(buf + 56) || rd32(buf + 60))
 		return CORRUPT("%s: reserved header fields are not zero", name);
@@ -241,11 +241,11 @@ bad_shard:
 					       (unsigned long long)off + l,
 					       (unsigned long long)out->file_bytes[s]);
 			}
-			if (l % ferry_dtype_size((int)dtype)) {
+			if (l % ferry_elem_size((int)dtype)) {
 				ferry__index_free(out);
 				return CORRUPT("%s: shard %u, sample %llu: %u bytes is not a whole number of "
 					       "%s elements", name, s, (unsigned long long)i, l,
-					       ferry_dtype_name((int)dtype));
+					       ferry_elem_name((int)dtype));
 			}
 			end = off + l;
 			total += l;
@@ -589,10 +589,10 @@ int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, int kind, int 
 {
 	if (!path || !out || (kind != FERRY_WRITE_FERRY && kind != FERRY_WRITE_MEGATRON))
 		return ferry__error(-EINVAL, "ferry_dataset_writer_create: bad argument");
-	if (!ferry_dtype_size(dtype))
+	if (!ferry_elem_size(dtype))
 		return ferry__error(FERRY_EBADOPT, "ferry_dataset_writer_create: unknown dtype %d", dtype);
-	if (kind == FERRY_WRITE_MEGATRON && dtype == FERRY_DTYPE_BYTES)
-		dtype = FERRY_DTYPE_UINT8;
+	if (kind == FERRY_WRITE_MEGATRON && dtype == FERRY_ELEM_BYTES)
+		dtype = FERRY_ELEM_UINT8;
 	struct ferry_dataset_writer *w = calloc(1, sizeof(*w));
 	if (!w || !(w->path = strdup(path))) {
 		free(w);
@@ -660,11 +660,11 @@ int64_t ferry_dataset_writer_add(ferry_dataset_writer *w, uint64_t bytes, const 
 	if (w->kind == FERRY_WRITE_FERRY && bytes > UINT32_MAX)
 		return ferry__error(-EFBIG, "sample %llu: %llu bytes, a ferry shard sample holds 4 GiB - 1 at most",
 				    (unsigned long long)w->n, (unsigned long long)bytes);
-	if (bytes % ferry_dtype_size(w->dtype))
+	if (bytes % ferry_elem_size(w->dtype))
 		return ferry__error(-EINVAL, "sample %llu: %llu bytes is not a whole number of %s",
 				    (unsigned long long)w->n, (unsigned long long)bytes,
-				    ferry_dtype_name(w->dtype));
-	if (w->kind == FERRY_WRITE_MEGATRON && bytes / ferry_dtype_size(w->dtype) > INT32_MAX)
+				    ferry_elem_name(w->dtype));
+	if (w->kind == FERRY_WRITE_MEGATRON && bytes / ferry_elem_size(w->dtype) > INT32_MAX)
 		return ferry__error(-EFBIG, "sample %llu: too many elements for Megatron's int32 sizes",
 				    (unsigned long long)w->n);
 	if (w->n == w->cap) {

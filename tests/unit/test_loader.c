@@ -17,7 +17,7 @@ static size_t slen(uint64_t i) { return 2 * (1 + (i * 53) % 200); }
 static void make_dataset(void)
 {
 	ferry_dataset_writer *w;
-	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_DTYPE_UINT16, 32768, &w) == 0);
+	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_ELEM_UINT16, 32768, &w) == 0);
 	uint64_t total = 0;
 	soff = malloc((N + 1) * 8);
 	for (uint64_t i = 0; i < N; i++) {

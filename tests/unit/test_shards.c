@@ -18,7 +18,7 @@ static void sample_fill(uint64_t i, uint8_t *b, size_t len)
 static int write_ds(const char *path, int kind, uint64_t n, uint64_t shard_size, int keys)
 {
 	ferry_dataset_writer *w;
-	int err = ferry_dataset_writer_create(ctx, path, kind, FERRY_DTYPE_UINT16, shard_size, &w);
+	int err = ferry_dataset_writer_create(ctx, path, kind, FERRY_ELEM_UINT16, shard_size, &w);
 	if (err)
 		return err;
 	for (uint64_t i = 0; i < n; i++) {
@@ -47,7 +47,7 @@ static void check_read(const char *path, uint64_t n, const char *format, int key
 	T_ASSERT(err == 0);
 	T_EQ_INT(ferry_dataset_count(ds), n);
 	T_EQ_STR(ferry_dataset_format(ds), format);
-	T_EQ_INT(ferry_dataset_dtype(ds), FERRY_DTYPE_UINT16);
+	T_EQ_INT(ferry_dataset_dtype(ds), FERRY_ELEM_UINT16);
 	uint8_t buf[1024], want[1024];
 	for (uint64_t i = 0; i < n; i++) {
 		ssize_t r = ferry_dataset_read(ds, i, buf, sizeof(buf));
@@ -118,10 +118,10 @@ int main(void)
 	char p[600], q[700];
 
 	/* dtype names */
-	T_EQ_INT(ferry_dtype_from_name("uint16"), FERRY_DTYPE_UINT16);
-	T_EQ_INT(ferry_dtype_from_name("i4"), FERRY_DTYPE_INT32);
-	T_EQ_INT(ferry_dtype_size(FERRY_DTYPE_FLOAT64), 8);
-	T_EQ_INT(ferry_dtype_from_name("complex"), FERRY_EBADOPT);
+	T_EQ_INT(ferry_elem_from_name("uint16"), FERRY_ELEM_UINT16);
+	T_EQ_INT(ferry_elem_from_name("i4"), FERRY_ELEM_INT32);
+	T_EQ_INT(ferry_elem_size(FERRY_ELEM_FLOAT64), 8);
+	T_EQ_INT(ferry_elem_from_name("complex"), FERRY_EBADOPT);
 	/* CRC-32C check value */
 	T_EQ_INT(ferry__crc32c(0, "123456789", 9), 0xe3069283u);
 
@@ -201,7 +201,7 @@ int main(void)
 	/* a crash before finish leaves no index: the directory does not open */
 	snprintf(p, sizeof(p), "%s/unfinished", dir);
 	ferry_dataset_writer *w;
-	T_ASSERT(ferry_dataset_writer_create(ctx, p, FERRY_WRITE_FERRY, FERRY_DTYPE_BYTES, 0, &w) == 0);
+	T_ASSERT(ferry_dataset_writer_create(ctx, p, FERRY_WRITE_FERRY, FERRY_ELEM_BYTES, 0, &w) == 0);
 	T_ASSERT(ferry_dataset_writer_add(w, 10, NULL, 0, 1) == 0);
 	T_ASSERT(ferry_dataset_writer_layout(w) == 1);
 	ferry_dataset_writer_destroy(w);
