@@ -598,6 +598,8 @@ static int setup_ctx(ferry_ctx **ctxp, const struct bench_job_opts *o)
 		err = ferry_ctx_set(ctx, "direct", o->direct == BENCH_DIRECT_AUTO ? "auto" : o->direct ? "on" : "off");
 	if (!err) /* `ferry top` shows running benchmarks; a ferry that cannot publish still runs */
 		err = ferry_ctx_set(ctx, "publish", "1");
+	if (!err && !bench_x_on_gpu(o->xmode)) /* the buffers are ours, and host memory */
+		err = ferry_ctx_set(ctx, "memory", "host");
 	if (!err && o->xmode != BENCH_X_NONE) {
 		err = ferry_ctx_set(ctx, "path", bench_x_names[o->xmode]);
 		char dev[16];

@@ -24,6 +24,7 @@ struct knob {
 static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
 static const char *const gpu_sync_choices[] = {"block", "spin", NULL};
+static const char *const memory_choices[] = {"auto", "host", NULL};
 static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
 					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
 
@@ -56,12 +57,13 @@ static const struct knob knobs[] = {
 	{"log_level", K_UINT, CFG(log_level), 0, 0, 4, NULL, false},
 	{"gpu_sync", K_ENUM, CFG(gpu_sync), 1, 0, 1, gpu_sync_choices, true},
 	{"publish", K_UINT, CFG(publish), 0, 0, 1, NULL, true},
+	{"memory", K_ENUM, CFG(memory), 0, 0, 1, memory_choices, false},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
-	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", NULL};
+	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", "memory", NULL};
 
 const char *const *ferry_ctx_keys(void)
 {

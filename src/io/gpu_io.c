@@ -90,9 +90,10 @@ static int resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, s
 	int mode = (int)ctx->cfg.path, kind, d = -1;
 	const char *op = is_write ? "pwrite" : "pread";
 
-	kind = ferry__mem_kind(buf, &d);
 	*dev = -1;
 	*path = FERRY__P_HOST;
+	/* memory=host: the caller vouches for host memory; one CUDA pointer query per request saved */
+	kind = ctx->cfg.memory ? FERRY__MEM_HOST : ferry__mem_kind(buf, &d);
 	if (kind != FERRY__MEM_DEVICE) {
 		if (mode == K_GDS || mode == K_GDS_ASYNC || mode == K_GDS_BATCH)
 			return ferry__error(-EINVAL, "%s(%s): path=%s moves data to and from device memory, "

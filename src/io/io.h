@@ -32,6 +32,7 @@ struct ferry__config {
 	uint64_t log_level;
 	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
 	uint64_t publish;  /* publish live counters for `ferry top` (src/sys/publish.h) */
+	uint64_t memory;   /* 0 auto: ask CUDA what each buffer is; 1 host: every buffer is host memory */
 };
 
 /* --------------------------------------------------------------------------------------- files */
