@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -58,9 +59,71 @@ static double val(const ferry_sampler *s, size_t i, const char *m)
 	return ferry_sampler_row_value(s, i, m, &v) == 0 ? v : NAN;
 }
 
+static int count_notes(const ferry_sampler *s)
+{
+	int k = 0;
+	while (ferry_sampler_note(s, (size_t)k))
+		k++;
+	return k;
+}
+
+static int count_kind(const ferry_sampler *s, const char *kind)
+{
+	int k = 0;
+	for (size_t i = 0; i < ferry_sampler_rows(s); i++)
+		k += !strcmp(ferry_sampler_row_kind(s, i), kind);
+	return k;
+}
+
+static double disk_activity(const ferry_sampler *s, size_t i)
+{
+	double r = val(s, i, "read_mbps"), w = val(s, i, "write_mbps");
+	return (isnan(r) ? 0 : r) + (isnan(w) ? 0 : w);
+}
+
+/*
+ * How many disk rows fit on the terminal with everything else shown, so that the header never
+ * scrolls away on a machine with many block devices (loop devices, partitions of many drives).
+ */
+static int disk_rows_that_fit(const ferry_sampler *s, int tty)
+{
+	struct winsize ws;
+	int disks = count_kind(s, "disk");
+	if (!tty || ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) || ws.ws_row == 0)
+		return disks;
+	int notes = 0, cols = ws.ws_col ? ws.ws_col : 80;
+	for (size_t k = 0; ferry_sampler_note(s, k); k++) /* a long note wraps */
+		notes += 1 + (int)(strlen(ferry_sampler_note(s, k)) / (size_t)cols);
+	int gpus = count_kind(s, "gpu"), procs = count_kind(s, "ferry");
+	int other = 2 /* title */ + 2 /* cpu */ + 1 /* disk header */ + (gpus ? 2 + gpus : 0) + notes + count_notes(s) +
+		    (procs ? 2 + procs : 2) + 1 /* the cursor's line */;
+	int fit = (int)ws.ws_row - other;
+	if (fit >= disks)
+		return disks;
+	return fit > 1 ? fit - 1 : 1; /* one line says how many are not shown */
+}
+
 static void draw(ferry_sampler *s, int tty)
 {
 	size_t n = ferry_sampler_rows(s);
+	int show = disk_rows_that_fit(s, tty), disks = count_kind(s, "disk");
+	double floor = -1; /* disks busier than this are shown when not all fit */
+	if (show < disks) {
+		double *act = calloc((size_t)disks, sizeof(*act));
+		int k = 0;
+		for (size_t i = 0; act && i < n; i++)
+			if (!strcmp(ferry_sampler_row_kind(s, i), "disk"))
+				act[k++] = disk_activity(s, i);
+		for (int a = 0; act && a < show; a++) /* the show-th largest, by selection */
+			for (int b = a + 1; b < k; b++)
+				if (act[b] > act[a]) {
+					double t = act[a];
+					act[a] = act[b];
+					act[b] = t;
+				}
+		floor = act && show > 0 ? act[show - 1] : 0;
+		free(act);
+	}
 	if (tty)
 		fputs("\033[H\033[2J", stdout);
 	time_t t = time(NULL);
@@ -73,12 +136,19 @@ static void draw(ferry_sampler *s, int tty)
 			       val(s, i, "iowait_pct"), val(s, i, "softirq_pct"));
 	printf("%-12s %9s %9s %9s %9s %9s %9s %7s %6s\n", "DEVICE", "rMB/s", "wMB/s", "r/s", "w/s", "r_await", "w_await",
 	       "aqu-sz", "util%");
-	for (size_t i = 0; i < n; i++)
-		if (!strcmp(ferry_sampler_row_kind(s, i), "disk"))
-			printf("%-12.12s %9.1f %9.1f %9.0f %9.0f %9.2f %9.2f %7.2f %6.1f\n", ferry_sampler_row_name(s, i),
-			       val(s, i, "read_mbps"), val(s, i, "write_mbps"), val(s, i, "read_iops"),
-			       val(s, i, "write_iops"), val(s, i, "read_await_ms"), val(s, i, "write_await_ms"),
-			       val(s, i, "queue_depth"), val(s, i, "util_pct"));
+	int shown = 0;
+	for (size_t i = 0; i < n; i++) {
+		if (strcmp(ferry_sampler_row_kind(s, i), "disk") || shown >= show ||
+		    (floor >= 0 && disk_activity(s, i) < floor))
+			continue;
+		shown++;
+		printf("%-12.12s %9.1f %9.1f %9.0f %9.0f %9.2f %9.2f %7.2f %6.1f\n", ferry_sampler_row_name(s, i),
+		       val(s, i, "read_mbps"), val(s, i, "write_mbps"), val(s, i, "read_iops"),
+		       val(s, i, "write_iops"), val(s, i, "read_await_ms"), val(s, i, "write_await_ms"),
+		       val(s, i, "queue_depth"), val(s, i, "util_pct"));
+	}
+	if (shown < disks)
+		printf("(+%d quieter devices not shown: a taller terminal, or --json, shows them all)\n", disks - shown);
 	int gpus = 0;
 	for (size_t i = 0; i < n; i++) {
 		if (strcmp(ferry_sampler_row_kind(s, i), "gpu"))

@@ -58,7 +58,8 @@ if [ $ok -ne 1 ]; then
 fi
 for want in "DEVICE" "CPU  busy" "interval 0.50s" "FERRY"; do
 	if ! printf '%s\n' "$screen" | grep -q "$want"; then
-		echo "FAIL: screen lacks '$want'"
+		echo "FAIL: screen lacks '$want'; the screen:"
+		printf '%s\n' "$screen"
 		fail=1
 	fi
 done
