@@ -579,6 +579,8 @@ static void *worker_main(void *arg)
 			usleep(1000);
 			continue;
 		}
+		/* counted before the requests complete, so that a waiter sees its chunks counted */
+		ferry__stats_flush(ctx, q->stats);
 		for (int i = 0; i < n; i++) {
 			entry_chunk_done(ctx, done[i]);
 			done[i]->entry = NULL;

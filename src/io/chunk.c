@@ -94,7 +94,7 @@ bool ferry__range_resident(int fd, uint64_t off, uint64_t len)
 	return cs.nr_cache >= pages;
 }
 
-bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size)
+bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c, size_t slot_size)
 {
 	struct ferry_file *f = c->f;
 	bool direct = f->fd_direct >= 0 && c->path != FERRY__P_PAGECACHE;
@@ -103,7 +103,7 @@ bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size
 	if (direct && !c->is_write && ctx->cfg.direct == FERRY__DIRECT_AUTO &&
 	    ferry__range_resident(f->fd_buf, c->off, c->len)) {
 		direct = false;
-		ferry__stat_add(ctx, FERRY_STAT_CACHED_CHUNKS, 1);
+		ferry__count(ctx, local, FERRY_STAT_CACHED_CHUNKS, 1);
 	}
 
 	/* Device memory is always staged through a slot, whose address is aligned. */
@@ -115,18 +115,18 @@ bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size
 	c->result = 0;
 	c->slot = NULL;
 	c->slot_index = -1;
-	ferry__stat_add(ctx, FERRY_STAT_CHUNKS, 1);
+	ferry__count(ctx, local, FERRY_STAT_CHUNKS, 1);
 	switch (c->plan.mode) {
 	case FERRY__CH_DIRECT:
-		ferry__stat_add(ctx, FERRY_STAT_DIRECT_CHUNKS, 1);
+		ferry__count(ctx, local, FERRY_STAT_DIRECT_CHUNKS, 1);
 		return c->staged;
 	case FERRY__CH_BOUNCE:
-		ferry__stat_add(ctx, FERRY_STAT_BOUNCED_CHUNKS, 1);
+		ferry__count(ctx, local, FERRY_STAT_BOUNCED_CHUNKS, 1);
 		return true;
 	default:
-		ferry__stat_add(ctx, FERRY_STAT_BUFFERED_CHUNKS, 1);
+		ferry__count(ctx, local, FERRY_STAT_BUFFERED_CHUNKS, 1);
 		if (direct && c->len)
-			ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1);
+			ferry__count(ctx, local, FERRY_STAT_FALLBACKS, 1);
 		return c->staged;
 	}
 }
@@ -166,10 +166,10 @@ static void finish(struct ferry__chunk *c)
 	c->result = (int64_t)c->done;
 }
 
-int ferry__chunk_complete(ferry_ctx *ctx, struct ferry__chunk *c, int64_t res)
+int ferry__chunk_complete(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c, int64_t res)
 {
 	if (res == -EINTR || res == -EAGAIN) {
-		ferry__stat_add(ctx, FERRY_STAT_RETRIES, 1);
+		ferry__count(ctx, local, FERRY_STAT_RETRIES, 1);
 		if (++c->retries <= MAX_RETRIES)
 			return FERRY__CH_AGAIN;
 	}
@@ -179,8 +179,8 @@ int ferry__chunk_complete(ferry_ctx *ctx, struct ferry__chunk *c, int64_t res)
 		c->plan.mode = FERRY__CH_BUFFERED;
 		c->plan.io_off = c->off;
 		c->plan.io_len = c->len;
-		ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1);
-		ferry__stat_add(ctx, FERRY_STAT_BUFFERED_CHUNKS, 1);
+		ferry__count(ctx, local, FERRY_STAT_FALLBACKS, 1);
+		ferry__count(ctx, local, FERRY_STAT_BUFFERED_CHUNKS, 1);
 		return FERRY__CH_AGAIN;
 	}
 	if (res < 0) {
@@ -206,7 +206,7 @@ int ferry__chunk_complete(ferry_ctx *ctx, struct ferry__chunk *c, int64_t res)
 		finish(c);
 		return FERRY__CH_FINISHED;
 	}
-	ferry__stat_add(ctx, FERRY_STAT_RETRIES, 1);
+	ferry__count(ctx, local, FERRY_STAT_RETRIES, 1);
 	return FERRY__CH_AGAIN;
 }
 
@@ -217,7 +217,7 @@ void ferry__chunk_run_sync(ferry_ctx *ctx, struct ferry__chunk *c)
 	for (;;) {
 		ferry__chunk_op(c, &op);
 		int64_t res = ferry__fault(c, ferry__psync_do(&op));
-		if (ferry__chunk_complete(ctx, c, res) == FERRY__CH_FINISHED)
+		if (ferry__chunk_complete(ctx, NULL, c, res) == FERRY__CH_FINISHED)
 			return;
 	}
 }

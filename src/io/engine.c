@@ -120,14 +120,28 @@ static void entry_init(struct ferry__entry *e, struct ferry__group *g, ferry_fil
 	atomic_init(&e->error, 0);
 }
 
-static void account(ferry_ctx *ctx, bool is_write, int64_t result)
+static void account_into(ferry_ctx *ctx, uint64_t *local, bool is_write, int64_t result)
 {
 	if (result < 0) {
-		ferry__stat_add(ctx, FERRY_STAT_ERRORS, 1);
+		ferry__count(ctx, local, FERRY_STAT_ERRORS, 1);
 		return;
 	}
-	ferry__stat_add(ctx, is_write ? FERRY_STAT_WRITES : FERRY_STAT_READS, 1);
-	ferry__stat_add(ctx, is_write ? FERRY_STAT_BYTES_WRITTEN : FERRY_STAT_BYTES_READ, (uint64_t)result);
+	ferry__count(ctx, local, is_write ? FERRY_STAT_WRITES : FERRY_STAT_READS, 1);
+	ferry__count(ctx, local, is_write ? FERRY_STAT_BYTES_WRITTEN : FERRY_STAT_BYTES_READ, (uint64_t)result);
+}
+
+static void account(ferry_ctx *ctx, bool is_write, int64_t result)
+{
+	account_into(ctx, NULL, is_write, result);
+}
+
+void ferry__stats_flush(ferry_ctx *ctx, uint64_t *local)
+{
+	for (int s = 0; s < FERRY_STAT__COUNT; s++)
+		if (local[s]) {
+			ferry__stat_add(ctx, (enum ferry_stat)s, local[s]);
+			local[s] = 0;
+		}
 }
 
 static void entry_finish(ferry_ctx *ctx, struct ferry__entry *e)
@@ -244,7 +258,7 @@ static ssize_t transfer_inline(ferry_file *f, void *buf, size_t len, uint64_t of
 
 	ferry__chunk_set(&c, f, buf, off, len, is_write, -1, FERRY__P_HOST);
 
-	if (ferry__chunk_begin(ctx, &c, ferry__slot_size(ctx))) {
+	if (ferry__chunk_begin(ctx, NULL, &c, ferry__slot_size(ctx))) {
 		c.slot = slot_take(ctx);
 		if (!c.slot)
 			return ferry__error(-ENOMEM, "%s(%s): allocating a bounce slot",
@@ -705,7 +719,7 @@ int ferry_queue_reap(ferry_queue *q, unsigned min_complete, unsigned max, void *
 		struct ferry__chunk *c = q->done[i];
 		user_data[i] = c->user_data;
 		result[i] = c->result;
-		account(q->ctx, c->is_write, c->result);
+		account_into(q->ctx, q->q.stats, c->is_write, c->result);
 		if (c->result < 0)
 			ferry__error((int)c->result, "%s(%s, offset %llu, %zu bytes, %s) on %s",
 				     c->is_write ? "pwrite" : "pread", c->f->path,
@@ -713,6 +727,7 @@ int ferry_queue_reap(ferry_queue *q, unsigned min_complete, unsigned max, void *
 				     q->q.ops->name);
 		ferry__ioq_put(&q->q, c);
 	}
+	ferry__stats_flush(q->ctx, q->q.stats);
 	return n;
 }
 

@@ -172,11 +172,11 @@ static inline void ferry__chunk_set(struct ferry__chunk *c, struct ferry_file *f
 /* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
 bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* Plans c (c->f, buf, len, off, is_write set) and counts it. Returns true if it needs a slot. */
-bool ferry__chunk_begin(ferry_ctx *ctx, struct ferry__chunk *c, size_t slot_size);
+bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c, size_t slot_size);
 /* Fills op with the next transfer of c. */
 void ferry__chunk_op(const struct ferry__chunk *c, struct ferry__op *op);
 /* Accounts a backend result: FERRY__CH_AGAIN to resubmit, FERRY__CH_FINISHED (c->result set). */
-int ferry__chunk_complete(ferry_ctx *ctx, struct ferry__chunk *c, int64_t res);
+int ferry__chunk_complete(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c, int64_t res);
 /* Runs c to completion with pread/pwrite in the calling thread (slot given if needed). */
 void ferry__chunk_run_sync(ferry_ctx *ctx, struct ferry__chunk *c);
 /* Test hook: rewrites a result per FERRY_FAULT_INJECT ("short=N,eintr=N,eagain=N"). */
@@ -241,6 +241,9 @@ struct ferry__ioq {
 	unsigned nfree_slots;
 	void **tags;
 	int64_t *res;
+	/* counters kept here and folded into the context's once per reap (ferry__stats_flush): one
+	 * atomic add per counter per reap instead of several per I/O on shared cache lines */
+	uint64_t stats[FERRY_STAT__COUNT];
 	struct ferry__ioq *reg_next; /* ctx registry of rings, for registered files */
 	bool files_registered;
 	/* GPU state, made at the first chunk for device memory (src/io/gpu_io.c) */
@@ -353,6 +356,17 @@ struct ferry_ctx {
 	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
 	struct ferry__publish_counters *pub; /* NULL unless publish=1 */
 };
+
+/* Counts into local counters (a queue's, folded in by ferry__stats_flush) or, with local NULL,
+ * straight into the context's. */
+#define ferry__count(ctx, local, s, n)                            \
+	do {                                                      \
+		if (local)                                        \
+			(local)[s] += (n);                        \
+		else                                              \
+			ferry__stat_add((ctx), (s), (n));         \
+	} while (0)
+void ferry__stats_flush(ferry_ctx *ctx, uint64_t *local);
 
 /* Mirrors the counters `ferry top` shows into the context's publication, when there is one. */
 void ferry__publish_stat(struct ferry__publish_counters *pub, enum ferry_stat s, uint64_t n);

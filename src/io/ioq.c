@@ -62,6 +62,8 @@ nomem:
 void ferry__ioq_exit(struct ferry__ioq *q)
 {
 	ferry__ioq_gpu_exit(q);
+	if (q->ctx)
+		ferry__stats_flush(q->ctx, q->stats);
 	if (q->ring) {
 		pthread_mutex_lock(&q->ctx->mu);
 		ferry__ring_unregister(q->ctx, q);
@@ -170,7 +172,7 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 		return;
 	}
 	if (c->dev >= 0 && c->path >= FERRY__P_GDS) {
-		ferry__stat_add(q->ctx, FERRY_STAT_CHUNKS, 1);
+		q->stats[FERRY_STAT_CHUNKS]++;
 		c->slot = NULL;
 		c->result = 0;
 		if (c->path == FERRY__P_GDS) {
@@ -185,7 +187,7 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 		}
 		return;
 	}
-	if (ferry__chunk_begin(q->ctx, c, q->nslots ? q->slot_size : 0)) {
+	if (ferry__chunk_begin(q->ctx, q->stats, c, q->nslots ? q->slot_size : 0)) {
 		if (q->nfree_slots == 0) {
 			c->next = q->slot_wait;
 			q->slot_wait = c;
@@ -283,7 +285,7 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 		for (int i = 0; i < n; i++) {
 			struct ferry__chunk *c = q->tags[i];
 			int64_t res = ferry__fault(c, q->res[i]);
-			if (ferry__chunk_complete(q->ctx, c, res) == FERRY__CH_AGAIN) {
+			if (ferry__chunk_complete(q->ctx, q->stats, c, res) == FERRY__CH_AGAIN) {
 				prep(q, c);
 				continue;
 			}
