@@ -114,7 +114,7 @@ elif ! { "$PY" -m pip install --no-build-isolation --no-deps . ||
 else
 	row python/install ok
 	# From another directory so that `import ferry` is the installed package.
-	(cd /tmp && "$PY" -m pytest -v -s -rs -p no:cacheprovider "$ROOT/tests/gpu/test_python_gpu.py") \
+	(cd /tmp && "$PY" -m pytest -v -s -rs -p no:cacheprovider "$ROOT"/tests/gpu/test_python_*.py) \
 		>"$LOG_DIR/python-gpu.log" 2>&1
 	rc=$?
 	awk '/::test_.* (PASSED|FAILED|SKIPPED|ERROR)/ {
