@@ -405,3 +405,21 @@ def test_doc_examples(tmp_path, monkeypatch, path, heading):
     env = {}
     for code in blocks:  # one namespace: later blocks use what earlier ones made
         exec(compile(code, f"{path}:{heading}", "exec"), env)
+
+
+def test_loaders_leave_no_threads(data):
+    """Loaders closed, dropped mid-epoch or collected stop their pipeline threads."""
+    import gc
+    d, _ = data
+    ferry.Loader(d / "ds", batch_size=4, device="cpu")  # torch's own threads start here
+    gc.collect()
+    base = len(os.listdir("/proc/self/task"))
+    for i in range(40):
+        loader = ferry.Loader(d / "ds", batch_size=4, seq_len=16, device="cpu", threads=2)
+        it = iter(loader)
+        next(it)
+        if i % 2:
+            loader.close()
+        del loader, it
+    gc.collect()
+    assert len(os.listdir("/proc/self/task")) <= base
