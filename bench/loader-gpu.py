@@ -1,22 +1,122 @@
 #!/usr/bin/env python3
-"""The peer of `ferry loader-bench`: PyTorch DataLoader over a numpy.memmap Dataset of 2048-token
-uint16 samples (8 workers, pin_memory=True, prefetch_factor=4, .to(device, non_blocking=True)).
-Prints TABLE lines as ferry loader-bench does: samples/s, and with --step-fraction the share of time a
-synthetic GPU step at that fraction of the peak rate waited for data.
-    bench/loader-gpu.py DATA.bin --seq-len 2048 --batch-size 32 --seconds 20 [--shuffle] [--step-fraction 0.8]
+"""ferry.Loader (the Python package) against PyTorch DataLoader over a numpy.memmap Dataset (8 workers,
+pin_memory=True, prefetch_factor=4, .to(device, non_blocking=True)) on one uint16 token dataset of
+2048-token samples: DIR/tokens.bin (the tokens) + DIR/tokens.idx (Megatron MMIDIDX, one sample per
+2048 tokens), which ferry reads as a Megatron prefix and the peer as a memmap, window for window.
+
+  warm (/dev/shm): each loader alone (samples/s, CPU cores used), then a synthetic GPU step that needs
+    80% of that loader's peak rate (torch.cuda._sleep sized by calibration), GPU wait % measured
+    with CUDA events: 1 - busy / span of the stream (the host runs at most 2 steps ahead);
+  cold (--cold-dir, page cache dropped before each run): the disk's raw read ceiling in the same
+    run (O_DIRECT, 8 threads x 8 MiB), then sequential, shuffled and block orders, at most one pass.
+
+Prints `TABLE name | figure | note` lines. Sized to finish in under 4 minutes on a 16-core machine
+with the defaults (--gb 4 --seconds 8); bench/loader-gpu.sh is the wrapper gpu-check.sh style.
+    bench/loader-gpu.py [--gb 4] [--seconds 8] [--warm-dir /dev/shm/ferry-loader]
+                        [--cold-dir /var/tmp/ferry-loader] [--batch-size 32] [--skip-cold]
 """
 import argparse
+import os
+import struct
+import subprocess
+import sys
+import threading
 import time
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+import ferry
+
+SEQ = 2048
+T0 = time.perf_counter()
+
+
+def table(name, figure, note=""):
+    print(f"TABLE {name} | {figure} | {note}", flush=True)
+
+
+# ------------------------------------------------------------------------------------- data
+
+
+def make_data(d, gb):
+    """DIR/tokens.bin (uint16) + DIR/tokens.idx (Megatron, one sample per SEQ tokens)."""
+    os.makedirs(d, exist_ok=True)
+    bin_path, idx_path = os.path.join(d, "tokens.bin"), os.path.join(d, "tokens.idx")
+    n = int(gb * (1 << 30)) // (2 * SEQ)  # samples
+    want = n * SEQ * 2
+    if not (os.path.exists(idx_path) and os.path.getsize(bin_path) == want):
+        rng = np.random.default_rng(0)
+        block = rng.integers(0, 50000, size=1 << 25, dtype=np.uint16)  # 64 MiB
+        with open(bin_path, "wb") as f:
+            left, k = want, 0
+            while left:
+                chunk = (block + np.uint16(k)).tobytes()[:left]
+                f.write(chunk)
+                left -= len(chunk)
+                k += 1
+        with open(idx_path, "wb") as f:
+            f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8))
+            f.write(struct.pack("<QQ", n, n + 1))
+            f.write(np.full(n, SEQ, np.int32).tobytes())
+            f.write((np.arange(n, dtype=np.int64) * (SEQ * 2)).tobytes())
+            f.write(np.arange(n + 1, dtype=np.int64).tobytes())
+    return os.path.join(d, "tokens"), bin_path, n
+
+
+def drop_caches():
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def raw_ceiling(path, seconds, threads=8, chunk=8 << 20):
+    """The disk's sequential read ceiling: O_DIRECT, `threads` readers of `chunk` bytes."""
+    import mmap
+    size = os.path.getsize(path)
+    nxt = [0]
+    lock = threading.Lock()
+    done = [0]
+    end = time.perf_counter() + seconds
+
+    def reader():
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+        buf = mmap.mmap(-1, chunk)  # page-aligned
+        try:
+            while time.perf_counter() < end:
+                with lock:
+                    off = nxt[0]
+                    nxt[0] += chunk
+                if off >= size:
+                    break
+                n = os.preadv(fd, [buf], off)
+                with lock:
+                    done[0] += n
+        finally:
+            os.close(fd)
+            buf.close()
+
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=reader) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return done[0] / (time.perf_counter() - t0)
+
+
+# ------------------------------------------------------------------------------------ peers
+
 
 class Tokens(Dataset):
-    def __init__(self, path, seq_len, dtype):
-        self.path, self.seq_len, self.dtype = path, seq_len, dtype
-        self.n = np.memmap(path, dtype=dtype, mode="r").size // seq_len
+    def __init__(self, path):
+        self.path = path
+        self.n = os.path.getsize(path) // (2 * SEQ)
         self.mm = None
 
     def __len__(self):
@@ -24,60 +124,219 @@ class Tokens(Dataset):
 
     def __getitem__(self, i):
         if self.mm is None:
-            self.mm = np.memmap(self.path, dtype=self.dtype, mode="r")
-        return torch.from_numpy(np.array(self.mm[i * self.seq_len:(i + 1) * self.seq_len]))
+            self.mm = np.memmap(self.path, dtype=np.uint16, mode="r")
+        return torch.from_numpy(np.array(self.mm[i * SEQ:(i + 1) * SEQ]))
 
 
-def run(dl, device, seconds, step_s):
-    t0 = time.perf_counter()
-    end = t0 + seconds
-    waited, samples, steps = 0.0, 0, 0
-    it = iter(dl)
-    while time.perf_counter() < end:
-        w0 = time.perf_counter()
+def proc_cpu_s(pids):
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
         try:
-            b = next(it)
-        except StopIteration:
-            it = iter(dl)
-            b = next(it)
-        b = b.to(device, non_blocking=True)
-        if device.type == "cuda":
-            torch.cuda.current_stream().synchronize()
-        waited += time.perf_counter() - w0
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            pass
+    return total
+
+
+class TorchPeer:
+    def __init__(self, bin_path, batch, shuffle, device):
+        self.device = device
+        self.dl = DataLoader(Tokens(bin_path), batch_size=batch, shuffle=shuffle, num_workers=8,
+                             pin_memory=True, prefetch_factor=4, persistent_workers=True)
+        self.it = None
+
+    def batches(self):
+        while True:
+            if self.it is None:
+                self.it = iter(self.dl)
+            try:
+                b = next(self.it)
+            except StopIteration:
+                self.it = None
+                continue
+            yield b.to(self.device, non_blocking=True)
+
+    def cpu_s(self):
+        pids = [os.getpid()]
+        if self.it is not None and hasattr(self.it, "_workers"):
+            pids += [w.pid for w in self.it._workers]
+        return proc_cpu_s(pids)
+
+    def close(self):
+        self.it = None
+        del self.dl
+
+
+class FerryPeer:
+    def __init__(self, prefix, batch, order, device, threads, prefetch):
+        self.loader = ferry.Loader(prefix, batch_size=batch, seq_len=SEQ, order=order, seed=0,
+                                   device=device, threads=threads, prefetch=prefetch, block=256)
+
+    def batches(self):
+        while True:
+            yield from self.loader
+
+    def cpu_s(self):
+        return proc_cpu_s([os.getpid()])
+
+    def close(self):
+        self.loader.close()
+
+
+# ---------------------------------------------------------------------------------- measures
+
+
+def alone(peer, seconds, max_samples=None):
+    """Samples/s from the first batch on (startup excluded), with the CPU cores used meanwhile."""
+    it = peer.batches()
+    b = next(it)
+    torch.cuda.synchronize()
+    t0, c0 = time.perf_counter(), peer.cpu_s()
+    samples = 0
+    end = t0 + seconds
+    while time.perf_counter() < end and (max_samples is None or samples < max_samples):
+        b = next(it)
         samples += b.shape[0]
-        steps += 1
-        if step_s:
-            s = time.perf_counter()
-            while time.perf_counter() - s < step_s:
-                pass
+    torch.cuda.synchronize()
     el = time.perf_counter() - t0
-    return samples / el, waited / el, steps / el
+    return samples / el, (peer.cpu_s() - c0) / el, samples * SEQ * 2 / el
+
+
+def calibrate_sleep():
+    """torch.cuda._sleep cycles per second on this GPU."""
+    torch.cuda._sleep(1000)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 50_000_000
+    a.record()
+    torch.cuda._sleep(cycles)
+    b.record()
+    b.synchronize()
+    return cycles / (a.elapsed_time(b) / 1e3)
+
+
+def with_gpu_step(peer, step_s, seconds, hz):
+    """GPU wait %: the share of the stream's span in which no step ran (it waited for data)."""
+    it = peer.batches()
+    next(it)
+    torch.cuda.synchronize()
+    cycles = max(1, int(step_s * hz))
+    starts, ends = [], []
+    acc = torch.zeros((), device="cuda", dtype=torch.int64)
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        b = next(it)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        acc += b.view(torch.int16)[:, 0].sum()  # the step reads its batch (uint16 has no CUDA sum)
+        torch.cuda._sleep(cycles)
+        e.record()
+        starts.append(s)
+        ends.append(e)
+        if len(ends) > 2:
+            ends[-3].synchronize()  # at most 2 steps queued ahead, as a training loop runs
+    torch.cuda.synchronize()
+    busy = sum(s.elapsed_time(e) for s, e in zip(starts, ends))
+    span = starts[0].elapsed_time(ends[-1])
+    return max(0.0, 1 - busy / span), len(starts) / (span / 1e3)
+
+
+# -------------------------------------------------------------------------------------- main
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("data")
-    ap.add_argument("--seq-len", type=int, default=2048)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gb", type=float, default=4)
+    ap.add_argument("--seconds", type=float, default=8, help="per measured run")
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--dtype", default="uint16")
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--seconds", type=float, default=20)
-    ap.add_argument("--shuffle", action="store_true")
-    ap.add_argument("--step-fraction", type=float, default=0)
-    ap.add_argument("--name", default="torch DataLoader")
+    ap.add_argument("--threads", type=int, default=1, help="ferry pipeline threads, warm")
+    ap.add_argument("--cold-threads", type=int, default=4, help="ferry pipeline threads, cold")
+    ap.add_argument("--prefetch", type=int, default=8)
+    ap.add_argument("--step-fraction", type=float, default=0.8)
+    ap.add_argument("--warm-dir", default="/dev/shm/ferry-loader")
+    ap.add_argument("--cold-dir", default="/var/tmp/ferry-loader")
+    ap.add_argument("--skip-cold", action="store_true")
+    ap.add_argument("--keep", action="store_true", help="keep the data files")
     a = ap.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    ds = Tokens(a.data, a.seq_len, np.dtype(a.dtype))
-    dl = DataLoader(ds, batch_size=a.batch_size, shuffle=a.shuffle, num_workers=a.workers,
-                    pin_memory=device.type == "cuda", prefetch_factor=4 if a.workers else None,
-                    persistent_workers=a.workers > 0)
-    sps, wait, steps = run(dl, device, a.seconds, 0)
-    print(f"TABLE {a.name} samples/s | {sps:.0f} | {a.workers} workers, pin_memory, prefetch_factor 4, {device}")
-    if a.step_fraction:
-        step_s = 1.0 / (steps * a.step_fraction)
-        sps2, wait2, _ = run(dl, device, a.seconds, step_s)
-        print(f"TABLE {a.name} GPU wait at {a.step_fraction * 100:.0f}% of peak | {wait2 * 100:.3f}% | "
-              f"step {step_s * 1e6:.1f} us, {sps2:.0f} samples/s")
+    if not torch.cuda.is_available():
+        print("skipped: torch sees no CUDA device")
+        sys.exit(77)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    B, S = a.batch_size, a.seconds
+    table("loader machine", torch.cuda.get_device_name(dev), f"{os.cpu_count()} CPUs, torch {torch.__version__}")
+
+    prefix, bin_path, n = make_data(a.warm_dir, a.gb)
+    table("loader data", f"{n * SEQ * 2 / 2**30:.2f} GiB", f"{n} samples of {SEQ} uint16 tokens, batch {B}, "
+          f"made in {time.perf_counter() - T0:.0f} s")
+    hz = calibrate_sleep()
+
+    # -- warm: each alone, then the GPU step at 80% of its own peak
+    peaks = {}
+    for order in ("sequential", "shuffle", "block"):
+        p = FerryPeer(prefix, B, order, dev, a.threads, a.prefetch)
+        sps, cores, bps = alone(p, S)
+        pipe = p.loader.stats()["cpu_cores"]
+        p.close()
+        peaks[f"ferry {order}"] = sps
+        table(f"loader warm ferry {order}", f"{sps:.0f} samples/s",
+              f"{bps / 1e9:.2f} GB/s, {cores:.2f} cores (pipeline {pipe:.2f}), threads {a.threads}")
+    for shuffle in (False, True):
+        name = "torch " + ("shuffle" if shuffle else "sequential")
+        p = TorchPeer(bin_path, B, shuffle, dev)
+        sps, cores, bps = alone(p, S)
+        peaks[name] = sps
+        table(f"loader warm {name}", f"{sps:.0f} samples/s",
+              f"{bps / 1e9:.2f} GB/s, {cores:.2f} cores, 8 workers, pin_memory, prefetch_factor 4")
+        if shuffle:
+            step = B / (peaks[name] * a.step_fraction)
+            wait, rate = with_gpu_step(p, step, S, hz)
+            table(f"loader warm {name} GPU wait at {a.step_fraction:.0%} of peak", f"{wait * 100:.2f}%",
+                  f"step {step * 1e6:.0f} us, {rate * B:.0f} samples/s")
+        p.close()
+    ratio = peaks["ferry shuffle"] / peaks["torch shuffle"]
+    table("loader warm ferry/torch shuffle", f"{ratio:.2f}x", "samples/s ratio (goal >= 3x)")
+    p = FerryPeer(prefix, B, "shuffle", dev, a.threads, a.prefetch)
+    step = B / (peaks["ferry shuffle"] * a.step_fraction)
+    wait, rate = with_gpu_step(p, step, S, hz)
+    st = p.loader.stats()
+    p.close()
+    table(f"loader warm ferry shuffle GPU wait at {a.step_fraction:.0%} of peak", f"{wait * 100:.2f}%",
+          f"step {step * 1e6:.0f} us, {rate * B:.0f} samples/s, loader p99 wait {st['wait_p99_ns'] / 1e3:.0f} us "
+          "(goal < 1%)")
+    if not a.keep:
+        for f in (bin_path, prefix + ".idx"):
+            os.unlink(f)
+
+    # -- cold: the disk's ceiling, then each order from a dropped page cache, at most one pass
+    if a.skip_cold:
+        return
+    prefix, bin_path, n = make_data(a.cold_dir, a.gb)
+    dropped = drop_caches()
+    if not dropped:
+        table("loader cold note", "cannot drop caches", "not root: the cold figures are warm")
+    ceiling = raw_ceiling(bin_path, S)
+    table("loader cold raw read ceiling", f"{ceiling / 1e9:.2f} GB/s", f"O_DIRECT 8 x 8 MiB, {a.cold_dir}")
+    for order in ("sequential", "shuffle", "block"):
+        drop_caches()
+        p = FerryPeer(prefix, B, order, dev, a.cold_threads, max(a.prefetch, 16))
+        sps, cores, bps = alone(p, S, max_samples=n - 2 * B)
+        p.close()
+        table(f"loader cold ferry {order}", f"{bps / 1e9:.2f} GB/s",
+              f"{bps / ceiling:.2f}x ceiling, {sps:.0f} samples/s, {cores:.2f} cores, threads {a.cold_threads}")
+    for shuffle in (False, True):
+        drop_caches()
+        name = "torch " + ("shuffle" if shuffle else "sequential")
+        p = TorchPeer(bin_path, B, shuffle, dev)
+        sps, cores, bps = alone(p, S, max_samples=n - 2 * B)
+        p.close()
+        table(f"loader cold {name}", f"{bps / 1e9:.2f} GB/s",
+              f"{bps / ceiling:.2f}x ceiling, {sps:.0f} samples/s, {cores:.2f} cores")
+    if not a.keep:
+        for f in (bin_path, prefix + ".idx"):
+            os.unlink(f)
+    table("loader bench time", f"{time.perf_counter() - T0:.0f} s", "goal < 240 s")
 
 
 if __name__ == "__main__":

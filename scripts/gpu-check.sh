@@ -123,7 +123,7 @@ else
 		printf "python/%s | %s | \n", name, r }' "$LOG_DIR/python-gpu.log" >>"$TABLE"
 	grep -E '^SKIPPED|^FAILED|^ERROR|GDS refused|passed|failed' "$LOG_DIR/python-gpu.log" | cut -c1-300
 	if [ $rc -ne 0 ]; then
-		echo "pytest tests/gpu/test_python_gpu.py: exit $rc"
+		echo "pytest tests/gpu/test_python_*.py: exit $rc"
 		[ $rc -eq 5 ] && row python/tests FAILED "no test collected"
 		failed=1
 	fi

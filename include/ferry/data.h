@@ -109,6 +109,14 @@ FERRY_API int64_t ferry_dataset_sample_bytes(const ferry_dataset *ds, uint64_t i
  * small) or an I/O error; a sample that ends past its shard's end is FERRY_ECORRUPT naming both.
  */
 FERRY_API FERRY_WUR ssize_t ferry_dataset_read(ferry_dataset *ds, uint64_t i, void *buf, size_t len);
+/*
+ * Where sample i lies: *shard, its data file (0-based), and *offset, its first byte in that file;
+ * for readers that map the files themselves (the Python IndexedDataset). Returns 0 or -EINVAL.
+ */
+FERRY_API FERRY_WUR int ferry_dataset_locate(const ferry_dataset *ds, uint64_t i, uint32_t *shard,
+					     uint64_t *offset);
+/* Data file k's path (a shard, or the Megatron .bin); NULL when k is out of range. Valid until close. */
+FERRY_API const char *ferry_dataset_shard_path(const ferry_dataset *ds, uint32_t k);
 /* Sample i's key (NULL with *len 0 when the dataset has no keys). Valid until close. */
 FERRY_API const char *ferry_dataset_key(const ferry_dataset *ds, uint64_t i, size_t *len);
 /*

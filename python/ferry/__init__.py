@@ -320,3 +320,11 @@ def write(path, buf, offset: int = 0, context: Context | None = None, sync: bool
         if sync:
             f.sync()
     return n
+
+
+# --- data (issue 6): datasets, sample orders, the loader (ferry/data.py) ---
+from .data import (  # noqa: E402,F401
+    IndexedDataset, Loader, distributed_indices, order_indices, write_dataset,
+)
+__all__ += ["IndexedDataset", "Loader", "distributed_indices", "order_indices", "write_dataset"]
+# --- end data ---

@@ -153,3 +153,13 @@ def gds_status(path: StrPath) -> Tuple[int, str]: ...
 def strerror(code: int) -> str: ...
 def err_name(code: int) -> str: ...
 def backend_unavailable_reason(name: str) -> str: ...
+
+# --- data (issue 6): ferry/data.pyi ---
+from .data import (
+    IndexedDataset as IndexedDataset,
+    Loader as Loader,
+    distributed_indices as distributed_indices,
+    order_indices as order_indices,
+    write_dataset as write_dataset,
+)
+# --- end data ---

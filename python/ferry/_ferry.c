@@ -1698,6 +1698,11 @@ static int add_int(PyObject *m, const char *name, long v)
 	return PyModule_AddIntConstant(m, name, v);
 }
 
+/* --- data (issue 6): python/ferry/_data.c uses the error mapping and adds its types --- */
+int ferry__py_data_init(PyObject *m);
+PyObject *ferry__py_raise(int err, PyObject *filename) { return raise_ferry(err, filename); }
+/* --- end data --- */
+
 PyMODINIT_FUNC PyInit__ferry(void)
 {
 	PyObject *m, *codes;
@@ -1747,6 +1752,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	    add_int(m, "GDS_REFUSED", FERRY_GDS_REFUSED) < 0 ||
 	    add_int(m, "GDS_NATIVE", FERRY_GDS_NATIVE) < 0 ||
 	    add_int(m, "GDS_COMPAT", FERRY_GDS_COMPAT) < 0)
+		goto fail;
+	if (ferry__py_data_init(m) < 0) /* data (issue 6) */
 		goto fail;
 	Py_DECREF(codes);
 	return m;

@@ -470,6 +470,22 @@ int64_t ferry_dataset_sample_bytes(const ferry_dataset *ds, uint64_t i)
 	return (int64_t)ds->x.len[i];
 }
 
+int ferry_dataset_locate(const ferry_dataset *ds, uint64_t i, uint32_t *shard, uint64_t *offset)
+{
+	if (!ds || i >= ds->x.n)
+		return ferry__error(-EINVAL, "sample %llu out of range", (unsigned long long)i);
+	if (shard)
+		*shard = ferry__index_shard_of(&ds->x, i);
+	if (offset)
+		*offset = ds->x.off[i];
+	return 0;
+}
+
+const char *ferry_dataset_shard_path(const ferry_dataset *ds, uint32_t k)
+{
+	return ds && k < ds->x.nfiles ? ds->paths[k] : NULL;
+}
+
 const char *ferry_dataset_key(const ferry_dataset *ds, uint64_t i, size_t *len)
 {
 	if (!ds || !ds->x.key_off || i >= ds->x.n) {

@@ -1,19 +1,20 @@
 """Megatron datasets written in the reference layout (a small numpy writer following
 megatron/core/datasets/indexed_dataset.py: MMIDIDX, version 1, dtype code, int32 sizes, int64
-pointers, int64 document indices) read back identical through libferry; and ferry pack's Megatron
-output parses with a reference-style numpy reader. Runs under pytest or as a script."""
-import ctypes
+pointers, int64 document indices) read back identical through ferry.IndexedDataset; and ferry's
+Megatron output (write_dataset, ferry pack) parses with a reference-style numpy reader."""
 import os
 import struct
 import subprocess
-import sys
 import tempfile
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _ferrylib  # noqa: E402
+import pytest
 
-(np,) = _ferrylib.need("numpy")
-L = _ferrylib.lib()
+from conftest import need
+
+np = need("numpy")
+import ferry  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CODES = {np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5, np.float64: 6, np.float32: 7,
          np.uint16: 8}
 
@@ -54,25 +55,15 @@ def read_reference(prefix):
     return version, dtype, out, docs
 
 
-def ferry_read_all(path):
-    ctx = ctypes.c_void_p()
-    assert L.ferry_ctx_create(ctypes.byref(ctx)) == 0
-    ds = ctypes.c_void_p()
-    err = L.ferry_dataset_open(ctx, path.encode(), ctypes.byref(ds))
-    if err:
-        msg = L.ferry_last_error().decode()
-        L.ferry_ctx_destroy(ctx)
-        return err, msg, None
-    out = []
-    for i in range(L.ferry_dataset_count(ds)):
-        n = L.ferry_dataset_sample_bytes(ds, i)
-        b = np.empty(n, np.uint8)
-        assert L.ferry_dataset_read(ds, i, b.ctypes.data, n) == n
-        out.append(b)
-    dt = L.ferry_dataset_dtype(ds)
-    L.ferry_dataset_close(ds)
-    L.ferry_ctx_destroy(ctx)
-    return 0, dt, out
+def ferry_read_all(path, mmap):
+    """(0, dtype code, samples as uint8 arrays) or (error code, message, None)."""
+    try:
+        ds = ferry.IndexedDataset(path, mmap=mmap)
+    except ferry.Error as e:
+        return e.code, str(e), None
+    with ds:
+        out = [np.array(a).view(np.uint8) for a in ds]
+        return 0, ds._ds.dtype, out
 
 
 def test_reference_reads_back():
@@ -82,24 +73,29 @@ def test_reference_reads_back():
             docs = [rng.integers(0, 30000, size=int(rng.integers(0, 300))).astype(dtype) for _ in range(57)]
             prefix = os.path.join(d, f"ref_{np.dtype(dtype).name}")
             write_reference(prefix, docs, dtype)
-            err, code, got = ferry_read_all(prefix)
-            assert err == 0, code
-            assert code == CODES[dtype]
-            assert len(got) == len(docs)
-            for a, b in zip(got, docs):
-                assert np.array_equal(a.view(dtype), b)
+            for mmap in (True, False):
+                err, code, got = ferry_read_all(prefix, mmap)
+                assert err == 0, code
+                assert code == CODES[dtype]
+                assert len(got) == len(docs)
+                for a, b in zip(got, docs):
+                    assert np.array_equal(a.view(dtype), b)
+            ds = ferry.IndexedDataset(prefix)
+            assert ds.format == "megatron" and ds.dtype == np.dtype(dtype)
+            assert np.array_equal(ds.sizes, [len(d) for d in docs])
+            ds.close()
             # a truncated .bin is refused, naming the file and a sample
             size = os.path.getsize(prefix + ".bin")
             if size:
                 os.truncate(prefix + ".bin", size // 2)
-                err, msg, _ = ferry_read_all(prefix)
-                assert err == -5003 and ".bin" in msg and "sample" in msg, msg
+                err, msg, _ = ferry_read_all(prefix, True)
+                assert err == ferry.ECORRUPT and ".bin" in msg and "sample" in msg, msg
 
 
 def test_pack_megatron_reads_in_reference_reader():
-    cli = os.environ.get("FERRY_CLI") or os.path.join(_ferrylib.ROOT, "build", "ferry")
+    cli = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
     if not os.path.exists(cli):
-        _ferrylib.skip(f"{cli} not built")
+        pytest.skip(f"{cli} not built (cmake --build build, or set FERRY_CLI)")
     with tempfile.TemporaryDirectory() as d:
         arrays = [np.arange(i * 10, i * 10 + 100 + i, dtype=np.uint16) for i in range(20)]
         paths = []
@@ -116,7 +112,13 @@ def test_pack_megatron_reads_in_reference_reader():
             assert np.array_equal(a, b)
 
 
-if __name__ == "__main__":
-    test_reference_reads_back()
-    test_pack_megatron_reads_in_reference_reader()
-    print("test_megatron_reference: 2 passed, 0 failed")
+def test_write_dataset_megatron_reads_in_reference_reader():
+    with tempfile.TemporaryDirectory() as d:
+        arrays = [np.arange(i * 7, i * 7 + 3 * i, dtype=np.int32) for i in range(30)]
+        prefix = os.path.join(d, "w")
+        assert ferry.write_dataset(prefix, arrays, format="megatron") == 1
+        version, dtype, got, docs = read_reference(prefix)
+        assert version == 1 and dtype == np.int32
+        assert list(docs) == list(range(31))
+        for a, b in zip(got, arrays):
+            assert np.array_equal(a, b)

@@ -54,6 +54,17 @@ static void check_read(const char *path, uint64_t n, const char *format, int key
 		T_EQ_INT(r, sample_len(i));
 		sample_fill(i, want, sample_len(i));
 		T_CHECK(memcmp(buf, want, sample_len(i)) == 0);
+		/* locate + shard_path give the same bytes straight from the file */
+		uint32_t shard;
+		uint64_t off;
+		T_EQ_INT(ferry_dataset_locate(ds, i, &shard, &off), 0);
+		T_ASSERT(shard < ferry_dataset_shards(ds));
+		FILE *fp = fopen(ferry_dataset_shard_path(ds, shard), "rb");
+		T_ASSERT(fp != NULL);
+		T_CHECK(fseek(fp, (long)off, SEEK_SET) == 0);
+		T_EQ_INT(fread(buf, 1, sample_len(i), fp), sample_len(i));
+		fclose(fp);
+		T_CHECK(memcmp(buf, want, sample_len(i)) == 0);
 		size_t kl;
 		const char *k = ferry_dataset_key(ds, i, &kl);
 		if (keys) {
@@ -64,6 +75,8 @@ static void check_read(const char *path, uint64_t n, const char *format, int key
 			T_CHECK(!k && !kl);
 		}
 	}
+	T_EQ_INT(ferry_dataset_locate(ds, n, NULL, NULL), -EINVAL);
+	T_CHECK(ferry_dataset_shard_path(ds, ferry_dataset_shards(ds)) == NULL);
 	T_EQ_INT(ferry_dataset_verify(ds), 0);
 	ferry_dataset_close(ds);
 }

@@ -1,0 +1,547 @@
+"""Training data: packed datasets, the sample orders and the loader (docs/DATA.md, docs/PYTHON.md).
+
+    ds = ferry.IndexedDataset("tokens")           # ferry.idx directory, or a Megatron prefix
+    ds[3]                                          # sample 3 as a NumPy array (zero-copy)
+    idx = ferry.distributed_indices(len(ds), 8, 0, seed=1, epoch=2)   # == DistributedSampler
+    for x in ferry.Loader("tokens", batch_size=32, seq_len=2048):     # torch tensors on the GPU
+        ...
+
+The reading, merging, staging in pinned memory and host-to-device copies run on the C loader's
+threads; Python only wraps each finished batch. NumPy is needed by IndexedDataset and the order
+functions, torch by Loader; neither is imported before they are used.
+"""
+from __future__ import annotations
+
+import mmap as _mmap
+import os as _os
+
+from . import _ferry
+
+__all__ = ["IndexedDataset", "Loader", "distributed_indices", "order_indices", "write_dataset"]
+
+# element code (Megatron's numbering; 0 = bytes) -> NumPy type name
+_ELEM_NUMPY = {0: "uint8", 1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64",
+               7: "float32", 8: "uint16"}
+_ORDERS = {"sequential": _ferry.ORDER_SEQUENTIAL, "shuffle": _ferry.ORDER_SHUFFLE,
+           "block": _ferry.ORDER_BLOCK}
+_U64 = 1 << 64
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError as e:  # pragma: no cover (the tests have NumPy)
+        raise ImportError("this ferry function returns NumPy arrays: pip install numpy") from e
+    return numpy
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover
+        raise ImportError("ferry.Loader returns torch tensors: pip install torch") from e
+    return torch
+
+
+# ------------------------------------------------------------------------------------ orders
+
+
+def _check_replicas(num_replicas: int, rank: int) -> None:
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be at least 1, not {num_replicas}")
+    if not 0 <= rank < num_replicas:
+        raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+
+
+def order_indices(n: int, order: str = "shuffle", *, seed: int = 0, epoch: int = 0,
+                  block: int = 256):
+    """The global order of one epoch over ``n`` samples, before the split across ranks.
+
+    ``order`` is ``"shuffle"`` (``torch.randperm(n)`` on a generator seeded with ``seed + epoch``,
+    as DistributedSampler draws it), ``"sequential"`` (``0..n-1``) or ``"block"``: the ⌈n/block⌉
+    runs of ``block`` neighbouring samples are permuted, then the samples within each run. A
+    batch then reads from few neighbouring places, which keeps storage with slow random reads
+    (disks, network file systems) near its sequential bandwidth; the price is that neighbours
+    stay in the same run every epoch (less randomness than a full shuffle). Keep ``block`` well
+    below ``n`` and at or above the batch size. Returns an ``int64`` NumPy array of length ``n``.
+    """
+    np = _numpy()
+    if order not in _ORDERS:
+        raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
+    if block < 1:
+        raise ValueError("block must be at least 1")
+    out = np.empty(n, dtype=np.int64)
+    _ferry.order_indices_into(n, _ORDERS[order], block, seed % _U64, epoch, out)
+    return out
+
+
+def distributed_indices(n: int, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0,
+                        epoch: int = 0, drop_last: bool = False, *, order: str | None = None,
+                        block: int = 256):
+    """Rank ``rank``'s sample indices for ``epoch``, as an ``int64`` NumPy array.
+
+    Equal, index for index, to ``list(s)`` after
+    ``s = DistributedSampler(range(n), num_replicas, rank, shuffle, seed, drop_last);
+    s.set_epoch(epoch)``, including its padding (the order repeated from its start up to a
+    multiple of ``num_replicas``) and drop_last cut. ``order="block"`` (with ``block``) or
+    ``"sequential"`` replaces the order while keeping the same padding and striding
+    (``order_indices`` describes the orders; ``order`` overrides ``shuffle``).
+    """
+    np = _numpy()
+    _check_replicas(num_replicas, rank)
+    if n < 0:
+        raise ValueError("n must be non-negative")
+    if order is None or order in ("shuffle", "sequential"):
+        if order is not None:
+            shuffle = order == "shuffle"
+        k = _ferry.distributed_num_samples(n, num_replicas, bool(drop_last))
+        out = np.empty(max(k, 1), dtype=np.int64)
+        got = _ferry.distributed_indices_into(n, num_replicas, rank, bool(shuffle), seed % _U64,
+                                              epoch, bool(drop_last), out)
+        return out[:got]
+    glob = order_indices(n, order, seed=seed, epoch=epoch, block=block)
+    k = _ferry.distributed_num_samples(n, num_replicas, bool(drop_last))
+    total = k * num_replicas
+    if total > n:  # padding: repeat the order from its start, as DistributedSampler does
+        reps = -(-total // n) if n else 0
+        glob = np.tile(glob, reps)
+    return np.ascontiguousarray(glob[:total][rank::num_replicas])
+
+
+# ----------------------------------------------------------------------------------- datasets
+
+
+class IndexedDataset:
+    """A packed dataset: a directory written by ``ferry pack``/``write_dataset`` (or its
+    ``ferry.idx``), or a Megatron/NeMo prefix (``prefix.idx`` + ``prefix.bin``, given without
+    extension). The whole index is checked on open; a corrupt index or a truncated shard raises
+    ``ferry.Error`` (``FERRY_ECORRUPT``) naming the file, the shard and the first sample affected.
+
+    ``ds[i]`` is sample ``i`` as a 1-D NumPy array of the dataset's ``dtype`` (``uint8`` for
+    bytes); negative indices count from the end; ``ds[a:b:c]`` is a list of them. With
+    ``mmap=True`` (the default) the arrays are read-only views of the shards mapped in memory
+    (zero-copy, as Megatron's ``MMapIndexedDataset`` does: a shard shrunk by someone else while
+    mapped raises SIGBUS on access); with ``mmap=False`` each is one read into a new array.
+    ``sizes`` are the samples' lengths in elements (``int64``).
+    """
+
+    def __init__(self, path, *, mmap: bool = True, context=None):
+        np = _numpy()
+        opts = context.options() if context is not None else None
+        self._ds = _ferry.Dataset(_os.fspath(path), opts)
+        self.path = path
+        self.format: str = self._ds.format
+        self.dtype = np.dtype(_ELEM_NUMPY[self._ds.dtype])
+        self.itemsize = self.dtype.itemsize
+        self.shards: int = self._ds.shards
+        self.nbytes: int = self._ds.nbytes
+        self._n = len(self._ds)
+        self._bytes = np.empty(self._n, dtype=np.int64)
+        self._ds.sizes_into(self._bytes)
+        self._mmap = bool(mmap)
+        self._maps = None
+        if self._mmap:
+            self._shard = np.empty(self._n, dtype=np.uint32)
+            self._off = np.empty(self._n, dtype=np.uint64)
+            self._ds.locate_into(self._shard, self._off)
+            self._maps = [None] * self.shards
+
+    @property
+    def sizes(self):
+        """Each sample's length in elements (``int64``), as Megatron's ``sizes``."""
+        return self._bytes // self.itemsize
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _map(self, k: int):
+        m = self._maps[k]
+        if m is None:
+            path = self._ds.shard_path(k)
+            with open(path, "rb") as f:
+                size = _os.fstat(f.fileno()).st_size
+                m = _mmap.mmap(f.fileno(), 0, access=_mmap.ACCESS_READ) if size else b""
+            self._maps[k] = m
+        return m
+
+    def _get(self, i: int):
+        np = _numpy()
+        nbytes = int(self._bytes[i])
+        count = nbytes // self.itemsize
+        if self._mmap:
+            if not nbytes:
+                return np.empty(0, dtype=self.dtype)
+            return np.frombuffer(self._map(int(self._shard[i])), dtype=self.dtype, count=count,
+                                 offset=int(self._off[i]))
+        out = np.empty(count, dtype=self.dtype)
+        if nbytes:
+            self._ds.read_into(i, out)
+        return out
+
+    def _index(self, i) -> int:
+        i = int(i)  # operator.index semantics for NumPy integers too
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"sample index out of range ({self._n} samples)")
+        return i
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return [self._get(i) for i in range(*idx.indices(self._n))]
+        if hasattr(idx, "__index__"):
+            return self._get(self._index(idx.__index__()))
+        raise TypeError(f"dataset indices are integers or slices, not {type(idx).__name__}")
+
+    def get(self, idx: int, offset: int = 0, length: int | None = None):
+        """Part of sample ``idx``: ``length`` elements from element ``offset`` (Megatron's ``get``)."""
+        a = self[idx]
+        return a[offset:] if length is None else a[offset:offset + length]
+
+    def __iter__(self):
+        for i in range(self._n):
+            yield self._get(i)
+
+    def key(self, i: int) -> bytes | None:
+        """Sample ``i``'s key (``ferry pack --keys``), or None."""
+        return self._ds.key(self._index(i))
+
+    def verify(self) -> None:
+        """Re-read every shard and compare its CRC-32C with the index (ferry datasets)."""
+        self._ds.verify()
+
+    def close(self) -> None:
+        if self._maps:
+            for m in self._maps:
+                if isinstance(m, _mmap.mmap):
+                    try:
+                        m.close()
+                    except BufferError:  # an array still views it: it unmaps when that goes
+                        pass
+            self._maps = [None] * self.shards
+        self._ds.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"IndexedDataset({self.path!r}, format={self.format!r}, samples={self._n}, "
+                f"dtype={self.dtype.name}, shards={self.shards}, bytes={self.nbytes})")
+
+
+def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_size: int = 0,
+                  keys=None) -> int:
+    """Writes a packed dataset: ``format="ferry"`` (a directory of shards and ``ferry.idx``) or
+    ``"megatron"`` (``path.bin`` + ``path.idx``, MMIDIDX version 1, each sample a document).
+
+    ``samples`` are array-likes (converted to ``dtype``: a NumPy dtype or name; default the
+    first sample's) or ``bytes``/``str`` (``dtype="bytes"``). ``shard_size`` in bytes (0: 1 GiB).
+    ``keys``: one ``bytes``/``str`` per sample (ferry format). The write is durable (data, then
+    index renamed into place). Returns the number of shards.
+    """
+    np = _numpy()
+    samples = list(samples)
+    if dtype is None:
+        first = samples[0] if samples else b""
+        dtype = "bytes" if isinstance(first, (bytes, bytearray, memoryview, str)) else \
+            np.asarray(first).dtype.name
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    elem = _ferry.elem_from_name(name)
+    bufs = []
+    for s in samples:
+        if isinstance(s, str):
+            s = s.encode()
+        if elem == 0 and isinstance(s, (bytes, bytearray, memoryview)):
+            bufs.append(s)
+        else:
+            bufs.append(np.ascontiguousarray(s, dtype=_ELEM_NUMPY[elem]).reshape(-1))
+    if keys is not None:
+        keys = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
+    kinds = {"ferry": _ferry.WRITE_FERRY, "megatron": _ferry.WRITE_MEGATRON}
+    if format not in kinds:
+        raise ValueError(f"format must be 'ferry' or 'megatron', not {format!r}")
+    return _ferry.write_dataset(_os.fspath(path), kinds[format], elem, shard_size, bufs, keys)
+
+
+# ------------------------------------------------------------------------------------- loader
+
+
+def _env_int(name: str, default: int) -> int:
+    v = _os.environ.get(name)
+    if v is None or v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={v!r} is not an integer") from None
+
+
+class Loader:
+    """Batches of a packed dataset as ``torch.Tensor``s already on ``device``, read by the C loader's
+    threads (batched io_uring reads, merged neighbours, pinned staging, host-to-device copies on
+    their own stream), ``prefetch`` batches ahead.
+
+    ``seq_len=L``: items are windows of ``L`` tokens over all samples concatenated (LLM
+    pre-training; pass the context length + 1 for inputs and shifted labels); each batch is a
+    ``[batch, L]`` tensor. ``seq_len=None``: items are the dataset's samples and each batch is
+    ``(data, offsets)``: the samples back to back (1-D) and ``int64`` element offsets
+    ``[batch + 1]``, both on ``device``.
+
+    The order is ``DistributedSampler``'s (``shuffle``, ``seed``, ``drop_last``, set_epoch),
+    index for index, over this ``rank`` of ``world_size`` (from ``RANK`` and ``WORLD_SIZE`` in the
+    environment, as torchrun sets them, when not given; else 0 of 1). ``order="block"`` (with
+    ``block``) is the locality-aware shuffle. ``drop_last_batch`` drops a short last batch.
+
+    ``device``: ``"cuda"``, ``"cuda:N"``, a ``torch.device``, an int, or ``"cpu"``; None picks
+    ``"cuda"`` when torch sees a GPU, else ``"cpu"`` (``loader.device`` says which).
+    ``dtype``: the tensors' dtype (default the dataset's; a conversion is done in the copy).
+
+    Each ``iter(loader)`` runs to the end of the current epoch, then moves to the next one
+    (``set_epoch`` also works, as with DistributedSampler); an iteration left early continues
+    where it stopped. ``state_dict()``/``load_state_dict()`` give the exact continuation;
+    ``stats()`` the starvation metrics.
+
+    Memory: each batch is copied out of the loader's slot into memory torch owns (on the GPU a
+    device-to-device copy on the loader's copy stream, which the consumer's current stream
+    waits for; the tensor is ``record_stream``-ed to it), and the slot goes back to the pipeline
+    once that copy completed. Tensors can be kept as long as wanted.
+    """
+
+    def __init__(self, path, batch_size: int, seq_len: int | None = None, *, rank: int | None = None,
+                 world_size: int | None = None, seed: int = 0, shuffle: bool = True,
+                 order: str | None = None, block: int = 256, drop_last: bool = False,
+                 drop_last_batch: bool = False, device=None, prefetch: int = 4, threads: int = 1,
+                 dtype=None, merge_gap: int = 0, pin_memory: bool = False, epoch: int = 0,
+                 context=None):
+        torch = _torch()
+        self._torch = torch
+        self.dataset = path if isinstance(path, IndexedDataset) else \
+            IndexedDataset(path, mmap=False, context=context)
+        if world_size is None:
+            world_size = _env_int("WORLD_SIZE", 1)
+        if rank is None:
+            rank = _env_int("RANK", 0)
+        _check_replicas(world_size, rank)
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if seq_len is not None and seq_len < 1:
+            raise ValueError("seq_len must be at least 1 (or None for whole samples)")
+        if order is None:
+            order = "shuffle" if shuffle else "sequential"
+        if order not in _ORDERS:
+            raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
+        self.batch_size, self.seq_len = batch_size, seq_len
+        self.rank, self.world_size = rank, world_size
+        self.seed, self.order, self.block = seed, order, block
+        self.drop_last, self.drop_last_batch = bool(drop_last), bool(drop_last_batch)
+        self.prefetch, self.threads = prefetch, threads
+        self.pin_memory = bool(pin_memory)
+
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("ferry.Loader(device=%r): torch sees no CUDA device" % (device,))
+            dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+            self._cdev = dev.index
+        elif dev.type == "cpu":
+            self._cdev = -1
+        else:
+            raise ValueError(f"device must be cuda[:N] or cpu, not {device!r}")
+        self.device = dev
+
+        src = getattr(torch, self.dataset.dtype.name, None)
+        if src is None:  # pragma: no cover (torch < 2.3 has no uint16)
+            raise TypeError(f"this torch has no {self.dataset.dtype.name} dtype for the dataset's samples")
+        self._src_dtype = src
+        if dtype is None:
+            self.dtype = src
+        elif isinstance(dtype, str):
+            self.dtype = getattr(torch, dtype)
+        else:
+            self.dtype = dtype
+        self._knobs = {"batch_size": batch_size, "seq_len": seq_len or 0, "world_size": world_size,
+                       "rank": rank, "seed": seed % _U64, "order": order, "block": block,
+                       "drop_last": int(self.drop_last), "drop_last_batch": int(self.drop_last_batch),
+                       "prefetch": prefetch, "threads": threads, "merge_gap": merge_gap}
+        self._epoch, self._batch = int(epoch), 0
+        self._cl = None          # the C loader, positioned at (_epoch, _batch)
+        self._pending = []       # (batch, event): slots whose device copy is in flight
+        self._copy_stream = None
+        self.last_indices = None
+
+    # -- the C loader --------------------------------------------------------------------------
+
+    def _make(self, state: str | None = None):
+        knobs = dict(self._knobs, epoch=self._epoch)
+        cl = _ferry.Loader(self.dataset._ds, knobs, self._cdev)
+        if state is not None:
+            cl.set("state", state)
+        return cl
+
+    def _ensure(self):
+        if self._cl is None:
+            self._cl = self._make()
+        return self._cl
+
+    def _drain(self) -> None:
+        for b, ev in self._pending:
+            ev.synchronize()
+            b.release()
+        self._pending.clear()
+
+    def _reset(self, cl=None) -> None:
+        self._drain()
+        if self._cl is not None:
+            self._cl.close()
+        self._cl = cl
+
+    def close(self) -> None:
+        """Stops the pipeline threads and frees the slots (tensors already returned stay valid)."""
+        self._reset()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # pragma: no cover (interpreter shutdown)
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- DataLoader-like surface ---------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank."""
+        return self._ensure().batches_per_epoch()
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """Items (samples or seq_len windows) per epoch on this rank, padding included."""
+        return self._ensure().samples_per_epoch()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch the next batch belongs to."""
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at the beginning of ``epoch`` (as DistributedSampler.set_epoch).
+        A no-op when the loader is already there (its prefetched batches are kept)."""
+        epoch = int(epoch)
+        if (epoch, 0) == (self._epoch, self._batch):
+            return
+        self._reset()
+        self._epoch, self._batch = epoch, 0
+
+    def __iter__(self):
+        cl = self._ensure()
+        bpe = cl.batches_per_epoch()
+        for _ in range(bpe - self._batch):
+            out = self._next(cl)
+            self._batch += 1
+            if self._batch == bpe:
+                self._epoch, self._batch = self._epoch + 1, 0
+            yield out
+
+    def _reap(self) -> None:
+        p = self._pending
+        while p and p[0][1].query():
+            p.pop(0)[0].release()
+        if len(p) >= max(1, self.prefetch - 1):
+            b, ev = p.pop(0)
+            ev.synchronize()
+            b.release()
+
+    def _next(self, cl):
+        torch = self._torch
+        if self._pending:
+            self._reap()
+        b = cl.next()
+        if b is None:  # pragma: no cover (the C loader runs without an epoch limit)
+            raise RuntimeError("ferry.Loader: the pipeline ended early")
+        if (b.epoch, b.step) != (self._epoch, self._batch):  # pragma: no cover
+            b.release()
+            raise RuntimeError(f"ferry.Loader: got batch {b.step} of epoch {b.epoch}, "
+                               f"expected {self._batch} of {self._epoch}")
+        n = b.samples
+        offsets = None if self.seq_len else b.offsets()
+        self.last_indices = _numpy().frombuffer(b.indices(), dtype='int64')
+        view = torch.from_dlpack(b.dlpack())
+        if self.seq_len:
+            view = view.view(n, self.seq_len)
+        if self._cdev >= 0:
+            consumer = torch.cuda.current_stream(self.device)
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(self._copy_stream):
+                out = torch.empty(view.shape, dtype=self.dtype, device=self.device)
+                out.copy_(view, non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record(self._copy_stream)
+            consumer.wait_event(ev)
+            out.record_stream(consumer)
+            del view
+            self._pending.append((b, ev))
+        else:
+            out = torch.empty(view.shape, dtype=self.dtype, pin_memory=self.pin_memory)
+            out.copy_(view)
+            del view
+            b.release()
+        if self.seq_len:
+            return out
+        offs = torch.frombuffer(bytearray(offsets), dtype=torch.int64) // self.dataset.itemsize
+        if self._cdev >= 0:
+            offs = offs.to(self.device)
+        return out, offs
+
+    # -- resume and metrics --------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Where the next batch starts: ``{"epoch", "batch", "state"}`` (``state`` is the C loader's
+        line, which also pins the configuration). Save it with the model's checkpoint."""
+        return {"epoch": self._epoch, "batch": self._batch, "state": self._ensure().state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly after the batches a ``state_dict()`` had counted. The configuration
+        (world_size, rank, seed, order, block, batch_size, seq_len, drop_last, dataset size) must
+        match; a mismatch raises ``ferry.Error`` (``FERRY_EBADOPT``) naming the field."""
+        line = state["state"]
+        fields = dict(kv.split("=", 1) for kv in line.split()[2:] if "=" in kv)
+        self._reset()
+        self._epoch, self._batch = int(fields["epoch"]), int(fields["batch"])
+        try:
+            self._cl = self._make(line)
+        except BaseException:
+            self._cl = None
+            raise
+
+    def stats(self) -> dict:
+        """Starvation and throughput since the pipeline (re)started: ``steps``, ``wait_total_ns``,
+        ``wait_mean_ns``, ``wait_p50_ns``/``p90``/``p99``/``max``, ``bytes``, ``samples``,
+        ``elapsed_ns``, ``samples_per_s``, ``bytes_per_s``, ``reads``, ``merged``, ``cpu_ns``
+        (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
+        ``cpu_cores`` (pipeline CPU time / elapsed)."""
+        m = self._ensure().metrics()
+        out = {k: (v if k.endswith("_per_s") else int(v)) for k, v in m.items()}
+        el = m.get("elapsed_ns", 0.0)
+        out["wait_fraction"] = m["wait_total_ns"] / el if el > 0 else 0.0
+        out["cpu_cores"] = m["cpu_ns"] / el if el > 0 else 0.0
+        return out
+
+    def waits(self):
+        """Each step's wait in nanoseconds, as a ``uint64`` NumPy array."""
+        np = _numpy()
+        return np.frombuffer(self._ensure().waits(), dtype=np.uint64).copy()
+
+    def __repr__(self) -> str:
+        return (f"Loader({self.dataset.path!r}, batch_size={self.batch_size}, seq_len={self.seq_len}, "
+                f"rank={self.rank}, world_size={self.world_size}, order={self.order!r}, "
+                f"device={str(self.device)!r}, epoch={self._epoch}, batch={self._batch})")

@@ -1,0 +1,149 @@
+"""ferry.Loader on the GPU: device="cuda" gives the same batches as device="cpu" (tokens and whole
+samples, every order, dtype conversion in the copy, resume); a consumer on a non-default
+torch.cuda.Stream sees complete batches even when that stream is busy and the host runs ahead;
+tensors stay valid after the loader closes. Run by scripts/gpu-check.sh (pytest -rs)."""
+import numpy as np
+import pytest
+
+import ferry
+
+ok, why = ferry.gpu_available()
+if not ok:
+    pytest.skip("no usable GPU: %s" % why, allow_module_level=True)
+
+torch = pytest.importorskip("torch", reason="torch is not installed on this machine")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+
+N = 3001
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpudata")
+    rng = np.random.default_rng(0)
+    samples = []
+    for i in range(N):
+        a = rng.integers(0, 65535, size=int(rng.integers(1, 600))).astype(np.uint16)
+        a[0] = i % 65535
+        samples.append(a)
+    ferry.write_dataset(d / "ds", samples, shard_size=256 << 10)
+    return d / "ds", samples
+
+
+def collect(loader, epochs=1):
+    out = []
+    for _ in range(epochs):
+        for b in loader:
+            if isinstance(b, tuple):
+                out.append(tuple(t.cpu() for t in b))
+            else:
+                out.append(b.cpu())
+    torch.cuda.synchronize()
+    return out
+
+
+def same(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if isinstance(x, tuple):
+            assert all(torch.equal(p, q) for p, q in zip(x, y))
+        else:
+            assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("order", ["shuffle", "sequential", "block"])
+@pytest.mark.parametrize("seq_len", [2048, None])
+def test_cuda_equals_cpu(data, order, seq_len):
+    path, _ = data
+    kw = dict(batch_size=16, seq_len=seq_len, order=order, seed=7, threads=2, prefetch=4,
+              rank=1, world_size=3)
+    cpu = collect(ferry.Loader(path, device="cpu", **kw), epochs=2)
+    gpu_loader = ferry.Loader(path, device="cuda", **kw)
+    first = next(iter(gpu_loader))
+    t = first if seq_len else first[0]
+    assert t.is_cuda and t.device.index == torch.cuda.current_device()
+    if not seq_len:
+        assert first[1].is_cuda and first[1].dtype == torch.int64
+    gpu = [tuple(x.cpu() for x in first) if isinstance(first, tuple) else first.cpu()]
+    gpu += collect(gpu_loader, epochs=2)  # the rest of epoch 0, then epoch 1
+    same(cpu, gpu)
+    s = gpu_loader.stats()
+    assert s["steps"] == 2 * len(gpu_loader) and s["bytes_per_s"] > 0
+
+
+def test_dtype_conversion_on_device(data):
+    path, _ = data
+    a = collect(ferry.Loader(path, batch_size=8, seq_len=512, device="cpu", dtype=torch.int64))
+    b = collect(ferry.Loader(path, batch_size=8, seq_len=512, device="cuda", dtype=torch.int64))
+    assert b[0].dtype == torch.int64
+    same(a, b)
+
+
+def test_resume_on_device(data):
+    path, _ = data
+    kw = dict(batch_size=32, seq_len=1024, seed=3, device="cuda")
+    want = collect(ferry.Loader(path, **kw))
+    a = ferry.Loader(path, **kw)
+    got = []
+    for x in a:
+        got.append(x.cpu())
+        if len(got) == 5:
+            break
+    state = a.state_dict()
+    a.close()
+    b = ferry.Loader(path, **kw)
+    b.load_state_dict(state)
+    got += collect(b)
+    same(want, got)
+
+
+def test_consumer_on_another_stream_sees_complete_batches(data):
+    """The consumer's stream is busy (a long sleep kernel queued first) and the host enqueues many
+    batches before anything completes: each batch must still be whole when the stream reads it,
+    and no slot may be refilled under a copy not yet done."""
+    path, samples = data
+    stream = np.concatenate(samples)
+    L = 2048
+    ref = torch.from_numpy(stream[: (len(stream) // L) * L].astype(np.int64)).view(-1, L)
+    loader = ferry.Loader(path, batch_size=8, seq_len=L, seed=1, device="cuda", prefetch=2,
+                          threads=2, dtype=torch.int64)
+    s = torch.cuda.Stream()
+    sums, indices = [], []
+    with torch.cuda.stream(s):
+        for k, x in enumerate(loader):
+            if k % 4 == 0:
+                torch.cuda._sleep(2_000_000)  # keep s busy so the host runs ahead of it
+            sums.append(x.sum(dim=1))          # queued on s, after the batch's copy
+            indices.append(loader.last_indices.copy())
+            del x                              # freed early: its memory is held until s is past it
+    s.synchronize()
+    for got, idx in zip(sums, indices):
+        want = ref[torch.from_numpy(idx)].sum(dim=1)
+        assert torch.equal(got.cpu(), want)
+    assert len(sums) == len(loader)
+
+
+def test_tensors_outlive_loader(data):
+    path, _ = data
+    loader = ferry.Loader(path, batch_size=4, seq_len=256, device="cuda", prefetch=2, shuffle=False)
+    kept = []
+    for x in loader:
+        kept.append(x)
+        if len(kept) == 10:
+            break
+    loader.close()
+    del loader
+    cpu = ferry.Loader(path, batch_size=4, seq_len=256, device="cpu", shuffle=False)
+    for x, y in zip(kept, cpu):
+        assert torch.equal(x.cpu(), y)
+
+
+def test_cpu_pinned(data):
+    path, _ = data
+    loader = ferry.Loader(path, batch_size=4, seq_len=256, device="cpu", pin_memory=True, shuffle=False)
+    x = next(iter(loader))
+    assert x.is_pinned()
+    y = x.to("cuda", non_blocking=True)
+    torch.cuda.synchronize()
+    assert torch.equal(y.cpu(), x)
