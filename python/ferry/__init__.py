@@ -328,3 +328,13 @@ from .data import (  # noqa: E402,F401
 )
 __all__ += ["IndexedDataset", "Loader", "distributed_indices", "order_indices", "write_dataset"]
 # --- end data ---
+
+
+# ------------------------------------------------------------- submodules (safetensors, checkpoints)
+
+def __getattr__(name):
+    # ferry.safetensors and ferry.checkpoint without an import of their own; neither imports torch.
+    if name in ("safetensors", "checkpoint"):
+        import importlib
+        return importlib.import_module("." + name, __name__)
+    raise AttributeError("module 'ferry' has no attribute %r" % name)

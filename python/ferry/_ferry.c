@@ -17,6 +17,7 @@
 
 #include "ferry/ferry.h"
 #include "ferry/gpu.h"
+#include "_ferry.h"
 
 /* --------------------------------------------------------------------- DLPack (ABI, by hand) */
 
@@ -1684,6 +1685,18 @@ static struct PyModuleDef moddef = {
 	.m_methods = mod_methods,
 };
 
+/* -------------------------------------------------- for the extension's other C files (_ferry.h) */
+
+/* ferry__py_raise: defined in the data section below. */
+ferry_ctx *ferry__py_ctx(PyObject *obj)
+{
+	if (!PyObject_TypeCheck(obj, &ContextType)) {
+		PyErr_Format(PyExc_TypeError, "expected a ferry.Context, not %.100s", Py_TYPE(obj)->tp_name);
+		return NULL;
+	}
+	return ((ContextObject *)obj)->ctx;
+}
+
 static const struct {
 	const char *name;
 	int code;
@@ -1756,9 +1769,12 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	if (ferry__py_data_init(m) < 0) /* data (issue 6) */
 		goto fail;
 	Py_DECREF(codes);
+	if (ferry__py_ckpt_init(m) < 0) /* safetensors and checkpoints: _ckpt.c */
+		goto fail_m;
 	return m;
 fail:
 	Py_XDECREF(codes);
+fail_m:
 	Py_DECREF(m);
 	return NULL;
 }

@@ -536,15 +536,31 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 			break;
 		if (flags & FERRY_LOAD_VERIFY)
 			continue;
-		/* The reads: one for the span, one per other whole tensor. */
+		/*
+		 * The reads: one for the span, one per other whole tensor, except that tensors that
+		 * follow each other both in the file and in memory (destinations the caller laid out
+		 * like the file, e.g. views of one torch allocation) are read as one transfer.
+		 */
 		if (span)
 			r = ferry_batch_add_read(b, ferry_st_file(st), lo, (size_t)(hi - lo), base);
-		for (size_t k = 0; k < ld->nsel && r >= 0; k++) {
-			struct lsel *s = &ld->sel[k];
-			if (s->file != f || s->sliced || !s->nbytes || (span && !s->dest))
+		uint64_t run_off = 0, run_len = 0;
+		char *run_ptr = NULL;
+		for (size_t k = 0; k <= ld->nsel && r >= 0; k++) {
+			struct lsel *s = k < ld->nsel ? &ld->sel[k] : NULL;
+			if (s && (s->file != f || s->sliced || !s->nbytes || (span && !s->dest)))
 				continue;
-			r = ferry_batch_add_read(b, ferry_st_file(st), ferry_st_offset(st, s->idx), (size_t)s->nbytes,
-						 s->ptr);
+			uint64_t off = s ? ferry_st_offset(st, s->idx) : 0;
+			if (s && run_len && off == run_off + run_len && (char *)s->ptr == run_ptr + run_len) {
+				run_len += s->nbytes;
+				continue;
+			}
+			if (run_len)
+				r = ferry_batch_add_read(b, ferry_st_file(st), run_off, (size_t)run_len, run_ptr);
+			if (s) {
+				run_off = off;
+				run_len = s->nbytes;
+				run_ptr = s->ptr;
+			}
 		}
 		r = r < 0 ? r : 0;
 	}

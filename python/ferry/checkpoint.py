@@ -1,0 +1,395 @@
+"""Training checkpoints: durable, asynchronous, one shard per rank (docs/CHECKPOINTS.md, "Python").
+
+::
+
+    import ferry.checkpoint as ckpt
+
+    ckpt.save({"model": model.state_dict(), "optim": opt.state_dict()}, "ckpts", step=100)
+    h = ckpt.async_save(state, "ckpts", step=200)     # returns once the tensors are snapshotted
+    ...                                               # training goes on, tensors may change
+    h.wait()                                          # raises the save's error, if any
+    step, state = ckpt.load_latest("ckpts", device="cuda")
+
+The directory layout and the commit protocol are the C API's (include/ferry/ckpt.h): each rank
+writes ``step-N/rank-R-of-W.safetensors`` and a marker, rank 0 writes the manifest and moves
+``latest`` once every rank's marker is in, then prunes to ``keep`` steps. When torch.distributed
+is initialised, rank and world size come from it, the ranks agree on a run id (a broadcast, the
+first time a directory is used) and ``save`` ends with a barrier, so that it returns on every rank
+once the step is committed.
+
+Nested state (dicts, lists, tuples of tensors and plain values, such as an optimizer's
+state_dict) is flattened to tensor names joined by ``.`` (``optim.state.0.exp_avg``); the
+structure and the non-tensor values are stored as JSON in the shard's ``__metadata__``
+(``ferry.tree``), and ``load_latest`` rebuilds it. A flat ``dict[str, Tensor]`` is stored as is.
+"""
+from __future__ import annotations
+
+import json as _json
+import os as _os
+import threading as _threading
+import uuid as _uuid
+
+from . import _ferry
+from . import default_context as _default_context
+from . import safetensors as _st
+
+__all__ = ["save", "async_save", "load_latest", "load", "latest_step", "verify", "prune",
+           "flatten", "unflatten", "SaveHandle"]
+
+TREE_KEY = "ferry.tree"
+
+
+# ---------------------------------------------------------------------------------- nesting
+
+def flatten(state) -> tuple:
+    """``(flat, tree)``: the tensors of a nested state under dotted names, and the structure as a
+    JSON-able object (None when ``state`` is already a flat ``dict[str, Tensor]``).
+
+    Dict keys may be str or int (optimizer states use ints); containers are dict, list and tuple;
+    other leaves must be None, bool, int, float or str. Two paths that give the same name raise
+    ValueError.
+    """
+    torch = _st._torch()
+    if isinstance(state, dict) and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                       for k, v in state.items()):
+        return dict(state), None
+    flat = {}
+
+    def walk(node, path):
+        if isinstance(node, torch.Tensor):
+            name = ".".join(path)
+            if not name:
+                raise ValueError("the state is a bare tensor: give a dict")
+            if name in flat:
+                raise ValueError("two entries of the state flatten to the same name %r" % name)
+            flat[name] = node
+            return {"T": name}
+        if isinstance(node, dict):
+            pairs = []
+            for k, v in node.items():
+                if not isinstance(k, (str, int)) or isinstance(k, bool):
+                    raise TypeError("state key %r at %r: only str and int keys can be saved"
+                                    % (k, ".".join(path)))
+                pairs.append([k, walk(v, path + [str(k)])])
+            return {"D": pairs}
+        if isinstance(node, (list, tuple)):
+            items = [walk(v, path + [str(i)]) for i, v in enumerate(node)]
+            return {"U" if isinstance(node, tuple) else "L": items}
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return {"V": node}
+        raise TypeError("state entry %r is a %s: only tensors, dicts, lists, tuples, None, bool, "
+                        "int, float and str can be saved" % (".".join(path), type(node).__name__))
+
+    tree = walk(state, [])
+    return flat, tree
+
+
+def unflatten(flat: dict, tree):
+    """The inverse of flatten: ``unflatten(*flatten(state))`` equals ``state``."""
+    if tree is None:
+        return flat
+
+    def build(node):
+        (kind, v), = node.items()
+        if kind == "T":
+            return flat[v]
+        if kind == "D":
+            return {k: build(x) for k, x in v}
+        if kind == "L":
+            return [build(x) for x in v]
+        if kind == "U":
+            return tuple(build(x) for x in v)
+        return v
+
+    return build(tree)
+
+
+# ------------------------------------------------------------------------------ distributed
+
+def _dist():
+    """torch.distributed when it is initialised, else None (torch is imported only if loaded)."""
+    import sys
+    if "torch" not in sys.modules:
+        return None
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _ranks(rank, world_size):
+    dist = _dist()
+    if dist is not None:
+        r, w = dist.get_rank(), dist.get_world_size()
+        if (rank is not None and rank != r) or (world_size is not None and world_size != w):
+            raise ValueError("rank=%r, world_size=%r disagree with torch.distributed (rank %d of %d)"
+                             % (rank, world_size, r, w))
+        return r, w, dist
+    w = 1 if world_size is None else int(world_size)
+    r = 0 if rank is None else int(rank)
+    if not 0 <= r < w:
+        raise ValueError("rank %d of world_size %d" % (r, w))
+    return r, w, None
+
+
+# ------------------------------------------------------------------------------------ saves
+
+_handles = {}  # (realpath, rank, world) -> _Dir
+_handles_lock = _threading.Lock()
+
+
+class _Dir:
+    """One checkpoint directory as this rank writes it: the C handle (its pinned slots are reused
+    from save to save) and the save in flight."""
+
+    def __init__(self, ck, run):
+        self.ck = ck
+        self.run = run
+        self.inflight = None  # the SaveHandle of the last async save, until settled
+        self.lock = _threading.Lock()
+
+
+def _open_dir(directory, rank, world, dist, run, context):
+    key = (_os.path.realpath(_os.fspath(directory)), rank, world)
+    with _handles_lock:
+        d = _handles.get(key)
+    if d is not None and (run is None or run == d.run):
+        return d
+    if run is None:
+        run = _os.environ.get("FERRY_CKPT_RUN") or ""
+        if dist is not None:
+            # The ranks of one run agree on an id, so that rank 0 never counts a marker left by
+            # another run (a crashed one, or one with another world size) as this one's.
+            obj = [_uuid.uuid4().hex if rank == 0 else None]
+            dist.broadcast_object_list(obj, src=0)
+            run = obj[0]
+    ctx = context if context is not None else _default_context()
+    ck = _ferry.ckpt_open(ctx, _os.fspath(directory), rank, world)
+    if run:
+        ck.set("run", run)
+    d = _Dir(ck, run)
+    with _handles_lock:
+        old = _handles.get(key)
+        _handles[key] = d
+    if old is not None and old.inflight is not None:
+        old.inflight._settle()
+    return d
+
+
+class SaveHandle:
+    """An asynchronous checkpoint save (``async_save``): ``done()``, ``wait(timeout=None)``.
+
+    ``wait`` returns True once the save has ended (False if ``timeout`` seconds passed first) and
+    raises its error, every time it is called after the failure. On rank 0 the save ends when
+    the step is committed (every rank's marker seen, ``latest`` moved); on the other ranks when
+    this rank's shard and marker are durable.
+    """
+
+    def __init__(self, d, step):
+        self._d, self.step = d, step
+        self._finished, self._error = False, None
+
+    def done(self) -> bool:
+        """True when the save has ended (successfully or not); never blocks."""
+        return self._finished or bool(self._d.ck.done())
+
+    def _settle(self, timeout=None):
+        """Waits without raising; True when finished."""
+        if self._finished:
+            return True
+        with self._d.lock:
+            if self._finished:
+                return True
+            try:
+                finished, _ = self._d.ck.wait(timeout)
+            except Exception as e:  # noqa: BLE001 (kept for wait(), raised there)
+                finished, self._error = True, e
+            if finished:
+                self._finished = True
+                if self._d.inflight is self:
+                    self._d.inflight = None
+        return self._finished
+
+    def wait(self, timeout=None) -> bool:
+        if not self._settle(timeout):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def result(self, timeout=None) -> int:
+        """The step, once saved (raises the save's error; TimeoutError if not done in time)."""
+        if not self.wait(timeout):
+            raise TimeoutError("checkpoint step %d is still being saved" % self.step)
+        return self.step
+
+    def exception(self, timeout=None):
+        if not self._settle(timeout):
+            raise TimeoutError("checkpoint step %d is still being saved" % self.step)
+        return self._error
+
+    def __repr__(self):
+        state = "running" if not self.done() else "failed" if self._error else "done"
+        return "<ferry.checkpoint.SaveHandle step=%d %s>" % (self.step, state)
+
+
+def _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
+          context, async_):
+    if busy not in ("wait", "refuse"):
+        raise ValueError("busy must be 'wait' or 'refuse', not %r" % (busy,))
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError("step must be a non-negative int, not %r" % (step,))
+    rank, world, dist = _ranks(rank, world_size)
+    flat, tree = flatten(state)
+    items = _st._check_tensors(flat, shared_ok=True, contiguous_ok=True)
+    metadata = dict(_st._check_metadata(metadata))
+    if TREE_KEY in metadata:
+        raise ValueError("metadata key %r is ferry's own" % TREE_KEY)
+    if tree is not None:
+        metadata[TREE_KEY] = _json.dumps(tree, separators=(",", ":"))
+    d = _open_dir(directory, rank, world, dist, run, context)
+    with d.lock:
+        prev = d.inflight
+    if prev is not None and busy == "wait":
+        prev._settle()  # its result stays with its handle; the C save would otherwise take it
+    ck = d.ck
+    with d.lock:
+        ck.set("busy", busy)
+        if keep is not None:
+            ck.set("keep", str(int(keep)))
+        if checksum is not None:
+            ck.set("checksum", "1" if checksum else "0")
+        if timeout is not None:
+            ck.set("timeout_ms", str(int(timeout * 1000)))
+        try:
+            for dev in _st._add_tensors(ck, items):
+                _st._sync_device(dev)
+            for k, v in metadata.items():
+                ck.metadata(k, v)
+            ck.save(step, 0, async_)
+        except BaseException:
+            ck.reset()
+            raise
+        if async_:
+            h = SaveHandle(d, step)
+            d.inflight = h
+            return h
+    if dist is not None:
+        # save() returns on every rank once rank 0 has committed the step.
+        dist.barrier()
+    return None
+
+
+def save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
+         checksum=None, busy="wait", run=None, timeout=None, context=None) -> None:
+    """Save ``state`` as checkpoint ``step`` of ``directory``, durably; returns once committed.
+
+    Args:
+        state: ``dict[str, Tensor]`` or nested dicts/lists/tuples of tensors (CPU or CUDA) and
+            plain values (see the module's docstring); non-contiguous tensors are copied.
+        directory: the checkpoint directory (created if needed).
+        step: a non-negative int, after the latest committed one (else FileExistsError).
+        rank, world_size: this process's shard; default from torch.distributed when it is
+            initialised, else 0 of 1.
+        keep: how many committed steps to keep (0: all; default 2), pruned by rank 0 after commit.
+        metadata: ``dict[str, str]`` stored in this rank's shard.
+        checksum: store xxh3 checksums (default: when ferry has libxxhash).
+        busy: "wait" (default) or "refuse" (ferry.Error FERRY_EBUSY) while an async save of this
+            directory is in flight.
+        run: an id shared by the ranks of one run (default: agreed through torch.distributed,
+            else $FERRY_CKPT_RUN, else ""); markers of another run are ignored.
+        timeout: seconds rank 0 waits for the other ranks' markers (default 600).
+    """
+    _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
+          context, False)
+
+
+def async_save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
+               checksum=None, busy="wait", run=None, timeout=None, context=None) -> SaveHandle:
+    """``save`` in the background: returns once every tensor is copied into pinned host memory
+    (device-to-host copies at full speed, within the context's ``host_budget`` knob; a larger
+    state blocks until written parts free memory), so the caller may change the tensors at once.
+    Errors come from ``handle.wait()``. A second save while one is in flight waits for it
+    (``busy="wait"``) or raises ferry.Error FERRY_EBUSY (``busy="refuse"``). Under
+    torch.distributed no collective runs in the background: rank 0 commits when it sees every
+    rank's marker on the file system.
+    """
+    return _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run,
+                 timeout, context, True)
+
+
+# ------------------------------------------------------------------------------------ loads
+
+def latest_step(directory):
+    """The step ``latest`` names, or None when the directory has no committed checkpoint."""
+    return _ferry.ckpt_latest(_os.fspath(directory))
+
+
+def _manifest(directory, step):
+    p = _os.path.join(_ferry.ckpt_path(_os.fspath(directory), step), "manifest.json")
+    try:
+        with open(p) as f:
+            return p, _json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError("%s: step %d is not committed (no manifest.json)" % (p, step)) from None
+
+
+def load(directory, step, device="cpu", *, rank=None, verify=False, views=True, nested=True,
+         context=None):
+    """Load checkpoint ``step``: this rank's shard (``rank``; default torch.distributed's rank
+    when it is initialised and the checkpoint was saved by as many ranks, else all shards of a
+    one-rank checkpoint); ``rank="all"`` merges every shard (names must differ between shards).
+    ``nested=False`` returns the flat ``dict[str, Tensor]`` even when the state was nested.
+    ``verify=True`` checks the stored checksums (ferry.Error FERRY_EVERIFY on a mismatch)."""
+    mpath, man = _manifest(directory, step)
+    world = int(man.get("world", 1))
+    if rank is None:
+        dist = _dist()
+        if dist is not None and dist.get_world_size() == world:
+            rank = dist.get_rank()
+        elif world == 1:
+            rank = 0
+        else:
+            raise ValueError("%s: step %d has %d shards; give rank=N or rank='all'" % (directory, step, world))
+    if rank == "all":
+        path = mpath
+    else:
+        if not 0 <= int(rank) < world:
+            raise ValueError("rank %r: step %d was saved by %d ranks" % (rank, step, world))
+        path = _ferry.ckpt_path(_os.fspath(directory), step, int(rank), world)
+    flat = _st.load_file(path, device, verify=verify, views=views, context=context)
+    if not nested or rank == "all":
+        return flat
+    ctx = context if context is not None else _default_context()
+    tree = _ferry.st_open(ctx, path).metadata().get(TREE_KEY)
+    return unflatten(flat, _json.loads(tree)) if tree else flat
+
+
+def load_latest(directory, device="cpu", *, rank=None, verify=False, views=True, nested=True,
+                context=None) -> tuple:
+    """``(step, state)`` of the checkpoint ``latest`` names, or ``(None, {})`` when there is none.
+    Takes load's keyword arguments."""
+    step = latest_step(directory)
+    if step is None:
+        return None, {}
+    return step, load(directory, step, device, rank=rank, verify=verify, views=views,
+                      nested=nested, context=context)
+
+
+def verify(directory, step=None, *, require_checksums=False, context=None) -> int:
+    """Check a committed step (default: latest): manifest, every shard's structure and checksums.
+    Returns the step; raises ferry.Error (FERRY_ECORRUPT / FERRY_EVERIFY) naming the problem."""
+    if step is None:
+        step = latest_step(directory)
+        if step is None:
+            raise FileNotFoundError("%s: no committed checkpoint (no 'latest')" % _os.fspath(directory))
+    ctx = context if context is not None else _default_context()
+    _ferry.ckpt_verify(ctx, _os.fspath(directory), step, require_checksums)
+    return step
+
+
+def prune(directory, keep) -> int:
+    """Remove committed steps beyond the newest ``keep`` (never latest's) and uncommitted debris
+    older than latest. Returns how many step directories were removed."""
+    return _ferry.ckpt_prune(_os.fspath(directory), int(keep))
