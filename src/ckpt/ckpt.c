@@ -415,6 +415,26 @@ int ferry_ckpt_prune(const char *dir, int keep)
 
 /* -------------------------------------------------------------------------------------- verify */
 
+/* Checks one shard file: structure (ferry_st_open) and every tensor's checksum. */
+static int verify_shard(ferry_ctx *ctx, const char *path, int require_sums)
+{
+	ferry_st *st;
+	int r = ferry_st_open(ctx, path, &st);
+	for (size_t i = 0; !r && i < ferry_st_count(st); i++) {
+		int v = ferry_st_verify(st, i);
+		if (v == 0 && require_sums)
+			r = ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no checksum", path, ferry_st_name(st, i));
+		else if (v < 0)
+			r = v;
+	}
+	ferry_st_close(st);
+	return r;
+}
+
+/*
+ * Each shard on its own: the ranks of a step usually hold tensors of the same names (replicas,
+ * tensor-parallel pieces), which one load of the whole manifest refuses as ambiguous.
+ */
 int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums)
 {
 	char sp[PATH_MAX], p[PATH_MAX + 32];
@@ -424,20 +444,65 @@ int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require
 	snprintf(p, sizeof(p), "%s/manifest.json", sp);
 	if (access(p, F_OK))
 		return ferry__error(FERRY_ECORRUPT, "%s: no manifest.json: step %lld is not committed", sp, (long long)step);
-	ferry_st_load *ld;
-	if ((r = ferry_st_load_open(ctx, p, &ld)))
-		return r;
-	for (size_t f = 0; f < ferry_st_load_files(ld) && !r; f++) {
-		ferry_st *st = ferry_st_load_file(ld, f);
-		for (size_t i = 0; i < ferry_st_count(st) && !r; i++) {
-			int v = ferry_st_verify(st, i);
-			if (v == 0 && require_sums)
-				r = ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no checksum", ferry_st_path(st),
-						 ferry_st_name(st, i));
-			else if (v < 0)
-				r = v;
-		}
+	size_t cap = 1 << 20, len = 0;
+	char *buf = malloc(cap);
+	if (!buf)
+		return ferry__error(-ENOMEM, "ckpt: out of memory");
+	if ((r = read_small(p, buf, cap, &len))) {
+		free(buf);
+		return ferry__error(r, "%s: %s", p, strerror(-r));
 	}
-	ferry_st_load_destroy(ld);
+	struct ferry__json j;
+	char *k, *v;
+	size_t kl, vl, kpos;
+	int m = 0, shards = 0;
+	uint64_t world = 0;
+	if (ferry__json_init(&j, buf, len) || ferry__json_object_begin(&j))
+		goto bad;
+	while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+		if (!strcmp(k, "world")) {
+			if (ferry__json_uint(&j, &world))
+				goto bad;
+		} else if (!strcmp(k, "shards")) {
+			if (ferry__json_array_begin(&j))
+				goto bad;
+			while (!r && (m = ferry__json_array_next(&j)) == 1) {
+				if (ferry__json_object_begin(&j))
+					goto bad;
+				while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+					if (strcmp(k, "file")) {
+						if (ferry__json_skip(&j))
+							goto bad;
+						continue;
+					}
+					if (ferry__json_string(&j, &v, &vl))
+						goto bad;
+					if (!vl || strlen(v) != vl || strchr(v, '/') || !strcmp(v, "..") || !strcmp(v, ".")) {
+						r = ferry__error(FERRY_ECORRUPT, "%s: shard \"%.64s\" is not a plain file name", p, v);
+						break;
+					}
+					char fp[PATH_MAX + 300];
+					snprintf(fp, sizeof(fp), "%s/%s", sp, v);
+					r = verify_shard(ctx, fp, require_sums);
+					shards++;
+				}
+				if (m < 0)
+					goto bad;
+			}
+		} else if (ferry__json_skip(&j)) {
+			goto bad;
+		}
+		if (m < 0)
+			goto bad;
+	}
+	if (!r && (m < 0 || ferry__json_end(&j)))
+		goto bad;
+	if (!r && (!shards || (uint64_t)shards != world))
+		r = ferry__error(FERRY_ECORRUPT, "%s: %d shards listed for a world of %llu", p, shards,
+				 (unsigned long long)world);
+	free(buf);
 	return r;
+bad:
+	free(buf);
+	return ferry__error(FERRY_ECORRUPT, "%s: byte %zu: %s", p, j.err_pos, j.err ? j.err : "unexpected JSON");
 }

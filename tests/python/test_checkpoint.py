@@ -1,0 +1,200 @@
+"""ferry.checkpoint: save / async_save / load_latest round trips, snapshots, pruning, errors at
+wait, and several ranks through torch.distributed (gloo on the CPU, processes spawned here)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import need
+
+torch = need("torch")
+
+import ferry  # noqa: E402
+import ferry.checkpoint as ck  # noqa: E402
+
+
+def steps(d):
+    return sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step-"))
+
+
+def nested_state():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95))
+    model(torch.randn(5, 8)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "epoch": 3, "note": None}
+
+
+def assert_state_equal(a, b, path="state"):
+    assert type(a) is type(b) or (isinstance(a, dict) and isinstance(b, dict)), (path, type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert list(a) == list(b), (path, list(a), list(b))
+        for k in a:
+            assert_state_equal(a[k], b[k], "%s.%s" % (path, k))
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_state_equal(x, y, "%s.%d" % (path, i))
+    else:
+        assert a == b, (path, a, b)
+
+
+def test_round_trip_nested_and_flat(tmp_path):
+    d = tmp_path / "ck"
+    assert ck.load_latest(d) == (None, {})
+    state = nested_state()
+    ck.save(state, d, step=10, metadata={"arch": "mlp"})
+    step, back = ck.load_latest(d)
+    assert step == 10
+    assert_state_equal(state, back)
+    flat, tree = ck.flatten(state)
+    assert "optim.state.0.exp_avg" in flat and "model.0.weight" in flat
+    back = ck.load(d, 10, nested=False)  # file order (the writer's layout), as safetensors gives
+    assert_state_equal(dict(sorted(back.items())), dict(sorted(flat.items())))
+    assert ck.verify(d) == 10
+    ck.save({"w": torch.arange(6.0)}, d, 11)
+    step, back = ck.load_latest(d)
+    assert step == 11 and list(back) == ["w"] and torch.equal(back["w"], torch.arange(6.0))
+
+
+def test_async_save_is_a_snapshot(tmp_path):
+    d = tmp_path / "ck"
+    big = torch.randn(8 << 20)  # 32 MiB
+    small = torch.arange(1000, dtype=torch.int64)
+    want = {"big": big.clone(), "small": small.clone()}
+    h = ck.async_save({"big": big, "small": small}, d, step=1)
+    big.fill_(0)  # the caller goes on at once
+    small.mul_(-1)
+    assert h.wait(timeout=120) is True and h.done()
+    assert h.result() == 1
+    step, back = ck.load_latest(d)
+    assert step == 1
+    assert torch.equal(back["big"], want["big"]) and torch.equal(back["small"], want["small"])
+    # a second async save waits for the first (busy="wait", the default)
+    h2 = ck.async_save({"big": big}, d, step=2)
+    h3 = ck.async_save({"big": big + 1}, d, step=3)
+    assert h2.wait() and h3.wait()
+    assert torch.equal(ck.load(d, 2)["big"], big) and torch.equal(ck.load_latest(d)[1]["big"], big + 1)
+
+
+def test_busy_refuse(tmp_path):
+    d = tmp_path / "ck"
+    state = {"t": torch.randn(64 << 20)}  # 256 MiB: long enough to still be in flight
+    h = ck.async_save(state, d, step=1)
+    if h.done():
+        pytest.skip("the 256 MiB save finished before the second call could be refused")
+    with pytest.raises(ferry.Error) as e:
+        ck.async_save(state, d, step=2, busy="refuse")
+    assert e.value.code == ferry.EBUSY
+    assert h.wait()
+    assert ck.latest_step(d) == 1
+
+
+def test_keep_prunes(tmp_path):
+    d = tmp_path / "ck"
+    for s in range(1, 6):
+        ck.save({"x": torch.full((4,), float(s))}, d, s, keep=2)
+    assert steps(d) == [4, 5]
+    ck.save({"x": torch.zeros(1)}, d, 6, keep=0)
+    ck.save({"x": torch.zeros(1)}, d, 7, keep=0)
+    assert steps(d) == [4, 5, 6, 7]
+    assert ck.prune(d, 1) == 3 and steps(d) == [7]
+
+
+def test_errors(tmp_path):
+    d = tmp_path / "ck"
+    ck.save({"x": torch.zeros(2)}, d, 5)
+    with pytest.raises(FileExistsError, match="not after the latest"):
+        ck.save({"x": torch.zeros(2)}, d, 5)
+    with pytest.raises(ValueError, match="step"):
+        ck.save({"x": torch.zeros(2)}, d, -1)
+    with pytest.raises(TypeError, match="object"):
+        ck.save({"x": object()}, d, 6)
+    with pytest.raises(ValueError, match="busy"):
+        ck.save({"x": torch.zeros(2)}, d, 6, busy="maybe")
+    with pytest.raises(ValueError, match="rank"):
+        ck.save({"x": torch.zeros(2)}, d, 6, rank=2, world_size=2)
+    with pytest.raises(FileNotFoundError):
+        ck.load(d, 4)
+    # An error in the background comes back from wait(), every time it is asked: rank 0 of two
+    # waits for rank 1's marker, which never comes.
+    e2 = tmp_path / "two"
+    h = ck.async_save({"x": torch.zeros(2)}, e2, 1, rank=0, world_size=2, timeout=0.2, run="r1")
+    for _ in range(2):
+        with pytest.raises(TimeoutError, match="marker missing"):
+            h.wait(timeout=60)
+    assert h.done() and isinstance(h.exception(), TimeoutError)
+    assert ck.latest_step(e2) is None
+    # ... while the one-rank directory above is untouched
+    assert ck.load_latest(d)[0] == 5
+
+
+def test_non_contiguous_and_tied_tensors_are_saved(tmp_path):
+    w = torch.randn(6, 4)
+    ck.save({"emb": w, "head": w, "t": w.t()}, tmp_path / "ck", 1)
+    back = ck.load_latest(tmp_path / "ck")[1]
+    assert torch.equal(back["emb"], w) and torch.equal(back["head"], w) and torch.equal(back["t"], w.t())
+
+
+WORKER = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist
+    import ferry.checkpoint as ck
+    rank, world, store, d = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
+    def state(step):
+        return {"model": {"w": torch.full((1000,), float(rank * 100 + step))},
+                "optim": {"step": step, "rank": rank}}
+    ck.save(state(1), d, 1, keep=2)
+    # save() returns on every rank once rank 0 committed: every rank sees step 1 at once
+    assert ck.latest_step(d) == 1, ck.latest_step(d)
+    step, s = ck.load_latest(d)
+    assert step == 1 and s["optim"] == {"step": 1, "rank": rank}, s
+    assert torch.equal(s["model"]["w"], torch.full((1000,), float(rank * 100 + 1)))
+    for k in (2, 3):
+        t = state(k)
+        h = ck.async_save(t, d, k)
+        t["model"]["w"].fill_(-1)        # mutated at once: the snapshot must hold
+        assert h.wait(timeout=60)
+    dist.barrier()                       # async: rank 0 commits in the background
+    step, s = ck.load_latest(d)
+    assert step == 3 and torch.equal(s["model"]["w"], torch.full((1000,), float(rank * 100 + 3))), s
+    if rank == 0:
+        assert ck.verify(d) == 3
+        names = sorted(os.listdir(os.path.join(d, "step-000000000003")))
+        assert names == ["manifest.json"] + sorted(
+            f"rank-{r:05d}-of-{world:05d}.{e}" for r in range(world) for e in ("done", "safetensors")), names
+        assert sorted(n for n in os.listdir(d) if n.startswith("step-")) == [
+            "step-000000000002", "step-000000000003"]
+    dist.destroy_process_group()
+    print("rank", rank, "ok")
+""")
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_distributed_gloo(tmp_path, world):
+    dist = need("torch.distributed")
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    store = tmp_path / "store"
+    d = tmp_path / "ck"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(store), str(d)],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(world)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=120)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
