@@ -13,7 +13,7 @@ import os as _os
 
 from .. import _ferry
 from .. import default_context as _default_context
-from . import SafetensorError, _check_metadata, _load_torch, _normalize_slice  # noqa: F401
+from . import SafetensorError, _check_metadata, _load_torch
 
 __all__ = ["load_file", "save_file"]
 

@@ -1,0 +1,129 @@
+"""ferry.safetensors and ferry.checkpoint against CUDA memory: loads into the GPU equal
+safetensors.torch.load_file(device="cuda"), saves from CUDA tensors load back in Hugging Face's
+safetensors, async_save from CUDA tensors is a snapshot. Run by scripts/gpu-check.sh (pytest -rs);
+tests that need the `safetensors` package skip without it and say so."""
+
+import pytest
+
+import ferry
+
+ok, why = ferry.gpu_available()
+if not ok:
+    pytest.skip("no usable GPU: %s" % why, allow_module_level=True)
+
+torch = pytest.importorskip("torch", reason="torch is not installed on this machine")
+if not torch.cuda.is_available():
+    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+
+import ferry.checkpoint as ck  # noqa: E402
+import ferry.safetensors as fst  # noqa: E402
+
+
+def need_hf():
+    return pytest.importorskip("safetensors.torch", reason="the safetensors package is not installed here")
+
+
+def state(device="cpu"):
+    g = torch.Generator(device="cpu").manual_seed(1)
+    sd = {
+        "embed": torch.randn(8192, 2048, generator=g).to(torch.bfloat16),   # 32 MiB
+        "q": torch.randn(2048, 2048, generator=g).to(torch.bfloat16),
+        "norm": torch.ones(2048, dtype=torch.float16),
+        "bias": torch.randn(3001, generator=g),                            # odd size
+        "ids": torch.arange(777, dtype=torch.int64),
+        "flag": torch.tensor(True),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+        "empty": torch.empty(0, 16),
+        "f8": torch.randn(64, 64, generator=g).to(torch.float8_e4m3fn),
+    }
+    return {k: v.to(device) for k, v in sd.items()}
+
+
+def same(a, b):
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    a, b = a.reshape(-1), b.reshape(-1)
+    if a.numel() == 0:
+        return True
+    return torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu())
+
+
+@pytest.fixture(scope="module")
+def hf_file(tmp_path_factory):
+    p = tmp_path_factory.mktemp("ckgpu") / "hf.safetensors"
+    try:
+        import safetensors.torch as hf
+        hf.save_file(state(), p)
+    except ImportError:
+        fst.save_file(state(), p)
+    return p
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0])
+@pytest.mark.parametrize("views", [True, False])
+def test_load_to_cuda_equals_safetensors(hf_file, device, views):
+    hf = need_hf()
+    want = hf.load_file(hf_file, device="cuda")
+    got = fst.load_file(hf_file, device=device, views=views)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].device.type == "cuda", k
+        assert same(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("mode", ["auto", "cpu-gpu", "cpu-async-gpu", "pagecache-gpu"])
+def test_load_to_cuda_every_host_path(hf_file, mode):
+    want = state()
+    got = fst.load_file(hf_file, device="cuda", context=ferry.Context(path=mode))
+    for k in want:
+        assert same(got[k], want[k]), (mode, k)
+
+
+def test_subset_and_slices_on_cuda(hf_file):
+    full = state()
+    got = fst.load_file(hf_file, device="cuda", keys=["norm"],
+                        slices={"embed": (0, 1024, 3072), "q": (1, 512, 1024)})
+    assert same(got["norm"], full["norm"])
+    assert same(got["embed"], full["embed"][1024:3072])
+    assert same(got["q"], full["q"][:, 512:1024].contiguous())
+    with fst.safe_open(hf_file, framework="pt", device="cuda") as f:
+        assert same(f.get_slice("embed")[10:20], full["embed"][10:20])
+        assert same(f.get_tensor("bias"), full["bias"])
+
+
+def test_save_from_cuda_loads_in_hf(tmp_path):
+    sd = state("cuda")
+    p = tmp_path / "ferry.safetensors"
+    fst.save_file(sd, p, metadata={"from": "cuda"}, checksum=fst.have_checksums())
+    try:
+        import safetensors.torch as hf
+    except ImportError:
+        hf = None
+    back = hf.load_file(p) if hf else fst.load_file(p)
+    for k in sd:
+        assert same(back[k], sd[k]), k
+    if fst.have_checksums():
+        got = fst.load_file(p, device="cuda", verify=True)
+        assert all(same(got[k], sd[k]) for k in sd)
+
+
+def test_async_save_from_cuda_is_a_snapshot(tmp_path):
+    d = tmp_path / "ck"
+    sd = state("cuda")
+    big = torch.randn(64 << 20, device="cuda")  # 256 MiB on the GPU
+    sd["big"] = big
+    want = {k: v.clone() for k, v in sd.items()}
+    model = {"model": sd, "optim": {"step": 7}}
+    h = ck.async_save(model, d, step=7)
+    big.mul_(0)  # queued on torch's stream right after the call returns
+    for v in sd.values():
+        if v.numel() and v.dtype.is_floating_point and v.dtype != torch.float8_e4m3fn:
+            v.add_(1)
+    assert h.wait(timeout=300)
+    step, back = ck.load_latest(d, device="cuda")
+    assert step == 7 and back["optim"] == {"step": 7}
+    for k in want:
+        assert back["model"][k].device.type == "cuda"
+        assert same(back["model"][k], want[k]), k
+    ck.save({"w": big}, d, 8)
+    assert same(ck.load_latest(d, device="cuda:0")[1]["w"], big)
