@@ -5,14 +5,17 @@ raw read/write ceiling measured in the same run. Prints `TABLE name | figure | n
 
     python3 bench/ckpt-gpu.py --ferry build/ferry --disk /mnt/nvme/tmp [--size 8g]
 
-ferry's own figures come from `ferry ckpt bench` (the C API; the Python package is not used), the
-peers' from torch and safetensors in this process. Needs torch (CUDA) and safetensors; a peer that
-is missing is reported as skipped.
+ferry is measured twice: through `ferry ckpt bench` (the C API) and through the Python package
+(`ferry.safetensors.load_file(device="cuda")` on the very file safetensors.torch wrote and loads,
+`save_file` from the CUDA tensors, `ferry.checkpoint.async_save`), beside the peers in this
+process. Needs torch (CUDA) and safetensors; a peer that is missing is reported as skipped.
+The size defaults to $FERRY_CKPT_BENCH_SIZE or 8g (8g takes about 3.5 minutes with a 2 GB/s disk).
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -84,12 +87,14 @@ def main():
     ap.add_argument("--ferry", default="build/ferry")
     ap.add_argument("--disk", default="/tmp", help="a directory on the disk under test")
     ap.add_argument("--shm", default="/dev/shm")
-    ap.add_argument("--size", default="8g")
+    ap.add_argument("--size", default=os.environ.get("FERRY_CKPT_BENCH_SIZE", "8g"))
     a = ap.parse_args()
     size_bytes = int(float(a.size[:-1]) * (1 << 30)) if a.size[-1] in "gG" else int(a.size)
 
+    ceil = {}
     for rw in ("read", "write"):
         bw, note = ceiling(a.ferry, a.disk, rw)
+        ceil[rw] = bw
         table(f"disk raw {rw} ceiling (ferry bench O_DIRECT 4m qd16 x4)", f"{bw:.2f} GB/s" if bw else "n/a", note)
     try:
         os.unlink(os.path.join(a.disk, "ferry-ceiling.dat"))
@@ -132,9 +137,15 @@ def main():
     for k, v in sd.items():
         pinned[k].copy_(v, non_blocking=True)
     torch.cuda.synchronize()
-    table("D2H copy into pinned memory (the async-save floor)", f"{time.perf_counter() - t0:.3f} s",
-          f"{gb / (time.perf_counter() - t0):.2f} GB/s")
+    d2h_floor = time.perf_counter() - t0
+    table("D2H copy into pinned memory (the async-save floor)", f"{d2h_floor:.3f} s", f"{gb / d2h_floor:.2f} GB/s")
     del host, pinned
+    try:
+        import ferry.checkpoint as fck
+        import ferry.safetensors as fst
+    except ImportError as e:
+        fst = fck = None
+        table("ferry python", "skipped", f"import ferry: {e} (pip install . first)")
     for where, d, cold in (("warm /dev/shm", a.shm, False), ("cold disk", a.disk, True)):
         p = os.path.join(d, "peer.safetensors")
         t0 = time.perf_counter()
@@ -146,8 +157,46 @@ def main():
         t0 = time.perf_counter()
         x = st.load_file(p, device="cuda")
         torch.cuda.synchronize()
-        table(f"safetensors.torch.load_file(device=cuda) {where}", f"{gb / (time.perf_counter() - t0):.2f} GB/s", "")
+        hf_s = time.perf_counter() - t0
+        table(f"safetensors.torch.load_file(device=cuda) {where}", f"{gb / hf_s:.2f} GB/s", "")
         del x
+        if fst is not None:
+            # The same file, through the Python package: storage -> GPU into torch allocations.
+            if cold:
+                drop_caches()
+            t0 = time.perf_counter()
+            x = fst.load_file(p, device="cuda")
+            torch.cuda.synchronize()
+            f_s = time.perf_counter() - t0
+            note = f"{hf_s / f_s:.1f}x safetensors"
+            if cold and ceil.get("read"):
+                note += f", {gb / f_s / ceil['read']:.2f}x disk raw read"
+            table(f"ferry.safetensors.load_file(device=cuda) {where}", f"{gb / f_s:.2f} GB/s", note)
+            del x
+            q = os.path.join(d, "ferry-py.safetensors")
+            t0 = time.perf_counter()
+            fst.save_file(sd, q)  # durable: fsync of the file and the directory
+            f_s = time.perf_counter() - t0
+            note = "durable (fsynced), from CUDA tensors"
+            if cold and ceil.get("write"):
+                note += f", {gb / f_s / ceil['write']:.2f}x disk raw write"
+            table(f"ferry.safetensors.save_file {where}", f"{gb / f_s:.2f} GB/s", note)
+            os.unlink(q)
+            if not cold:
+                # Twice: the second shows the steady state (pinned slots kept from the first).
+                cd = os.path.join(d, "ferry-py-ckpt")
+                blocked = []
+                for step in (1, 2):
+                    t0 = time.perf_counter()
+                    h = fck.async_save(sd, cd, step, keep=1)
+                    blocked.append(time.perf_counter() - t0)
+                    h.wait()
+                    total = time.perf_counter() - t0
+                note = f"first {blocked[0]:.3f} s; total {total:.3f} s"
+                if d2h_floor:
+                    note += f"; {blocked[1] / d2h_floor:.2f}x the pinned D2H copy time"
+                table(f"ferry.checkpoint.async_save blocked {where}", f"{blocked[1]:.3f} s", note)
+                shutil.rmtree(cd, ignore_errors=True)
         os.unlink(p)
         p = os.path.join(d, "peer.pt")
         t0 = time.perf_counter()
