@@ -1,6 +1,9 @@
 """Type stubs for the ferry package (docs/PYTHON.md)."""
 import concurrent.futures
 import os
+
+from . import checkpoint as checkpoint
+from . import safetensors as safetensors
 from typing import Any, Callable, overload, Generator, Iterable, Literal, Optional, Protocol, Sequence, Tuple, Union
 
 __version__: str

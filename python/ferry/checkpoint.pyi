@@ -1,0 +1,75 @@
+"""Type stubs for ferry.checkpoint (docs/CHECKPOINTS.md, "Python")."""
+import os
+from typing import Any, Dict, Literal, Optional, Tuple, Union
+
+import ferry
+
+StrPath = Union[str, os.PathLike]
+Device = Union[str, int, Any]
+TREE_KEY: str
+
+def flatten(state: Any) -> Tuple[Dict[str, Any], Optional[dict]]: ...
+def unflatten(flat: Dict[str, Any], tree: Optional[dict]) -> Any: ...
+
+class SaveHandle:
+    step: int
+    def done(self) -> bool: ...
+    def wait(self, timeout: Optional[float] = None) -> bool: ...
+    def result(self, timeout: Optional[float] = None) -> int: ...
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]: ...
+
+def save(
+    state: Any,
+    directory: StrPath,
+    step: int,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    keep: Optional[int] = None,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    checksum: Optional[bool] = None,
+    busy: Literal["wait", "refuse"] = "wait",
+    run: Optional[str] = None,
+    timeout: Optional[float] = None,
+    context: Optional[ferry.Context] = None,
+) -> None: ...
+def async_save(
+    state: Any,
+    directory: StrPath,
+    step: int,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    keep: Optional[int] = None,
+    metadata: Optional[Dict[str, str]] = None,
+    *,
+    checksum: Optional[bool] = None,
+    busy: Literal["wait", "refuse"] = "wait",
+    run: Optional[str] = None,
+    timeout: Optional[float] = None,
+    context: Optional[ferry.Context] = None,
+) -> SaveHandle: ...
+def latest_step(directory: StrPath) -> Optional[int]: ...
+def load(
+    directory: StrPath,
+    step: int,
+    device: Device = "cpu",
+    *,
+    rank: Union[int, Literal["all"], None] = None,
+    verify: bool = False,
+    views: bool = True,
+    nested: bool = True,
+    context: Optional[ferry.Context] = None,
+) -> Any: ...
+def load_latest(
+    directory: StrPath,
+    device: Device = "cpu",
+    *,
+    rank: Union[int, Literal["all"], None] = None,
+    verify: bool = False,
+    views: bool = True,
+    nested: bool = True,
+    context: Optional[ferry.Context] = None,
+) -> Tuple[Optional[int], Any]: ...
+def verify(directory: StrPath, step: Optional[int] = None, *, require_checksums: bool = False,
+           context: Optional[ferry.Context] = None) -> int: ...
+def prune(directory: StrPath, keep: int) -> int: ...
