@@ -14,8 +14,8 @@ The directory layout and the commit protocol are the C API's (include/ferry/ckpt
 writes ``step-N/rank-R-of-W.safetensors`` and a marker, rank 0 writes the manifest and moves
 ``latest`` once every rank's marker is in, then prunes to ``keep`` steps. When torch.distributed
 is initialised, rank and world size come from it, the ranks agree on a run id (a broadcast, the
-first time a directory is used) and ``save`` ends with a barrier, so that it returns on every rank
-once the step is committed.
+first time a directory is used) and ``save`` ends with a collective, so that it returns on every
+rank once the step is committed (or raises on every rank when one rank failed).
 
 Nested state (dicts, lists, tuples of tensors and plain values, such as an optimizer's
 state_dict) is flattened to tensor names joined by ``.`` (``optim.state.0.exp_avg``); the
@@ -143,11 +143,18 @@ class _Dir:
     """One checkpoint directory as this rank writes it: the C handle (its pinned slots are reused
     from save to save) and the save in flight."""
 
-    def __init__(self, ck, run):
-        self.ck = ck
+    def __init__(self, ctx, directory, rank, world, run):
+        self.args = (ctx, directory, rank, world)
         self.run = run
         self.inflight = None  # the SaveHandle of the last async save, until settled
         self.lock = _threading.Lock()
+        self.renew()
+
+    def renew(self):
+        """A fresh C handle: the C API forgets added tensors at each save, not when an add fails."""
+        self.ck = _ferry.ckpt_open(*self.args)
+        if self.run:
+            self.ck.set("run", self.run)
 
 
 def _open_dir(directory, rank, world, dist, run, context):
@@ -165,10 +172,7 @@ def _open_dir(directory, rank, world, dist, run, context):
             dist.broadcast_object_list(obj, src=0)
             run = obj[0]
     ctx = context if context is not None else _default_context()
-    ck = _ferry.ckpt_open(ctx, _os.fspath(directory), rank, world)
-    if run:
-        ck.set("run", run)
-    d = _Dir(ck, run)
+    d = _Dir(ctx, _os.fspath(directory), rank, world, run)
     with _handles_lock:
         old = _handles.get(key)
         _handles[key] = d
@@ -187,12 +191,12 @@ class SaveHandle:
     """
 
     def __init__(self, d, step):
-        self._d, self.step = d, step
+        self._d, self._ck, self.step = d, d.ck, step
         self._finished, self._error = False, None
 
     def done(self) -> bool:
         """True when the save has ended (successfully or not); never blocks."""
-        return self._finished or bool(self._d.ck.done())
+        return self._finished or bool(self._ck.done())
 
     def _settle(self, timeout=None):
         """Waits without raising; True when finished."""
@@ -202,7 +206,7 @@ class SaveHandle:
             if self._finished:
                 return True
             try:
-                finished, _ = self._d.ck.wait(timeout)
+                finished, _ = self._ck.wait(timeout)
             except Exception as e:  # noqa: BLE001 (kept for wait(), raised there)
                 finished, self._error = True, e
             if finished:
@@ -262,22 +266,35 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
             ck.set("checksum", "1" if checksum else "0")
         if timeout is not None:
             ck.set("timeout_ms", str(int(timeout * 1000)))
+        error, saving = None, False
         try:
             for dev in _st._add_tensors(ck, items):
                 _st._sync_device(dev)
             for k, v in metadata.items():
                 ck.metadata(k, v)
+            saving = True
             ck.save(step, 0, async_)
-        except BaseException:
-            ck.reset()
-            raise
+        except BaseException as e:
+            if not saving:
+                d.renew()  # a save in flight keeps the old handle (its SaveHandle holds it)
+            if async_ or dist is None:
+                raise
+            error = e
         if async_:
             h = SaveHandle(d, step)
             d.inflight = h
             return h
     if dist is not None:
-        # save() returns on every rank once rank 0 has committed the step.
-        dist.barrier()
+        # The barrier of a synchronous save: it returns on every rank once rank 0 has committed
+        # the step, and every rank learns of a rank that failed (rather than wait for it forever).
+        errors = [None] * world
+        dist.all_gather_object(errors, None if error is None else "%s: %s" % (type(error).__name__, error))
+        if error is not None:
+            raise error
+        failed = [(r, e) for r, e in enumerate(errors) if e is not None]
+        if failed:
+            raise RuntimeError("checkpoint step %d of %s: %s" % (
+                step, _os.fspath(directory), "; ".join("rank %d failed: %s" % f for f in failed)))
     return None
 
 

@@ -314,14 +314,24 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	return res < 0 ? (int)res : 0;
 }
 
+/*
+ * The tensors and metadata added belong to this attempt, whatever its outcome: a refused or failed
+ * save must not hand them to the next one.
+ */
 int ferry_ckpt_save(ferry_ckpt *ck, int64_t step)
 {
-	return save(ck, step, 0);
+	int r = save(ck, step, 0);
+	int reset = ferry_st_writer_reset(ck->w);
+	(void)reset;
+	return r;
 }
 
 int ferry_ckpt_save_async(ferry_ckpt *ck, int64_t step)
 {
-	return save(ck, step, 1);
+	int r = save(ck, step, 1);
+	int reset = ferry_st_writer_reset(ck->w);
+	(void)reset;
+	return r;
 }
 
 /* --------------------------------------------------------------------------------------- prune */

@@ -120,6 +120,13 @@ def test_errors(tmp_path):
         ck.save({"x": torch.zeros(2)}, d, 6, rank=2, world_size=2)
     with pytest.raises(FileNotFoundError):
         ck.load(d, 4)
+    # a refused or failed attempt leaves nothing behind for the next save
+    with pytest.raises(OSError, match="a/b"):
+        ck.save({"ok": torch.zeros(1), "a/b": torch.zeros(1)}, d, 6)
+    with pytest.raises(FileExistsError):
+        ck.save({"y": torch.zeros(1)}, d, 5)
+    ck.save({"z": torch.ones(1)}, d, 6)
+    assert list(ck.load(d, 6)) == ["z"]
     # An error in the background comes back from wait(), every time it is asked: rank 0 of two
     # waits for rank 1's marker, which never comes.
     e2 = tmp_path / "two"
@@ -130,7 +137,7 @@ def test_errors(tmp_path):
     assert h.done() and isinstance(h.exception(), TimeoutError)
     assert ck.latest_step(e2) is None
     # ... while the one-rank directory above is untouched
-    assert ck.load_latest(d)[0] == 5
+    assert ck.load_latest(d)[0] == 6
 
 
 def test_non_contiguous_and_tied_tensors_are_saved(tmp_path):
@@ -154,6 +161,11 @@ WORKER = textwrap.dedent("""
     step, s = ck.load_latest(d)
     assert step == 1 and s["optim"] == {"step": 1, "rank": rank}, s
     assert torch.equal(s["model"]["w"], torch.full((1000,), float(rank * 100 + 1)))
+    try:
+        ck.save(state(1), d, 1)          # not after latest: every rank fails, none hangs
+        raise SystemExit("step 1 saved twice")
+    except FileExistsError:
+        pass
     for k in (2, 3):
         t = state(k)
         h = ck.async_save(t, d, k)
