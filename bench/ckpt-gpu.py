@@ -82,6 +82,46 @@ def make_state(torch, size_bytes):
     return sd, total
 
 
+def peer_loads(torch, path, where, gb, cold):
+    """The other peers the issue names, on the same file, when their wheels are installed:
+    fastsafetensors without GDS (it is refused on machines without it) and runai-model-streamer."""
+    def timed(name, fn, note=""):
+        if cold:
+            drop_caches()
+        t0 = time.perf_counter()
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a peer's failure is reported, not fatal
+            table(f"{name} {where}", "failed", f"{type(e).__name__}: {str(e)[:150]}")
+            return
+        table(f"{name} {where}", f"{gb / (time.perf_counter() - t0):.2f} GB/s", note)
+
+    try:
+        from fastsafetensors import fastsafe_open
+    except ImportError as e:
+        table(f"fastsafetensors {where}", "skipped", f"not installed ({e})")
+    else:
+        def fst_load():
+            with fastsafe_open(filenames=[path], nogds=True, device="cuda:0") as f:
+                out = {k: f.get_tensor(k).clone() for k in f.keys()}
+            return out
+        timed("fastsafetensors (nogds) load to cuda", fst_load, "fastsafe_open(nogds=True), tensors cloned out")
+    try:
+        from runai_model_streamer import SafetensorsStreamer
+    except ImportError as e:
+        table(f"runai-model-streamer {where}", "skipped", f"not installed ({e})")
+    else:
+        def runai_load():
+            out = {}
+            with SafetensorsStreamer() as s:
+                s.stream_file(path)
+                for name, t in s.get_tensors():
+                    out[name] = t.to("cuda", non_blocking=True)
+            return out
+        timed("runai-model-streamer load to cuda", runai_load, "stream_file, then .to(cuda)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ferry", default="build/ferry")
@@ -160,6 +200,7 @@ def main():
         hf_s = time.perf_counter() - t0
         table(f"safetensors.torch.load_file(device=cuda) {where}", f"{gb / hf_s:.2f} GB/s", "")
         del x
+        peer_loads(torch, p, where, gb, cold)
         if fst is not None:
             # The same file, through the Python package: storage -> GPU into torch allocations.
             if cold:
