@@ -137,6 +137,45 @@ static int have_nvidia_fs(void)
 	return access("/proc/driver/nvidia-fs/version", F_OK) == 0;
 }
 
+/* cufile.json's use_pci_p2pdma (DMA without nvidia-fs on kernels >= 6.2), read once: a plain text
+ * search is enough to know whether native DMA is possible at all. */
+static int p2pdma_enabled(void)
+{
+	const char *path = getenv("CUFILE_ENV_PATH_JSON");
+	char buf[65536];
+	FILE *f = fopen(path && *path ? path : "/etc/cufile.json", "r");
+	size_t n;
+
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	for (char *p = strstr(buf, "\"use_pci_p2pdma\""); p; p = strstr(p + 1, "\"use_pci_p2pdma\"")) {
+		char *line = p;
+		while (line > buf && line[-1] != '\n')
+			line--;
+		if (strstr(line, "//") && strstr(line, "//") < p)
+			continue; /* commented out */
+		char *colon = strchr(p, ':');
+		if (colon && strncmp(colon + 1 + strspn(colon + 1, " \t"), "true", 4) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+int ferry__gds_native_possible(char *why, size_t len)
+{
+	if (have_nvidia_fs() || p2pdma_enabled())
+		return 1;
+	if (why)
+		snprintf(why, len, "nvidia-fs is not loaded and cufile.json does not enable use_pci_p2pdma: "
+				   "cuFile could only run in compatibility mode (POSIX reads inside cuFile)%s; ferry "
+				   "uses its pipelined bounce path",
+			 have_udev() ? "" : ", and /run/udev is absent, so it would refuse files (5027)");
+	return 0;
+}
+
 static const char *hint(int code)
 {
 	switch (abs(code)) {

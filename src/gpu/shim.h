@@ -434,6 +434,12 @@ void ferry__gds_handle_deregister(ferry__CUfileHandle_t fh);
  * FERRY__GDS_COMPAT or FERRY__GDS_REFUSED, with a sentence in why in every case.
  */
 int ferry__gds_probe_fd(int fd, char *why, size_t len);
+/*
+ * Whether true GPUDirect DMA can happen here at all (nvidia-fs loaded, or P2PDMA enabled in
+ * cufile.json), without loading cuFile. 0 with the reason in why when it cannot: `auto` then skips
+ * cuFile (its driver open costs about a second) since compatibility mode is slower than ferry's path.
+ */
+int ferry__gds_native_possible(char *why, size_t len);
 
 /* ---------------------------------------------------------------------------------- NVML ABI */
 

@@ -179,7 +179,9 @@ int ferry_file_path_info(ferry_file *f, char *buf, size_t len)
 	int n;
 
 	pthread_mutex_lock(&f->gds_mu);
-	if (f->gds_state == FERRY__GDS_UNPROBED)
+	if (f->gds_state == FERRY__GDS_UNPROBED && f->gds_note[0])
+		snprintf(gds, sizeof(gds), "; device memory: %s; %s", ferry__path_name(FERRY__P_PIPE), f->gds_note);
+	else if (f->gds_state == FERRY__GDS_UNPROBED)
 		snprintf(gds, sizeof(gds), "; GDS not probed yet (no transfer to device memory so far)");
 	else
 		snprintf(gds, sizeof(gds), "; device memory: %s; %s",

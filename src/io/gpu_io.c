@@ -44,12 +44,19 @@ const char *ferry__path_name(int path)
 
 /* ------------------------------------------------------------------------------ path decisions */
 
-/* Probes GDS for f once; returns its state. */
-static int gds_state(struct ferry_file *f)
+/* Probes GDS for f once; returns its state. for_auto: only native GDS would be used, so a machine
+ * where it cannot exist is answered without loading cuFile. */
+static int gds_state(struct ferry_file *f, bool for_auto)
 {
 	pthread_mutex_lock(&f->gds_mu);
 	if (f->gds_state == FERRY__GDS_UNPROBED) {
 		char why[320] = "";
+		if (for_auto && !ferry__gds_native_possible(why, sizeof(why))) {
+			/* not cached as the file's state: an explicit gds mode still asks cuFile */
+			snprintf(f->gds_note, sizeof(f->gds_note), "GDS: %s", why);
+			pthread_mutex_unlock(&f->gds_mu);
+			return FERRY__GDS_REFUSED;
+		}
 		if (f->fd_direct < 0) {
 			f->gds_state = FERRY__GDS_REFUSED;
 			snprintf(f->gds_note, sizeof(f->gds_note),
@@ -121,7 +128,7 @@ static int resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, s
 	case K_GDS_ASYNC:
 	case K_GDS_BATCH: {
 		const struct ferry__cufile_api *cf;
-		if (gds_state(f) == FERRY__GDS_REFUSED)
+		if (gds_state(f, false) == FERRY__GDS_REFUSED)
 			return ferry__error(FERRY_ENOGDS, "%s(%s): path=%s was asked for: %s", op, f->path,
 					    knob_names[mode], f->gds_note);
 		cf = ferry__cufile();
@@ -136,10 +143,12 @@ static int resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, s
 		return 0;
 	}
 	default: /* auto: GDS only where it is native; compatibility mode is cuFile doing our job slower */
-		if (gds_state(f) == FERRY__GDS_NATIVE) {
+		if (gds_state(f, true) == FERRY__GDS_NATIVE) {
 			*path = FERRY__P_GDS;
 			return 0;
 		}
+		if (!atomic_exchange(&f->gds_fallback_counted, 1))
+			ferry__stat_add(ctx, FERRY_STAT_FALLBACKS, 1); /* why: ferry_file_path_info() */
 		*path = FERRY__P_PIPE;
 		return 0;
 	}

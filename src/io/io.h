@@ -53,6 +53,7 @@ struct ferry_file {
 	pthread_mutex_t gds_mu;
 	int gds_state; /* FERRY__GDS_UNPROBED, or shim.h's FERRY__GDS_REFUSED/NATIVE/COMPAT */
 	void *gds_handle;
+	atomic_int gds_fallback_counted; /* auto's fallback from GDS counted once per file */
 	char gds_note[384];
 };
 #define FERRY__GDS_UNPROBED (-1)
