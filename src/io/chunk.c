@@ -100,9 +100,11 @@ bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c,
 	bool direct = f->fd_direct >= 0 && c->path != FERRY__P_PAGECACHE;
 
 	/* DESIGN.md decision 5: data already in RAM is read from it; O_DIRECT would go to the device. */
+	c->cached = false;
 	if (direct && !c->is_write && ctx->cfg.direct == FERRY__DIRECT_AUTO &&
 	    ferry__range_resident(f->fd_buf, c->off, c->len)) {
 		direct = false;
+		c->cached = true;
 		ferry__count(ctx, local, FERRY_STAT_CACHED_CHUNKS, 1);
 	}
 

@@ -33,6 +33,7 @@ struct ferry__config {
 	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
 	uint64_t publish;  /* publish live counters for `ferry top` (src/sys/publish.h) */
 	uint64_t memory;   /* 0 auto: ask CUDA what each buffer is; 1 host: every buffer is host memory */
+	uint64_t cached_depth; /* slots a worker gives to page-cache-resident chunks at once */
 };
 
 /* --------------------------------------------------------------------------------------- files */
@@ -123,6 +124,7 @@ struct ferry__chunk {
 	int dev;
 	int path;        /* enum ferry__path */
 	bool staged;     /* the transfer goes through the slot whatever the plan's mode */
+	bool cached;     /* read from the page cache because the data was resident (direct=auto) */
 	bool gpu_busy;   /* an asynchronous copy (or cuFile stream op) is in flight */
 	size_t copy_off; /* offset in the slot of the caller's first byte (reads) */
 	/* cuFile's asynchronous API reads its arguments when the stream gets there */
@@ -240,6 +242,7 @@ struct ferry__ioq {
 	unsigned nslots;
 	int *free_slots;
 	unsigned nfree_slots;
+	unsigned cached_slots; /* slots held by chunks copied out of the page cache */
 	void **tags;
 	int64_t *res;
 	/* counters kept here and folded into the context's once per reap (ferry__stats_flush): one

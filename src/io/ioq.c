@@ -125,10 +125,18 @@ static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
 	q->queued++;
 }
 
+/* A slot for c now? Page-cache copies hold at most cached_depth of them (docs/CONFIG.md). */
+static bool can_take_slot(const struct ferry__ioq *q, const struct ferry__chunk *c)
+{
+	return q->nfree_slots > 0 && (!c->cached || !c->staged || q->cached_slots < q->ctx->cfg.cached_depth);
+}
+
 static void give_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	int idx = q->free_slots[--q->nfree_slots];
 
+	if (c->cached && c->staged)
+		q->cached_slots++;
 	c->slot = q->slot_mem + q->slot_size * (size_t)idx;
 	c->slot_index = idx;
 	if (c->is_write && c->dev < 0)
@@ -153,9 +161,16 @@ static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 		return;
 	q->free_slots[q->nfree_slots++] = c->slot_index;
 	c->slot = NULL;
-	if (q->slot_wait) {
-		struct ferry__chunk *w = q->slot_wait;
-		q->slot_wait = w->next;
+	if (c->cached && c->staged)
+		q->cached_slots--;
+	/* the oldest waiting chunk that may take a slot now */
+	struct ferry__chunk **pw = &q->slot_wait, **pick = NULL;
+	for (; *pw; pw = &(*pw)->next)
+		if (can_take_slot(q, *pw))
+			pick = pw;
+	if (pick) {
+		struct ferry__chunk *w = *pick;
+		*pick = w->next;
 		give_slot(q, w);
 		start(q, w);
 	}
@@ -188,8 +203,8 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 		return;
 	}
 	if (ferry__chunk_begin(q->ctx, q->stats, c, q->nslots ? q->slot_size : 0)) {
-		if (q->nfree_slots == 0) {
-			c->next = q->slot_wait;
+		if (!can_take_slot(q, c)) {
+			c->next = q->slot_wait; /* newest first: the list is scanned for the oldest */
 			q->slot_wait = c;
 			return;
 		}
