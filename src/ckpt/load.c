@@ -50,20 +50,6 @@ struct ferry_st_load {
 	uint64_t bytes, ns;
 };
 
-static int grow(void **p, size_t *cap, size_t need, size_t size)
-{
-	if (need <= *cap)
-		return 0;
-	size_t c = *cap ? *cap * 2 : 16;
-	while (c < need)
-		c *= 2;
-	void *q = realloc(*p, c * size);
-	if (!q)
-		return -ENOMEM;
-	*p = q;
-	*cap = c;
-	return 0;
-}
 
 static void free_allocs(ferry_st_load *ld)
 {
@@ -238,7 +224,7 @@ static int open_dir(ferry_st_load *ld, const char *path)
 	while (!r && (e = readdir(d))) {
 		if (!ends_with(e->d_name, ".safetensors"))
 			continue;
-		if (grow((void **)&names, &cap, n + 1, sizeof(*names)) || !(names[n] = strdup(e->d_name)))
+		if (ferry__grow((void **)&names, &cap, n + 1, sizeof(*names)) || !(names[n] = strdup(e->d_name)))
 			r = ferry__error(-ENOMEM, "load: out of memory");
 		else
 			n++;
@@ -322,7 +308,7 @@ static void select_all(ferry_st_load *ld)
 	size_t n = 0;
 	for (size_t f = 0; f < ld->nfiles; f++)
 		n += ferry_st_count(ld->files[f]);
-	if (grow((void **)&ld->sel, &ld->cap, n, sizeof(*ld->sel)))
+	if (ferry__grow((void **)&ld->sel, &ld->cap, n, sizeof(*ld->sel)))
 		return;
 	for (size_t f = 0; f < ld->nfiles; f++)
 		for (size_t i = 0; i < ferry_st_count(ld->files[f]); i++)
@@ -346,7 +332,7 @@ static int select_one(ferry_st_load *ld, const char *name, int sliced, int dim, 
 	for (size_t k = 0; k < ld->nsel; k++)
 		if (ld->sel[k].file == f && ld->sel[k].idx == i)
 			return ferry__error(-EEXIST, "%s: tensor \"%s\" selected twice", ld->path, name);
-	if (grow((void **)&ld->sel, &ld->cap, ld->nsel + 1, sizeof(*ld->sel)))
+	if (ferry__grow((void **)&ld->sel, &ld->cap, ld->nsel + 1, sizeof(*ld->sel)))
 		return ferry__error(-ENOMEM, "load: out of memory");
 	ld->sel[ld->nsel++] = s;
 	return 0;

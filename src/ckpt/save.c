@@ -141,20 +141,6 @@ int ferry_st_writer_reset(ferry_st_writer *w)
 	return 0;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t size)
-{
-	if (need <= *cap)
-		return 0;
-	size_t c = *cap ? *cap * 2 : 16;
-	while (c < need)
-		c *= 2;
-	void *q = realloc(*p, c * size);
-	if (!q)
-		return -ENOMEM;
-	*p = q;
-	*cap = c;
-	return 0;
-}
 
 int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndim, const uint64_t *shape,
 			const void *data, size_t nbytes)
@@ -179,7 +165,7 @@ int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndi
 				    name, nbytes, (unsigned long long)nb);
 	if (nbytes && !data)
 		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": NULL data", name);
-	if (grow((void **)&w->t, &w->cap, w->n + 1, sizeof(*w->t)))
+	if (ferry__grow((void **)&w->t, &w->cap, w->n + 1, sizeof(*w->t)))
 		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
 	struct wtensor *t = &w->t[w->n];
 	memset(t, 0, sizeof(*t));
@@ -208,8 +194,8 @@ int ferry_st_writer_metadata(ferry_st_writer *w, const char *key, const char *va
 		if (!strcmp(w->mk[i], key))
 			return ferry__error(-EEXIST, "safetensors writer: metadata key \"%s\" given twice", key);
 	size_t c = w->mcap;
-	if (grow((void **)&w->mk, &c, w->nm + 1, sizeof(char *)) ||
-	    grow((void **)&w->mv, &w->mcap, w->nm + 1, sizeof(char *)))
+	if (ferry__grow((void **)&w->mk, &c, w->nm + 1, sizeof(char *)) ||
+	    ferry__grow((void **)&w->mv, &w->mcap, w->nm + 1, sizeof(char *)))
 		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
 	w->mk[w->nm] = strdup(key);
 	w->mv[w->nm] = strdup(value);

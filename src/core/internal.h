@@ -33,6 +33,9 @@ void ferry__log(int level, const char *fmt, ...) FERRY__PRINTF(2, 3);
 /* Parses "123", "4k", "1m", "2g", "1.5g" (powers of 1024). Returns 0 or FERRY_EBADOPT. */
 int ferry__parse_size(const char *s, uint64_t *out);
 
+/* Grows the array *p of *cap elements of size bytes to hold at least need (doubling). 0 or -ENOMEM. */
+int ferry__grow(void **p, size_t *cap, size_t need, size_t size);
+
 /* Monotonic clock in nanoseconds. */
 uint64_t ferry__now_ns(void);
 

@@ -227,20 +227,6 @@ struct ferry_st {
 	size_t *by_name;
 };
 
-static int grow(void **p, size_t *cap, size_t need, size_t size)
-{
-	if (need <= *cap)
-		return 0;
-	size_t c = *cap ? *cap * 2 : 16;
-	while (c < need)
-		c *= 2;
-	void *q = realloc(*p, c * size);
-	if (!q)
-		return -ENOMEM;
-	*p = q;
-	*cap = c;
-	return 0;
-}
 
 /* FERRY_ECORRUPT naming file, absolute byte offset and the reason. */
 static int corrupt(const ferry_st *st, uint64_t hdr_pos, const char *fmt, ...) FERRY__PRINTF(3, 4);
@@ -274,7 +260,7 @@ static int parse_metadata(ferry_st *st, struct ferry__json *j)
 			return corrupt(st, j->pos, "__metadata__ value of \"%.64s\": not a string", k);
 		if (ferry__json_string(j, &v, &vl))
 			return json_corrupt(st, j, "__metadata__");
-		if (grow((void **)&st->meta, &st->mcap, st->nmeta + 1, sizeof(*st->meta)))
+		if (ferry__grow((void **)&st->meta, &st->mcap, st->nmeta + 1, sizeof(*st->meta)))
 			return ferry__error(-ENOMEM, "%s: safetensors metadata", st->path);
 		st->meta[st->nmeta++] = (struct st_meta){k, v, kl, kpos};
 	}
@@ -325,7 +311,7 @@ static int parse_tensor(ferry_st *st, struct ferry__json *j, char *name, size_t 
 						       pn, FERRY_ST_MAX_DIMS);
 				if (ferry__json_uint(j, &d))
 					return json_corrupt(st, j, "field \"shape\"");
-				if (grow((void **)&st->dims, &st->dcap, st->ndims + 1, sizeof(*st->dims)))
+				if (ferry__grow((void **)&st->dims, &st->dcap, st->ndims + 1, sizeof(*st->dims)))
 					return ferry__error(-ENOMEM, "%s: safetensors shapes", st->path);
 				st->dims[st->ndims++] = d;
 				t.ndim++;
@@ -357,7 +343,7 @@ static int parse_tensor(ferry_st *st, struct ferry__json *j, char *name, size_t 
 	if (seen != 7)
 		return corrupt(st, npos, "tensor \"%s\": missing field \"%s\"", pn,
 			       !(seen & 1) ? "dtype" : !(seen & 2) ? "shape" : "data_offsets");
-	if (grow((void **)&st->t, &st->cap, st->n + 1, sizeof(*st->t)))
+	if (ferry__grow((void **)&st->t, &st->cap, st->n + 1, sizeof(*st->t)))
 		return ferry__error(-ENOMEM, "%s: safetensors tensors", st->path);
 	st->t[st->n++] = t;
 	return 0;
