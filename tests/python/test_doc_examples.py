@@ -1,4 +1,4 @@
-"""The Python examples of docs/CHECKPOINTS.md and docs/PYTHON.md that are marked
+"""The Python examples of README.md, docs/CHECKPOINTS.md and docs/PYTHON.md that are marked
 `<!-- tested: ... -->` run as written (in a temporary directory, on the CPU without a GPU)."""
 import os
 import re
@@ -13,7 +13,7 @@ BLOCK = re.compile(r"<!-- tested:[^>]*-->\n```python\n(.*?)```", re.S)
 
 def blocks():
     out = []
-    for doc in ("docs/CHECKPOINTS.md", "docs/PYTHON.md"):
+    for doc in ("README.md", "docs/CHECKPOINTS.md", "docs/PYTHON.md"):
         with open(os.path.join(ROOT, doc)) as f:
             for i, code in enumerate(BLOCK.findall(f.read())):
                 out.append(pytest.param(code, id="%s#%d" % (os.path.basename(doc), i)))
