@@ -360,7 +360,22 @@ static void usage(FILE *f)
 		"  -q, --quiet            no progress bar\n");
 }
 
+static int pack_main(int argc, char **argv, char **inputs);
+
 int ferry_cmd_pack(int argc, char **argv)
+{
+	/* the input list outlives every early return of the option parsing */
+	char **inputs = calloc((size_t)argc + 1, sizeof(char *));
+	if (!inputs) {
+		fprintf(stderr, "ferry pack: out of memory\n");
+		return 1;
+	}
+	int rc = pack_main(argc, argv, inputs);
+	free(inputs);
+	return rc;
+}
+
+static int pack_main(int argc, char **argv, char **inputs)
 {
 	struct pack p = {.dtype = -1};
 	pthread_mutex_init(&p.mu, NULL);
@@ -368,7 +383,6 @@ int ferry_cmd_pack(int argc, char **argv)
 	int kind = FERRY_WRITE_FERRY, json = 0, quiet = 0;
 	uint64_t shard_size = 0;
 	long threads = sysconf(_SC_NPROCESSORS_ONLN);
-	char **inputs = calloc((size_t)argc, sizeof(char *));
 	int ninputs = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -561,6 +575,5 @@ int ferry_cmd_pack(int argc, char **argv)
 	free(p.s);
 	free(jobs);
 	free(tids);
-	free(inputs);
 	return 0;
 }

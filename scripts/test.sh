@@ -53,9 +53,13 @@ fi
 if command -v clang >/dev/null; then
 	run "build fuzz" env CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON \
 		-DFERRY_SANITIZE=address,undefined
-	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors
+	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_shard_index
 	run "fuzz safetensors 60s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_safetensors -max_total_time=60 \
 		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/safetensors 2>&1 |
+		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
+	# --- data (issue 6): the shard index parser, likewise
+	run "fuzz shard index 30s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_shard_index -max_total_time=30 \
+		-max_len=8192 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/shard_index 2>&1 |
 		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
 else
 	echo "=== fuzz safetensors: skipped: clang not installed"

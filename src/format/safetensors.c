@@ -401,7 +401,8 @@ static int validate(ferry_st *st)
 			return corrupt(st, t->pos, "tensor \"%s\" field \"data_offsets\": begins at %llu, expected %llu (%s)",
 				       pn, (unsigned long long)t->begin, (unsigned long long)at,
 				       t->begin < at ? "overlaps the previous tensor" : "hole before it");
-		int r = ferry__st_nbytes(t->dtype, t->ndim, st->dims + t->dims, &nb);
+		/* scalars have no dims and st->dims may still be NULL: no pointer arithmetic on it */
+		int r = ferry__st_nbytes(t->dtype, t->ndim, t->ndim ? st->dims + t->dims : NULL, &nb);
 		if (r == -EOVERFLOW)
 			return corrupt(st, t->pos, "tensor \"%s\" field \"shape\": byte size overflows 64 bits", pn);
 		if (r)
@@ -713,8 +714,11 @@ static int slice_geometry(const ferry_st *st, size_t i, int dim, uint64_t start,
 			  struct slice_geo *g)
 {
 	const struct st_tensor *t = &st->t[i];
+	if (dim < 0 || dim >= t->ndim) /* a scalar has no dimension to slice (and no dims) */
+		return ferry__error(-EINVAL, "%s: tensor \"%s\": no dimension %d to slice (it has %d)",
+				    st->path, t->name, dim, t->ndim);
 	const uint64_t *d = st->dims + t->dims;
-	if (dim < 0 || dim >= t->ndim || start > stop || stop > d[dim])
+	if (start > stop || stop > d[dim])
 		return ferry__error(-EINVAL, "%s: tensor \"%s\": slice [%llu, %llu) of dimension %d is out of range",
 				    st->path, t->name, (unsigned long long)start, (unsigned long long)stop, dim);
 	/* Overflow is impossible: every product here divides the tensor's validated bit size. */
