@@ -107,7 +107,6 @@ void ferry__ioq_push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
 	ferry__chunk_append(&q->finished, &q->finished_tail, c);
 }
 
-#define push_finished ferry__ioq_push_finished
 
 static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
 {
@@ -119,7 +118,7 @@ static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
 	if (ret < 0) {
 		/* Cannot happen while pending <= depth; finish the chunk with the error rather than lose it. */
 		c->result = ret;
-		push_finished(q, c);
+		ferry__ioq_push_finished(q, c);
 		return;
 	}
 	q->queued++;
@@ -149,7 +148,7 @@ static void start(struct ferry__ioq *q, struct ferry__chunk *c)
 	if (c->dev >= 0 && c->is_write && ferry__gpu_chunk_start(q, c))
 		return;
 	if (c->dev >= 0 && c->is_write && c->result < 0) {
-		push_finished(q, c);
+		ferry__ioq_push_finished(q, c);
 		return;
 	}
 	prep(q, c);
@@ -183,7 +182,7 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 		c->result = 0;
 		c->plan.mode = FERRY__CH_BUFFERED;
 		c->slot = NULL;
-		push_finished(q, c);
+		ferry__ioq_push_finished(q, c);
 		return;
 	}
 	if (c->dev >= 0 && c->path >= FERRY__P_GDS) {
@@ -192,10 +191,10 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 		c->result = 0;
 		if (c->path == FERRY__P_GDS) {
 			ferry__gds_chunk_sync(q, c);
-			push_finished(q, c);
+			ferry__ioq_push_finished(q, c);
 		} else if (c->path == FERRY__P_GDS_ASYNC) {
 			if (!ferry__gpu_chunk_start(q, c))
-				push_finished(q, c);
+				ferry__ioq_push_finished(q, c);
 		} else {
 			c->next = q->gds_batch;
 			q->gds_batch = c;
@@ -237,7 +236,7 @@ static void gpu_done(struct ferry__ioq *q, struct ferry__chunk *c)
 		return;
 	}
 	release_slot(q, c);
-	push_finished(q, c);
+	ferry__ioq_push_finished(q, c);
 }
 
 static void stored(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -245,7 +244,7 @@ static void stored(struct ferry__ioq *q, struct ferry__chunk *c)
 	if (c->dev >= 0 && !c->is_write && c->result > 0 && ferry__gpu_chunk_stored(q, c))
 		return;
 	release_slot(q, c);
-	push_finished(q, c);
+	ferry__ioq_push_finished(q, c);
 }
 
 int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **out, unsigned max)
