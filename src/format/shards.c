@@ -233,13 +233,13 @@ bad_shard:
 			out->off[i] = off;
 			out->len[i] = l;
 			out->crc[i] = rd32(p + 12);
-			if (off < end || off > out->file_bytes[s] || l > out->file_bytes[s] - off) {
-				ferry__index_free(out);
+			uint64_t sb = out->file_bytes[s];
+			if (off < end || off > sb || l > sb - off) {
+				ferry__index_free(out); /* it clears out: the message uses sb */
 				return CORRUPT("%s: shard %u (shard-%05u.fsh), sample %llu: bytes %llu..%llu "
 					       "overlap the previous sample or lie past the shard's %llu bytes",
 					       name, s, s, (unsigned long long)i, (unsigned long long)off,
-					       (unsigned long long)off + l,
-					       (unsigned long long)out->file_bytes[s]);
+					       (unsigned long long)off + l, (unsigned long long)sb);
 			}
 			if (l % ferry_elem_size((int)dtype)) {
 				ferry__index_free(out);
