@@ -286,6 +286,31 @@ static int cmp_piece(const void *a, const void *b, void *base)
 }
 
 /* Reads one batch into slot s->host. */
+
+/*
+ * The group of sorted pieces that starts at g: neighbours in one file no more than merge_gap apart,
+ * read with one I/O. Returns the index after the group; *end is the group's end offset and *inplace
+ * says whether it lies in the batch as it lies in the file (then it is read in place, not staged).
+ */
+static size_t group_end(const struct ferry_loader *l, const struct worker *w, size_t g, size_t np,
+			uint64_t *end, int *inplace)
+{
+	const struct piece *p0 = &w->pieces[w->sorted[g]];
+	size_t h = g + 1;
+
+	*end = p0->off + p0->len;
+	*inplace = 1;
+	for (; h < np; h++) {
+		const struct piece *p = &w->pieces[w->sorted[h]], *q = &w->pieces[w->sorted[h - 1]];
+		if (p->file != p0->file || p->off < *end || p->off - *end > l->merge_gap)
+			break;
+		if (p->off != *end || p->dst != q->dst + q->len)
+			*inplace = 0;
+		*end = p->off + p->len;
+	}
+	return h;
+}
+
 static int fill(struct worker *w, struct ferry_loader_batch *s)
 {
 	struct ferry_loader *l = w->l;
@@ -349,17 +374,9 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		size_t stage_pos = 0;
 		for (size_t g = 0; g < np;) {
 			const struct piece *p0 = &w->pieces[w->sorted[g]];
-			uint64_t end = p0->off + p0->len;
-			int inplace = 1;
-			size_t h = g + 1;
-			for (; h < np; h++) {
-				const struct piece *p = &w->pieces[w->sorted[h]], *q = &w->pieces[w->sorted[h - 1]];
-				if (p->file != p0->file || p->off < end || p->off - end > l->merge_gap)
-					break;
-				if (p->off != end || p->dst != q->dst + q->len)
-					inplace = 0;
-				end = p->off + p->len;
-			}
+			uint64_t end;
+			int inplace;
+			size_t h = group_end(l, w, g, np, &end, &inplace);
 			uint64_t span = end - p0->off;
 			if (pass == 0) {
 				if (!inplace)
@@ -431,17 +448,9 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	size_t stage_pos = 0;
 	for (size_t g = 0; g < np;) {
 		const struct piece *p0 = &w->pieces[w->sorted[g]];
-		uint64_t end = p0->off + p0->len;
-		int inplace = 1;
-		size_t h = g + 1;
-		for (; h < np; h++) {
-			const struct piece *p = &w->pieces[w->sorted[h]], *q = &w->pieces[w->sorted[h - 1]];
-			if (p->file != p0->file || p->off < end || p->off - end > l->merge_gap)
-				break;
-			if (p->off != end || p->dst != q->dst + q->len)
-				inplace = 0;
-			end = p->off + p->len;
-		}
+		uint64_t end;
+		int inplace;
+		size_t h = group_end(l, w, g, np, &end, &inplace);
 		if (!inplace) {
 			for (size_t k = g; k < h; k++) {
 				const struct piece *p = &w->pieces[w->sorted[k]];
