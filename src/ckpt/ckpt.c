@@ -485,12 +485,11 @@ int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require
 							goto bad;
 						continue;
 					}
+					size_t vpos = j.pos;
 					if (ferry__json_string(&j, &v, &vl))
 						goto bad;
-					if (!vl || strlen(v) != vl || strchr(v, '/') || !strcmp(v, "..") || !strcmp(v, ".")) {
-						r = ferry__error(FERRY_ECORRUPT, "%s: shard \"%.64s\" is not a plain file name", p, v);
+					if ((r = ferry__check_shard_name(p, v, vl, vpos)))
 						break;
-					}
 					char fp[PATH_MAX + 300];
 					snprintf(fp, sizeof(fp), "%s/%s", sp, v);
 					r = verify_shard(ctx, fp, require_sums);

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/save.h"
 #include "core/internal.h"
 #include "ferry/gpu.h"
 #include "format/json.h"
@@ -96,7 +97,7 @@ static int add_file(ferry_st_load *ld, const char *dir, const char *name)
 }
 
 /* A shard named by an index or manifest must be a plain file name in the index's directory. */
-static int check_shard_name(const char *index, const char *name, size_t len, size_t pos)
+int ferry__check_shard_name(const char *index, const char *name, size_t len, size_t pos)
 {
 	if (!len || memchr(name, '/', len) || memchr(name, '\\', len) || !strcmp(name, ".") ||
 	    !strcmp(name, "..") || strlen(name) != len)
@@ -149,7 +150,7 @@ static int open_index(ferry_st_load *ld, const char *path)
 				size_t vpos = j.pos;
 				if (ferry__json_string(&j, &v, &vl))
 					goto bad;
-				r = check_shard_name(path, v, vl, vpos);
+				r = ferry__check_shard_name(path, v, vl, vpos);
 				if (!r)
 					r = add_file(ld, dir, v);
 			}
@@ -169,7 +170,7 @@ static int open_index(ferry_st_load *ld, const char *path)
 					size_t vpos = j.pos;
 					if (ferry__json_string(&j, &v, &vl))
 						goto bad;
-					r = check_shard_name(path, v, vl, vpos);
+					r = ferry__check_shard_name(path, v, vl, vpos);
 					if (!r)
 						r = add_file(ld, dir, v);
 				}

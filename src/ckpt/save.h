@@ -17,5 +17,8 @@ int ferry__fsync_dir(const char *dir);
 int ferry__fsync_parent(const char *path);
 /* Writes text durably to path: temporary file, fsync, rename, parent fsync. */
 int ferry__write_durable(const char *path, const char *text, size_t len);
+/* A shard file named by an index or manifest must be a plain name in its directory (no separator,
+ * no "." or "..", no NUL inside): 0, or FERRY_ECORRUPT naming the index and the byte. */
+int ferry__check_shard_name(const char *index, const char *name, size_t len, size_t pos);
 
 #endif
