@@ -55,11 +55,14 @@ row "ceiling: ferry bench disk read to host, O_DIRECT 4x QD16 4m" "$(jget "$LOG/
 
 # ---- warm: /dev/shm into GPU memory
 size=$((SHM_GIB << 30))
-# ferry's defaults first, then the knobs that matter for memory-bound reads: threads, backend
-# (io_uring punts tmpfs reads to its kernel workers; psync reads in the worker itself) and how a
-# worker waits for its copies (gpu_sync)
-for cfg in "default" "threads=8 backend=psync" "threads=12 backend=psync" "threads=16 backend=psync" \
-	"threads=12 backend=io_uring" "threads=8 backend=psync gpu_sync=spin" "threads=12 backend=psync gpu_sync=spin"; do
+# ferry's defaults first, then the knobs that matter for memory-bound reads: who copies resident
+# chunks (cached_io: the worker itself, or io_uring, which runs queued reads in io_uring_enter or
+# punts them to kernel workers), the backend, chunk size (small chunks stay in the CPU caches until
+# the DMA reads them), resident chunks in flight per worker (cached_depth), and threads.
+# SHM_CONFIGS replaces the list.
+SHM_CONFIGS=${SHM_CONFIGS:-"default|cached_io=ring|backend=psync|chunk_size=256k|chunk_size=512k|chunk_size=2m|cached_depth=2|cached_depth=8|chunk_size=512k cached_depth=8|threads=12|threads=16|threads=12 chunk_size=512k|default"}
+IFS='|' read -r -a shm_cfgs <<<"$SHM_CONFIGS"
+for cfg in "${shm_cfgs[@]}"; do
 	envs=()
 	for kv in $cfg; do [ "$kv" = default ] || envs+=("FERRY_$(echo "${kv%%=*}" | tr a-z A-Z)=${kv#*=}"); done
 	tag=$(echo "$cfg" | tr ' =' '_-')

@@ -4,6 +4,8 @@
 # A failing step does not stop the others; the exit status is non-zero if anything failed.
 #
 #   bash scripts/gpu-check.sh            (from the repository root; BUILD_DIR, JOBS may be set)
+#   SKIP="unit python" bash scripts/gpu-check.sh   (leaves out steps: unit, gpu, python; for a
+#                                        device call spent on one benchmark; the table says so)
 #
 # A benchmark script bench/gpu-NAME.sh runs with FERRY_BUILD_DIR, FERRY_CLI and FERRY_LOG_DIR set;
 # each line it prints as "TABLE name | result | figure" becomes a row of the table, and its exit
@@ -22,6 +24,7 @@ TABLE="$LOG_DIR/table.txt"
 failed=0
 
 row() { printf '%s | %s | %s\n' "$1" "$2" "${3:-}" >>"$TABLE"; }
+skipping() { case " ${SKIP:-} " in *" $1 "*) row "$1 (step)" skipped "SKIP=$SKIP"; return 0 ;; esac; return 1; }
 step() { echo; echo "=== $*"; }
 
 # The device run carries .deb/ (liburing, xxhash) when they were staged: unpack without installing
@@ -90,10 +93,10 @@ run_ctest() {
 }
 
 step "unit tests"
-run_ctest unit "$LOG_DIR/unit.log" -LE gpu -j "$JOBS"
+skipping unit || run_ctest unit "$LOG_DIR/unit.log" -LE gpu -j "$JOBS"
 
 step "GPU tests"
-run_ctest gpu "$LOG_DIR/gpu.log" -L gpu
+skipping gpu || run_ctest gpu "$LOG_DIR/gpu.log" -L gpu
 # Figures the GPU tests print as "FIGURE name value unit".
 grep -h '^FIGURE ' "$LOG_DIR/gpu.full.log" 2>/dev/null | while read -r _ name value unit; do
 	row "figure/$name" "$value" "$unit"
@@ -104,7 +107,9 @@ step "Python package"
 # The machine has no network: build the extension with the scikit-build-core, torch, CuPy and
 # NumPy already installed there (no build isolation, no dependencies), then pytest the GPU cases.
 PY=${PYTHON:-python3}
-if ! "$PY" -c 'import scikit_build_core, pytest' >/dev/null 2>&1; then
+if skipping python; then
+	:
+elif ! "$PY" -c 'import scikit_build_core, pytest' >/dev/null 2>&1; then
 	row python/install skipped "scikit-build-core or pytest is not installed for $PY"
 elif ! { "$PY" -m pip install --no-build-isolation --no-deps . ||
 	 "$PY" -m pip install --no-build-isolation --no-deps --break-system-packages .; } \

@@ -25,6 +25,7 @@ static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
 static const char *const gpu_sync_choices[] = {"block", "spin", NULL};
 static const char *const memory_choices[] = {"auto", "host", NULL};
+static const char *const cached_io_choices[] = {"thread", "ring", NULL};
 static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
 					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
 
@@ -62,12 +63,14 @@ static const struct knob knobs[] = {
 	{"publish", K_UINT, CFG(publish), 0, 0, 1, NULL, true},
 	{"memory", K_ENUM, CFG(memory), 0, 0, 1, memory_choices, false},
 	{"cached_depth", K_UINT, CFG(cached_depth), 4, 1, 1024, NULL, false},
+	{"cached_io", K_ENUM, CFG(cached_io), FERRY__CACHED_IO_THREAD, 0, 1, cached_io_choices, false},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
-	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", "memory", "cached_depth", NULL};
+	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", "memory", "cached_depth",
+	"cached_io", NULL};
 
 const char *const *ferry_ctx_keys(void)
 {

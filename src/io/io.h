@@ -34,7 +34,10 @@ struct ferry__config {
 	uint64_t publish;  /* publish live counters for `ferry top` (src/sys/publish.h) */
 	uint64_t memory;   /* 0 auto: ask CUDA what each buffer is; 1 host: every buffer is host memory */
 	uint64_t cached_depth; /* slots a worker gives to page-cache-resident chunks at once */
+	uint64_t cached_io;    /* FERRY__CACHED_IO_*: who copies resident chunks into GPU slots */
 };
+
+enum { FERRY__CACHED_IO_THREAD, FERRY__CACHED_IO_RING };
 
 /* --------------------------------------------------------------------------------------- files */
 
@@ -243,6 +246,9 @@ struct ferry__ioq {
 	int *free_slots;
 	unsigned nfree_slots;
 	unsigned cached_slots; /* slots held by chunks copied out of the page cache */
+	/* resident chunks bound for GPU memory that this thread copies itself (cached_io=thread),
+	 * one at a time between the ring's work, each copy to the GPU started as soon as it lands */
+	struct ferry__chunk *sync_head, *sync_tail;
 	void **tags;
 	int64_t *res;
 	/* counters kept here and folded into the context's once per reap (ferry__stats_flush): one

@@ -17,6 +17,7 @@
 
 static unsigned char *expect;
 static uint64_t seed = 7;
+static const char *cached_io = "thread"; /* who copies page-cache-resident chunks */
 
 static ferry_ctx *make_ctx(const char *path, const char *direct)
 {
@@ -26,6 +27,7 @@ static ferry_ctx *make_ctx(const char *path, const char *direct)
 	T_ASSERT(ferry_ctx_set(ctx, "path", path) == 0);
 	T_ASSERT(ferry_ctx_set(ctx, "direct", direct) == 0);
 	T_ASSERT(ferry_ctx_set(ctx, "chunk_size", "1m") == 0);
+	T_ASSERT(ferry_ctx_set(ctx, "cached_io", cached_io) == 0);
 	return ctx;
 }
 
@@ -117,6 +119,13 @@ static void reads(const char *file, const char *path, const char *direct)
 	for (int i = 0; i < 16; i++)
 		dev_equals(dev + (size_t)i * 1000003, 1000003, (uint64_t)i * 3000001u, "batch");
 	ferry_batch_destroy(b);
+	/* the file was just written, so direct=auto finds it resident and reads it from the cache */
+	if (!strcmp(direct, "auto") && (!strcmp(path, "auto") || !strncmp(path, "cpu", 3))) {
+		uint64_t cached = ferry_ctx_stat(ctx, FERRY_STAT_CACHED_CHUNKS);
+		printf("    cached_io=%s: %llu chunks read from the page cache\n", cached_io,
+		       (unsigned long long)cached);
+		T_CHECK(cached > 0);
+	}
 out:
 	ferry_gpu_free(dev);
 	ferry_file_close(f);
@@ -238,6 +247,10 @@ int main(int argc, char **argv)
 		make_file(file);
 		for (size_t p = 0; p < sizeof(paths) / sizeof(paths[0]); p++)
 			reads(file, paths[p], "auto");
+		/* resident chunks through the ring instead of the worker's own copy */
+		cached_io = "ring";
+		reads(file, "auto", "auto");
+		cached_io = "thread";
 		/* forced fallbacks: no O_DIRECT descriptor at all; GDS then refuses with that reason */
 		reads(file, "auto", "off");
 		reads(file, "gds", "off");
