@@ -14,11 +14,11 @@ gb() { python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("
 c="--filename=$F --size=1g --rw=randread --bs=4k --iodepth=64 --direct=0 --runtime=$RT --output-format=json"
 for round in 1 2; do
 	for v in "fio" "fio --fixedbufs=1 --registerfiles=1" "fio --fadvise_hint=1" "fio --invalidate=0" \
-		"ferry" "ferry FERRY_REGISTER=0" "ferry --api=pread --numjobs=64" "ferry --ioengine=psync --numjobs=64" "ferry nocold"; do
+		"ferry" "ferry FERRY_REGISTER=0" "ferry FERRY_URING_NO_COOP=1" "ferry --iodepth=8 --numjobs=8" "ferry nocold"; do
 		sync; echo 3 >/proc/sys/vm/drop_caches
 		case $v in
 		fio*) r=$("$FIO" --name=p --ioengine=io_uring --time_based --fadvise_hint=0 $c ${v#fio} 2>&1 | gb) ;;
-		"ferry FERRY_REGISTER=0") r=$(FERRY_REGISTER=0 "$FERRY" bench --name=p --ioengine=io_uring --cold $c 2>&1 | gb) ;;
+		"ferry FERRY_"*) kv=${v#ferry }; r=$(env "$kv" "$FERRY" bench --name=p --ioengine=io_uring --cold $c 2>&1 | gb) ;;
 		"ferry nocold") r=$("$FERRY" bench --name=p --ioengine=io_uring $c 2>&1 | gb) ;;
 		ferry*) r=$("$FERRY" bench --name=p --ioengine=io_uring --cold $c ${v#ferry} 2>&1 | gb) ;;
 		esac

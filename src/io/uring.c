@@ -78,7 +78,8 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 	}
 	/* COOP_TASKRUN (5.19) avoids interrupting the submitter for completion work; retry without
 	 * it on older kernels, liburing's habit for optional setup flags. */
-	p.flags |= IORING_SETUP_COOP_TASKRUN;
+	if (!getenv("FERRY_URING_NO_COOP")) /* diagnosis: bench/probe-buffered-rand.sh */
+		p.flags |= IORING_SETUP_COOP_TASKRUN;
 	ret = io_uring_queue_init_params(depth, &r->ring, &p);
 	if (ret == -EINVAL) {
 		p.flags &= ~IORING_SETUP_COOP_TASKRUN;
