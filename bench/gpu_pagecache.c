@@ -6,7 +6,14 @@
  *   A         ferry's engine: parallel reads into pinned slots, async copies (threads x chunk x direct)
  *   B         mmap the range, cuMemHostRegister it (read-only), copy directly, unregister; pieces
  *             spread over threads, each with its own stream
- * Usage: gpu_pagecache FILE [GiB]   (FILE is created if missing; put it on tmpfs for a warm cache)
+ * and what bounds design A, each half alone (limits):
+ *   dma       T threads, each copying chunk-sized pieces of its own pinned slots on its own stream
+ *             (no reads): the chunked DMA ceiling
+ *   cpu       T threads pread-ing chunks of the file into pinned slots (no copies to the GPU)
+ *   B-par     registering pieces with T threads at once, each piece copied as soon as it is
+ *             registered, every unregistration after the last copy (timed apart)
+ * Usage: gpu_pagecache FILE [GiB] [limits]   (FILE is created if missing; put it on tmpfs for a
+ * warm cache; "limits": only the ceiling and the limits above)
  * Prints "TABLE name | GB/s | note" rows (scripts/gpu-check.sh collects them).
  */
 #include <errno.h>
@@ -211,6 +218,124 @@ static void design_b(const char *path, size_t size, ferry__CUdeviceptr dev, size
 	close(fd);
 }
 
+/* ------------------------------------------------------------------------------------- limits */
+
+struct lim_job {
+	int fd;
+	const char *map;
+	size_t size, chunk;
+	ferry__CUdeviceptr dev;
+	size_t next; /* shared cursor */
+	pthread_mutex_t mu;
+	int mode;    /* 0 dma, 1 cpu, 2 register+copy */
+	double reg;  /* summed register seconds (mode 2) */
+	pthread_barrier_t go; /* the threads' set-up is not timed */
+};
+
+static size_t lim_take(struct lim_job *j)
+{
+	pthread_mutex_lock(&j->mu);
+	size_t off = j->next;
+	j->next += j->chunk;
+	pthread_mutex_unlock(&j->mu);
+	return off;
+}
+
+static void *lim_worker(void *arg)
+{
+	struct lim_job *j = arg;
+	enum { SLOTS = 4 };
+	ferry__CUstream s;
+	ferry__CUevent ev[SLOTS];
+	char *slot;
+	unsigned k = 0;
+
+	ferry__cuda_set_device(0);
+	CK(cu->StreamCreate(&s, FERRY__CU_STREAM_NON_BLOCKING));
+	CK(cu->MemHostAlloc((void **)&slot, j->chunk * SLOTS, FERRY__CU_MEMHOSTALLOC_PORTABLE));
+	memset(slot, 1, j->chunk * SLOTS);
+	for (int i = 0; i < SLOTS; i++)
+		CK(cu->EventCreate(&ev[i], FERRY__CU_EVENT_DISABLE_TIMING));
+	pthread_barrier_wait(&j->go);
+	for (size_t off; (off = lim_take(j)) < j->size; k++) {
+		size_t n = j->size - off < j->chunk ? j->size - off : j->chunk;
+		char *b = slot + (k % SLOTS) * j->chunk;
+		if (j->mode == 1) {
+			if (pread(j->fd, b, n, (off_t)off) != (ssize_t)n)
+				exit(1);
+			continue;
+		}
+		if (j->mode == 2) {
+			double a = now();
+			CK(cu->MemHostRegister((void *)(j->map + off), n, FERRY__CU_MEMHOSTREGISTER_READ_ONLY |
+										FERRY__CU_MEMHOSTREGISTER_PORTABLE));
+			double r = now() - a;
+			pthread_mutex_lock(&j->mu);
+			j->reg += r;
+			pthread_mutex_unlock(&j->mu);
+			CK(cu->MemcpyHtoDAsync(j->dev + off, j->map + off, n, s));
+			continue;
+		}
+		if (k >= SLOTS)
+			CK(cu->EventSynchronize(ev[k % SLOTS]));
+		CK(cu->MemcpyHtoDAsync(j->dev + off, b, n, s));
+		CK(cu->EventRecord(ev[k % SLOTS], s));
+	}
+	CK(cu->StreamSynchronize(s));
+	for (int i = 0; i < SLOTS; i++)
+		cu->EventDestroy(ev[i]);
+	cu->MemFreeHost(slot);
+	cu->StreamDestroy(s);
+	return NULL;
+}
+
+static void limit(const char *path, size_t size, ferry__CUdeviceptr dev, int mode, int threads, size_t chunk)
+{
+	static const char *const names[] = {"dma (pinned slots -> GPU, no reads)",
+					    "cpu (pread into pinned slots, no copies)",
+					    "B-par (register pieces in parallel, copy each, unregister at the end)"};
+	int fd = open(path, O_RDONLY);
+	char *m = mode == 2 ? mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0) : NULL;
+	double t[3], c[3], un = 0, reg = 0;
+	pthread_t th[64];
+
+	for (int r = 0; r < 3; r++) {
+		struct lim_job j = {.fd = fd, .map = m, .size = size, .chunk = chunk, .dev = dev, .mode = mode};
+		pthread_mutex_init(&j.mu, NULL);
+		pthread_barrier_init(&j.go, NULL, (unsigned)threads + 1);
+		for (int i = 0; i < threads; i++)
+			pthread_create(&th[i], NULL, lim_worker, &j);
+		pthread_barrier_wait(&j.go);
+		double a = now(), ca = cpu_seconds();
+		for (int i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		t[r] = now() - a;
+		if (mode == 2) {
+			double u = now();
+			for (size_t off = 0; off < size; off += chunk)
+				CK(cu->MemHostUnregister((void *)(m + off)));
+			un = now() - u;
+			reg = j.reg;
+		}
+		c[r] = cpu_seconds() - ca;
+		pthread_mutex_destroy(&j.mu);
+		pthread_barrier_destroy(&j.go);
+	}
+	qsort(t, 3, sizeof(double), cmp);
+	qsort(c, 3, sizeof(double), cmp);
+	if (mode == 2)
+		printf("TABLE limit %s threads=%d piece=%zuM | %.1f GB/s | without the unregistering; last run: "
+		       "register %.0f ms summed over threads, unregister %.0f ms after (%.1f GB/s with it)\n",
+		       names[mode], threads, chunk >> 20, size / t[1] / 1e9, reg * 1e3, un * 1e3,
+		       size / (t[1] + un) / 1e9);
+	else
+		printf("TABLE limit %s threads=%d chunk=%zuK | %.1f GB/s | %.2f cores\n", names[mode], threads,
+		       chunk >> 10, size / t[1] / 1e9, c[1] / t[1]);
+	if (m)
+		munmap(m, size);
+	close(fd);
+}
+
 int main(int argc, char **argv)
 {
 	char why[512];
@@ -242,6 +367,21 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	ceiling(1u << 30);
+	if (argc > 3 && !strcmp(argv[3], "limits")) {
+		ferry__CUdeviceptr d = (ferry__CUdeviceptr)(uintptr_t)dev;
+		int th[] = {4, 8, 12, 16};
+		for (int i = 0; i < 4; i++)
+			limit(path, size, d, 0, th[i], 1u << 20);
+		limit(path, size, d, 0, 8, 4u << 20);
+		limit(path, size, d, 0, 8, 256u << 10);
+		for (int i = 0; i < 4; i++)
+			limit(path, size, d, 1, th[i], 1u << 20);
+		limit(path, size, d, 2, 4, 64u << 20);
+		limit(path, size, d, 2, 8, 64u << 20);
+		limit(path, size, d, 2, 8, 16u << 20);
+		ferry_gpu_free(dev);
+		return 0;
+	}
 	pageable(path, size, (ferry__CUdeviceptr)(uintptr_t)dev);
 	const char *threads[] = {"4", "8", "16"}, *chunks[] = {"1m", "4m"}, *directs[] = {"off", "on"};
 	for (int d = 0; d < 2; d++)
