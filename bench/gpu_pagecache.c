@@ -22,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -230,6 +232,9 @@ struct lim_job {
 	int mode;    /* 0 dma, 1 cpu, 2 register+copy */
 	double reg;  /* summed register seconds (mode 2) */
 	pthread_barrier_t go; /* the threads' set-up is not timed */
+	int nstreams;         /* mode 0: streams shared by the threads (0: one each) */
+	int wait;             /* mode 0: 0 spin in cuEventSynchronize, 1 blocking-sync events, 2 query + 5 us sleeps */
+	ferry__CUstream shared[4];
 };
 
 static size_t lim_take(struct lim_job *j)
@@ -252,10 +257,18 @@ static void *lim_worker(void *arg)
 
 	ferry__cuda_set_device(0);
 	CK(cu->StreamCreate(&s, FERRY__CU_STREAM_NON_BLOCKING));
+	ferry__CUstream cs = s;
+	if (j->nstreams) {
+		pthread_mutex_lock(&j->mu);
+		cs = j->shared[j->next++ % (size_t)j->nstreams]; /* next is 0 again after the barrier */
+		pthread_mutex_unlock(&j->mu);
+	}
 	CK(cu->MemHostAlloc((void **)&slot, j->chunk * SLOTS, FERRY__CU_MEMHOSTALLOC_PORTABLE));
 	memset(slot, 1, j->chunk * SLOTS);
 	for (int i = 0; i < SLOTS; i++)
-		CK(cu->EventCreate(&ev[i], FERRY__CU_EVENT_DISABLE_TIMING));
+		CK(cu->EventCreate(&ev[i], FERRY__CU_EVENT_DISABLE_TIMING |
+						   (j->wait == 1 ? FERRY__CU_EVENT_BLOCKING_SYNC : 0)));
+	pthread_barrier_wait(&j->go);
 	pthread_barrier_wait(&j->go);
 	for (size_t off; (off = lim_take(j)) < j->size; k++) {
 		size_t n = j->size - off < j->chunk ? j->size - off : j->chunk;
@@ -276,12 +289,18 @@ static void *lim_worker(void *arg)
 			CK(cu->MemcpyHtoDAsync(j->dev + off, j->map + off, n, s));
 			continue;
 		}
-		if (k >= SLOTS)
+		if (k >= SLOTS && j->wait == 2) {
+			ferry__CUresult q;
+			while ((q = cu->EventQuery(ev[k % SLOTS])) == FERRY__CUDA_ERROR_NOT_READY)
+				usleep(5);
+			CK(q);
+		} else if (k >= SLOTS) {
 			CK(cu->EventSynchronize(ev[k % SLOTS]));
-		CK(cu->MemcpyHtoDAsync(j->dev + off, b, n, s));
-		CK(cu->EventRecord(ev[k % SLOTS], s));
+		}
+		CK(cu->MemcpyHtoDAsync(j->dev + off, b, n, cs));
+		CK(cu->EventRecord(ev[k % SLOTS], cs));
 	}
-	CK(cu->StreamSynchronize(s));
+	CK(cu->StreamSynchronize(cs));
 	for (int i = 0; i < SLOTS; i++)
 		cu->EventDestroy(ev[i]);
 	cu->MemFreeHost(slot);
@@ -289,7 +308,8 @@ static void *lim_worker(void *arg)
 	return NULL;
 }
 
-static void limit(const char *path, size_t size, ferry__CUdeviceptr dev, int mode, int threads, size_t chunk)
+static void limit_w(const char *path, size_t size, ferry__CUdeviceptr dev, int mode, int threads, size_t chunk,
+		    int nstreams, int wait)
 {
 	static const char *const names[] = {"dma (pinned slots -> GPU, no reads)",
 					    "cpu (pread into pinned slots, no copies)",
@@ -300,11 +320,16 @@ static void limit(const char *path, size_t size, ferry__CUdeviceptr dev, int mod
 	pthread_t th[64];
 
 	for (int r = 0; r < 3; r++) {
-		struct lim_job j = {.fd = fd, .map = m, .size = size, .chunk = chunk, .dev = dev, .mode = mode};
+		struct lim_job j = {.fd = fd, .map = m, .size = size, .chunk = chunk, .dev = dev, .mode = mode,
+				    .nstreams = nstreams, .wait = wait};
+		for (int i = 0; i < nstreams; i++)
+			CK(cu->StreamCreate(&j.shared[i], FERRY__CU_STREAM_NON_BLOCKING));
 		pthread_mutex_init(&j.mu, NULL);
 		pthread_barrier_init(&j.go, NULL, (unsigned)threads + 1);
 		for (int i = 0; i < threads; i++)
 			pthread_create(&th[i], NULL, lim_worker, &j);
+		pthread_barrier_wait(&j.go);
+		j.next = 0;
 		pthread_barrier_wait(&j.go);
 		double a = now(), ca = cpu_seconds();
 		for (int i = 0; i < threads; i++)
@@ -318,6 +343,8 @@ static void limit(const char *path, size_t size, ferry__CUdeviceptr dev, int mod
 			reg = j.reg;
 		}
 		c[r] = cpu_seconds() - ca;
+		for (int i = 0; i < nstreams; i++)
+			cu->StreamDestroy(j.shared[i]);
 		pthread_mutex_destroy(&j.mu);
 		pthread_barrier_destroy(&j.go);
 	}
@@ -329,11 +356,139 @@ static void limit(const char *path, size_t size, ferry__CUdeviceptr dev, int mod
 		       names[mode], threads, chunk >> 20, size / t[1] / 1e9, reg * 1e3, un * 1e3,
 		       size / (t[1] + un) / 1e9);
 	else
-		printf("TABLE limit %s threads=%d chunk=%zuK | %.1f GB/s | %.2f cores\n", names[mode], threads,
-		       chunk >> 10, size / t[1] / 1e9, c[1] / t[1]);
+		printf("TABLE limit %s threads=%d chunk=%zuK streams=%s%d%s | %.1f GB/s | %.2f cores\n", names[mode],
+		       threads, chunk >> 10, nstreams ? "shared " : "", nstreams ? nstreams : threads,
+		       mode ? "" : wait == 1 ? " wait=blocking" : wait == 2 ? " wait=query+sleep" : " wait=spin",
+		       size / t[1] / 1e9, c[1] / t[1]);
 	if (m)
 		munmap(m, size);
 	close(fd);
+}
+
+/*
+ * Design A with copy units: the threads pread 1 MiB pieces of the file into a small ring of
+ * pinned units (nunits x unit bytes); the thread that lands a unit's last piece copies the whole
+ * unit to the GPU (one copy per unit, on one shared stream or its own). Compared with the same
+ * threads each copying their own 1 MiB slots (mode own), in the same process.
+ */
+struct unit {
+	char *buf;
+	ferry__CUevent ev;
+	atomic_int left;         /* pieces not yet read in this round */
+	atomic_long issued;      /* last round whose copy was issued */
+};
+
+struct unit_job {
+	int fd;
+	size_t size, unit, piece;
+	int nunits, own_streams;
+	ferry__CUdeviceptr dev;
+	struct unit *u;
+	ferry__CUstream shared;
+	pthread_mutex_t mu;
+	size_t next;
+	pthread_barrier_t go;
+};
+
+static void *unit_worker(void *arg)
+{
+	struct unit_job *j = arg;
+	size_t ppu = j->unit / j->piece;
+	ferry__CUstream s;
+
+	ferry__cuda_set_device(0);
+	CK(cu->StreamCreate(&s, FERRY__CU_STREAM_NON_BLOCKING));
+	ferry__CUstream cs = j->own_streams ? s : j->shared;
+	pthread_barrier_wait(&j->go);
+	for (;;) {
+		pthread_mutex_lock(&j->mu);
+		size_t p = j->next++;
+		pthread_mutex_unlock(&j->mu);
+		size_t off = p * j->piece;
+		if (off >= j->size)
+			break;
+		size_t ui = p / ppu; /* unit number over the file */
+		struct unit *u = &j->u[ui % (size_t)j->nunits];
+		long round = (long)(ui / (size_t)j->nunits);
+		while (atomic_load(&u->issued) < round - 1) /* the unit's previous round still being read */
+			sched_yield();
+		if (round > 0)
+			CK(cu->EventSynchronize(u->ev)); /* and its copy done */
+		size_t n = j->size - off < j->piece ? j->size - off : j->piece;
+		if (pread(j->fd, u->buf + (p % ppu) * j->piece, n, (off_t)off) != (ssize_t)n)
+			exit(1);
+		size_t uoff = ui * j->unit;
+		int pieces = (int)((j->size - uoff < j->unit ? j->size - uoff : j->unit) + j->piece - 1) / (int)j->piece;
+		if (atomic_fetch_add(&u->left, 1) + 1 == pieces) {
+			size_t un = j->size - uoff < j->unit ? j->size - uoff : j->unit;
+			CK(cu->MemcpyHtoDAsync(j->dev + uoff, u->buf, un, cs));
+			CK(cu->EventRecord(u->ev, cs));
+			atomic_store(&u->left, 0);
+			atomic_store(&u->issued, round);
+		}
+	}
+	CK(cu->StreamSynchronize(s));
+	CK(cu->StreamSynchronize(j->shared));
+	cu->StreamDestroy(s);
+	return NULL;
+}
+
+static void units(const char *path, size_t size, ferry__CUdeviceptr dev, int threads, size_t unit, int nunits,
+		  int own_streams)
+{
+	int fd = open(path, O_RDONLY);
+	double t[3], c[3];
+	pthread_t th[64];
+	struct unit u[64];
+
+	for (int i = 0; i < nunits; i++) {
+		CK(cu->MemHostAlloc((void **)&u[i].buf, unit, FERRY__CU_MEMHOSTALLOC_PORTABLE));
+		memset(u[i].buf, 0, unit);
+		CK(cu->EventCreate(&u[i].ev, FERRY__CU_EVENT_DISABLE_TIMING));
+	}
+	for (int r = 0; r < 3; r++) {
+		struct unit_job j = {.fd = fd, .size = size, .unit = unit, .piece = 1u << 20, .nunits = nunits,
+				     .own_streams = own_streams, .dev = dev, .u = u};
+		for (int i = 0; i < nunits; i++) {
+			atomic_store(&u[i].left, 0);
+			atomic_store(&u[i].issued, -1);
+		}
+		CK(cu->StreamCreate(&j.shared, FERRY__CU_STREAM_NON_BLOCKING));
+		pthread_mutex_init(&j.mu, NULL);
+		pthread_barrier_init(&j.go, NULL, (unsigned)threads + 1);
+		for (int i = 0; i < threads; i++)
+			pthread_create(&th[i], NULL, unit_worker, &j);
+		pthread_barrier_wait(&j.go);
+		double a = now(), ca = cpu_seconds();
+		for (int i = 0; i < threads; i++)
+			pthread_join(th[i], NULL);
+		t[r] = now() - a;
+		c[r] = cpu_seconds() - ca;
+		cu->StreamDestroy(j.shared);
+		pthread_mutex_destroy(&j.mu);
+		pthread_barrier_destroy(&j.go);
+	}
+	qsort(t, 3, sizeof(double), cmp);
+	qsort(c, 3, sizeof(double), cmp);
+	printf("TABLE units: threads=%d read 1 MiB pieces into %d x %zu MiB pinned units, one copy per unit on %s | "
+	       "%.1f GB/s | %.2f cores\n", threads, nunits, unit >> 20, own_streams ? "the last reader's stream" :
+	       "one shared stream", size / t[1] / 1e9, c[1] / t[1]);
+	for (int i = 0; i < nunits; i++) {
+		cu->EventDestroy(u[i].ev);
+		cu->MemFreeHost(u[i].buf);
+	}
+	close(fd);
+}
+
+static void limit_s(const char *path, size_t size, ferry__CUdeviceptr dev, int mode, int threads, size_t chunk,
+		    int nstreams)
+{
+	limit_w(path, size, dev, mode, threads, chunk, nstreams, 0);
+}
+
+static void limit(const char *path, size_t size, ferry__CUdeviceptr dev, int mode, int threads, size_t chunk)
+{
+	limit_s(path, size, dev, mode, threads, chunk, 0);
 }
 
 int main(int argc, char **argv)
@@ -374,6 +529,31 @@ int main(int argc, char **argv)
 			limit(path, size, d, 0, th[i], 1u << 20);
 		limit(path, size, d, 0, 8, 4u << 20);
 		limit(path, size, d, 0, 8, 256u << 10);
+		/* fewer streams: one thread's, or the threads sharing one or two */
+		size_t ch[] = {1u << 20, 4u << 20, 16u << 20};
+		for (int i = 0; i < 3; i++)
+			limit(path, size, d, 0, 1, ch[i]);
+		limit(path, size, d, 0, 2, 1u << 20);
+		limit(path, size, d, 0, 2, 4u << 20);
+		limit_s(path, size, d, 0, 8, 1u << 20, 1);
+		limit_s(path, size, d, 0, 8, 1u << 20, 2);
+		limit_s(path, size, d, 0, 8, 4u << 20, 1);
+		limit_s(path, size, d, 0, 12, 1u << 20, 1);
+		/* copy units, against design A's own-slot pipeline (ferry, same file) */
+		units(path, size, d, 12, 4u << 20, 8, 0);
+		units(path, size, d, 12, 4u << 20, 8, 1);
+		units(path, size, d, 12, 4u << 20, 4, 0);
+		units(path, size, d, 12, 8u << 20, 4, 0);
+		units(path, size, d, 16, 4u << 20, 8, 0);
+		units(path, size, d, 8, 4u << 20, 8, 0);
+		units(path, size, d, 12, 2u << 20, 16, 0);
+		design_a(path, size, dev, "12", "1m", "auto");
+		design_a(path, size, dev, "8", "1m", "auto");
+		/* how the threads wait for their copies */
+		limit_w(path, size, d, 0, 8, 1u << 20, 0, 1);
+		limit_w(path, size, d, 0, 8, 1u << 20, 0, 2);
+		limit_w(path, size, d, 0, 8, 4u << 20, 0, 1);
+		limit_w(path, size, d, 0, 12, 1u << 20, 0, 2);
 		for (int i = 0; i < 4; i++)
 			limit(path, size, d, 1, th[i], 1u << 20);
 		limit(path, size, d, 2, 4, 64u << 20);

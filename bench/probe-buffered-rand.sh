@@ -10,7 +10,7 @@ FIO=${FIO:-fio}
 F=$D/probe-rand.dat
 RT=${RUNTIME:-3}
 "$FERRY" bench --filename "$F" --size 1g --bs 4m --rw write --direct 1 >/dev/null || exit 1
-gb() { python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("{"):])["jobs"][0]["read"]; print("%.3f GB/s %.0f IOPS" % (d["bw_bytes"]/1e9, d["iops"]))'; }
+gb() { python3 -c 'import json,sys; t=sys.stdin.read(); d=json.loads(t[t.index("{"):])["jobs"][0]["read"]; print("%.3f GB/s %.0f IOPS" % (d["bw_bytes"]/1e9, d["iops"]))' 2>/dev/null || echo "failed"; }
 c="--filename=$F --size=1g --rw=randread --bs=4k --iodepth=64 --direct=0 --runtime=$RT --output-format=json"
 for round in 1 2; do
 	for v in "fio" "fio --fixedbufs=1 --registerfiles=1" "fio --fadvise_hint=1" "fio --invalidate=0" \

@@ -27,16 +27,8 @@ row() { printf '%s | %s | %s\n' "$1" "$2" "${3:-}" >>"$TABLE"; }
 skipping() { case " ${SKIP:-} " in *" $1 "*) row "$1 (step)" skipped "SKIP=$SKIP"; return 0 ;; esac; return 1; }
 step() { echo; echo "=== $*"; }
 
-# The device run carries .deb/ (liburing, xxhash) when they were staged: unpack without installing
-# (../shared/device/unpack-debs.sh, inlined).
-if [ -d .deb ]; then
-	mkdir -p /tmp/debroot && for f in .deb/*.deb; do dpkg -x "$f" /tmp/debroot; done
-	export CPATH=/tmp/debroot/usr/include${CPATH:+:$CPATH}
-	export LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
-	export LD_LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-	export PKG_CONFIG_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-	export PKG_CONFIG_SYSROOT_DIR=/tmp/debroot
-fi
+# The device run carries .deb/ (liburing, xxhash) when they were staged: unpack without installing.
+source scripts/deb-env.sh
 
 # cuFile says why it refuses a file only in its log.
 export CUFILE_LOGGING_LEVEL=${CUFILE_LOGGING_LEVEL:-INFO}
