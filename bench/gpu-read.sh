@@ -9,6 +9,7 @@
 #  - GPU memory to a file on disk (O_DIRECT, then fsync) against the raw write ceiling.
 # Prints "TABLE name | figure | note" rows; full outputs go to $FERRY_LOG_DIR.
 #   FERRY_CLI=build/ferry SHM_GIB=4 DISK_GIB=4 bash bench/gpu-read.sh
+#   PARTS=warm ... (only the pinned ceiling and the warm /dev/shm part; default: all)
 set -u
 FERRY=${FERRY_CLI:-build/ferry}
 LOG=${FERRY_LOG_DIR:-/tmp/ferry-gpu-read}
@@ -26,7 +27,9 @@ jget() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(eval
 drop() { sync; echo 3 >/proc/sys/vm/drop_caches; }
 
 "$FERRY" bench --filename "$SHM" --size ${SHM_GIB}g --bs 4m --rw write >/dev/null || exit 1
-"$FERRY" bench --filename "$DISK" --size ${DISK_GIB}g --bs 4m --rw write --direct 1 >/dev/null || exit 1
+PARTS=${PARTS:-all}
+disk() { [ "$PARTS" = all ]; }
+disk && { "$FERRY" bench --filename "$DISK" --size ${DISK_GIB}g --bs 4m --rw write --direct 1 >/dev/null || exit 1; }
 
 # ---- ceilings
 python3 - <<'PY' >"$LOG/torch-ceiling.json" 2>&1
@@ -40,7 +43,7 @@ for _ in range(5):
 t.sort(); print(json.dumps({"htod_gbps": n / (t[2] / 1e3) / 1e9}))
 PY
 row "ceiling: torch pinned HtoD 1 GiB" "$(jget "$LOG/torch-ceiling.json" '"%.1f GB/s" % d["htod_gbps"]')" "median of 5, CUDA events"
-if [ -n "$FIO" ]; then
+if disk && [ -n "$FIO" ]; then
 	drop
 	"$FIO" --name=r --filename="$DISK" --rw=read --bs=4m --iodepth=16 --numjobs=4 --direct=1 --ioengine=io_uring \
 		--group_reporting --output-format=json >"$LOG/fio-disk-read.json" 2>&1
@@ -49,9 +52,11 @@ if [ -n "$FIO" ]; then
 		--size=${DISK_GIB}g --group_reporting --output-format=json >"$LOG/fio-disk-write.json" 2>&1
 	row "ceiling: fio disk write O_DIRECT 4x QD16 4m" "$(jget "$LOG/fio-disk-write.json" '"%.2f GB/s" % (d["jobs"][0]["write"]["bw_bytes"]/1e9)')" "no fsync, as ferry bench"
 fi
+if disk; then
 "$FERRY" bench --filename "$DISK" --rw read --bs 4m --iodepth 16 --numjobs 4 --direct 1 --cold=system \
 	--output-format=json >"$LOG/ferry-disk-read.json"
 row "ceiling: ferry bench disk read to host, O_DIRECT 4x QD16 4m" "$(jget "$LOG/ferry-disk-read.json" '"%.2f GB/s" % (d["jobs"][0]["read"]["bw_bytes"]/1e9)')" "cold"
+fi
 
 # ---- warm: /dev/shm into GPU memory
 size=$((SHM_GIB << 30))
@@ -122,6 +127,7 @@ if "ferry default" in med and kv:
           f"{d[0]:.2f} vs {best[0]:.2f} GB/s; ferry {d[3]:.2f} of pinned HtoD (target 0.9)")
 PY
 
+if disk; then
 # ---- cold disk into GPU memory
 dsize=$((DISK_GIB << 30))
 "$FERRY" bench --filename "$DISK" --bs 1g --size $dsize --api pread -x auto --cold=system --output-format=json >"$LOG/ferry-disk-gpu.json"
@@ -137,5 +143,6 @@ row "GPU->disk ferry -x auto, O_DIRECT" "$(jget "$LOG/ferry-gpu-disk.json" '"%.2
 	"$(jget "$LOG/ferry-gpu-disk.json" '"%.2f cores" % d["jobs"][0]["ferry"]["cpu_cores"]')"
 "$FERRY" bench --filename "$SHM" --bs 256m --api pread -x all --io_size 2g >"$LOG/ferry-xall-shm.txt" 2>&1
 sed -n '/transfer modes/,$p' "$LOG/ferry-xall-shm.txt"
+fi
 rm -f "$SHM" "$DISK"
 exit 0

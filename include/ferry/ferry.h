@@ -118,6 +118,7 @@ enum ferry_stat {
 	FERRY_STAT_ERRORS,         /* requests that failed */
 	FERRY_STAT_FALLBACKS,      /* automatic fallbacks (backend, O_DIRECT, GDS) taken */
 	FERRY_STAT_CACHED_CHUNKS,  /* read through the page cache because the data was resident (direct=auto) */
+	FERRY_STAT_UNIT_COPIES,    /* copy units sent to the GPU (resident reads into device memory) */
 	FERRY_STAT__COUNT
 };
 FERRY_API uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which);

@@ -64,13 +64,15 @@ static const struct knob knobs[] = {
 	{"memory", K_ENUM, CFG(memory), 0, 0, 1, memory_choices, false},
 	{"cached_depth", K_UINT, CFG(cached_depth), 4, 1, 1024, NULL, false},
 	{"cached_io", K_ENUM, CFG(cached_io), FERRY__CACHED_IO_THREAD, 0, 1, cached_io_choices, false},
+	{"copy_unit", K_SIZE, CFG(copy_unit), 8 * MiB, 0, 1 * GiB, NULL, true},
+	{"copy_units", K_UINT, CFG(copy_units), 4, 1, 64, NULL, true},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
 	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", "memory", "cached_depth",
-	"cached_io", NULL};
+	"cached_io", "copy_unit", "copy_units", NULL};
 
 const char *const *ferry_ctx_keys(void)
 {
@@ -182,6 +184,7 @@ int ferry_ctx_create(ferry_ctx **out)
 		*knob_ptr(&ctx->cfg, &knobs[i]) = knobs[i].def;
 	pthread_mutex_init(&ctx->mu, NULL);
 	pthread_mutex_init(&ctx->slot_mu, NULL);
+	pthread_mutex_init(&ctx->units_mu, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&ctx->work_cv, &ca);
@@ -421,12 +424,14 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 			if (ctx->workers[i].q.chunks)
 				ferry__ioq_exit(&ctx->workers[i].q);
 	free(ctx->workers);
+	ferry__units_free(ctx);
 	for (unsigned i = 0; i < ctx->nslot_cache; i++)
 		ferry_free_aligned(ctx->slot_cache[i], ferry__slot_size(ctx));
 	free(ctx->slot_cache);
 	ferry__publish_close(ctx->pub);
 	pthread_mutex_destroy(&ctx->mu);
 	pthread_mutex_destroy(&ctx->slot_mu);
+	pthread_mutex_destroy(&ctx->units_mu);
 	pthread_cond_destroy(&ctx->work_cv);
 	free(ctx);
 }
@@ -436,6 +441,7 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 static const char *const stat_names[FERRY_STAT__COUNT] = {
 	"bytes_read",      "bytes_written",  "reads",    "writes",  "chunks",    "direct_chunks",
 	"bounced_chunks",  "buffered_chunks", "retries", "errors",  "fallbacks", "cached_chunks",
+	"unit_copies",
 };
 
 uint64_t ferry_ctx_stat(const ferry_ctx *ctx, enum ferry_stat which)
@@ -547,6 +553,7 @@ static void *worker_main(void *arg)
 			break;
 		}
 		unsigned took = 0;
+		bool took_unit = false;
 		struct ferry__chunk *batch = NULL, **tail = &batch;
 		while (ctx->work_head) {
 			struct ferry__entry *e = ctx->work_head;
@@ -557,6 +564,9 @@ static void *worker_main(void *arg)
 			ferry__chunk_set(c, e->f, e->buf + (e->cursor - e->off), e->cursor,
 					 (size_t)(end - e->cursor), e->is_write, e->dev, e->path);
 			c->entry = e;
+			c->in_unit = false;
+			if (e->units)
+				ferry__units_assign(ctx, e, c);
 			e->cursor = end;
 			if (end == e->off + e->len) {
 				ctx->work_head = e->next_work;
@@ -566,8 +576,14 @@ static void *worker_main(void *arg)
 			*tail = c;
 			tail = &c->next;
 			took++;
+			/* a unit's chunks go one per take, so that several workers fill it at once */
+			if (c->in_unit) {
+				took_unit = true;
+				break;
+			}
 		}
-		if (took && ctx->work_head)
+		bool more = ctx->work_head != NULL;
+		if (took && more)
 			pthread_cond_signal(&ctx->work_cv); /* more for an idle sibling */
 		pthread_mutex_unlock(&ctx->mu);
 
@@ -576,7 +592,10 @@ static void *worker_main(void *arg)
 			batch = c->next;
 			ferry__ioq_queue(q, c);
 		}
-		int n = ferry__ioq_reap(q, q->pending ? 1 : 0, done, q->depth);
+		/* wait for a completion only when there is nothing more to take: a unit chunk that is
+		 * read is finished at once, and the worker goes on to the next one */
+		int n = ferry__ioq_reap(q, q->pending && !(took_unit && more && q->free_chunks) ? 1 : 0, done,
+					q->depth);
 		if (n < 0) {
 			/* Submitting or waiting on the ring itself failed (not one I/O: those complete
 			 * with their own error). Chunks are still owned by the kernel, so they can be

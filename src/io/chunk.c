@@ -101,8 +101,12 @@ bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c,
 
 	/* DESIGN.md decision 5: data already in RAM is read from it; O_DIRECT would go to the device. */
 	c->cached = false;
-	if (direct && !c->is_write && ctx->cfg.direct == FERRY__DIRECT_AUTO &&
-	    ferry__range_resident(f->fd_buf, c->off, c->len)) {
+	if (c->in_unit) { /* resident when its request was submitted (ferry__units_eligible) */
+		direct = false;
+		c->cached = true;
+		ferry__count(ctx, local, FERRY_STAT_CACHED_CHUNKS, 1);
+	} else if (direct && !c->is_write && ctx->cfg.direct == FERRY__DIRECT_AUTO &&
+		   ferry__range_resident(f->fd_buf, c->off, c->len)) {
 		direct = false;
 		c->cached = true;
 		ferry__count(ctx, local, FERRY_STAT_CACHED_CHUNKS, 1);

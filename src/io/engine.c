@@ -201,6 +201,11 @@ static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, siz
 	int ret = ferry__ctx_start(ctx);
 	if (ret)
 		return ret;
+	for (size_t i = 0; i < n; i++) {
+		struct ferry__entry *e = (struct ferry__entry *)((char *)es + i * stride);
+		e->units = e->len && ferry__units_eligible(ctx, e);
+		e->unit_left = 0;
+	}
 	pthread_mutex_lock(&ctx->mu);
 	for (size_t i = 0; i < n; i++) {
 		struct ferry__entry *e = (struct ferry__entry *)((char *)es + i * stride);

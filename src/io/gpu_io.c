@@ -264,6 +264,25 @@ static bool record(struct ferry__ioq *q, struct gpu_dev *gd, struct ferry__chunk
 	return true;
 }
 
+/* For copy units (src/io/units.c): the device current and the queue's GPU state ready for c. */
+bool ferry__gpu_use(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	return use_dev(q, c->dev, c) != NULL;
+}
+
+/* For copy units: c's event recorded on stream (the device's unit stream) and c in the GPU list. */
+bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, void *stream)
+{
+	ferry__CUresult r = ferry__cuda()->EventRecord(q->gpu->dev[c->dev].ev[chunk_index(q, c)],
+						       (ferry__CUstream)stream);
+	if (r) {
+		c->result = ferry__cuda_fail(r, "cuEventRecord after a unit copy");
+		return false;
+	}
+	gpu_list_add(q, c);
+	return true;
+}
+
 static int64_t gds_result(ssize_t r, const struct ferry__chunk *c)
 {
 	if (r >= 0)

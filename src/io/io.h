@@ -35,6 +35,8 @@ struct ferry__config {
 	uint64_t memory;   /* 0 auto: ask CUDA what each buffer is; 1 host: every buffer is host memory */
 	uint64_t cached_depth; /* slots a worker gives to page-cache-resident chunks at once */
 	uint64_t cached_io;    /* FERRY__CACHED_IO_*: who copies resident chunks into GPU slots */
+	uint64_t copy_unit;    /* bytes of a copy unit (resident reads into GPU memory); < 2 chunks: off */
+	uint64_t copy_units;   /* copy units per device */
 };
 
 enum { FERRY__CACHED_IO_THREAD, FERRY__CACHED_IO_RING };
@@ -130,6 +132,13 @@ struct ferry__chunk {
 	bool cached;     /* read from the page cache because the data was resident (direct=auto) */
 	bool gpu_busy;   /* an asynchronous copy (or cuFile stream op) is in flight */
 	size_t copy_off; /* offset in the slot of the caller's first byte (reads) */
+	/* a piece of a copy unit (src/io/units.c): where the unit lies, and this chunk's place in it */
+	bool in_unit;
+	bool unit_ready;   /* the unit's previous round is copied: its memory may be written */
+	unsigned unit_idx, unit_np;
+	uint64_t unit_seq;
+	size_t unit_off, unit_bytes;
+	char *unit_base;   /* device address of the unit's first byte */
 	/* cuFile's asynchronous API reads its arguments when the stream gets there */
 	size_t g_size;
 	off_t g_foff, g_boff;
@@ -303,12 +312,40 @@ int ferry__gds_batch_submit(struct ferry__ioq *q);
 int ferry__gds_batch_reap(struct ferry__ioq *q, bool block,
 			  void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
 void ferry__ioq_gpu_exit(struct ferry__ioq *q);
+bool ferry__gpu_use(struct ferry__ioq *q, struct ferry__chunk *c);
+bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, void *stream);
 /* Stream-ordered requests: records the start event on the caller's stream and, once the request
  * is queued, a host function there that holds the stream until the request is done. */
 int ferry__stream_begin(int dev, void *stream, void **start_ev);
 int ferry__stream_hold(int dev, void *stream, void (*fn)(void *), void *arg);
 void ferry__stream_end(int dev, void *start_ev);
 void ferry__file_gds_close(struct ferry_file *f);
+
+/* ---------------------------------------------------------------------------------- copy units */
+
+/*
+ * Copy units (docs/PAGECACHE.md): a resident read into device memory is cut into units of
+ * copy_unit bytes; the workers read a unit's chunks into one of copy_units pinned buffers of the
+ * device, one chunk each, and the worker that lands a unit's last chunk copies the whole unit to
+ * the GPU in one cuMemcpyHtoDAsync on the device's unit stream. Unit seq lives in buffer
+ * seq % copy_units, round seq / copy_units: a round's chunks are read only after the previous
+ * round's copy from that buffer is done.
+ */
+struct ferry__units;
+struct ferry__entry;
+/* Should e (set up, not yet submitted) go through copy units? */
+bool ferry__units_eligible(ferry_ctx *ctx, const struct ferry__entry *e);
+/* Under ctx->mu: makes c (just cut from e at e->cursor, of length len) a piece of e's current unit. */
+void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__chunk *c);
+/* Points c's slot at its place in the unit buffer (making the device's units at first use).
+ * false with c->result set when they cannot be made. */
+bool ferry__units_slot(struct ferry__ioq *q, struct ferry__chunk *c);
+/* Before c's first read: waits until the unit's previous round is copied out of its buffer. */
+void ferry__units_wait(struct ferry__ioq *q, struct ferry__chunk *c);
+/* c's read is over (any result): true when c landed the unit's last piece and now carries the
+ * unit's copy (it joined the GPU list), false when c is finished. */
+bool ferry__units_arrive(struct ferry__ioq *q, struct ferry__chunk *c);
+void ferry__units_free(ferry_ctx *ctx);
 
 /* ------------------------------------------------------------------------------------- context */
 
@@ -335,6 +372,11 @@ struct ferry__entry {
 	int dev;          /* device of buf, -1 for host memory */
 	int path;         /* enum ferry__path */
 	void *start_ev;   /* stream-ordered: a CUevent on the caller's stream; copies to or from buf wait for it */
+	bool units;       /* resident, read into device memory through copy units (decided at submission) */
+	uint64_t unit_seq;       /* the unit being handed out (under ctx->mu) */
+	unsigned unit_left, unit_np;
+	uint64_t unit_first;     /* file offset of its first byte */
+	size_t unit_bytes;
 	int64_t result;
 	struct ferry__group *group;
 	struct ferry__entry *next_work;
@@ -365,6 +407,11 @@ struct ferry_ctx {
 	unsigned nslot_cache, slot_cache_cap;
 	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
 	struct ferry__publish_counters *pub; /* NULL unless publish=1 */
+	/* copy units (src/io/units.c): a few large pinned buffers per device that the workers fill
+	 * together, each copied to the GPU in one piece on one stream */
+	pthread_mutex_t units_mu;
+	struct ferry__units *units[FERRY__MAX_GPUS];
+	uint64_t unit_next; /* sequence of units handed out, under mu */
 };
 
 /* Counts into local counters (a queue's, folded in by ferry__stats_flush) or, with local NULL,

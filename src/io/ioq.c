@@ -117,6 +117,8 @@ void ferry__ioq_push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
  */
 static bool copied_by_thread(const struct ferry__ioq *q, const struct ferry__chunk *c)
 {
+	if (c->in_unit)
+		return true;
 	return c->cached && c->staged && !c->is_write && q->ops != &ferry__backend_psync &&
 	       q->ctx->cfg.cached_io == FERRY__CACHED_IO_THREAD;
 }
@@ -175,6 +177,10 @@ static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	if (!c->slot)
 		return;
+	if (c->in_unit) { /* its place in a copy unit, not one of the queue's slots */
+		c->slot = NULL;
+		return;
+	}
 	q->free_slots[q->nfree_slots++] = c->slot_index;
 	c->slot = NULL;
 	if (c->cached && c->staged)
@@ -219,6 +225,13 @@ void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 		return;
 	}
 	if (ferry__chunk_begin(q->ctx, q->stats, c, q->nslots ? q->slot_size : 0)) {
+		if (c->in_unit) {
+			if (!ferry__units_slot(q, c)) /* no unit buffers: c->result says why */
+				ferry__ioq_push_finished(q, c);
+			else
+				start(q, c);
+			return;
+		}
 		if (!can_take_slot(q, c)) {
 			c->next = q->slot_wait; /* newest first: the list is scanned for the oldest */
 			q->slot_wait = c;
@@ -258,6 +271,14 @@ static void gpu_done(struct ferry__ioq *q, struct ferry__chunk *c)
 
 static void stored(struct ferry__ioq *q, struct ferry__chunk *c)
 {
+	if (c->in_unit) {
+		/* every piece arrives once, whatever its result; the last one carries the copy */
+		if (ferry__units_arrive(q, c))
+			return;
+		release_slot(q, c);
+		ferry__ioq_push_finished(q, c);
+		return;
+	}
 	if (c->dev >= 0 && !c->is_write && c->result > 0 && ferry__gpu_chunk_stored(q, c))
 		return;
 	release_slot(q, c);
@@ -274,6 +295,8 @@ static void run_one_sync(struct ferry__ioq *q)
 	if (!q->sync_head)
 		q->sync_tail = NULL;
 	c->next = NULL;
+	if (c->in_unit)
+		ferry__units_wait(q, c); /* the buffer's previous round is copied out */
 	ferry__chunk_op(c, &op);
 	int64_t res = ferry__fault(c, ferry__psync_do(&op));
 	if (ferry__chunk_complete(q->ctx, q->stats, c, res) == FERRY__CH_AGAIN)

@@ -18,6 +18,7 @@
 static unsigned char *expect;
 static uint64_t seed = 7;
 static const char *cached_io = "thread"; /* who copies page-cache-resident chunks */
+static const char *copy_unit = "8m", *copy_units = "4"; /* copy units of resident reads */
 
 static ferry_ctx *make_ctx(const char *path, const char *direct)
 {
@@ -28,6 +29,8 @@ static ferry_ctx *make_ctx(const char *path, const char *direct)
 	T_ASSERT(ferry_ctx_set(ctx, "direct", direct) == 0);
 	T_ASSERT(ferry_ctx_set(ctx, "chunk_size", "1m") == 0);
 	T_ASSERT(ferry_ctx_set(ctx, "cached_io", cached_io) == 0);
+	T_ASSERT(ferry_ctx_set(ctx, "copy_unit", copy_unit) == 0);
+	T_ASSERT(ferry_ctx_set(ctx, "copy_units", copy_units) == 0);
 	return ctx;
 }
 
@@ -109,6 +112,20 @@ static void reads(const char *file, const char *path, const char *direct)
 		dev_equals(bufs + ((size_t)i << 20), lens[i], offs[i], "concurrent");
 	}
 	ferry_gpu_free(bufs);
+	/* concurrent requests of several chunks each: copy units of several requests in flight */
+	enum { NB = 16 };
+	T_ASSERT(ferry_gpu_malloc(0, (size_t)NB * (7u << 20), (void **)&bufs) == 0);
+	for (int i = 0; i < NB; i++) {
+		lens[i] = (size_t)(t_rand(&seed) % (6u << 20)) + (1u << 20) + 1;
+		offs[i] = t_rand(&seed) % (SIZE - lens[i]);
+		T_ASSERT(ferry_pread_async(f, bufs + (size_t)i * (7u << 20), lens[i], offs[i], &r[i]) == 0);
+	}
+	for (int i = 0; i < NB; i++) {
+		T_EQ_INT(ferry_req_wait(r[i], -1), lens[i]);
+		ferry_req_free(r[i]);
+		dev_equals(bufs + (size_t)i * (7u << 20), lens[i], offs[i], "concurrent, several chunks");
+	}
+	ferry_gpu_free(bufs);
 	/* a batch */
 	ferry_batch *b;
 	T_ASSERT(ferry_batch_create(ctx, &b) == 0);
@@ -122,9 +139,16 @@ static void reads(const char *file, const char *path, const char *direct)
 	/* the file was just written, so direct=auto finds it resident and reads it from the cache */
 	if (!strcmp(direct, "auto") && (!strcmp(path, "auto") || !strncmp(path, "cpu", 3))) {
 		uint64_t cached = ferry_ctx_stat(ctx, FERRY_STAT_CACHED_CHUNKS);
-		printf("    cached_io=%s: %llu chunks read from the page cache\n", cached_io,
-		       (unsigned long long)cached);
+		uint64_t units = ferry_ctx_stat(ctx, FERRY_STAT_UNIT_COPIES);
+		printf("    cached_io=%s copy_unit=%s copy_units=%s: %llu chunks read from the page cache, "
+		       "%llu unit copies\n", cached_io, copy_unit, copy_units, (unsigned long long)cached,
+		       (unsigned long long)units);
 		T_CHECK(cached > 0);
+		/* copy units take the resident reads of two chunks or more, unless turned off */
+		if (!strcmp(path, "auto") && !strcmp(cached_io, "thread") && strcmp(copy_unit, "0"))
+			T_CHECK(units > 0);
+		else
+			T_CHECK(units == 0);
 	}
 out:
 	ferry_gpu_free(dev);
@@ -251,6 +275,17 @@ int main(int argc, char **argv)
 		cached_io = "ring";
 		reads(file, "auto", "auto");
 		cached_io = "thread";
+		/* copy units off; then small units, few of them, reused all the time */
+		copy_unit = "0";
+		reads(file, "auto", "auto");
+		copy_unit = "2m";
+		copy_units = "1";
+		reads(file, "auto", "auto");
+		copy_units = "2";
+		copy_unit = "3m";
+		reads(file, "auto", "auto");
+		copy_unit = "8m";
+		copy_units = "4";
 		/* forced fallbacks: no O_DIRECT descriptor at all; GDS then refuses with that reason */
 		reads(file, "auto", "off");
 		reads(file, "gds", "off");

@@ -1,0 +1,274 @@
+/*
+ * Copy units: page-cache-resident reads into device memory in few, large copies from a small set
+ * of pinned buffers (docs/PAGECACHE.md has the measurement that chose this).
+ *
+ * A unit is copy_unit bytes of one request (an entry), cut at chunk boundaries. The workers take
+ * a unit entry's chunks one at a time, so a unit's chunks are read by several workers at once,
+ * each into its place in the unit's buffer (pread: the data is in RAM). Whichever worker lands the
+ * last chunk of the unit copies the whole unit to the GPU with one cuMemcpyHtoDAsync on the
+ * device's unit stream, records the buffer's event there, and carries its own chunk until that
+ * copy is done; the other chunks are finished as soon as they are read, so a request completes
+ * only after the copy that holds its last unit's data. Unit seq uses buffer seq % n in round
+ * seq / n; a chunk of round r waits before its read until round r - 1 was copied out of the
+ * buffer. Every piece of a unit arrives exactly once, whatever its result, so no round waits for
+ * ever; a unit with a failed or short piece copies only its good pieces.
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "gpu/shim.h"
+#include "io/io.h"
+
+#define MAX_PIECES 64 /* chunks per unit */
+
+struct unit {
+	atomic_long issued;  /* last round whose copy was issued, -1 for none */
+	atomic_uint arrived; /* pieces of the current round that are read (or failed) */
+	ferry__CUevent ev;   /* recorded after each round's copy */
+	/* the current round's pieces, written by their readers before they arrive */
+	uint32_t len[MAX_PIECES];
+	size_t off[MAX_PIECES]; /* in the unit */
+	bool ok[MAX_PIECES];
+};
+
+struct ferry__units {
+	int dev;
+	atomic_bool failed; /* could not be made, or the device failed a worker: unit chunks fail with err */
+	int64_t err;
+	size_t unit_size;
+	unsigned n;
+	char *mem;
+	ferry__CUstream stream;
+	struct unit *u;
+};
+
+static unsigned pieces_per_unit(const ferry_ctx *ctx)
+{
+	uint64_t p = ctx->cfg.copy_unit / ctx->cfg.chunk_size;
+	return p > MAX_PIECES ? MAX_PIECES : (unsigned)p;
+}
+
+bool ferry__units_eligible(ferry_ctx *ctx, const struct ferry__entry *e)
+{
+	unsigned ppu = pieces_per_unit(ctx);
+	struct stat st;
+
+	if (ppu < 2 || !ctx->cfg.copy_units || e->dev < 0 || e->is_write || e->path != FERRY__P_PIPE ||
+	    e->start_ev || ctx->cfg.direct != FERRY__DIRECT_AUTO || ctx->cfg.cached_io != FERRY__CACHED_IO_THREAD ||
+	    e->len < 2 * ctx->cfg.chunk_size)
+		return false;
+	/* the device's units were made for this unit size (chunk_size may change between requests) */
+	pthread_mutex_lock(&ctx->units_mu);
+	struct ferry__units *us = ctx->units[e->dev];
+	bool fits = !us || us->unit_size == (size_t)ppu * ctx->cfg.chunk_size;
+	pthread_mutex_unlock(&ctx->units_mu);
+	if (!fits)
+		return false;
+	/* a unit is copied whole: never past the end of the file into the caller's memory */
+	if (fstat(e->f->fd_buf, &st) || (uint64_t)st.st_size < e->off + e->len)
+		return false;
+	return ferry__range_resident(e->f->fd_buf, e->off, e->len);
+}
+
+void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__chunk *c)
+{
+	uint64_t end = e->off + e->len;
+
+	if (!e->unit_left) {
+		/* a new unit from here: its pieces are the next ppu chunks of the entry */
+		unsigned ppu = pieces_per_unit(ctx), np = 0;
+		uint64_t cur = c->off;
+		while (np < ppu && cur < end) {
+			cur = ferry__chunk_end(cur, end, ctx->cfg.chunk_size);
+			np++;
+		}
+		e->unit_seq = ctx->unit_next++;
+		e->unit_left = e->unit_np = np;
+		e->unit_first = c->off;
+		e->unit_bytes = (size_t)(cur - c->off);
+	}
+	c->in_unit = true;
+	c->unit_ready = false;
+	c->unit_seq = e->unit_seq;
+	c->unit_np = e->unit_np;
+	c->unit_idx = e->unit_np - e->unit_left;
+	c->unit_off = (size_t)(c->off - e->unit_first);
+	c->unit_bytes = e->unit_bytes;
+	c->unit_base = c->buf - c->unit_off;
+	e->unit_left--;
+}
+
+static struct ferry__units *units_make(ferry_ctx *ctx, int dev)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	struct ferry__units *us = calloc(1, sizeof(*us));
+	ferry__CUresult r = FERRY__CUDA_SUCCESS;
+
+	if (!us)
+		return NULL;
+	us->dev = dev;
+	us->n = (unsigned)ctx->cfg.copy_units;
+	us->unit_size = (size_t)pieces_per_unit(ctx) * ctx->cfg.chunk_size;
+	us->u = calloc(us->n, sizeof(*us->u));
+	if (!us->u) {
+		us->err = ferry__error(-ENOMEM, "copy units of device %d", dev);
+		atomic_store(&us->failed, true);
+		return us;
+	}
+	r = cu->MemHostAlloc((void **)&us->mem, us->unit_size * us->n, FERRY__CU_MEMHOSTALLOC_PORTABLE);
+	if (!r)
+		r = cu->StreamCreate(&us->stream, FERRY__CU_STREAM_NON_BLOCKING);
+	for (unsigned i = 0; !r && i < us->n; i++) {
+		atomic_init(&us->u[i].issued, -1);
+		atomic_init(&us->u[i].arrived, 0);
+		r = cu->EventCreate(&us->u[i].ev, FERRY__CU_EVENT_DISABLE_TIMING);
+	}
+	if (r) {
+		us->err = ferry__cuda_fail(r, "making %u copy units of %zu bytes on device %d", us->n,
+					   us->unit_size, dev);
+		atomic_store(&us->failed, true);
+	}
+	return us;
+}
+
+bool ferry__units_slot(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	ferry_ctx *ctx = q->ctx;
+	struct ferry__units *us;
+
+	bool usable = ferry__gpu_use(q, c); /* the device current, and this worker's stream and events */
+	pthread_mutex_lock(&ctx->units_mu);
+	us = ctx->units[c->dev];
+	if (!us && usable)
+		us = ctx->units[c->dev] = units_make(ctx, c->dev);
+	if (us && !usable && !atomic_load(&us->failed)) {
+		/* this chunk will never arrive at its unit: nobody may wait for the unit again */
+		us->err = c->result;
+		atomic_store(&us->failed, true);
+	}
+	pthread_mutex_unlock(&ctx->units_mu);
+	if (!usable)
+		return false;
+	if (!us) {
+		c->result = ferry__error(-ENOMEM, "copy units of device %d", c->dev);
+		return false;
+	}
+	if (atomic_load(&us->failed)) {
+		c->result = us->err;
+		return false;
+	}
+	c->slot = us->mem + (size_t)(c->unit_seq % us->n) * us->unit_size + c->unit_off;
+	c->slot_index = -1;
+	return true;
+}
+
+static struct unit *unit_of(const struct ferry__ioq *q, const struct ferry__chunk *c, long *round)
+{
+	struct ferry__units *us = q->ctx->units[c->dev]; /* made before the chunk got its slot */
+
+	*round = (long)(c->unit_seq / us->n);
+	return &us->u[c->unit_seq % us->n];
+}
+
+void ferry__units_wait(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	struct ferry__units *us = q->ctx->units[c->dev];
+	long round;
+	struct unit *u = unit_of(q, c, &round);
+
+	if (c->unit_ready)
+		return;
+	c->unit_ready = true;
+	if (round == 0)
+		return;
+	/* the previous round's pieces are all read (by workers that took them before this one) */
+	while (atomic_load_explicit(&u->issued, memory_order_acquire) < round - 1) {
+		if (atomic_load(&us->failed))
+			return; /* a piece of it will never come; arrive fails this chunk */
+		sched_yield();
+	}
+	/* and its copy is out of the buffer: issued is round - 1 until this round's copy, so the
+	 * event is that copy's */
+	ferry__CUresult r;
+	while ((r = cu->EventQuery(u->ev)) == FERRY__CUDA_ERROR_NOT_READY)
+		;
+	/* an error here belongs to the copy of the previous round, whose carrier reports it */
+	(void)r;
+}
+
+bool ferry__units_arrive(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	struct ferry__units *us = q->ctx->units[c->dev];
+	long round;
+	struct unit *u = unit_of(q, c, &round);
+	ferry__CUresult r;
+
+	if (atomic_load(&us->failed)) {
+		if (c->result >= 0)
+			c->result = us->err;
+		return false;
+	}
+	u->len[c->unit_idx] = (uint32_t)c->len;
+	u->off[c->unit_idx] = c->unit_off;
+	u->ok[c->unit_idx] = c->result == (int64_t)c->len;
+	if (atomic_fetch_add_explicit(&u->arrived, 1, memory_order_acq_rel) + 1 != c->unit_np)
+		return false; /* read; the unit's last reader copies it */
+	/* the last piece: copy the unit (its good pieces, if one failed or came short) */
+	atomic_store_explicit(&u->arrived, 0, memory_order_relaxed);
+	bool all = true;
+	for (unsigned i = 0; i < c->unit_np; i++)
+		all &= u->ok[i];
+	const char *base = c->slot - c->unit_off;
+	ferry__CUdeviceptr dst = (ferry__CUdeviceptr)(uintptr_t)c->unit_base;
+	if (all) {
+		r = cu->MemcpyHtoDAsync(dst, base, c->unit_bytes, us->stream);
+	} else {
+		r = FERRY__CUDA_SUCCESS;
+		for (unsigned i = 0; i < c->unit_np && !r; i++)
+			if (u->ok[i])
+				r = cu->MemcpyHtoDAsync(dst + u->off[i], base + u->off[i], u->len[i], us->stream);
+	}
+	ferry__CUresult re = r ? r : cu->EventRecord(u->ev, us->stream);
+	/* the next round may start even after a failure: its readers wait for issued, then the event */
+	atomic_store_explicit(&u->issued, round, memory_order_release);
+	q->stats[FERRY_STAT_UNIT_COPIES]++;
+	if (r || re) {
+		if (c->result >= 0)
+			c->result = ferry__cuda_fail(r ? r : re, "copy of a %zu-byte unit from %s (offset %llu)",
+						     c->unit_bytes, c->f->path,
+						     (unsigned long long)(c->off - c->unit_off));
+		return false;
+	}
+	return ferry__gpu_record_on(q, c, us->stream);
+}
+
+void ferry__units_free(ferry_ctx *ctx)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+
+	for (int d = 0; d < FERRY__MAX_GPUS; d++) {
+		struct ferry__units *us = ctx->units[d];
+		if (!us)
+			continue;
+		if (cu && ferry__cuda_set_device(d) == 0) {
+			if (us->stream)
+				cu->StreamSynchronize(us->stream);
+			for (unsigned i = 0; us->u && i < us->n; i++)
+				if (us->u[i].ev)
+					cu->EventDestroy(us->u[i].ev);
+			if (us->stream)
+				cu->StreamDestroy(us->stream);
+			if (us->mem)
+				cu->MemFreeHost(us->mem);
+		}
+		free(us->u);
+		free(us);
+		ctx->units[d] = NULL;
+	}
+}
