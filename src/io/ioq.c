@@ -297,12 +297,14 @@ static void run_one_sync(struct ferry__ioq *q)
 	c->next = NULL;
 	if (c->in_unit)
 		ferry__units_wait(q, c); /* the buffer's previous round is copied out */
-	ferry__chunk_op(c, &op);
-	int64_t res = ferry__fault(c, ferry__psync_do(&op));
-	if (ferry__chunk_complete(q->ctx, q->stats, c, res) == FERRY__CH_AGAIN)
-		prep(q, c);
-	else
-		stored(q, c);
+	/* to the end here: a short read sent to the back of the list could wait behind a later
+	 * round of its own unit buffer, which waits for it */
+	int64_t res;
+	do {
+		ferry__chunk_op(c, &op);
+		res = ferry__fault(c, ferry__psync_do(&op));
+	} while (ferry__chunk_complete(q->ctx, q->stats, c, res) == FERRY__CH_AGAIN);
+	stored(q, c);
 }
 
 int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **out, unsigned max)

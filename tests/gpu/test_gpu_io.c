@@ -145,7 +145,8 @@ static void reads(const char *file, const char *path, const char *direct)
 		       (unsigned long long)units);
 		T_CHECK(cached > 0);
 		/* copy units take the resident reads of two chunks or more, unless turned off */
-		if (!strcmp(path, "auto") && !strcmp(cached_io, "thread") && strcmp(copy_unit, "0"))
+		if ((!strcmp(path, "auto") || !strcmp(path, "cpu-async-gpu")) && !strcmp(cached_io, "thread") &&
+		    strcmp(copy_unit, "0"))
 			T_CHECK(units > 0);
 		else
 			T_CHECK(units == 0);
