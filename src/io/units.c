@@ -71,7 +71,19 @@ bool ferry__units_eligible(ferry_ctx *ctx, const struct ferry__entry *e)
 	/* a unit is copied whole: never past the end of the file into the caller's memory */
 	if (fstat(e->f->fd_buf, &st) || (uint64_t)st.st_size < e->off + e->len)
 		return false;
-	return ferry__range_resident(e->f->fd_buf, e->off, e->len);
+	/* resident: three chunks sampled (start, middle, end). cachestat walks every page of its
+	 * range, and for a whole GiB that cost about as long as copying a tenth of it, on the
+	 * submitting thread before any worker starts; the chunk path checks each chunk, in parallel.
+	 * A range that is resident at both ends and the middle but not in between is still read
+	 * correctly, through the page cache. */
+	uint64_t cs = ctx->cfg.chunk_size, end = e->off + e->len; /* len >= 2 chunks */
+	uint64_t mid = e->off + e->len / 2;
+	mid -= mid % cs;
+	if (mid < e->off)
+		mid = e->off;
+	return ferry__range_resident(e->f->fd_buf, e->off, cs) &&
+	       ferry__range_resident(e->f->fd_buf, mid, end - mid < cs ? end - mid : cs) &&
+	       ferry__range_resident(e->f->fd_buf, end - cs, cs);
 }
 
 void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__chunk *c)
