@@ -128,6 +128,26 @@ class Tokens(Dataset):
         return torch.from_numpy(np.array(self.mm[i * SEQ:(i + 1) * SEQ]))
 
 
+def thread_cpu_s():
+    """(whole process, the calling (consumer) thread) CPU seconds, from /proc/self/task/*/stat:
+    the rest is the loader's pipeline threads, the I/O engine's workers, io_uring's io-wq threads
+    and torch's own threads."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = mine = 0.0
+    me = threading.get_native_id()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        c = (int(fields[11]) + int(fields[12])) / tick
+        total += c
+        if int(t) == me:
+            mine = c
+    return total, mine
+
+
 def proc_cpu_s(pids):
     tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
@@ -182,8 +202,76 @@ class FerryPeer:
     def cpu_s(self):
         return proc_cpu_s([os.getpid()])
 
+    def cpu_split(self):
+        return thread_cpu_s()
+
     def close(self):
         self.loader.close()
+
+
+class NullPeer:
+    """No loader: the same batch, already on the GPU, every step. Its GPU wait is the floor the step
+    loop itself has (event records, the batch's read, launch gaps), which no loader can go under."""
+
+    def __init__(self, batch, device):
+        self.b = torch.zeros((batch, SEQ), dtype=torch.uint16, device=device)
+
+    def batches(self):
+        while True:
+            yield self.b
+
+    def close(self):
+        pass
+
+
+def mosaic_import():
+    """streaming, or the reason it cannot be used. Its package imports transformers (only for
+    isinstance checks in StreamingDataLoader and the tokenizers of its C4/Pile datasets, none of
+    which local MDS reading uses): when transformers is missing, stand-in classes are installed so
+    that the 13 MB wheel and its dependencies need not be carried (bench/loader-gpu.sh)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        import types
+        for name, attrs in (("transformers", ()), ("transformers.feature_extraction_utils", ("BatchFeature",)),
+                            ("transformers.tokenization_utils_base", ("BatchEncoding",)),
+                            ("transformers.models", ()), ("transformers.models.auto", ()),
+                            ("transformers.models.auto.tokenization_auto", ("AutoTokenizer",))):
+            m = types.ModuleType(name)
+            for a in attrs:
+                setattr(m, a, type(a, (dict,), {}))
+            sys.modules[name] = m
+    try:
+        import streaming
+        return streaming, ""
+    except Exception as e:  # ImportError, or a wheel built against another torch
+        return None, f"{type(e).__name__}: {e}"
+
+
+def make_mds(streaming, bin_path, d):
+    """The same samples (2048 uint16 tokens each, in order) as streaming's MDS shards, uncompressed."""
+    out = os.path.join(d, "mds")
+    if os.path.exists(os.path.join(out, "index.json")):
+        return out
+    mm = np.memmap(bin_path, dtype=np.uint16, mode="r")
+    with streaming.MDSWriter(out=out, columns={"tokens": f"ndarray:uint16:{SEQ}"}, compression=None,
+                             size_limit=1 << 27) as w:
+        for i in range(len(mm) // SEQ):
+            w.write({"tokens": np.asarray(mm[i * SEQ:(i + 1) * SEQ])})
+    return out
+
+
+class MosaicPeer(TorchPeer):
+    """StreamingDataset (local MDS, no remote) + DataLoader as its docs show, with the DataLoader
+    peer's settings (8 workers, pin_memory, prefetch_factor 4), then .to(device, non_blocking)."""
+
+    def __init__(self, streaming, mds, batch, shuffle, device):
+        self.device = device
+        ds = streaming.StreamingDataset(local=mds, shuffle=shuffle, batch_size=batch, shuffle_seed=0)
+        self.dl = DataLoader(ds, batch_size=batch, num_workers=8, pin_memory=True, prefetch_factor=4,
+                             persistent_workers=True, collate_fn=lambda xs: torch.from_numpy(
+                                 np.stack([x["tokens"] for x in xs])))
+        self.it = None
 
 
 # ---------------------------------------------------------------------------------- measures
@@ -194,6 +282,8 @@ def alone(peer, seconds, max_samples=None):
     it = peer.batches()
     b = next(it)
     torch.cuda.synchronize()
+    split = getattr(peer, "cpu_split", None)
+    s0 = split() if split else None
     t0, c0 = time.perf_counter(), peer.cpu_s()
     samples = 0
     end = t0 + seconds
@@ -202,6 +292,9 @@ def alone(peer, seconds, max_samples=None):
         samples += b.shape[0]
     torch.cuda.synchronize()
     el = time.perf_counter() - t0
+    if s0 is not None:
+        s1 = split()
+        peer.split_cores = ((s1[0] - s0[0]) / el, (s1[1] - s0[1]) / el)
     return samples / el, (peer.cpu_s() - c0) / el, samples * SEQ * 2 / el
 
 
@@ -252,7 +345,7 @@ def main():
     ap.add_argument("--seconds", type=float, default=8, help="per measured run")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1, help="ferry pipeline threads, warm")
-    ap.add_argument("--cold-threads", type=int, default=4, help="ferry pipeline threads, cold")
+    ap.add_argument("--cold-threads", type=int, default=8, help="ferry pipeline threads, cold")
     ap.add_argument("--prefetch", type=int, default=8)
     ap.add_argument("--step-fraction", type=float, default=0.8)
     ap.add_argument("--warm-dir", default="/dev/shm/ferry-loader")
@@ -277,11 +370,18 @@ def main():
     for order in ("sequential", "shuffle", "block"):
         p = FerryPeer(prefix, B, order, dev, a.threads, a.prefetch)
         sps, cores, bps = alone(p, S)
-        pipe = p.loader.stats()["cpu_cores"]
+        st = p.loader.stats()
+        pipe = st["cpu_cores"]
+        whole, consumer = p.split_cores
         p.close()
         peaks[f"ferry {order}"] = sps
         table(f"loader warm ferry {order}", f"{sps:.0f} samples/s",
-              f"{bps / 1e9:.2f} GB/s, {cores:.2f} cores (pipeline {pipe:.2f}), threads {a.threads}")
+              f"{bps / 1e9:.2f} GB/s, {whole:.2f} cores in the process = consumer thread {consumer:.2f} "
+              f"(the Python loop, ferry.Loader's per-batch Python included) + other threads "
+              f"{whole - consumer:.2f} (loader pipeline {pipe:.2f}, I/O engine, torch), threads {a.threads}, "
+              f"{st.get('inline_reads', 0):.0f}/{st.get('reads', 0):.0f} reads inline")
+        table(f"loader warm ferry {order} CPU cores without the consumer", f"{whole - consumer:.2f}",
+              "goal <= 1 core for the loader")
     for shuffle in (False, True):
         name = "torch " + ("shuffle" if shuffle else "sequential")
         p = TorchPeer(bin_path, B, shuffle, dev)
@@ -295,16 +395,39 @@ def main():
             table(f"loader warm {name} GPU wait at {a.step_fraction:.0%} of peak", f"{wait * 100:.2f}%",
                   f"step {step * 1e6:.0f} us, {rate * B:.0f} samples/s")
         p.close()
+    streaming, why = mosaic_import()
+    if streaming is None:
+        table("loader warm mosaic", "skipped", why)
+    else:
+        t = time.perf_counter()
+        mds = make_mds(streaming, bin_path, a.warm_dir)
+        table("loader mosaic data", "MDS", f"written in {time.perf_counter() - t:.0f} s, streaming "
+              f"{getattr(streaming, '__version__', '?')}")
+        p = MosaicPeer(streaming, mds, B, True, dev)
+        sps, cores, bps = alone(p, S)
+        p.close()
+        peaks["mosaic shuffle"] = sps
+        table("loader warm mosaic shuffle", f"{sps:.0f} samples/s",
+              f"{bps / 1e9:.2f} GB/s, {cores:.2f} cores, StreamingDataset + DataLoader 8 workers, pin_memory, "
+              "prefetch_factor 4")
+        table("loader warm ferry/mosaic shuffle", f"{peaks['ferry shuffle'] / sps:.2f}x", "samples/s ratio")
+        if not a.keep:
+            import shutil
+            shutil.rmtree(mds, ignore_errors=True)
     ratio = peaks["ferry shuffle"] / peaks["torch shuffle"]
     table("loader warm ferry/torch shuffle", f"{ratio:.2f}x", "samples/s ratio (goal >= 3x)")
-    p = FerryPeer(prefix, B, "shuffle", dev, a.threads, a.prefetch)
     step = B / (peaks["ferry shuffle"] * a.step_fraction)
+    p = NullPeer(B, dev)
+    floor, _ = with_gpu_step(p, step, min(S, 3), hz)
+    table("loader warm no-loader GPU wait floor", f"{floor * 100:.2f}%",
+          f"step {step * 1e6:.0f} us on a batch already on the GPU: the step loop's own gaps")
+    p = FerryPeer(prefix, B, "shuffle", dev, a.threads, a.prefetch)
     wait, rate = with_gpu_step(p, step, S, hz)
     st = p.loader.stats()
     p.close()
     table(f"loader warm ferry shuffle GPU wait at {a.step_fraction:.0%} of peak", f"{wait * 100:.2f}%",
           f"step {step * 1e6:.0f} us, {rate * B:.0f} samples/s, loader p99 wait {st['wait_p99_ns'] / 1e3:.0f} us "
-          "(goal < 1%)")
+          f"(goal < 1%; above the no-loader floor: {max(0.0, wait - floor) * 100:.2f}%)")
     if not a.keep:
         for f in (bin_path, prefix + ".idx"):
             os.unlink(f)
@@ -320,7 +443,7 @@ def main():
     table("loader cold raw read ceiling", f"{ceiling / 1e9:.2f} GB/s", f"O_DIRECT 8 x 8 MiB, {a.cold_dir}")
     for order in ("sequential", "shuffle", "block"):
         drop_caches()
-        p = FerryPeer(prefix, B, order, dev, a.cold_threads, max(a.prefetch, 16))
+        p = FerryPeer(prefix, B, order, dev, a.cold_threads, max(a.prefetch, 32))
         sps, cores, bps = alone(p, S, max_samples=n - 2 * B)
         p.close()
         table(f"loader cold ferry {order}", f"{bps / 1e9:.2f} GB/s",

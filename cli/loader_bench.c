@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "commands.h"
@@ -23,11 +24,20 @@ static uint64_t now_ns(void)
 
 struct run {
 	double seconds, samples_per_s, bytes_per_s, wait_total, wait_p50, wait_p99, wait_max, cpu_s;
-	double steps, reads, wait_share;
+	double steps, reads, wait_share, proc_cpu_s, inline_reads;
 };
 
 static const char *knobs[] = {"batch_size", "seq_len", "order", "block", "threads", "prefetch", "device",
-			      "world_size", "rank", "seed", "merge_gap", "epoch", NULL};
+			      "world_size", "rank", "seed", "merge_gap", "epoch", "inline_cached", NULL};
+
+/* CPU seconds of the whole process: pipeline threads, the engine's workers, io_uring's io-wq
+ * threads (they count as the process's), and this consumer. */
+static double proc_cpu_s(void)
+{
+	struct rusage ru;
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
 
 static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_t step_ns, struct run *r)
 {
@@ -45,6 +55,7 @@ static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_
 		ferry_loader_destroy(l);
 		return -1;
 	}
+	double c0 = proc_cpu_s();
 	uint64_t t0 = now_ns(), end = t0 + (uint64_t)(seconds * 1e9), busy = 0;
 	ferry_loader_batch *b;
 	int rc;
@@ -65,7 +76,9 @@ static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_
 		return -1;
 	}
 	double el = (double)(now_ns() - t0) / 1e9;
+	r->proc_cpu_s = proc_cpu_s() - c0;
 	r->seconds = el;
+	r->inline_reads = ferry_loader_metric(l, "inline_reads");
 	r->samples_per_s = ferry_loader_metric(l, "samples_per_s");
 	r->bytes_per_s = ferry_loader_metric(l, "bytes_per_s");
 	r->wait_total = ferry_loader_metric(l, "wait_total_ns") / 1e9;
@@ -86,7 +99,7 @@ static void usage(FILE *f)
 	fprintf(f, "usage: ferry loader-bench DATASET [options]\n"
 		   "  --batch-size N  --seq-len N (token windows; 0: whole samples)  --order sequential|shuffle|block\n"
 		   "  --block N  --threads N  --prefetch N  --device cpu|N  --world-size N --rank N --seed N\n"
-		   "  --merge-gap BYTES  --seconds S (per run, default 10)\n"
+		   "  --merge-gap BYTES  --inline-cached 0|1  --seconds S (per run, default 10)\n"
 		   "  --step-fraction F  also run with a synthetic step needing F of the peak rate (e.g. 0.8)\n"
 		   "  --name NAME        label of the TABLE lines   --json  one JSON object\n");
 }
@@ -163,18 +176,21 @@ int ferry_cmd_loader_bench(int argc, char **argv)
 	}
 	if (json) {
 		printf("{\"name\": \"%s\", \"dataset\": \"%s\", \"samples_per_s\": %.1f, \"bytes_per_s\": %.0f, "
-		       "\"cpu_cores\": %.3f, \"steps\": %.0f, \"reads\": %.0f, \"wait_share\": %.5f, "
+		       "\"cpu_cores\": %.3f, \"process_cpu_cores\": %.3f, \"steps\": %.0f, \"reads\": %.0f, "
+		       "\"inline_reads\": %.0f, \"wait_share\": %.5f, "
 		       "\"wait_p50_us\": %.1f, \"wait_p99_us\": %.1f, \"wait_max_us\": %.1f",
-		       name, path, peak.samples_per_s, peak.bytes_per_s, peak.cpu_s / peak.seconds, peak.steps,
-		       peak.reads, peak.wait_share, peak.wait_p50, peak.wait_p99, peak.wait_max);
+		       name, path, peak.samples_per_s, peak.bytes_per_s, peak.cpu_s / peak.seconds,
+		       peak.proc_cpu_s / peak.seconds, peak.steps, peak.reads, peak.inline_reads, peak.wait_share, peak.wait_p50, peak.wait_p99, peak.wait_max);
 		if (step_ns)
 			printf(", \"step_fraction\": %.2f, \"step_us\": %.1f, \"fed_wait_share\": %.5f, "
 			       "\"fed_wait_p99_us\": %.1f, \"fed_samples_per_s\": %.1f",
 			       frac, step_ns / 1e3, fed.wait_share, fed.wait_p99, fed.samples_per_s);
 		printf("}\n");
 	} else {
-		printf("TABLE %s samples/s | %.0f | %.1f MiB/s, %.2f CPU cores in pipeline threads, %.0f steps\n",
-		       name, peak.samples_per_s, peak.bytes_per_s / 1048576.0, peak.cpu_s / peak.seconds, peak.steps);
+		printf("TABLE %s samples/s | %.0f | %.1f MiB/s, %.2f CPU cores in the process (pipeline threads %.2f), "
+		       "%.0f steps, %.0f of %.0f reads inline\n",
+		       name, peak.samples_per_s, peak.bytes_per_s / 1048576.0, peak.proc_cpu_s / peak.seconds,
+		       peak.cpu_s / peak.seconds, peak.steps, peak.inline_reads, peak.reads);
 		printf("TABLE %s wait p50/p99/max | %.0f/%.0f/%.0f us | consumer not computing (peak run)\n", name,
 		       peak.wait_p50, peak.wait_p99, peak.wait_max);
 		if (step_ns)

@@ -526,8 +526,9 @@ class Loader:
     def stats(self) -> dict:
         """Starvation and throughput since the pipeline (re)started: ``steps``, ``wait_total_ns``,
         ``wait_mean_ns``, ``wait_p50_ns``/``p90``/``p99``/``max``, ``bytes``, ``samples``,
-        ``elapsed_ns``, ``samples_per_s``, ``bytes_per_s``, ``reads``, ``merged``, ``cpu_ns``
-        (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
+        ``elapsed_ns``, ``samples_per_s``, ``bytes_per_s``, ``reads``, ``merged``, ``inline_reads``
+        (reads of page-cache-resident data done by the pipeline thread itself, not the I/O engine),
+        ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
         ``cpu_cores`` (pipeline CPU time / elapsed)."""
         m = self._ensure().metrics()
         out = {k: (v if k.endswith("_per_s") else int(v)) for k, v in m.items()}

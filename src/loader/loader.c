@@ -12,11 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "core/internal.h"
 #include "ferry/data.h"
 #include "format/shards.h"
 #include "gpu/shim.h"
+#include "io/io.h"
 #include "loader/sampler.h"
 
 int ferry__distributed_from_order(const int64_t *order, uint64_t n, uint32_t num_replicas,
@@ -58,6 +60,8 @@ struct worker {
 	size_t pieces_cap;
 	uint8_t *stage;
 	size_t stage_cap;
+	uint8_t *inl; /* per group of the batch being filled: read inline (1) or by the engine */
+	size_t inl_cap;
 	uint64_t cpu_ns;
 };
 
@@ -66,7 +70,7 @@ struct ferry_loader {
 	/* knobs */
 	uint32_t batch_size, world_size, rank, threads, prefetch;
 	uint64_t seq_len, seed, epoch, epochs, block, merge_gap;
-	int order, drop_last, drop_last_batch, device;
+	int order, drop_last, drop_last_batch, device, inline_cached;
 	/* resume position */
 	uint64_t pos_epoch, pos_batch;
 	/* derived */
@@ -85,7 +89,7 @@ struct ferry_loader {
 	const struct ferry__cuda_api *cu;
 	/* metrics */
 	uint64_t *waits, nwaits, waits_cap;
-	uint64_t t_start, bytes, samples, reads, merged;
+	uint64_t t_start, bytes, samples, reads, merged, inline_reads;
 	int err;
 	char errmsg[768];
 };
@@ -93,7 +97,7 @@ struct ferry_loader {
 static const char *const metric_names[] = {
 	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
 	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
-	"merged", "cpu_ns", NULL,
+	"merged", "cpu_ns", "inline_reads", NULL,
 };
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
@@ -112,6 +116,7 @@ int ferry_loader_create(ferry_dataset *ds, ferry_loader **out)
 	l->prefetch = 4;
 	l->block = 256;
 	l->device = -1;
+	l->inline_cached = 1;
 	l->pos_epoch = UINT64_MAX;
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_cond_init(&l->cv, NULL);
@@ -221,6 +226,12 @@ int ferry_loader_set(ferry_loader *l, const char *key, const char *value)
 		l->merge_gap = v;
 		return 0;
 	}
+	if (!strcmp(key, "inline_cached")) {
+		if (v > 1)
+			return ferry__error(FERRY_EBADOPT, "loader knob inline_cached: '%s' (0|1)", value);
+		l->inline_cached = (int)v;
+		return 0;
+	}
 	if (!strcmp(key, "drop_last") || !strcmp(key, "drop_last_batch")) {
 		if (v > 1)
 			return ferry__error(FERRY_EBADOPT, "loader knob %s: '%s' (0|1)", key, value);
@@ -311,6 +322,30 @@ static size_t group_end(const struct ferry_loader *l, const struct worker *w, si
 	return h;
 }
 
+/*
+ * Reads [off, off + len) of a shard with pread in the pipeline thread when the page cache holds all
+ * of it (cachestat: no side effects, unlike a RWF_NOWAIT read that starts read-ahead of what is
+ * missing). Returns 1 when done here, 0 when the engine must read it. Handing resident data to the
+ * engine costs a worker handoff per read and, for io_uring buffered reads that cannot complete
+ * inline (tmpfs here), a punt to an io-wq kernel thread: measured in docs/DATA.md, "Loader notes".
+ */
+static int read_inline(const struct ferry_loader *l, uint32_t file, uint64_t off, uint64_t len, void *dst)
+{
+	int fd = l->ds->files[file]->fd_buf;
+	if (!l->inline_cached || !ferry__range_resident(fd, off, len))
+		return 0;
+	uint64_t done = 0;
+	while (done < len) {
+		ssize_t r = pread(fd, (uint8_t *)dst + done, len - done, (off_t)(off + done));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) /* an error or end of file: the engine's read reports it with its detail */
+			return 0;
+		done += (uint64_t)r;
+	}
+	return 1;
+}
+
 static int fill(struct worker *w, struct ferry_loader_batch *s)
 {
 	struct ferry_loader *l = w->l;
@@ -369,7 +404,15 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	 * read in place; any other group goes through the staging buffer and is scattered. */
 	ferry_batch_reset(w->batch);
 	size_t stage_need = 0;
-	uint64_t reads = 0, merged = 0;
+	uint64_t reads = 0, merged = 0, inlined = 0;
+	/* One flag per group: read here (1) or by the engine (0); the error path below skips the former. */
+	if (np > w->inl_cap) {
+		uint8_t *f = realloc(w->inl, np);
+		if (!f)
+			return ferry__error(-ENOMEM, "loader: %zu reads", np);
+		w->inl = f;
+		w->inl_cap = np;
+	}
 	for (int pass = 0; pass < 2; pass++) {
 		size_t stage_pos = 0;
 		for (size_t g = 0; g < np;) {
@@ -381,17 +424,18 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			if (pass == 0) {
 				if (!inplace)
 					stage_need += span;
-			} else if (inplace) {
-				int r = ferry_batch_add_read(w->batch, l->ds->files[p0->file], p0->off, span,
-							     (uint8_t *)s->host + p0->dst);
-				if (r < 0)
-					return r;
 			} else {
-				int r = ferry_batch_add_read(w->batch, l->ds->files[p0->file], p0->off, span,
-							     w->stage + stage_pos);
-				if (r < 0)
-					return r;
-				stage_pos += span;
+				void *dst = inplace ? (uint8_t *)s->host + p0->dst : w->stage + stage_pos;
+				w->inl[g] = (uint8_t)read_inline(l, p0->file, p0->off, span, dst);
+				if (w->inl[g]) {
+					inlined++;
+				} else {
+					int r = ferry_batch_add_read(w->batch, l->ds->files[p0->file], p0->off, span, dst);
+					if (r < 0)
+						return r;
+				}
+				if (!inplace)
+					stage_pos += span;
 			}
 			if (pass == 1) {
 				reads++;
@@ -416,7 +460,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		if (r != 0) {
 			/* Name the entry that failed or came back short. */
 			size_t e = 0;
-			for (size_t g = 0, k = 0; g < np; k++) {
+			for (size_t g = 0, k = 0; g < np;) {
 				const struct piece *p0 = &w->pieces[w->sorted[g]];
 				uint64_t end = p0->off + p0->len;
 				size_t h = g + 1;
@@ -426,7 +470,11 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 						break;
 					end = p->off + p->len;
 				}
-				ssize_t res = ferry_batch_result(w->batch, k);
+				if (w->inl[g]) {
+					g = h;
+					continue;
+				}
+				ssize_t res = ferry_batch_result(w->batch, k++);
 				if (res < 0 || (uint64_t)res != end - p0->off) {
 					e = g;
 					if (res < 0)
@@ -463,6 +511,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	pthread_mutex_lock(&l->mu);
 	l->reads += reads;
 	l->merged += merged;
+	l->inline_reads += inlined;
 	l->bytes += s->bytes;
 	l->samples += count;
 	pthread_mutex_unlock(&l->mu);
@@ -695,6 +744,7 @@ void ferry_loader_destroy(ferry_loader *l)
 		free(w->order);
 		free(w->pieces);
 		free(w->sorted);
+		free(w->inl);
 		if (w->stage)
 			ferry_free_aligned(w->stage, w->stage_cap);
 	}
@@ -956,6 +1006,8 @@ double ferry_loader_metric(ferry_loader *l, const char *name)
 		r = (double)l->reads;
 	else if (!strcmp(name, "merged"))
 		r = (double)l->merged;
+	else if (!strcmp(name, "inline_reads"))
+		r = (double)l->inline_reads;
 	else if (!strcmp(name, "cpu_ns")) {
 		r = 0;
 		for (uint32_t t = 0; l->workers && t < l->threads; t++)

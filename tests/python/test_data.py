@@ -343,8 +343,9 @@ def test_stats(data):
     s = loader.stats()
     names = {"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
              "wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
-             "merged", "cpu_ns", "wait_fraction", "cpu_cores"}
+             "merged", "cpu_ns", "wait_fraction", "cpu_cores", "inline_reads"}
     assert names <= set(s), set(s) ^ names
+    assert 0 <= s["inline_reads"] <= s["reads"]
     assert s["steps"] == n == len(loader)
     assert 0 <= s["wait_p50_ns"] <= s["wait_p90_ns"] <= s["wait_p99_ns"] <= s["wait_max_ns"]
     assert s["wait_max_ns"] <= s["wait_total_ns"] <= s["elapsed_ns"]
