@@ -9,21 +9,23 @@ disk's raw read/write ceilings and the device-to-host copy time measured in the 
 
 The state is made once on the GPU; each file is written once (timed as that peer's save) and read
 by every loader: `peer.safetensors` (safetensors.torch.save_file) by safetensors, fastsafetensors,
-runai-model-streamer and ferry.safetensors.load_file; `peer.pt` (torch.save) by torch.load; the
-/dev/shm copies are plain file copies of the disk files. Each loader is timed once cold and once
-warm (ferry's Python load also a second time warm, printed as a note); torch's cached GPU memory
-is emptied before each load so that every loader pays for its allocations. ferry's C figures come
-from `ferry ckpt bench` (its own file, the same shapes). A peer whose wheel is missing is reported
-as skipped.
+runai-model-streamer and ferry.safetensors.load_file (the targets use this row); `peer.pt`
+(torch.save) by torch.load; `ferry-py.safetensors` (ferry's save_file: data 4 KiB-aligned) by ferry
+again, to tell the file's layout from the loader. The /dev/shm copies are plain file copies of the
+disk files. Each loader is timed once cold and once warm (ferry's warm load also a second time,
+printed as a note); torch's cached GPU memory is emptied before each load so that every loader pays
+for its allocations. ferry's C figures come from `ferry ckpt bench` (its own file, the same
+shapes). A peer whose wheel is missing is reported as skipped. `--device cpu` runs the whole script
+without a GPU (figures meaningless) to test it.
 
 Run time, 8g on the GPU machine (16 cores, disk ~1.9 GB/s read and ~3.1 GB/s write, ~1.4 GB/s for
-torch.load and ~0.8 GB/s for safetensors' and torch's saves): the ceilings 2 x 8 s plus laying out
-their file (~3 s); `ferry ckpt bench` warm ~15 s and cold ~20 s (2 durable saves, 2 async saves,
-loads); peer saves ~25 s (safetensors.torch and torch.save, 8 GB each, + os.sync); ferry's save
-~4 s; copies to /dev/shm ~8 s; warm loads ~12 s (torch.load ~6 s of it); cold loads ~30 s (5
-loaders at 1.3-2 GB/s) + drop_caches ~1 s each; async saves ~8 s; imports, CUDA start and the state
-~15 s: about 3 minutes, under 4. --size 2g takes about a minute. Disk space: ~25 GB at 8g (three
-8 GB files at once) on --disk, ~17 GB in /dev/shm.
+torch.load and ~0.8 GB/s for safetensors' and torch's saves; figures of the 2g run scaled): the
+ceilings 2 x 8 s plus laying out their file (~3 s); `ferry ckpt bench` warm ~15 s and cold ~20 s
+(2 durable saves, 2 async saves, loads); peer saves ~25 s (safetensors.torch and torch.save, 8 GB
+each, + os.sync); ferry's 2 saves ~6 s; copies to /dev/shm ~10 s; warm loads ~12 s (torch.load ~6 s
+of it); cold loads ~35 s (6 loaders at 1.3-2 GB/s) + drop_caches ~1 s each; async saves ~8 s;
+imports, CUDA start and the state ~15 s: about 3 minutes, under 4. --size 2g takes about a minute.
+Space: ~25 GB on --disk (three 8 GB files at once), ~25 GB in /dev/shm.
 """
 import argparse
 import json
@@ -128,6 +130,8 @@ def loaders(torch, fst, dev):
     out.append(("torch.load(map_location=cuda)", "pt", lambda p: torch.load(p, map_location=dev)))
     if fst is not None:
         out.append(("ferry.safetensors.load_file(device=cuda)", "st", lambda p: fst.load_file(p, device=dev)))
+        out.append(("ferry.safetensors.load_file(device=cuda), the file ferry wrote", "ferry",
+                    lambda p: fst.load_file(p, device=dev)))
     return out
 
 
@@ -255,12 +259,14 @@ def main():
             t0 = time.perf_counter()
             fst.save_file(sd, q)  # durable: fsync of the file and the directory
             f_s = time.perf_counter() - t0
-            os.unlink(q)
+            if not rep:
+                os.unlink(q)
             note = "durable (fsynced), from CUDA tensors"
             if ceil.get("write"):
                 note += f", {gb / f_s / ceil['write']:.2f}x disk raw write"
             table(f"ferry.safetensors.save_file cold disk{' (second)' if rep else ''}", f"{gb / f_s:.2f} GB/s", note)
         fig["py_save"] = gb / f_s
+        paths["ferry"] = q  # its data starts 4 KiB-aligned, unlike safetensors.torch's file
     shm = {k: os.path.join(a.shm, os.path.basename(p)) for k, p in paths.items()}
     for k in paths:
         shutil.copyfile(paths[k], shm[k])
@@ -268,6 +274,8 @@ def main():
     load = {}
     for where, cold, files in (("warm /dev/shm", False, shm), ("cold disk", True, paths)):
         for name, key, fn in loaders(torch, fst, dev):
+            if key not in files:
+                continue
             s = timed_load(torch, dev, fn, files[key], cold)
             if isinstance(s, str):
                 table(f"{name} {where}", "failed", s)
@@ -304,6 +312,7 @@ def main():
     fw, fc = load.get((ferry_py, False)), load.get((ferry_py, True))
     hf = load.get(("safetensors.torch.load_file(device=cuda)", False))
     peers = {n: v for (n, c), v in load.items() if not c and not n.startswith("ferry")}
+    # The targets use ferry's load of the file safetensors.torch wrote, the file every peer reads.
     best = max(peers.items(), key=lambda kv: kv[1]) if peers else None
     ratio("load warm vs safetensors.torch", fw / hf if fw and hf else None, 10,
           note=f"ferry {fw and round(fw, 2)} GB/s; C loader {fig.get('c_load_warm', 0):.2f} GB/s")
