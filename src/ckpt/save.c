@@ -29,7 +29,9 @@
 /*
  * Writes in flight: 8 x 16 MiB (the engine cuts each into chunk_size pieces for its workers).
  * The raw write ceiling (ferry bench: 4 MiB x QD16 x 4 jobs) keeps 256 MiB in flight; at 3.2 GB/s
- * 64 MiB (4 in flight) leaves each piece only 20 ms of latency (Little's law), so 8.
+ * 64 MiB (4 in flight) leaves each piece only 20 ms of latency (Little's law), so 8. Not
+ * measurable on a 2-core build machine with a 1.5 GB/s disk (docs/CHECKPOINTS.md, "Save
+ * throughput"); bench/gpu-ckpt.sh's save target line is where it shows.
  */
 #define CHUNK (16u << 20)
 #define MAX_INFLIGHT 8
@@ -761,7 +763,7 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	j->nchunks = (size_t)((j->total + CHUNK - 1) / CHUNK);
 	uint64_t budget = host_budget(w->ctx);
 	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
-	size_t want = async ? j->nchunks : MAX_INFLIGHT + 2;
+	size_t want = async ? j->nchunks : MAX_INFLIGHT + 2; /* 8 writing, 2 being filled */
 	if (budget && want > budget / CHUNK)
 		want = (size_t)(budget / CHUNK);
 	if (want > j->nchunks)
