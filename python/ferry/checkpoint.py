@@ -352,15 +352,97 @@ def _manifest(directory, step):
         raise FileNotFoundError("%s: step %d is not committed (no manifest.json)" % (p, step)) from None
 
 
-def load(directory, step, device="cpu", *, rank=None, verify=False, views=True, nested=True,
-         context=None):
+def _reshard(directory, step, world, rank, world_size, shard_dims, device, verify, views, context):
+    """What rank ``rank`` of ``world_size`` needs of a step saved by ``world`` ranks (flat dict)."""
+    ctx = context if context is not None else _default_context()
+    paths = [_ferry.ckpt_path(_os.fspath(directory), step, k, world) for k in range(world)]
+    held = []  # per saved rank: {name: shape}
+    for p in paths:
+        held.append({t[0]: list(t[2]) for t in _ferry.st_open(ctx, p).tensors()})
+    names = list(dict.fromkeys(n for h in held for n in h))
+    for n in shard_dims:
+        if n not in names:
+            raise KeyError("%s: step %d: no tensor %r (shard_dims)" % (_os.fspath(directory), step, n))
+    want = [dict(keys=[], slices={}) for _ in range(world)]
+    pieces = {}  # name -> [(saved rank, dim)] in rank order, for the concatenation
+    for n in names:
+        owners = [k for k in range(world) if n in held[k]]
+        if n not in shard_dims:
+            # Replicated (in every shard): read it from one saved rank, spread over the readers.
+            # Held by some ranks only (a partition of per-rank state): every reader gets it.
+            k = owners[rank % len(owners)] if len(owners) == world else owners[0]
+            want[k]["keys"].append(n)
+            pieces[n] = [(k, None)]
+            continue
+        dim = shard_dims[n]
+        if len(owners) != world:
+            raise ValueError("%r: sharded along dim %d but saved by ranks %s of %d" % (n, dim, owners, world))
+        shapes = [held[k][n] for k in range(world)]
+        nd = len(shapes[0])
+        if not -nd <= dim < nd:
+            raise ValueError("%r: dim %d of a %d-dimensional tensor" % (n, dim, nd))
+        dim %= nd
+        if any(len(sh) != nd or sh[:dim] + sh[dim + 1:] != shapes[0][:dim] + shapes[0][dim + 1:]
+               for sh in shapes):
+            raise ValueError("%r: the saved pieces' shapes %s do not concatenate along dim %d" % (n, shapes, dim))
+        total = sum(sh[dim] for sh in shapes)
+        if total % world_size:
+            raise ValueError("%r: %d along dim %d does not split evenly into %d ranks" % (n, total, dim, world_size))
+        lo, hi = total // world_size * rank, total // world_size * (rank + 1)
+        pieces[n] = []
+        at = 0
+        for k, sh in enumerate(shapes):
+            a, b = max(lo, at), min(hi, at + sh[dim])
+            if a < b or (lo == hi and k == 0):
+                want[k]["slices"][n] = (dim, a - at, b - at) if a < b else (dim, 0, 0)
+                pieces[n].append((k, dim))
+            at += sh[dim]
+    got = [None] * world
+    for k in range(world):
+        if want[k]["keys"] or want[k]["slices"]:
+            got[k] = _st.load_file(paths[k], device, keys=want[k]["keys"], slices=want[k]["slices"],
+                                   verify=verify, views=views, context=context)
+    out = {}
+    for n in names:
+        parts = [got[k][n] for k, _ in pieces[n]]
+        dim = pieces[n][0][1]
+        out[n] = parts[0] if len(parts) == 1 else _torch().cat(parts, dim)
+    return out
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=False,
+         views=True, nested=True, context=None):
     """Load checkpoint ``step``: this rank's shard (``rank``; default torch.distributed's rank
     when it is initialised and the checkpoint was saved by as many ranks, else all shards of a
     one-rank checkpoint); ``rank="all"`` merges every shard (names must differ between shards).
     ``nested=False`` returns the flat ``dict[str, Tensor]`` even when the state was nested.
-    ``verify=True`` checks the stored checksums (ferry.Error FERRY_EVERIFY on a mismatch)."""
+    ``verify=True`` checks the stored checksums (ferry.Error FERRY_EVERIFY on a mismatch).
+
+    Resharding (a step saved by N ranks, loaded by M): give ``world_size`` (default
+    torch.distributed's) different from N, or ``shard_dims``, ``{name: dim}`` of the tensors
+    each saved rank held a piece of (the pieces, in rank order, concatenate along ``dim``): rank
+    ``rank`` gets the M-th part ``rank`` of each such tensor along ``dim`` (reading only the
+    overlapping rows of each saved shard), a tensor every shard holds otherwise (replicated) from
+    one of them, and a tensor only some shards hold as it is. Returns the flat dict."""
     mpath, man = _manifest(directory, step)
     world = int(man.get("world", 1))
+    if rank != "all" and (shard_dims is not None or (world_size is not None and world_size != world)):
+        dist = _dist()
+        if world_size is None:
+            world_size = dist.get_world_size() if dist is not None else world
+        if rank is None:
+            if dist is None:
+                raise ValueError("resharding needs rank= (torch.distributed is not initialised)")
+            rank = dist.get_rank()
+        if not 0 <= int(rank) < int(world_size):
+            raise ValueError("rank %r of world_size %r" % (rank, world_size))
+        return _reshard(directory, step, world, int(rank), int(world_size), dict(shard_dims or {}),
+                        device, verify, views, context)
     if rank is None:
         dist = _dist()
         if dist is not None and dist.get_world_size() == world:
@@ -383,15 +465,15 @@ def load(directory, step, device="cpu", *, rank=None, verify=False, views=True, 
     return unflatten(flat, _json.loads(tree)) if tree else flat
 
 
-def load_latest(directory, device="cpu", *, rank=None, verify=False, views=True, nested=True,
-                context=None) -> tuple:
+def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=False,
+                views=True, nested=True, context=None) -> tuple:
     """``(step, state)`` of the checkpoint ``latest`` names, or ``(None, {})`` when there is none.
-    Takes load's keyword arguments."""
+    Takes load's keyword arguments (``world_size`` and ``shard_dims`` to reshard)."""
     step = latest_step(directory)
     if step is None:
         return None, {}
-    return step, load(directory, step, device, rank=rank, verify=verify, views=views,
-                      nested=nested, context=context)
+    return step, load(directory, step, device, rank=rank, world_size=world_size, shard_dims=shard_dims,
+                      verify=verify, views=views, nested=nested, context=context)
 
 
 def verify(directory, step=None, *, require_checksums=False, context=None) -> int:

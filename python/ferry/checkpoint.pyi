@@ -1,6 +1,6 @@
 """Type stubs for ferry.checkpoint (docs/CHECKPOINTS.md, "Python")."""
 import os
-from typing import Any, Dict, Literal, Optional, Tuple, Union
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
 
 import ferry
 
@@ -55,6 +55,8 @@ def load(
     device: Device = "cpu",
     *,
     rank: Union[int, Literal["all"], None] = None,
+    world_size: Optional[int] = None,
+    shard_dims: Optional[Mapping[str, int]] = None,
     verify: bool = False,
     views: bool = True,
     nested: bool = True,
@@ -65,6 +67,8 @@ def load_latest(
     device: Device = "cpu",
     *,
     rank: Union[int, Literal["all"], None] = None,
+    world_size: Optional[int] = None,
+    shard_dims: Optional[Mapping[str, int]] = None,
     verify: bool = False,
     views: bool = True,
     nested: bool = True,

@@ -560,7 +560,9 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 	for (size_t k = 0; k < ld->nsel && !r; k++) {
 		struct lsel *s = &ld->sel[k];
 		ferry_st *st = ld->files[s->file];
-		int on_dev = s->ptr && ferry_mem_kind(s->ptr, NULL) == FERRY_MEM_DEVICE;
+		if (!s->sliced && !(flags & FERRY_LOAD_VERIFY))
+			continue; /* read by the batch: nothing to do per tensor while it runs */
+		int on_dev = (flags & FERRY_LOAD_VERIFY) && s->ptr && ferry_mem_kind(s->ptr, NULL) == FERRY_MEM_DEVICE;
 		if ((flags & FERRY_LOAD_VERIFY) && (!stage && !(stage = ferry_alloc_aligned(cap))))
 			r = ferry__error(-ENOMEM, "load: staging of %zu bytes", cap);
 		if (!r && (flags & FERRY_LOAD_VERIFY) && s->sliced) {

@@ -26,8 +26,15 @@
 #include "format/safetensors.h"
 #include "gpu/shim.h"
 
+/*
+ * Writes in flight: 8 x 16 MiB (the engine cuts each into chunk_size pieces for its workers).
+ * The raw write ceiling (ferry bench: 4 MiB x QD16 x 4 jobs) keeps 256 MiB in flight; at 3.2 GB/s
+ * 64 MiB (4 in flight) leaves each piece only 20 ms of latency (Little's law), so 8. Not
+ * measurable on a 2-core build machine with a 1.5 GB/s disk (docs/CHECKPOINTS.md, "Save
+ * throughput"); bench/gpu-ckpt.sh's save target line is where it shows.
+ */
 #define CHUNK (16u << 20)
-#define MAX_INFLIGHT 4
+#define MAX_INFLIGHT 8
 
 struct wtensor {
 	char *name;
@@ -443,6 +450,42 @@ int ferry__write_durable(const char *path, const char *text, size_t len)
 
 /* ------------------------------------------------------------------------------------- pipeline */
 
+int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len) = fallocate;
+
+/*
+ * Creates the temporary file at its final size with its blocks allocated. ext4 (and XFS) run an
+ * O_DIRECT write that is not a pure overwrite of allocated blocks (a hole, or past i_size) under
+ * the inode's exclusive lock, and a synchronous one holds it until the data is on the device
+ * (fs/ext4/file.c, ext4_dio_write_checks: "extending I/O, any form of non-overwrite I/O"): the
+ * engine's parallel chunks into a sparse file wrote one at a time. Into fallocated (unwritten)
+ * extents they are overwrites, under the shared lock, in parallel. A file system that cannot
+ * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
+ * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
+ */
+static int create_laid_out(const char *tmp, uint64_t size)
+{
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
+	int r = 0;
+	if (size && ferry__save_fallocate(fd, 0, 0, (off_t)size)) {
+		int e = errno;
+		if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
+			r = ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
+		else {
+			FERRY__LOG(FERRY__LOG_INFO, "%s: fallocate refused (%s); ftruncate instead", tmp, strerror(e));
+			if (ftruncate(fd, (off_t)size))
+				r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size,
+						 strerror(errno));
+		}
+	}
+	if (close(fd) && !r)
+		r = ferry__error(-errno, "close(%s): %s", tmp, strerror(errno));
+	if (r)
+		unlink(tmp);
+	return r;
+}
+
 static void job_fail(struct job *j, int64_t err)
 {
 	pthread_mutex_lock(&j->mu);
@@ -720,7 +763,7 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	j->nchunks = (size_t)((j->total + CHUNK - 1) / CHUNK);
 	uint64_t budget = host_budget(w->ctx);
 	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
-	size_t want = async ? j->nchunks : 2 * MAX_INFLIGHT;
+	size_t want = async ? j->nchunks : MAX_INFLIGHT + 2; /* 8 writing, 2 being filled */
 	if (budget && want > budget / CHUNK)
 		want = (size_t)(budget / CHUNK);
 	if (want > j->nchunks)
@@ -798,9 +841,9 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 		job_free(j);
 		return r;
 	}
-	r = ferry_file_open(w->ctx, j->tmp, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &j->f);
+	r = create_laid_out(j->tmp, j->data_start + j->total);
 	if (!r)
-		r = ferry_file_truncate(j->f, j->data_start + j->total);
+		r = ferry_file_open(w->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
 	if (r) {
 		job_free(j);
 		return r;

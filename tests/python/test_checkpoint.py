@@ -210,3 +210,49 @@ def test_distributed_gloo(tmp_path, world):
                 p.wait()
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
+
+
+def save_ranks(d, step, states, run="reshard"):
+    """A step saved by len(states) ranks from this one process: the others first, rank 0 (which
+    commits once it sees every marker) last."""
+    w = len(states)
+    for r in list(range(1, w)) + [0]:
+        ck.save(states[r], d, step, rank=r, world_size=w, run=run, timeout=5)
+
+
+def test_reshard_on_load(tmp_path):
+    d = str(tmp_path / "c")
+    full_w = torch.arange(8 * 3, dtype=torch.float32).reshape(8, 3)   # rows split over saved ranks
+    full_c = torch.arange(3 * 12, dtype=torch.bfloat16).reshape(3, 12)  # columns split
+    bias = torch.randn(5)                                            # replicated
+    states = [{"w": full_w[4 * r:4 * r + 4].clone(), "c": full_c[:, 6 * r:6 * r + 6].clone(),
+               "bias": bias.clone(), "opt.part%d" % r: torch.full((2,), float(r))} for r in range(2)]
+    save_ranks(d, 7, states)
+    dims = {"w": 0, "c": 1}
+    for m in (1, 2, 3, 4):
+        for r in range(m):
+            if m == 3:  # 8 rows do not split into 3
+                with pytest.raises(ValueError, match="split evenly"):
+                    ck.load_latest(d, rank=r, world_size=m, shard_dims=dims)
+                break
+            step, got = ck.load_latest(d, rank=r, world_size=m, shard_dims=dims)
+            assert step == 7
+            n = 8 // m
+            assert torch.equal(got["w"], full_w[n * r:n * r + n]), (m, r)
+            k = 12 // m
+            assert torch.equal(got["c"], full_c[:, k * r:k * r + k]), (m, r)
+            assert torch.equal(got["bias"], bias)
+            assert torch.equal(got["opt.part0"], torch.zeros(2)) and torch.equal(got["opt.part1"], torch.ones(2))
+    # c along 3 ranks: rank 1's columns [4, 8) come from both saved shards.
+    _, got = ck.load_latest(d, rank=1, world_size=3, shard_dims={"c": 1})
+    assert torch.equal(got["c"], full_c[:, 4:8])
+    assert got["w"].shape == (4, 3)  # not in shard_dims and in every shard: one saved rank's copy
+    # Without shard_dims and with the saved world size: this rank's own shard, as before.
+    _, own = ck.load_latest(d, rank=1, world_size=2)
+    assert torch.equal(own["w"], full_w[4:]) and "opt.part0" not in own
+    with pytest.raises(KeyError):
+        ck.load_latest(d, rank=0, world_size=2, shard_dims={"nope": 0})
+    with pytest.raises(ValueError):
+        ck.load_latest(d, world_size=4, shard_dims=dims)  # no rank, no torch.distributed
+    with pytest.raises(ValueError):
+        ck.load_latest(d, rank=4, world_size=4, shard_dims=dims)

@@ -2,6 +2,10 @@
  * checksums, and rejection of malformed files with a clear error. */
 #include <fcntl.h>
 #include <stdarg.h>
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "ckpt/save.h"
 #include "ferry/safetensors.h"
 #include "ferry_test.h"
 
@@ -300,6 +304,105 @@ static void test_sharded(void)
 	ferry_st_writer_destroy(w);
 }
 
+/* fallocate stand-ins: record the call and pass it on, or refuse as a file system would. */
+static int fa_calls, fa_errno;
+static off_t fa_len;
+static int fa_stub(int fd, int mode, off_t off, off_t len)
+{
+	fa_calls++;
+	fa_len = off + len;
+	if (fa_errno) {
+		errno = fa_errno;
+		return -1;
+	}
+	return mode ? -1 : fallocate(fd, mode, off, len);
+}
+
+static int leftover_tmp(const char *d)
+{
+	int n = 0;
+	DIR *dp = opendir(d);
+	struct dirent *e;
+	while (dp && (e = readdir(dp)))
+		n += strstr(e->d_name, ".tmp-") != NULL;
+	if (dp)
+		closedir(dp);
+	return n;
+}
+
+/* The temporary file is laid out at its final size before the data is written (parallel O_DIRECT
+ * overwrites on ext4 and XFS); a file system that refuses fallocate gets ftruncate and the save
+ * works; a refusal that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. */
+static void test_prealloc(void)
+{
+	char p[600], sub[560];
+	snprintf(sub, sizeof(sub), "%s/prealloc", dir);
+	mkdir(sub, 0755);
+	snprintf(p, sizeof(p), "%s/pre.safetensors", sub);
+	size_t nb = (40u << 20) + 12345; /* 3 chunks, the last one short */
+	unsigned char *a = malloc(nb), *b = malloc(nb), *got = malloc(nb);
+	T_ASSERT(a && b && got);
+	fill(a, nb, 7);
+	fill(b, nb, 8);
+	ferry_st_writer *w;
+	T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+	uint64_t shape[1] = {nb};
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
+
+	int (*real)(int, int, off_t, off_t) = ferry__save_fallocate;
+	ferry__save_fallocate = fa_stub;
+	fa_calls = 0;
+	fa_errno = 0;
+	int64_t size = ferry_st_writer_save(w, p, 0);
+	T_CHECK(size > (int64_t)nb);
+	T_EQ_INT(fa_calls, 1);
+	T_EQ_INT(fa_len, size);
+	struct stat sb;
+	T_ASSERT(stat(p, &sb) == 0);
+	T_EQ_INT(sb.st_size, size);
+	int fd = open(p, O_RDONLY);
+	T_CHECK(fd >= 0);
+	T_EQ_INT(lseek(fd, 0, SEEK_HOLE), size); /* no hole left anywhere */
+	close(fd);
+
+	const int refusals[] = {EOPNOTSUPP, ENOSYS, EINVAL};
+	for (size_t k = 0; k < sizeof(refusals) / sizeof(*refusals); k++) {
+		T_EQ_INT(ferry_st_writer_reset(w), 0);
+		T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, k % 2 ? a : b, nb) >= 0);
+		fa_calls = 0;
+		fa_errno = refusals[k];
+		T_EQ_INT(ferry_st_writer_save(w, p, 0), size);
+		T_EQ_INT(fa_calls, 1);
+		ferry_st *st = NULL;
+		T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
+		T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
+		T_CHECK(!memcmp(got, k % 2 ? a : b, nb));
+		ferry_st_close(st);
+	}
+
+	/* No space: an error before any data is written; the last good file stays, no temporary. */
+	T_EQ_INT(ferry_st_writer_reset(w), 0);
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
+	fa_errno = ENOSPC;
+	T_EQ_INT(ferry_st_writer_save(w, p, 0), -ENOSPC);
+	T_CHECK(strstr(ferry_last_error(), "fallocate") != NULL);
+	ferry__save_fallocate = real;
+	fa_errno = 0;
+	T_EQ_INT(leftover_tmp(sub), 0);
+	ferry_st *st = NULL;
+	T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
+	T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
+	T_CHECK(!memcmp(got, b, nb)); /* what the last good save (k = 2) wrote */
+	ferry_st_close(st);
+
+	ferry_st_writer_destroy(w);
+	unlink(p);
+	rmdir(sub);
+	free(a);
+	free(b);
+	free(got);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/st-%d", t_tmpdir(), (int)getpid());
@@ -308,6 +411,7 @@ int main(void)
 	test_bad_input();
 	test_roundtrip();
 	test_sharded();
+	test_prealloc();
 	ferry_ctx_destroy(ctx);
 	if (!t_failures) {
 		char cmd[700];
