@@ -1,5 +1,7 @@
 /* Context knobs: set/get by name, FERRY_* environment variables, validation with a sentence naming
  * the knob and what it expects, knobs that shape the workers refused once I/O has started. */
+#include <sched.h>
+
 #include "ferry_test.h"
 #include "ferry/ferry.h"
 
@@ -12,7 +14,14 @@ int main(void)
 	/* every listed key reads back; defaults as documented in docs/CONFIG.md */
 	for (const char *const *k = ferry_ctx_keys(); *k; k++)
 		T_CHECK(ferry_ctx_get(ctx, *k, buf, sizeof(buf)) > 0);
-	T_CHECK(ferry_ctx_get(ctx, "threads", buf, sizeof(buf)) > 0 && !strcmp(buf, "8"));
+	{
+		/* threads: 3/4 of the CPUs this process may run on, 4 to 16 */
+		cpu_set_t set;
+		long n = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
+		long want = n * 3 / 4 < 4 ? 4 : n * 3 / 4 > 16 ? 16 : n * 3 / 4;
+		T_CHECK(ferry_ctx_get(ctx, "threads", buf, sizeof(buf)) > 0 && atol(buf) == want);
+		T_CHECK(ferry_ctx_get(ctx, "copy_unit", buf, sizeof(buf)) > 0 && !strcmp(buf, "8388608"));
+	}
 	T_CHECK(ferry_ctx_get(ctx, "direct", buf, sizeof(buf)) > 0 && !strcmp(buf, "auto"));
 	/* sizes with suffixes; enums by name or gdsio number */
 	T_EQ_INT(ferry_ctx_set(ctx, "chunk_size", "4m"), 0);
