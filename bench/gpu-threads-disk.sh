@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The disk side of the `threads` default (docs/CONFIG.md): cold disk -> GPU memory and GPU memory
-# -> disk with THREADS_LIST worker threads (default "8 12"), alternating, ROUNDS rounds, beside the
+# -> disk with THREADS_LIST worker threads (default "8 12"; T:D for T threads of queue depth D), alternating, ROUNDS rounds, beside the
 # disk's raw O_DIRECT ceilings from ferry bench to host memory in the same run. Prints TABLE rows.
 #   FERRY_CLI=build/ferry bash bench/gpu-threads-disk.sh
 set -u
@@ -13,9 +13,11 @@ gb() { python3 -c 'import json,sys; d=json.load(sys.stdin)["jobs"][0]; r=d[sys.a
 for round in $(seq 1 "${ROUNDS:-2}"); do
 	echo "TABLE round $round disk raw read ceiling (ferry bench to host, O_DIRECT 4x QD16 4m) | $("$FERRY" bench --filename "$F" --rw read --bs 4m --iodepth 16 --numjobs 4 --direct 1 --cold=system --output-format=json | gb read)"
 	echo "TABLE round $round disk raw write ceiling (ferry bench from host, O_DIRECT 4x QD16 4m) | $("$FERRY" bench --filename "$F" --rw write --bs 4m --iodepth 16 --numjobs 4 --direct 1 --size 4g --output-format=json | gb write)"
-	for t in ${THREADS_LIST:-8 12}; do
-		echo "TABLE round $round cold disk->GPU threads=$t | $(FERRY_THREADS=$t "$FERRY" bench --filename "$F" --bs 1g --size 4g --api pread -x auto --cold=system --output-format=json | gb read)"
-		echo "TABLE round $round GPU->disk threads=$t | $(FERRY_THREADS=$t "$FERRY" bench --filename "$F" --rw write --bs 1g --size 4g --api pread -x auto --direct 1 --output-format=json | gb write)"
+	for td in ${THREADS_LIST:-8 12}; do
+		t=${td%%:*} d=16
+		[ "$td" != "$t" ] && d=${td#*:}
+		echo "TABLE round $round cold disk->GPU threads=$t queue_depth=$d | $(FERRY_THREADS=$t FERRY_QUEUE_DEPTH=$d "$FERRY" bench --filename "$F" --bs 1g --size 4g --api pread -x auto --cold=system --output-format=json | gb read)"
+		echo "TABLE round $round GPU->disk threads=$t queue_depth=$d | $(FERRY_THREADS=$t FERRY_QUEUE_DEPTH=$d "$FERRY" bench --filename "$F" --rw write --bs 1g --size 4g --api pread -x auto --direct 1 --output-format=json | gb write)"
 	done
 done
 rm -f "$F"
