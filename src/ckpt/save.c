@@ -547,6 +547,15 @@ static int64_t consume(struct job *j)
 			err = r;
 		cu = ferry__cuda();
 	}
+	/* The file is made here, not by the caller: an asynchronous save returns once the snapshot
+	 * is taken, and laying out a file of the state's size (fallocate; on tmpfs that allocates
+	 * its memory) is the writer's work. Its errors are reported like a write's. */
+	if (!err) {
+		int r = create_laid_out(j->tmp, j->data_start + j->total);
+		if (!r)
+			r = ferry_file_open(j->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
+		err = r;
+	}
 	if (err)
 		job_fail(j, err);
 	for (size_t c = 0; c < j->nchunks && !err; c++) {
@@ -838,13 +847,6 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	snprintf(j->tmp, tl, "%s.tmp-%d-%lu", path, (int)getpid(),
 		 __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED));
 	if ((r = build_header(w, j)) || (r = job_setup(w, j, async))) {
-		job_free(j);
-		return r;
-	}
-	r = create_laid_out(j->tmp, j->data_start + j->total);
-	if (!r)
-		r = ferry_file_open(w->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
-	if (r) {
 		job_free(j);
 		return r;
 	}
