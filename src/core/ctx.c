@@ -36,18 +36,18 @@ static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu
 #define GiB (1ull << 30)
 
 /*
- * Defaults: docs/CONFIG.md records the measurements behind each one (bench/gpu-tune.sh and
- * bench/gpu-read.sh on the GPU machine): 8 threads with 1 MiB chunks read tmpfs into GPU memory
- * fastest (4 and 16 threads, 4 and 16 MiB chunks were slower), and 8 x 16 chunks in flight with a
- * slot each matched fio's disk read and write ceilings. gpu_sync=spin: blocking event waits cost
- * half the throughput to and from the GPU (20.8 against 37.8 to 44.8 GB/s from tmpfs; 2.06 against
- * 3.39 GB/s to disk), the wake-up latency idling the copy pipeline. cached_depth=4: page-cache-resident
- * chunks are memory copies; more than 4 of them in flight per worker fell from 44 to 23 GB/s (the
- * slots leave the CPU caches before the DMA reads them), while disk chunks need the full depth 16
- * (1.92 GB/s against 1.72 at 8 and 1.29 at 4).
+ * Defaults: docs/CONFIG.md records the measurements behind each one (bench/gpu-tune.sh,
+ * bench/gpu-read.sh, bench/gpu-threads-disk.sh on the GPU machine). threads (3/4 of the CPUs, 4 to
+ * 16; default_threads below): 12 of 16 cores read tmpfs into GPU memory fastest with copy units,
+ * 8 fell to 40-43 GB/s; 1 MiB chunks beat 256k to 16m. 16 chunks in flight with a slot each per
+ * worker matched fio's disk read and write ceilings. gpu_sync=spin: blocking event waits cost half
+ * the throughput to and from the GPU, the wake-up latency idling the copy pipeline.
+ * cached_depth=4: more page-cache chunks in flight per worker fell from 44 to 23 GB/s, while disk
+ * chunks need the full depth 16. copy_unit=8m x copy_units=4: resident reads into GPU memory in
+ * few large copies (docs/PAGECACHE.md).
  */
 static const struct knob knobs[] = {
-	{"threads", K_UINT, CFG(threads), 8, 1, 256, NULL, true},
+	{"threads", K_UINT, CFG(threads), 8, 1, 256, NULL, true}, /* replaced by default_threads() */
 	{"chunk_size", K_SIZE, CFG(chunk_size), 1 * MiB, 4 * KiB, 1 * GiB, NULL, false},
 	{"queue_depth", K_UINT, CFG(queue_depth), 16, 1, 4096, NULL, true},
 	{"slots", K_UINT, CFG(slots), 16, 1, 1024, NULL, true},

@@ -272,19 +272,17 @@ int main(int argc, char **argv)
 		make_file(file);
 		for (size_t p = 0; p < sizeof(paths) / sizeof(paths[0]); p++)
 			reads(file, paths[p], "auto");
-		/* resident chunks through the ring instead of the worker's own copy */
-		cached_io = "ring";
-		reads(file, "auto", "auto");
+		/* resident chunks through the ring instead of the worker's own copy; copy units off;
+		 * small units, few of them, reused all the time */
+		static const char *const variants[][3] = {
+			{"ring", "8m", "4"}, {"thread", "0", "4"}, {"thread", "2m", "1"}, {"thread", "3m", "2"}};
+		for (size_t v = 0; v < sizeof(variants) / sizeof(variants[0]); v++) {
+			cached_io = variants[v][0];
+			copy_unit = variants[v][1];
+			copy_units = variants[v][2];
+			reads(file, "auto", "auto");
+		}
 		cached_io = "thread";
-		/* copy units off; then small units, few of them, reused all the time */
-		copy_unit = "0";
-		reads(file, "auto", "auto");
-		copy_unit = "2m";
-		copy_units = "1";
-		reads(file, "auto", "auto");
-		copy_units = "2";
-		copy_unit = "3m";
-		reads(file, "auto", "auto");
 		copy_unit = "8m";
 		copy_units = "4";
 		/* forced fallbacks: no O_DIRECT descriptor at all; GDS then refuses with that reason */
