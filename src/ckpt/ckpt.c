@@ -441,6 +441,22 @@ static int verify_shard(ferry_ctx *ctx, const char *path, int require_sums)
 	return r;
 }
 
+struct verify_files {
+	ferry_ctx *ctx;
+	const char *step_dir;
+	int require_sums;
+	int shards;
+};
+
+static int verify_shard_file(void *arg, const char *name)
+{
+	struct verify_files *vf = arg;
+	char fp[PATH_MAX + 300];
+	snprintf(fp, sizeof(fp), "%s/%s", vf->step_dir, name);
+	vf->shards++;
+	return verify_shard(vf->ctx, fp, vf->require_sums);
+}
+
 /*
  * Each shard on its own: the ranks of a step usually hold tensors of the same names (replicas,
  * tensor-parallel pieces), which one load of the whole manifest refuses as ambiguous.
@@ -463,8 +479,8 @@ int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require
 		return ferry__error(r, "%s: %s", p, strerror(-r));
 	}
 	struct ferry__json j;
-	char *k, *v;
-	size_t kl, vl, kpos;
+	char *k;
+	size_t kl, kpos;
 	int m = 0, shards = 0;
 	uint64_t world = 0;
 	if (ferry__json_init(&j, buf, len) || ferry__json_object_begin(&j))
@@ -474,30 +490,11 @@ int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require
 			if (ferry__json_uint(&j, &world))
 				goto bad;
 		} else if (!strcmp(k, "shards")) {
-			if (ferry__json_array_begin(&j))
+			struct verify_files vf = {ctx, sp, require_sums, 0};
+			r = ferry__json_shard_files(&j, p, verify_shard_file, &vf);
+			shards = vf.shards;
+			if (r == 1)
 				goto bad;
-			while (!r && (m = ferry__json_array_next(&j)) == 1) {
-				if (ferry__json_object_begin(&j))
-					goto bad;
-				while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
-					if (strcmp(k, "file")) {
-						if (ferry__json_skip(&j))
-							goto bad;
-						continue;
-					}
-					size_t vpos = j.pos;
-					if (ferry__json_string(&j, &v, &vl))
-						goto bad;
-					if ((r = ferry__check_shard_name(p, v, vl, vpos)))
-						break;
-					char fp[PATH_MAX + 300];
-					snprintf(fp, sizeof(fp), "%s/%s", sp, v);
-					r = verify_shard(ctx, fp, require_sums);
-					shards++;
-				}
-				if (m < 0)
-					goto bad;
-			}
 		} else if (ferry__json_skip(&j)) {
 			goto bad;
 		}

@@ -106,6 +106,48 @@ int ferry__check_shard_name(const char *index, const char *name, size_t len, siz
 	return 0;
 }
 
+int ferry__json_shard_files(struct ferry__json *j, const char *index, int (*fn)(void *arg, const char *name),
+			    void *arg)
+{
+	char *k, *v;
+	size_t kl, vl, kpos;
+	int m, r = 0;
+
+	if (ferry__json_array_begin(j))
+		return 1;
+	while (!r && (m = ferry__json_array_next(j)) == 1) {
+		if (ferry__json_object_begin(j))
+			return 1;
+		while (!r && (m = ferry__json_object_next(j, &k, &kl, &kpos)) == 1) {
+			if (strcmp(k, "file")) {
+				if (ferry__json_skip(j))
+					return 1;
+				continue;
+			}
+			size_t vpos = j->pos;
+			if (ferry__json_string(j, &v, &vl))
+				return 1;
+			r = ferry__check_shard_name(index, v, vl, vpos);
+			if (!r)
+				r = fn(arg, v);
+		}
+		if (!r && m < 0)
+			return 1;
+	}
+	return r ? r : m < 0;
+}
+
+struct add_files {
+	ferry_st_load *ld;
+	const char *dir;
+};
+
+static int add_shard_file(void *arg, const char *name)
+{
+	struct add_files *a = arg;
+	return add_file(a->ld, a->dir, name);
+}
+
 /*
  * model.safetensors.index.json: {"metadata": {...}, "weight_map": {"tensor": "file", ...}}
  * manifest.json (ferry checkpoints): {..., "shards": [{"file": "...", ...}, ...]}
@@ -156,25 +198,9 @@ static int open_index(ferry_st_load *ld, const char *path)
 			}
 		} else if (!strcmp(k, "shards")) {
 			found = 1;
-			if (ferry__json_array_begin(&j))
+			struct add_files a = {ld, dir};
+			if ((r = ferry__json_shard_files(&j, path, add_shard_file, &a)) == 1)
 				goto bad;
-			while (!r && (m = ferry__json_array_next(&j)) == 1) {
-				if (ferry__json_object_begin(&j))
-					goto bad;
-				while (!r && (m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
-					if (strcmp(k, "file")) {
-						if (ferry__json_skip(&j))
-							goto bad;
-						continue;
-					}
-					size_t vpos = j.pos;
-					if (ferry__json_string(&j, &v, &vl))
-						goto bad;
-					r = ferry__check_shard_name(path, v, vl, vpos);
-					if (!r)
-						r = add_file(ld, dir, v);
-				}
-			}
 		} else if (ferry__json_skip(&j)) {
 			goto bad;
 		}

@@ -24,5 +24,11 @@ int ferry__write_durable(const char *path, const char *text, size_t len);
 /* A shard file named by an index or manifest must be a plain name in its directory (no separator,
  * no "." or "..", no NUL inside): 0, or FERRY_ECORRUPT naming the index and the byte. */
 int ferry__check_shard_name(const char *index, const char *name, size_t len, size_t pos);
+struct ferry__json;
+/* A manifest's "shards" value at j's position, [{"file": NAME, ...}, ...]: fn(arg, NAME) for each
+ * file, NAME checked first with ferry__check_shard_name (index names the manifest). Returns 0, the
+ * first error of the check or of fn, or 1 when the JSON is malformed (j's error says where). */
+int ferry__json_shard_files(struct ferry__json *j, const char *index, int (*fn)(void *arg, const char *name),
+			    void *arg);
 
 #endif

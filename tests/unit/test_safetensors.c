@@ -299,6 +299,15 @@ static void test_sharded(void)
 	write_raw(p, idx, strlen(idx));
 	T_EQ_INT(ferry_st_load_open(ctx, p, &ld), FERRY_ECORRUPT);
 	T_CHECK(strstr(ferry_last_error(), "plain file name") != NULL);
+	/* The same through a checkpoint manifest's "shards", and a "file" that is not a string. */
+	idx = "{\"shards\":[{\"rank\":0,\"file\":\"a\\\\b.safetensors\"}]}";
+	write_raw(p, idx, strlen(idx));
+	T_EQ_INT(ferry_st_load_open(ctx, p, &ld), FERRY_ECORRUPT);
+	T_CHECK(strstr(ferry_last_error(), "plain file name") != NULL);
+	idx = "{\"shards\":[{\"file\":1}]}";
+	write_raw(p, idx, strlen(idx));
+	T_EQ_INT(ferry_st_load_open(ctx, p, &ld), FERRY_ECORRUPT);
+	T_CHECK(strstr(ferry_last_error(), "byte") != NULL);
 	unlink(p);
 	free(big);
 	ferry_st_writer_destroy(w);
