@@ -200,6 +200,18 @@ FERRY_API uint64_t ferry_loader_batches_per_epoch(const ferry_loader *l);
 FERRY_API FERRY_WUR int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out);
 /* Hands a batch's buffers back to the pipeline. NULL is accepted. */
 FERRY_API void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b);
+/*
+ * For a loader on a CUDA device: copies held batch b's bytes to dst (device memory of the loader's
+ * device, ferry_loader_batch_bytes(b) of it) and hands b back to the pipeline, without blocking.
+ * The copy runs on copy_stream (a CUstream of the caller's in whose order dst may be written; 0:
+ * the loader's own stream), then wait_stream (0: the default stream) waits for it, so work queued
+ * there afterwards sees the data. The slot is refilled only after the copy (the pipeline orders
+ * its next upload after it on the GPU). b must not be used or released afterwards, whatever the
+ * result: read its offsets and indices first.
+ * Returns 0, -EINVAL (host loader, batch not held) or a CUDA error (the batch is released then).
+ */
+FERRY_API FERRY_WUR int ferry_loader_copy_release(ferry_loader *l, ferry_loader_batch *b, void *dst,
+						  uintptr_t copy_stream, uintptr_t wait_stream);
 
 /* The batch's data: a host pointer (device -1) or a CUDA device address. */
 FERRY_API void *ferry_loader_batch_data(const ferry_loader_batch *b);

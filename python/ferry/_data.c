@@ -800,6 +800,35 @@ static PyObject *bt_dlpack(BatchObject *self, PyObject *unused)
 	return cap;
 }
 
+/*
+ * copy_release(dst, copy_stream, wait_stream): copies the batch into device memory at dst (an int
+ * address, nbytes of it) on copy_stream (an int CUstream; 0: the loader's own), makes wait_stream
+ * wait for it, and hands the slot back (ferry_loader_copy_release). No host wait, so the GIL is
+ * kept. The batch is released afterwards whatever the result.
+ */
+static PyObject *bt_copy_release(BatchObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	void *p[3];
+
+	if (nargs != 3) {
+		PyErr_SetString(PyExc_TypeError, "copy_release(dst, copy_stream, wait_stream) takes 3 arguments");
+		return NULL;
+	}
+	if (bt_check(self) < 0)
+		return NULL;
+	for (int i = 0; i < 3; i++) {
+		p[i] = PyLong_AsVoidPtr(args[i]);
+		if (!p[i] && PyErr_Occurred())
+			return NULL;
+	}
+	ferry_loader_batch *b = self->b;
+	self->b = NULL;
+	int err = ferry_loader_copy_release(self->h->l, b, p[0], (uintptr_t)p[1], (uintptr_t)p[2]);
+	if (err)
+		return ferry__py_raise(err, NULL);
+	Py_RETURN_NONE;
+}
+
 static PyObject *bt_offsets(BatchObject *self, PyObject *unused)
 {
 	if (bt_check(self) < 0)
@@ -842,6 +871,9 @@ static PyMethodDef bt_methods[] = {
 	{"offsets", (PyCFunction)bt_offsets, METH_NOARGS, "offsets() -> bytes: uint64 byte offsets [samples + 1]"},
 	{"indices", (PyCFunction)bt_indices, METH_NOARGS, "indices() -> bytes: int64 item indices [samples]"},
 	{"release", (PyCFunction)bt_release, METH_NOARGS, "release(): hand the slot back to the pipeline."},
+	{"copy_release", (PyCFunction)(void (*)(void))bt_copy_release, METH_FASTCALL,
+	 "copy_release(dst, copy_stream, wait_stream): copy into device memory at dst on copy_stream, "
+	 "make wait_stream wait for it (CUstreams as ints), hand the slot back."},
 	{NULL},
 };
 

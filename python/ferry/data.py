@@ -304,10 +304,11 @@ class Loader:
     where it stopped. ``state_dict()``/``load_state_dict()`` give the exact continuation;
     ``stats()`` the starvation metrics.
 
-    Memory: each batch is copied out of the loader's slot into memory torch owns (on the GPU a
-    device-to-device copy on the loader's copy stream, which the consumer's current stream
-    waits for; the tensor is ``record_stream``-ed to it), and the slot goes back to the pipeline
-    once that copy completed. Tensors can be kept as long as wanted.
+    Memory: each batch is copied out of the loader's slot into memory torch owns, allocated on
+    the loader's copy stream and ``record_stream``-ed to the consumer's current stream, which
+    waits for the copy. On the GPU the C loader does the copy (device to device, no host wait)
+    and refills the slot only after it, ordered on the GPU; with a ``dtype`` conversion torch
+    does it. Tensors can be kept as long as wanted.
     """
 
     def __init__(self, path, batch_size: int, seq_len: int | None = None, *, rank: int | None = None,
@@ -372,7 +373,11 @@ class Loader:
         self._cl = None          # the C loader, positioned at (_epoch, _batch)
         self._pending = []       # (batch, event): slots whose device copy is in flight
         self._copy_stream = None
-        self.last_indices = None
+        self._last_idx = None    # the last batch's indices, int64 bytes
+        # On the GPU without a dtype conversion the C loader copies each batch into the tensor
+        # and hands its slot back itself (no per-batch torch stream work in Python).
+        self._direct = self._cdev >= 0 and self.dtype == self._src_dtype
+        self._itemsize = self.dataset.itemsize
 
     # -- the C loader --------------------------------------------------------------------------
 
@@ -473,7 +478,23 @@ class Loader:
                                f"expected {self._batch} of {self._epoch}")
         n = b.samples
         offsets = None if self.seq_len else b.offsets()
-        self.last_indices = _numpy().frombuffer(b.indices(), dtype='int64')
+        self._last_idx = b.indices()
+        if self._direct:
+            # allocated in the copy stream's order (its block may still be read by earlier work on
+            # the consumer's stream otherwise), then record_stream-ed to the consumer
+            shape = (n, self.seq_len) if self.seq_len else (b.nbytes // self._itemsize,)
+            consumer = torch.cuda.current_stream(self._cdev)
+            cs = self._copy_stream
+            if cs is None:
+                cs = self._copy_stream = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(cs):
+                out = torch.empty(shape, dtype=self.dtype, device=self.device)
+            b.copy_release(out.data_ptr(), cs.cuda_stream, consumer.cuda_stream)
+            out.record_stream(consumer)
+            if self.seq_len:
+                return out
+            offs = torch.frombuffer(bytearray(offsets), dtype=torch.int64) // self._itemsize
+            return out, offs.to(self.device)
         view = torch.from_dlpack(b.dlpack())
         if self.seq_len:
             view = view.view(n, self.seq_len)
@@ -501,6 +522,13 @@ class Loader:
         if self._cdev >= 0:
             offs = offs.to(self.device)
         return out, offs
+
+    @property
+    def last_indices(self):
+        """The items (dataset samples, or token windows with ``seq_len``) of the batch returned last,
+        as an ``int64`` NumPy array; None before the first."""
+        b = self._last_idx
+        return None if b is None else _numpy().frombuffer(b, dtype="int64")
 
     # -- resume and metrics --------------------------------------------------------------------
 

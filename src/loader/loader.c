@@ -24,7 +24,9 @@
 int ferry__distributed_from_order(const int64_t *order, uint64_t n, uint32_t num_replicas,
 				  uint32_t rank, uint64_t count, int64_t *out);
 
-enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
+/* SLOT_COPYING: handed back by ferry_loader_copy_release while its device-to-device copy may still
+ * run; reusable at once, as the pipeline's next upload into it waits for `event` on the GPU. */
+enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_COPYING };
 
 struct ferry_loader_batch {
 	int state;
@@ -85,6 +87,7 @@ struct ferry_loader {
 	struct ferry_loader_batch *slots;
 	uint32_t nslots;
 	struct worker *workers;
+	ferry__CUstream out_stream; /* ferry_loader_copy_release's copies (the consumer's thread) */
 	struct ferry__pinned_pool *pool;
 	const struct ferry__cuda_api *cu;
 	/* metrics */
@@ -541,16 +544,20 @@ static void *worker_main(void *arg)
 	pthread_mutex_lock(&l->mu);
 	while (!err && !l->stop && !l->failed && l->next_claim < l->end_seq) {
 		struct ferry_loader_batch *s = &l->slots[l->next_claim % l->nslots];
-		if (s->state != SLOT_FREE) {
+		if (s->state != SLOT_FREE && s->state != SLOT_COPYING) {
 			pthread_cond_wait(&l->cv, &l->mu);
 			continue;
 		}
+		/* a slot still being copied out: its event is the copy's; the upload waits for it */
+		int copying = s->state == SLOT_COPYING;
 		s->seq = l->next_claim++;
 		s->state = SLOT_FILLING;
 		pthread_mutex_unlock(&l->mu);
 		int e = fill(w, s);
 		if (!e && l->device >= 0) {
-			ferry__CUresult r = l->cu->MemcpyHtoDAsync(s->dev, s->host, s->bytes, w->stream);
+			ferry__CUresult r = copying ? l->cu->StreamWaitEvent(w->stream, s->event, 0) : 0;
+			if (!r)
+				r = l->cu->MemcpyHtoDAsync(s->dev, s->host, s->bytes, w->stream);
 			if (!r)
 				r = l->cu->EventRecord(s->event, w->stream);
 			if (r)
@@ -748,6 +755,10 @@ void ferry_loader_destroy(ferry_loader *l)
 		if (w->stage)
 			ferry_free_aligned(w->stage, w->stage_cap);
 	}
+	if (l->out_stream && entered) {
+		l->cu->StreamSynchronize(l->out_stream);
+		l->cu->StreamDestroy(l->out_stream);
+	}
 	for (uint32_t i = 0; l->slots && i < l->nslots; i++) {
 		struct ferry_loader_batch *s = &l->slots[i];
 		if (entered && s->event)
@@ -862,6 +873,62 @@ void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b)
 		pthread_cond_broadcast(&l->cv);
 	}
 	pthread_mutex_unlock(&l->mu);
+}
+
+int ferry_loader_copy_release(ferry_loader *l, ferry_loader_batch *b, void *dst, uintptr_t copy_stream,
+			      uintptr_t wait_stream)
+{
+	if (!l || !b)
+		return ferry__error(-EINVAL, "ferry_loader_copy_release: NULL argument");
+	pthread_mutex_lock(&l->mu);
+	int held = b->state == SLOT_HELD;
+	pthread_mutex_unlock(&l->mu);
+	if (l->device < 0 || !l->cu || !held) {
+		ferry_loader_release(l, b);
+		return ferry__error(-EINVAL, "ferry_loader_copy_release: %s",
+				    held ? "the loader is not on a CUDA device" : "the batch is not held");
+	}
+	ferry__CUcontext prev;
+	int err = ferry__cuda_enter_device(l->device, &prev);
+	if (err) {
+		ferry_loader_release(l, b);
+		return err;
+	}
+	uint64_t step = b->step;
+	size_t bytes = b->bytes;
+	const char *call = "cuStreamCreate";
+	ferry__CUresult r = 0;
+	if (!copy_stream && !l->out_stream)
+		r = l->cu->StreamCreate(&l->out_stream, FERRY__CU_STREAM_NON_BLOCKING);
+	ferry__CUstream cs = copy_stream ? (ferry__CUstream)copy_stream : l->out_stream;
+	/* b->event has fired (ferry_loader_next waited for it): it can mark the copy now */
+	if (!r && bytes) {
+		call = "cuMemcpyDtoDAsync";
+		r = l->cu->MemcpyDtoDAsync((ferry__CUdeviceptr)(uintptr_t)dst, b->dev, bytes, cs);
+	}
+	if (!r) {
+		call = "cuEventRecord";
+		r = l->cu->EventRecord(b->event, cs);
+	}
+	if (!r) {
+		call = "cuStreamWaitEvent";
+		r = l->cu->StreamWaitEvent((ferry__CUstream)wait_stream, b->event, 0);
+	}
+	if (r) {
+		/* nothing may still read the slot when it is refilled */
+		if (cs)
+			l->cu->StreamSynchronize(cs);
+		ferry__cuda_leave_device(prev);
+		ferry_loader_release(l, b);
+		return ferry__cuda_fail(r, "ferry_loader_copy_release: %s of batch %" PRIu64 " (%zu bytes)", call,
+					step, bytes);
+	}
+	ferry__cuda_leave_device(prev);
+	pthread_mutex_lock(&l->mu);
+	b->state = SLOT_COPYING;
+	pthread_cond_broadcast(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+	return 0;
 }
 
 void *ferry_loader_batch_data(const ferry_loader_batch *b)

@@ -98,23 +98,27 @@ def test_resume_on_device(data):
     same(want, got)
 
 
-def test_consumer_on_another_stream_sees_complete_batches(data):
+@pytest.mark.parametrize("dtype", [None, torch.int64])
+def test_consumer_on_another_stream_sees_complete_batches(data, dtype):
     """The consumer's stream is busy (a long sleep kernel queued first) and the host enqueues many
     batches before anything completes: each batch must still be whole when the stream reads it,
-    and no slot may be refilled under a copy not yet done."""
+    no slot may be refilled under a copy not yet done, and no batch's memory may be written while
+    the stream has not yet read the batch freed before it. dtype None: the C loader copies
+    (copy_release); int64: torch converts in the copy."""
     path, samples = data
     stream = np.concatenate(samples)
     L = 2048
     ref = torch.from_numpy(stream[: (len(stream) // L) * L].astype(np.int64)).view(-1, L)
     loader = ferry.Loader(path, batch_size=8, seq_len=L, seed=1, device="cuda", prefetch=2,
-                          threads=2, dtype=torch.int64)
+                          threads=2, dtype=dtype)
+    assert loader._direct == (dtype is None)
     s = torch.cuda.Stream()
     sums, indices = [], []
     with torch.cuda.stream(s):
         for k, x in enumerate(loader):
             if k % 4 == 0:
                 torch.cuda._sleep(2_000_000)  # keep s busy so the host runs ahead of it
-            sums.append(x.sum(dim=1))          # queued on s, after the batch's copy
+            sums.append(x.long().sum(dim=1))   # queued on s, after the batch's copy
             indices.append(loader.last_indices.copy())
             del x                              # freed early: its memory is held until s is past it
     s.synchronize()

@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <sys/wait.h>
 
+#include "ferry/data.h"
 #include "ferry/ferry.h"
 #include "ferry/gpu.h"
 #include "ferry_test.h"
@@ -256,6 +257,92 @@ static void mem_kinds_and_copies(void)
 	T_EQ_INT(fake_ranges(2), 0);
 }
 
+/*
+ * The loader on a (fake) CUDA device, batches handed back with ferry_loader_copy_release: each
+ * copy holds the batch's bytes, slots handed back that way are refilled (75 batches through 3
+ * slots), also while the consumer holds another batch. A host loader refuses the call and still
+ * takes the batch back.
+ */
+static void loader_copy_release(void)
+{
+	enum { N = 300, LEN = 6 };
+	char dpath[600];
+	ferry_ctx *ctx;
+	ferry_dataset_writer *w;
+	ferry_dataset *ds;
+	ferry_loader *l, *lh;
+	ferry_loader_batch *b, *held;
+	uint16_t sample[LEN], got[4 * LEN];
+	void *dst;
+
+	snprintf(dpath, sizeof(dpath), "%s/loader_ds", t_tmpdir());
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_ASSERT(ferry_dataset_writer_create(ctx, dpath, FERRY_WRITE_FERRY, FERRY_ELEM_UINT16, 0, &w) == 0);
+	for (int i = 0; i < N; i++)
+		T_ASSERT(ferry_dataset_writer_add(w, sizeof(sample), NULL, 0, 1) >= 0);
+	T_ASSERT(ferry_dataset_writer_layout(w) > 0);
+	for (int i = 0; i < N; i++) {
+		for (int j = 0; j < LEN; j++)
+			sample[j] = (uint16_t)(i * 31 + j);
+		T_ASSERT(ferry_dataset_writer_put(w, (uint64_t)i, sample, sizeof(sample)) == 0);
+	}
+	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
+	ferry_dataset_writer_destroy(w);
+	T_ASSERT(ferry_dataset_open(ctx, dpath, &ds) == 0);
+
+	T_ASSERT(ferry_loader_create(ds, &l) == 0);
+	T_EQ_INT(ferry_loader_set(l, "device", "0"), 0);
+	T_EQ_INT(ferry_loader_set(l, "batch_size", "4"), 0);
+	T_EQ_INT(ferry_loader_set(l, "prefetch", "2"), 0);
+	T_EQ_INT(ferry_loader_set(l, "order", "shuffle"), 0);
+	T_EQ_INT(ferry_loader_set(l, "epochs", "1"), 0);
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(got), &dst), 0);
+	T_EQ_INT(ferry_loader_next(l, &held), 1); /* held while the next batch is copied out */
+	int batches = 1, seen[N] = {0};
+	int r;
+	for (uint32_t k = 0; k < ferry_loader_batch_samples(held); k++)
+		seen[ferry_loader_batch_indices(held)[k]]++;
+	while ((r = ferry_loader_next(l, &b)) == 1) {
+		int64_t ix[4];
+		uint32_t n = ferry_loader_batch_samples(b);
+		memcpy(ix, ferry_loader_batch_indices(b), n * sizeof(int64_t));
+		T_EQ_INT(ferry_loader_batch_bytes(b), n * sizeof(sample));
+		T_EQ_INT(ferry_loader_copy_release(l, b, dst, 0, 0), 0);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(got, dst, n * sizeof(sample)), 0);
+		for (uint32_t k = 0; k < n; k++) {
+			seen[ix[k]]++;
+			for (int j = 0; j < LEN; j++)
+				if (got[k * LEN + j] != (uint16_t)(ix[k] * 31 + j)) {
+					fprintf(stderr, "batch %d sample %u (index %lld): wrong bytes\n", batches, k,
+						(long long)ix[k]);
+					t_failures++;
+					break;
+				}
+		}
+		if (batches++ == 1)
+			T_EQ_INT(ferry_loader_copy_release(l, held, dst, 0, 0), 0);
+	}
+	T_EQ_INT(r, 0);
+	T_EQ_INT(batches, N / 4);
+	int once = 1, total = 0;
+	for (int i = 0; i < N; i++)
+		total += seen[i], once &= seen[i] <= 1;
+	T_CHECK(once);
+	T_EQ_INT(total, N);
+	ferry_loader_destroy(l);
+
+	T_ASSERT(ferry_loader_create(ds, &lh) == 0);
+	T_EQ_INT(ferry_loader_next(lh, &b), 1);
+	T_EQ_INT(ferry_loader_copy_release(lh, b, dst, 0, 0), -EINVAL);
+	HAS(ferry_last_error(), "not on a CUDA device");
+	T_EQ_INT(ferry_loader_next(lh, &b), 1); /* the refused batch was handed back all the same */
+	ferry_loader_release(lh, b);
+	ferry_loader_destroy(lh);
+	T_EQ_INT(ferry_gpu_free(dst), 0);
+	ferry_dataset_close(ds);
+	ferry_ctx_destroy(ctx);
+}
+
 static int sc_fake(void)
 {
 	pthread_t th[8];
@@ -288,6 +375,7 @@ static int sc_fake(void)
 	HAS(ferry_last_error(), "cuMemAlloc(5 bytes): CUDA_ERROR_OUT_OF_MEMORY (2)");
 	T_EQ_INT(ferry__cuda_fail(201, "x"), FERRY_ECUDA);
 	mem_kinds_and_copies();
+	loader_copy_release();
 
 	/* GDS without libcufile: refused, with the reason */
 	fd = open(t_tmpdir(), O_RDONLY | O_DIRECTORY);
