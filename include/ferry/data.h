@@ -201,17 +201,23 @@ FERRY_API FERRY_WUR int ferry_loader_next(ferry_loader *l, ferry_loader_batch **
 /* Hands a batch's buffers back to the pipeline. NULL is accepted. */
 FERRY_API void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b);
 /*
- * For a loader on a CUDA device: copies held batch b's bytes to dst (device memory of the loader's
- * device, ferry_loader_batch_bytes(b) of it) and hands b back to the pipeline, without blocking.
- * The copy runs on copy_stream (a CUstream of the caller's in whose order dst may be written; 0:
- * the loader's own stream), then wait_stream (0: the default stream) waits for it, so work queued
- * there afterwards sees the data. The slot is refilled only after the copy (the pipeline orders
- * its next upload after it on the GPU). b must not be used or released afterwards, whatever the
- * result: read its offsets and indices first.
- * Returns 0, -EINVAL (host loader, batch not held) or a CUDA error (the batch is released then).
+ * Zero-copy hand-over for loaders on a CUDA device. ferry_loader_take gives the caller the device
+ * memory holding held batch b's data (ferry_loader_batch_bytes(b) at ferry_loader_buffer_data)
+ * and hands the rest of b back to the pipeline, which puts other memory in its slot. Read b's
+ * offsets and indices first: b must not be used afterwards. Returns 0 or -EINVAL (host loader or
+ * batch not held; b is released all the same).
+ *
+ * ferry_loader_buffer_free gives the memory back once the work queued on `stream` (the caller's
+ * CUstream, 0 for the default stream) up to this call is done: the next upload into it waits on
+ * the GPU, nobody waits on the host. Like memory from a stream-ordered allocator, it may be used
+ * on `stream` (or on streams ordered before this call) only. Any thread may call it, also after
+ * ferry_loader_destroy (the memory is freed then, and the loader's last remains with it). Returns
+ * 0 or a CUDA error (the memory is freed after the device's work, not reused).
  */
-FERRY_API FERRY_WUR int ferry_loader_copy_release(ferry_loader *l, ferry_loader_batch *b, void *dst,
-						  uintptr_t copy_stream, uintptr_t wait_stream);
+typedef struct ferry_loader_buffer ferry_loader_buffer;
+FERRY_API FERRY_WUR int ferry_loader_take(ferry_loader *l, ferry_loader_batch *b, ferry_loader_buffer **out);
+FERRY_API void *ferry_loader_buffer_data(const ferry_loader_buffer *buf);
+FERRY_API int ferry_loader_buffer_free(ferry_loader_buffer *buf, uintptr_t stream);
 
 /* The batch's data: a host pointer (device -1) or a CUDA device address. */
 FERRY_API void *ferry_loader_batch_data(const ferry_loader_batch *b);
@@ -240,7 +246,9 @@ FERRY_API FERRY_WUR int ferry_loader_state(const ferry_loader *l, char *buf, siz
  * Starvation and throughput metrics since start, by name: steps, wait_total_ns, wait_mean_ns,
  * wait_p50_ns, wait_p90_ns, wait_p99_ns, wait_max_ns, bytes, samples, elapsed_ns, samples_per_s,
  * bytes_per_s, reads (read I/Os submitted), merged (samples read as part of a merged read),
- * cpu_ns (CPU time of the pipeline threads). Unknown names give -1.
+ * cpu_ns (CPU time of the pipeline threads), inline_reads (reads of page-cache-resident data done by
+ * the pipeline thread itself), device_buffers (device memory buffers of one batch that exist: in
+ * slots, spare, or taken and not yet freed). Unknown names give -1.
  */
 FERRY_API double ferry_loader_metric(ferry_loader *l, const char *name);
 /* The metric names, NULL-terminated. */

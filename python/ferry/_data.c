@@ -8,8 +8,11 @@
  * The Python objects, each Batch and each view hold one reference; the last one closes.
  *
  * A Batch is one ferry_loader_batch, held (the pipeline will not refill its slot) until
- * release(). Views made by Batch.dlpack() point into the slot, so the Python layer copies out of
- * them into memory torch owns and releases the batch only once that copy has completed.
+ * release(). On a GPU, Batch.take() hands the batch's device memory itself to the consumer as a
+ * DLPack tensor (ferry_loader_take; the slot gets other memory) whose deleter gives it back,
+ * ordered after the consumer's stream. Views made by Batch.dlpack() point into the slot, so the
+ * Python layer copies out of them (dtype conversions, host loaders) and releases the batch only
+ * once that copy has completed.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -800,33 +803,85 @@ static PyObject *bt_dlpack(BatchObject *self, PyObject *unused)
 	return cap;
 }
 
-/*
- * copy_release(dst, copy_stream, wait_stream): copies the batch into device memory at dst (an int
- * address, nbytes of it) on copy_stream (an int CUstream; 0: the loader's own), makes wait_stream
- * wait for it, and hands the slot back (ferry_loader_copy_release). No host wait, so the GIL is
- * kept. The batch is released afterwards whatever the result.
- */
-static PyObject *bt_copy_release(BatchObject *self, PyObject *const *args, Py_ssize_t nargs)
-{
-	void *p[3];
+/* A batch's device memory taken from the loader (Batch.take), as a DLPack tensor whose deleter
+ * gives it back in the order of the stream it was taken for. */
+struct taken {
+	dl_managed m;
+	int64_t shape[2];
+	ferry_loader_buffer *buf;
+	uintptr_t stream;
+};
 
-	if (nargs != 3) {
-		PyErr_SetString(PyExc_TypeError, "copy_release(dst, copy_stream, wait_stream) takes 3 arguments");
+static void taken_delete(dl_managed *m)
+{
+	struct taken *t = (struct taken *)m;
+	/* any thread, GIL or not; an error cannot be reported here (the memory is freed instead) */
+	(void)ferry_loader_buffer_free(t->buf, t->stream);
+	free(t);
+}
+
+/*
+ * take(stream, cols) -> "dltensor" capsule: the batch's device memory itself, no copy
+ * (ferry_loader_take), shaped (nbytes / itemsize / cols, cols), or 1-D when cols is 0. The
+ * memory belongs to the capsule's consumer and goes back to the loader when the consumer drops
+ * it, ordered after the work queued on `stream` (an int CUstream, the consumer's current one)
+ * by then: as memory allocated on that stream. The batch is released in every case.
+ */
+static PyObject *bt_take(BatchObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+	uint8_t code, bits;
+
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "take(stream, cols) takes 2 arguments");
 		return NULL;
 	}
 	if (bt_check(self) < 0)
 		return NULL;
-	for (int i = 0; i < 3; i++) {
-		p[i] = PyLong_AsVoidPtr(args[i]);
-		if (!p[i] && PyErr_Occurred())
-			return NULL;
+	void *stream = PyLong_AsVoidPtr(args[0]);
+	if (!stream && PyErr_Occurred())
+		return NULL;
+	Py_ssize_t cols = PyLong_AsSsize_t(args[1]);
+	if (cols < 0) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "take: cols must be >= 0");
+		return NULL;
 	}
+	if (dl_type(self->elem, &code, &bits) < 0) {
+		PyErr_Format(PyExc_TypeError, "element type %d has no DLPack type", self->elem);
+		return NULL;
+	}
+	struct taken *t = calloc(1, sizeof(*t));
+	if (!t)
+		return PyErr_NoMemory();
 	ferry_loader_batch *b = self->b;
 	self->b = NULL;
-	int err = ferry_loader_copy_release(self->h->l, b, p[0], (uintptr_t)p[1], (uintptr_t)p[2]);
-	if (err)
+	int64_t n = (int64_t)(ferry_loader_batch_bytes(b) / (bits / 8));
+	int err = ferry_loader_take(self->h->l, b, &t->buf);
+	if (err) {
+		free(t);
 		return ferry__py_raise(err, NULL);
-	Py_RETURN_NONE;
+	}
+	t->stream = (uintptr_t)stream;
+	if (cols) {
+		t->shape[0] = n / cols;
+		t->shape[1] = cols;
+	} else {
+		t->shape[0] = n;
+	}
+	t->m.t.data = ferry_loader_buffer_data(t->buf);
+	t->m.t.device.device_type = 2; /* kDLCUDA */
+	t->m.t.device.device_id = self->device;
+	t->m.t.ndim = cols ? 2 : 1;
+	t->m.t.dtype.code = code;
+	t->m.t.dtype.bits = bits;
+	t->m.t.dtype.lanes = 1;
+	t->m.t.shape = t->shape;
+	t->m.manager_ctx = t;
+	t->m.deleter = taken_delete;
+	PyObject *cap = PyCapsule_New(&t->m, "dltensor", capsule_destructor);
+	if (!cap)
+		taken_delete(&t->m);
+	return cap;
 }
 
 static PyObject *bt_offsets(BatchObject *self, PyObject *unused)
@@ -871,9 +926,9 @@ static PyMethodDef bt_methods[] = {
 	{"offsets", (PyCFunction)bt_offsets, METH_NOARGS, "offsets() -> bytes: uint64 byte offsets [samples + 1]"},
 	{"indices", (PyCFunction)bt_indices, METH_NOARGS, "indices() -> bytes: int64 item indices [samples]"},
 	{"release", (PyCFunction)bt_release, METH_NOARGS, "release(): hand the slot back to the pipeline."},
-	{"copy_release", (PyCFunction)(void (*)(void))bt_copy_release, METH_FASTCALL,
-	 "copy_release(dst, copy_stream, wait_stream): copy into device memory at dst on copy_stream, "
-	 "make wait_stream wait for it (CUstreams as ints), hand the slot back."},
+	{"take", (PyCFunction)(void (*)(void))bt_take, METH_FASTCALL,
+	 "take(stream, cols) -> capsule: the batch's device memory itself (no copy), given back after "
+	 "the work on stream (a CUstream as int) once dropped; the batch is released."},
 	{NULL},
 };
 

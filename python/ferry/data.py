@@ -304,11 +304,14 @@ class Loader:
     where it stopped. ``state_dict()``/``load_state_dict()`` give the exact continuation;
     ``stats()`` the starvation metrics.
 
-    Memory: each batch is copied out of the loader's slot into memory torch owns, allocated on
-    the loader's copy stream and ``record_stream``-ed to the consumer's current stream, which
-    waits for the copy. On the GPU the C loader does the copy (device to device, no host wait)
-    and refills the slot only after it, ordered on the GPU; with a ``dtype`` conversion torch
-    does it. Tensors can be kept as long as wanted.
+    Memory: on the GPU each batch's tensor is the device memory the loader uploaded it into, no
+    copy: the loader takes other memory for its next batches, and gets this memory back when the
+    tensor is freed, for uploads ordered after the work queued on the then current stream (the
+    semantics of memory torch allocates on the current stream; ``record_stream`` has no effect on
+    memory torch did not allocate, so a tensor used on another stream must be kept until that
+    stream's work on it is done). With a ``dtype`` conversion, and on the CPU, batches are copied out
+    of the loader's slot into memory torch owns. Tensors can be kept as long as wanted, after
+    ``close()`` too.
     """
 
     def __init__(self, path, batch_size: int, seq_len: int | None = None, *, rank: int | None = None,
@@ -374,10 +377,13 @@ class Loader:
         self._pending = []       # (batch, event): slots whose device copy is in flight
         self._copy_stream = None
         self._last_idx = None    # the last batch's indices, int64 bytes
-        # On the GPU without a dtype conversion the C loader copies each batch into the tensor
-        # and hands its slot back itself (no per-batch torch stream work in Python).
+        # On the GPU without a dtype conversion each batch's device memory becomes the tensor
+        # (no copy, no per-batch torch stream work in Python).
         self._direct = self._cdev >= 0 and self.dtype == self._src_dtype
         self._itemsize = self.dataset.itemsize
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or \
+            (lambda d: torch.cuda.current_stream(d).cuda_stream)
+        self._from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.from_dlpack
 
     # -- the C loader --------------------------------------------------------------------------
 
@@ -480,17 +486,9 @@ class Loader:
         offsets = None if self.seq_len else b.offsets()
         self._last_idx = b.indices()
         if self._direct:
-            # allocated in the copy stream's order (its block may still be read by earlier work on
-            # the consumer's stream otherwise), then record_stream-ed to the consumer
-            shape = (n, self.seq_len) if self.seq_len else (b.nbytes // self._itemsize,)
-            consumer = torch.cuda.current_stream(self._cdev)
-            cs = self._copy_stream
-            if cs is None:
-                cs = self._copy_stream = torch.cuda.Stream(self.device)
-            with torch.cuda.stream(cs):
-                out = torch.empty(shape, dtype=self.dtype, device=self.device)
-            b.copy_release(out.data_ptr(), cs.cuda_stream, consumer.cuda_stream)
-            out.record_stream(consumer)
+            # the batch's device memory itself, given back when the tensor is freed, after the
+            # work queued by then on the current stream (as memory torch allocated on it)
+            out = self._from_dlpack(b.take(self._raw_stream(self._cdev), self.seq_len or 0))
             if self.seq_len:
                 return out
             offs = torch.frombuffer(bytearray(offsets), dtype=torch.int64) // self._itemsize
@@ -556,6 +554,8 @@ class Loader:
         ``wait_mean_ns``, ``wait_p50_ns``/``p90``/``p99``/``max``, ``bytes``, ``samples``,
         ``elapsed_ns``, ``samples_per_s``, ``bytes_per_s``, ``reads``, ``merged``, ``inline_reads``
         (reads of page-cache-resident data done by the pipeline thread itself, not the I/O engine),
+        ``device_buffers`` (on the GPU: batch-sized device buffers that exist, the loader's and
+        those the returned tensors still hold),
         ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
         ``cpu_cores`` (pipeline CPU time / elapsed)."""
         m = self._ensure().metrics()

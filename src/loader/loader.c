@@ -24,9 +24,20 @@
 int ferry__distributed_from_order(const int64_t *order, uint64_t n, uint32_t num_replicas,
 				  uint32_t rank, uint64_t count, int64_t *out);
 
-/* SLOT_COPYING: handed back by ferry_loader_copy_release while its device-to-device copy may still
- * run; reusable at once, as the pipeline's next upload into it waits for `event` on the GPU. */
-enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD, SLOT_COPYING };
+enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
+
+/*
+ * Device memory for one batch. A slot holds one while it fills; ferry_loader_take gives it to the
+ * caller (the slot takes another for its next batch), and ferry_loader_buffer_free puts it back in
+ * the spare queue with an event recorded on the caller's stream, which the next upload into it
+ * waits for on the GPU. Buffers may outlive the loader: each holds a reference to it.
+ */
+struct ferry_loader_buffer {
+	struct ferry_loader *l;
+	ferry__CUdeviceptr dev;
+	ferry__CUevent ev; /* recorded by ferry_loader_buffer_free; never recorded: nothing to wait for */
+	struct ferry_loader_buffer *next;
+};
 
 struct ferry_loader_batch {
 	int state;
@@ -36,7 +47,7 @@ struct ferry_loader_batch {
 	size_t bytes;
 	void *host;
 	int pinned;
-	ferry__CUdeviceptr dev;
+	struct ferry_loader_buffer *buf; /* device loaders: the batch's device memory */
 	ferry__CUevent event;
 	uint64_t *offsets; /* [batch_size + 1] */
 	int64_t *indices;  /* [batch_size] */
@@ -87,7 +98,12 @@ struct ferry_loader {
 	struct ferry_loader_batch *slots;
 	uint32_t nslots;
 	struct worker *workers;
-	ferry__CUstream out_stream; /* ferry_loader_copy_release's copies (the consumer's thread) */
+	/* device buffers: spare ones (oldest freed first), how many exist; under mu */
+	struct ferry_loader_buffer *spare, *spare_tail;
+	uint32_t nbufs;
+	/* the owner's reference and one per taken buffer; `destroyed` once the owner let go */
+	long refs;
+	int destroyed;
 	struct ferry__pinned_pool *pool;
 	const struct ferry__cuda_api *cu;
 	/* metrics */
@@ -100,7 +116,7 @@ struct ferry_loader {
 static const char *const metric_names[] = {
 	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
 	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
-	"merged", "cpu_ns", "inline_reads", NULL,
+	"merged", "cpu_ns", "inline_reads", "device_buffers", NULL,
 };
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
@@ -121,6 +137,7 @@ int ferry_loader_create(ferry_dataset *ds, ferry_loader **out)
 	l->device = -1;
 	l->inline_cached = 1;
 	l->pos_epoch = UINT64_MAX;
+	l->refs = 1;
 	pthread_mutex_init(&l->mu, NULL);
 	pthread_cond_init(&l->cv, NULL);
 	*out = l;
@@ -528,6 +545,70 @@ static uint64_t thread_cpu_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* A new device buffer (in the device's context). */
+static int buf_new(struct ferry_loader *l, struct ferry_loader_buffer **out)
+{
+	struct ferry_loader_buffer *b = calloc(1, sizeof(*b));
+	if (!b)
+		return ferry__error(-ENOMEM, "loader: device buffer");
+	ferry__CUresult r = l->cu->MemAlloc(&b->dev, l->slot_bytes);
+	if (!r)
+		r = l->cu->EventCreate(&b->ev, FERRY__CU_EVENT_DISABLE_TIMING);
+	if (r) {
+		if (b->dev)
+			l->cu->MemFree(b->dev);
+		free(b);
+		return ferry__cuda_fail(r, "loader: cuMemAlloc of %zu bytes on device %d", l->slot_bytes, l->device);
+	}
+	b->l = l;
+	*out = b;
+	return 0;
+}
+
+/* Frees b once the work its event follows is done (in the device's context). */
+static void buf_destroy(struct ferry_loader *l, struct ferry_loader_buffer *b)
+{
+	l->cu->EventSynchronize(b->ev);
+	l->cu->EventDestroy(b->ev);
+	l->cu->MemFree(b->dev);
+	free(b);
+}
+
+/*
+ * Gives slot s a device buffer: the spare one freed longest ago, or a new one while that one's
+ * event has not fired and there are fewer than twice the slots plus 4 (so the consumer's queued
+ * work does not delay uploads). The upload is ordered after the buffer's event on the GPU.
+ */
+static int slot_buffer(struct worker *w, struct ferry_loader_batch *s)
+{
+	struct ferry_loader *l = w->l;
+	pthread_mutex_lock(&l->mu);
+	struct ferry_loader_buffer *b = l->spare;
+	if (b && l->nbufs < 2 * l->nslots + 4 && l->cu->EventQuery(b->ev) != 0)
+		b = NULL;
+	if (b) {
+		l->spare = b->next;
+		if (!l->spare)
+			l->spare_tail = NULL;
+		b->next = NULL;
+	} else {
+		l->nbufs++;
+	}
+	pthread_mutex_unlock(&l->mu);
+	if (b) {
+		ferry__CUresult r = l->cu->StreamWaitEvent(w->stream, b->ev, 0);
+		s->buf = b;
+		return r ? ferry__cuda_fail(r, "loader: cuStreamWaitEvent") : 0;
+	}
+	int err = buf_new(l, &s->buf);
+	if (err) {
+		pthread_mutex_lock(&l->mu);
+		l->nbufs--;
+		pthread_mutex_unlock(&l->mu);
+	}
+	return err;
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -544,20 +625,18 @@ static void *worker_main(void *arg)
 	pthread_mutex_lock(&l->mu);
 	while (!err && !l->stop && !l->failed && l->next_claim < l->end_seq) {
 		struct ferry_loader_batch *s = &l->slots[l->next_claim % l->nslots];
-		if (s->state != SLOT_FREE && s->state != SLOT_COPYING) {
+		if (s->state != SLOT_FREE) {
 			pthread_cond_wait(&l->cv, &l->mu);
 			continue;
 		}
-		/* a slot still being copied out: its event is the copy's; the upload waits for it */
-		int copying = s->state == SLOT_COPYING;
 		s->seq = l->next_claim++;
 		s->state = SLOT_FILLING;
 		pthread_mutex_unlock(&l->mu);
 		int e = fill(w, s);
+		if (!e && l->device >= 0 && !s->buf)
+			e = slot_buffer(w, s);
 		if (!e && l->device >= 0) {
-			ferry__CUresult r = copying ? l->cu->StreamWaitEvent(w->stream, s->event, 0) : 0;
-			if (!r)
-				r = l->cu->MemcpyHtoDAsync(s->dev, s->host, s->bytes, w->stream);
+			ferry__CUresult r = l->cu->MemcpyHtoDAsync(s->buf->dev, s->host, s->bytes, w->stream);
 			if (!r)
 				r = l->cu->EventRecord(s->event, w->stream);
 			if (r)
@@ -684,12 +763,12 @@ int ferry_loader_start(ferry_loader *l)
 			goto out;
 		}
 		if (l->device >= 0) {
-			ferry__CUresult r = l->cu->MemAlloc(&s->dev, l->slot_bytes);
-			if (!r)
-				r = l->cu->EventCreate(&s->event, FERRY__CU_EVENT_DISABLE_TIMING);
+			if ((err = buf_new(l, &s->buf)))
+				goto out;
+			l->nbufs++;
+			ferry__CUresult r = l->cu->EventCreate(&s->event, FERRY__CU_EVENT_DISABLE_TIMING);
 			if (r) {
-				err = ferry__cuda_fail(r, "loader: cuMemAlloc of %zu bytes on device %d",
-						       l->slot_bytes, l->device);
+				err = ferry__cuda_fail(r, "loader: cuEventCreate");
 				goto out;
 			}
 		}
@@ -728,6 +807,8 @@ out:
 	return err;
 }
 
+static void loader_free(struct ferry_loader *l);
+
 void ferry_loader_destroy(ferry_loader *l)
 {
 	if (!l)
@@ -755,18 +836,28 @@ void ferry_loader_destroy(ferry_loader *l)
 		if (w->stage)
 			ferry_free_aligned(w->stage, w->stage_cap);
 	}
-	if (l->out_stream && entered) {
-		l->cu->StreamSynchronize(l->out_stream);
-		l->cu->StreamDestroy(l->out_stream);
-	}
 	for (uint32_t i = 0; l->slots && i < l->nslots; i++) {
 		struct ferry_loader_batch *s = &l->slots[i];
 		if (entered && s->event)
 			l->cu->EventDestroy(s->event);
-		if (entered && s->dev)
-			l->cu->MemFree(s->dev);
+		if (entered && s->buf)
+			buf_destroy(l, s->buf);
 		free(s->offsets);
 		free(s->indices);
+	}
+	pthread_mutex_lock(&l->mu);
+	struct ferry_loader_buffer *spare = l->spare;
+	l->spare = l->spare_tail = NULL;
+	l->destroyed = 1;
+	int last = --l->refs == 0;
+	pthread_mutex_unlock(&l->mu);
+	while (spare) {
+		struct ferry_loader_buffer *next = spare->next;
+		if (entered)
+			buf_destroy(l, spare);
+		else
+			free(spare);
+		spare = next;
 	}
 	if (entered)
 		ferry__cuda_leave_device(prev);
@@ -775,6 +866,18 @@ void ferry_loader_destroy(ferry_loader *l)
 	free(l->workers);
 	free(l->cum);
 	free(l->waits);
+	l->slots = NULL;
+	l->workers = NULL;
+	l->cum = NULL;
+	l->waits = NULL;
+	l->pool = NULL;
+	if (last)
+		loader_free(l);
+}
+
+/* What is left once the owner and every taken buffer let go. */
+static void loader_free(struct ferry_loader *l)
+{
 	pthread_mutex_destroy(&l->mu);
 	pthread_cond_destroy(&l->cv);
 	free(l);
@@ -875,65 +978,70 @@ void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b)
 	pthread_mutex_unlock(&l->mu);
 }
 
-int ferry_loader_copy_release(ferry_loader *l, ferry_loader_batch *b, void *dst, uintptr_t copy_stream,
-			      uintptr_t wait_stream)
+int ferry_loader_take(ferry_loader *l, ferry_loader_batch *b, ferry_loader_buffer **out)
 {
-	if (!l || !b)
-		return ferry__error(-EINVAL, "ferry_loader_copy_release: NULL argument");
+	if (!l || !b || !out)
+		return ferry__error(-EINVAL, "ferry_loader_take: NULL argument");
+	*out = NULL;
 	pthread_mutex_lock(&l->mu);
-	int held = b->state == SLOT_HELD;
+	int held = b->state == SLOT_HELD, dev = b->buf != NULL;
+	if (held && dev) {
+		*out = b->buf;
+		b->buf = NULL; /* the slot gets another before its next upload */
+		l->refs++;
+	}
 	pthread_mutex_unlock(&l->mu);
-	if (l->device < 0 || !l->cu || !held) {
+	if (held)
 		ferry_loader_release(l, b);
-		return ferry__error(-EINVAL, "ferry_loader_copy_release: %s",
-				    held ? "the loader is not on a CUDA device" : "the batch is not held");
-	}
-	ferry__CUcontext prev;
-	int err = ferry__cuda_enter_device(l->device, &prev);
-	if (err) {
-		ferry_loader_release(l, b);
-		return err;
-	}
-	uint64_t step = b->step;
-	size_t bytes = b->bytes;
-	const char *call = "cuStreamCreate";
-	ferry__CUresult r = 0;
-	if (!copy_stream && !l->out_stream)
-		r = l->cu->StreamCreate(&l->out_stream, FERRY__CU_STREAM_NON_BLOCKING);
-	ferry__CUstream cs = copy_stream ? (ferry__CUstream)copy_stream : l->out_stream;
-	/* b->event has fired (ferry_loader_next waited for it): it can mark the copy now */
-	if (!r && bytes) {
-		call = "cuMemcpyDtoDAsync";
-		r = l->cu->MemcpyDtoDAsync((ferry__CUdeviceptr)(uintptr_t)dst, b->dev, bytes, cs);
-	}
-	if (!r) {
-		call = "cuEventRecord";
-		r = l->cu->EventRecord(b->event, cs);
-	}
-	if (!r) {
-		call = "cuStreamWaitEvent";
-		r = l->cu->StreamWaitEvent((ferry__CUstream)wait_stream, b->event, 0);
-	}
-	if (r) {
-		/* nothing may still read the slot when it is refilled */
-		if (cs)
-			l->cu->StreamSynchronize(cs);
-		ferry__cuda_leave_device(prev);
-		ferry_loader_release(l, b);
-		return ferry__cuda_fail(r, "ferry_loader_copy_release: %s of batch %" PRIu64 " (%zu bytes)", call,
-					step, bytes);
-	}
-	ferry__cuda_leave_device(prev);
-	pthread_mutex_lock(&l->mu);
-	b->state = SLOT_COPYING;
-	pthread_cond_broadcast(&l->cv);
-	pthread_mutex_unlock(&l->mu);
+	if (!held || !dev)
+		return ferry__error(-EINVAL, "ferry_loader_take: %s",
+				    !held ? "the batch is not held" : "the loader is not on a CUDA device");
 	return 0;
+}
+
+void *ferry_loader_buffer_data(const ferry_loader_buffer *buf)
+{
+	return buf ? (void *)(uintptr_t)buf->dev : NULL;
+}
+
+int ferry_loader_buffer_free(ferry_loader_buffer *buf, uintptr_t stream)
+{
+	if (!buf)
+		return 0;
+	struct ferry_loader *l = buf->l;
+	ferry__CUcontext prev;
+	int err = ferry__cuda_enter_device(l->device, &prev), entered = !err;
+	if (entered) {
+		ferry__CUresult r = l->cu->EventRecord(buf->ev, (ferry__CUstream)stream);
+		if (r)
+			err = ferry__cuda_fail(r, "ferry_loader_buffer_free: cuEventRecord on stream %p",
+					       (void *)stream);
+	}
+	pthread_mutex_lock(&l->mu);
+	if (!err && !l->destroyed) {
+		if (l->spare_tail)
+			l->spare_tail->next = buf;
+		else
+			l->spare = buf;
+		l->spare_tail = buf;
+		buf = NULL;
+	}
+	int last = --l->refs == 0;
+	pthread_mutex_unlock(&l->mu);
+	if (buf && entered)
+		buf_destroy(l, buf); /* after the event just recorded (or, if that failed, the last one) */
+	else if (buf)
+		free(buf); /* no context to free device memory in: it stays with the process */
+	if (entered)
+		ferry__cuda_leave_device(prev);
+	if (last)
+		loader_free(l);
+	return err;
 }
 
 void *ferry_loader_batch_data(const ferry_loader_batch *b)
 {
-	return b ? (b->dev ? (void *)(uintptr_t)b->dev : b->host) : NULL;
+	return b ? (b->buf ? (void *)(uintptr_t)b->buf->dev : b->host) : NULL;
 }
 size_t ferry_loader_batch_bytes(const ferry_loader_batch *b) { return b ? b->bytes : 0; }
 uint32_t ferry_loader_batch_samples(const ferry_loader_batch *b) { return b ? b->count : 0; }
@@ -1075,6 +1183,8 @@ double ferry_loader_metric(ferry_loader *l, const char *name)
 		r = (double)l->merged;
 	else if (!strcmp(name, "inline_reads"))
 		r = (double)l->inline_reads;
+	else if (!strcmp(name, "device_buffers"))
+		r = (double)l->nbufs;
 	else if (!strcmp(name, "cpu_ns")) {
 		r = 0;
 		for (uint32_t t = 0; l->workers && t < l->threads; t++)

@@ -151,3 +151,26 @@ def test_cpu_pinned(data):
     y = x.to("cuda", non_blocking=True)
     torch.cuda.synchronize()
     assert torch.equal(y.cpu(), x)
+
+
+def test_device_memory_is_reused_and_kept_tensors_stay_valid(data):
+    """Batch tensors are the loader's device memory: freed ones come back to it (the number of
+    buffers stays bounded over many batches), kept ones are never reused under the keeper."""
+    path, _ = data
+    kw = dict(batch_size=4, seq_len=256, shuffle=False, prefetch=2, threads=1)
+    loader = ferry.Loader(path, device="cuda", **kw)
+    assert loader._direct
+    kept = []
+    for k, x in enumerate(loader):
+        if k % 10 == 0:
+            kept.append((k, x))
+        _ = x.long().sum()
+    n = len(loader)
+    bufs = loader.stats()["device_buffers"]
+    # prefetch + threads slots, each refilled while the consumer holds a few: bounded by
+    # twice the slots plus 4, plus the tensors kept
+    assert n > 50 and bufs <= 2 * 3 + 4 + len(kept), (n, bufs, len(kept))
+    cpu = list(ferry.Loader(path, device="cpu", **kw))
+    for k, x in kept:
+        assert torch.equal(x.cpu(), cpu[k])
+

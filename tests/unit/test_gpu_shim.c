@@ -258,12 +258,12 @@ static void mem_kinds_and_copies(void)
 }
 
 /*
- * The loader on a (fake) CUDA device, batches handed back with ferry_loader_copy_release: each
- * copy holds the batch's bytes, slots handed back that way are refilled (75 batches through 3
- * slots), also while the consumer holds another batch. A host loader refuses the call and still
- * takes the batch back.
+ * The loader on a (fake) CUDA device, its device memory taken by the consumer (ferry_loader_take)
+ * and given back (ferry_loader_buffer_free): each taken buffer holds its batch's bytes, slots get
+ * other memory while the consumer keeps some (75 batches through 3 slots in at most 8 buffers), a buffer freed after the loader is destroyed is freed then (ASan checks
+ * the loader's remains). A host loader refuses, and takes the batch back all the same.
  */
-static void loader_copy_release(void)
+static void loader_take(void)
 {
 	enum { N = 300, LEN = 6 };
 	char dpath[600];
@@ -271,9 +271,9 @@ static void loader_copy_release(void)
 	ferry_dataset_writer *w;
 	ferry_dataset *ds;
 	ferry_loader *l, *lh;
-	ferry_loader_batch *b, *held;
+	ferry_loader_batch *b;
+	ferry_loader_buffer *kept, *buf;
 	uint16_t sample[LEN], got[4 * LEN];
-	void *dst;
 
 	snprintf(dpath, sizeof(dpath), "%s/loader_ds", t_tmpdir());
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
@@ -296,19 +296,17 @@ static void loader_copy_release(void)
 	T_EQ_INT(ferry_loader_set(l, "prefetch", "2"), 0);
 	T_EQ_INT(ferry_loader_set(l, "order", "shuffle"), 0);
 	T_EQ_INT(ferry_loader_set(l, "epochs", "1"), 0);
-	T_EQ_INT(ferry_gpu_malloc(0, sizeof(got), &dst), 0);
-	T_EQ_INT(ferry_loader_next(l, &held), 1); /* held while the next batch is copied out */
-	int batches = 1, seen[N] = {0};
-	int r;
-	for (uint32_t k = 0; k < ferry_loader_batch_samples(held); k++)
-		seen[ferry_loader_batch_indices(held)[k]]++;
+	int device_ranges = -1, batches = 0, seen[N] = {0}, r;
+	ferry_loader_buffer *queue[3] = {NULL, NULL, NULL}; /* the consumer keeps its last 3 batches */
+	kept = NULL;
 	while ((r = ferry_loader_next(l, &b)) == 1) {
 		int64_t ix[4];
 		uint32_t n = ferry_loader_batch_samples(b);
 		memcpy(ix, ferry_loader_batch_indices(b), n * sizeof(int64_t));
 		T_EQ_INT(ferry_loader_batch_bytes(b), n * sizeof(sample));
-		T_EQ_INT(ferry_loader_copy_release(l, b, dst, 0, 0), 0);
-		T_EQ_INT(ferry_gpu_memcpy_dtoh(got, dst, n * sizeof(sample)), 0);
+		T_EQ_INT(ferry_loader_take(l, b, &buf), 0);
+		T_ASSERT(buf != NULL);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(got, ferry_loader_buffer_data(buf), n * sizeof(sample)), 0);
 		for (uint32_t k = 0; k < n; k++) {
 			seen[ix[k]]++;
 			for (int j = 0; j < LEN; j++)
@@ -319,26 +317,40 @@ static void loader_copy_release(void)
 					break;
 				}
 		}
-		if (batches++ == 1)
-			T_EQ_INT(ferry_loader_copy_release(l, held, dst, 0, 0), 0);
+		if (batches == 0)
+			kept = buf; /* kept past the loader's end */
+		else {
+			T_EQ_INT(ferry_loader_buffer_free(queue[batches % 3], 0), 0);
+			queue[batches % 3] = buf;
+		}
+		/* memory reused: at most the 3 slots' plus the 5 buffers the consumer holds here */
+		device_ranges = fake_ranges(2) > device_ranges ? fake_ranges(2) : device_ranges;
+		batches++;
 	}
 	T_EQ_INT(r, 0);
 	T_EQ_INT(batches, N / 4);
+	T_CHECK(device_ranges >= 4 && device_ranges <= 8);
 	int once = 1, total = 0;
 	for (int i = 0; i < N; i++)
-		total += seen[i], once &= seen[i] <= 1;
+		total += seen[i], once &= seen[i] == 1;
 	T_CHECK(once);
 	T_EQ_INT(total, N);
+	for (int i = 0; i < 3; i++)
+		T_EQ_INT(ferry_loader_buffer_free(queue[i], 0), 0);
 	ferry_loader_destroy(l);
+	T_EQ_INT(fake_ranges(2), 1); /* the kept buffer */
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(got, ferry_loader_buffer_data(kept), 8), 0);
+	T_EQ_INT(ferry_loader_buffer_free(kept, 0), 0);
+	T_EQ_INT(fake_ranges(2), 0);
 
 	T_ASSERT(ferry_loader_create(ds, &lh) == 0);
 	T_EQ_INT(ferry_loader_next(lh, &b), 1);
-	T_EQ_INT(ferry_loader_copy_release(lh, b, dst, 0, 0), -EINVAL);
+	T_EQ_INT(ferry_loader_take(lh, b, &buf), -EINVAL);
 	HAS(ferry_last_error(), "not on a CUDA device");
-	T_EQ_INT(ferry_loader_next(lh, &b), 1); /* the refused batch was handed back all the same */
+	T_CHECK(buf == NULL);
+	T_EQ_INT(ferry_loader_next(lh, &b), 1); /* the refused batch was handed back */
 	ferry_loader_release(lh, b);
 	ferry_loader_destroy(lh);
-	T_EQ_INT(ferry_gpu_free(dst), 0);
 	ferry_dataset_close(ds);
 	ferry_ctx_destroy(ctx);
 }
@@ -375,7 +387,7 @@ static int sc_fake(void)
 	HAS(ferry_last_error(), "cuMemAlloc(5 bytes): CUDA_ERROR_OUT_OF_MEMORY (2)");
 	T_EQ_INT(ferry__cuda_fail(201, "x"), FERRY_ECUDA);
 	mem_kinds_and_copies();
-	loader_copy_release();
+	loader_take();
 
 	/* GDS without libcufile: refused, with the reason */
 	fd = open(t_tmpdir(), O_RDONLY | O_DIRECTORY);
