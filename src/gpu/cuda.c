@@ -41,7 +41,6 @@ static const struct ferry__sym cuda_syms[] = {
 	REQ(MemcpyDtoD, "cuMemcpyDtoD_v2"),
 	REQ(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"),
 	REQ(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
-	REQ(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"),
 	REQ(MemsetD8, "cuMemsetD8_v2"),
 	REQ(PointerGetAttribute, "cuPointerGetAttribute"),
 	REQ(StreamCreate, "cuStreamCreate"),

@@ -137,8 +137,6 @@ struct ferry__cuda_api {
 					   ferry__CUstream stream);
 	ferry__CUresult (*MemcpyDtoHAsync)(void *dst, ferry__CUdeviceptr src, size_t size,
 					   ferry__CUstream stream);
-	ferry__CUresult (*MemcpyDtoDAsync)(ferry__CUdeviceptr dst, ferry__CUdeviceptr src, size_t size,
-					   ferry__CUstream stream);
 	ferry__CUresult (*MemsetD8)(ferry__CUdeviceptr dst, unsigned char value, size_t n);
 	ferry__CUresult (*PointerGetAttribute)(void *data, ferry__CUpointer_attribute attr,
 					       ferry__CUdeviceptr ptr);

@@ -49,7 +49,6 @@ CU(MemcpyDtoH, cuMemcpyDtoH_v2);
 CU(MemcpyDtoD, cuMemcpyDtoD_v2);
 CU(MemcpyHtoDAsync, cuMemcpyHtoDAsync_v2);
 CU(MemcpyDtoHAsync, cuMemcpyDtoHAsync_v2);
-CU(MemcpyDtoDAsync, cuMemcpyDtoDAsync_v2);
 CU(MemsetD8, cuMemsetD8_v2);
 CU(PointerGetAttribute, cuPointerGetAttribute);
 CU(StreamCreate, cuStreamCreate);

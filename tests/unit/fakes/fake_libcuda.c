@@ -141,7 +141,6 @@ API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { if (!current ||
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { if (check(d, n, DEVMEM) || check(s, n, DEVMEM)) return 1; memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
 API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { (void)st; return cuMemcpyHtoD_v2(d, s, n); }
 API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoH_v2(d, s, n); }
-API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoD_v2(d, s, n); }
 API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { if (check(d, n, DEVMEM)) return 1; memset((void *)(uintptr_t)d, v, n); return 0; }
 API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 {
