@@ -1,9 +1,11 @@
 """Diagnosis for the loader's GPU-wait figure (docs/DATA.md): the ferry shuffle loader's GPU wait at a
-fraction of its peak, with one difference at a time: the step loop's final sync spinning (torch's
-default) or blocking, pipeline threads, prefetch depth, and lower fractions. Prints one line each.
+fraction of its peak, three times as the bench runs it, with 2 pipeline threads, and with Python's
+garbage collector frozen (gc.freeze()) or off, with the pauses the collector made in each run; the
+no-loader floor beside them. Prints one line each.
     python3 bench/probe-loader-wait.py [--gb 2] [--seconds 4]
 Needs `pip install .` and a GPU; uses bench/loader-gpu.py's data, peers and measures."""
 import argparse
+import gc
 import importlib.util
 import os
 import subprocess
@@ -15,33 +17,6 @@ import torch
 spec = importlib.util.spec_from_file_location("lg", os.path.join(os.path.dirname(__file__), "loader-gpu.py"))
 lg = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lg)
-
-
-def with_gpu_step_blocking(peer, step_s, seconds, hz):
-    """lg.with_gpu_step with events that block (sleep) instead of spinning in synchronize()."""
-    it = peer.batches()
-    next(it)
-    torch.cuda.synchronize()
-    cycles = max(1, int(step_s * hz))
-    starts, ends = [], []
-    acc = torch.zeros((), device="cuda", dtype=torch.int64)
-    t_end = time.perf_counter() + seconds
-    while time.perf_counter() < t_end:
-        b = next(it)
-        s = torch.cuda.Event(enable_timing=True, blocking=True)
-        e = torch.cuda.Event(enable_timing=True, blocking=True)
-        s.record()
-        acc += b.view(torch.int16)[:, 0].sum()
-        torch.cuda._sleep(cycles)
-        e.record()
-        starts.append(s)
-        ends.append(e)
-        if len(ends) > 2:
-            ends[-3].synchronize()
-    torch.cuda.synchronize()
-    busy = sum(s.elapsed_time(e) for s, e in zip(starts, ends))
-    span = starts[0].elapsed_time(ends[-1])
-    return max(0.0, 1 - busy / span), len(starts) / (span / 1e3)
 
 
 def main():
@@ -63,27 +38,46 @@ def main():
     p.close()
     print(f"PROBE peak shuffle threads 1 prefetch 8 | {peak:.0f} samples/s | pipeline {st['cpu_cores']:.2f} cores")
 
-    def run(name, frac, threads=1, prefetch=8, fn=lg.with_gpu_step):
+    gc_pause = []
+
+    def gc_cb(phase, info):
+        if phase == "start":
+            gc_pause.append([time.perf_counter(), info["generation"]])
+        elif gc_pause:
+            gc_pause[-1][0] = time.perf_counter() - gc_pause[-1][0]
+
+    gc.callbacks.append(gc_cb)
+
+    def run(name, frac, threads=1, prefetch=8, fn=lg.with_gpu_step, peer=None):
         step = B / (peak * frac)
-        p = lg.FerryPeer(prefix, B, "shuffle", dev, threads, prefetch)
+        p = peer or lg.FerryPeer(prefix, B, "shuffle", dev, threads, prefetch)
+        gc_pause.clear()
         wait, rate = fn(p, step, S, hz)
+        g = [x for x in gc_pause if x[0] < 1]
+        gcs = (f"; GC {len(g)} pauses, {sum(x[0] for x in g) * 1e3:.1f} ms in all, gen2 "
+               f"{sum(1 for x in g if x[1] == 2)}, longest {max((x[0] for x in g), default=0) * 1e3:.2f} ms")
+        if peer is not None:
+            print(f"PROBE {name} | wait {wait * 100:.2f}% | {rate * B:.0f} samples/s{gcs}", flush=True)
+            return
         st = p.loader.stats()
         p.close()
         print(f"PROBE {name} | wait {wait * 100:.2f}% | step {step * 1e6:.0f} us, {rate * B:.0f} samples/s "
               f"({rate * B / peak:.2f} of peak), loader wait p50/p90/p99 {st['wait_p50_ns'] / 1e3:.0f}/"
               f"{st['wait_p90_ns'] / 1e3:.0f}/{st['wait_p99_ns'] / 1e3:.0f} us, pipeline "
-              f"{st['cpu_cores']:.2f} cores, device_buffers {st.get('device_buffers', -1):.0f}", flush=True)
+              f"{st['cpu_cores']:.2f} cores, device_buffers {st.get('device_buffers', -1):.0f}{gcs}", flush=True)
 
-    floor, _ = lg.with_gpu_step(lg.NullPeer(B, dev), B / (peak * 0.8), 3, hz)
-    print(f"PROBE floor at 0.8 | wait {floor * 100:.2f}%")
-    run("0.8 as in the bench", 0.8)
-    run("0.8 blocking sync", 0.8, fn=with_gpu_step_blocking)
-    run("0.8 prefetch 32", 0.8, prefetch=32)
+    run("floor (no loader) at 0.8", 0.8, peer=lg.NullPeer(B, dev))
+    for k in range(3):
+        run(f"0.8 as in the bench, {k + 1}", 0.8)
     run("0.8 threads 2", 0.8, threads=2)
-    run("0.7", 0.7)
-    run("0.6", 0.6)
-    run("0.8 again", 0.8)
-
+    gc.freeze()
+    run("floor (no loader) at 0.8, gc.freeze()", 0.8, peer=lg.NullPeer(B, dev))
+    for k in range(3):
+        run(f"0.8 after gc.freeze(), {k + 1}", 0.8)
+    gc.disable()
+    run("0.8 gc disabled", 0.8)
+    run("floor (no loader) at 0.8, gc disabled", 0.8, peer=lg.NullPeer(B, dev))
+    gc.enable()
 
 if __name__ == "__main__":
     main()
