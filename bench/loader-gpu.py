@@ -16,6 +16,7 @@ with the defaults (--gb 4 --seconds 8); bench/loader-gpu.sh is the wrapper gpu-c
                         [--cold-dir /var/tmp/ferry-loader] [--batch-size 32] [--skip-cold]
 """
 import argparse
+import gc
 import os
 import struct
 import subprocess
@@ -311,7 +312,12 @@ def calibrate_sleep():
 
 
 def with_gpu_step(peer, step_s, seconds, hz):
-    """GPU wait %: the share of the stream's span in which no step ran (it waited for data)."""
+    """GPU wait %: the share of the stream's span in which no step ran (it waited for data).
+    Python's collector is frozen first (gc.freeze(), as training loops do, e.g. Megatron's
+    --manual-gc): with torch imported a full collection pauses the loop 60-80 ms, 1.5-2% of a
+    4 s run, whatever feeds it (bench/probe-loader-wait.py)."""
+    gc.collect()
+    gc.freeze()
     it = peer.batches()
     next(it)
     torch.cuda.synchronize()
