@@ -19,6 +19,27 @@ lg = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(lg)
 
 
+class EventPeer(lg.NullPeer):
+    """The no-loader floor plus what ferry's loader adds to the consumer's stream per step: an
+    event recorded where the previous batch is freed (between two steps)."""
+
+    def batches(self):
+        while True:
+            torch.cuda.Event().record()
+            yield self.b
+
+
+class FreshPeer(lg.NullPeer):
+    """The no-loader floor, each step on another of 12 batches already on the GPU."""
+
+    def __init__(self, batch, device):
+        self.bs = [torch.zeros((batch, lg.SEQ), dtype=torch.uint16, device=device) for _ in range(12)]
+
+    def batches(self):
+        while True:
+            yield from self.bs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=2)
@@ -72,6 +93,8 @@ def main():
     run("0.8 threads 2", 0.8, threads=2)
     gc.freeze()
     run("floor (no loader) at 0.8, gc.freeze()", 0.8, peer=lg.NullPeer(B, dev))
+    run("floor + an event recorded per step, gc.freeze()", 0.8, peer=EventPeer(B, dev))
+    run("floor on 12 batches in turn, gc.freeze()", 0.8, peer=FreshPeer(B, dev))
     for k in range(3):
         run(f"0.8 after gc.freeze(), {k + 1}", 0.8)
     gc.disable()
