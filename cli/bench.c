@@ -35,6 +35,7 @@ enum opt_type {
 	OPT_XMODE,   /* -x: a transfer mode's name or gdsio number, or all */
 	OPT_API,
 	OPT_INT0,    /* 0..1024 */
+	OPT_RANDGEN, /* tausworthe, tausworthe64 or lfsr */
 };
 
 struct bench_cli {
@@ -46,7 +47,7 @@ struct bench_cli {
 	const char *report;
 	int suite, quick, help, time_based;
 	int xall;
-	unsigned seen;
+	uint64_t seen; /* bit k: opts[k] was given */
 };
 
 struct opt {
@@ -77,6 +78,8 @@ static const struct opt opts[] = {
 	{"time_based", OPT_FLAG, CL(time_based), NULL, "accepted for fio habits; --runtime is always time based"},
 	{"io_size", OPT_SIZE, JO(io_size), "SIZE", "bytes each job transfers (default: one pass over the region)"},
 	{"randseed", OPT_U64, JO(randseed), "N", "seed of random offsets and of the --verify pattern"},
+	{"random_generator", OPT_RANDGEN, JO(randgen), "GEN", "random offsets as fio's: tausworthe (default: uniform picks; a block already done this pass is replaced by the next one not done) or lfsr (a permutation: each block once per pass, no collisions); tausworthe64 is tausworthe"},
+	{"norandommap", OPT_FLAG, JO(norandommap), NULL, "random offsets without the map of blocks done: uniform picks, some blocks twice, some never, no passes (fio's --norandommap)"},
 	{"verify", OPT_VERIFY, JO(verify), "ALGO", "xxh3 or crc32c: writes checksummed blocks, checks every block read"},
 	{"cold", OPT_COLD, JO(cold), "[=file|system]", "drop the file's cached pages first (system: all caches, as root)"},
 	{"output-format", OPT_FORMAT, CL(json), "FMT", "normal or json (fio's schema)"},
@@ -302,6 +305,14 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 			return bad("--%s expects a whole number from 0 to 1024; got '%s'", o->name, val);
 		*(int *)p = (int)u;
 		return 0;
+	case OPT_RANDGEN:
+		if (!strcmp(val, "tausworthe") || !strcmp(val, "tausworthe64"))
+			*(enum bench_randgen *)p = BENCH_RANDGEN_MAP;
+		else if (!strcmp(val, "lfsr"))
+			*(enum bench_randgen *)p = BENCH_RANDGEN_PERM;
+		else
+			return bad("--random_generator expects tausworthe, tausworthe64 or lfsr; got '%s'", val);
+		return 0;
 	case OPT_COLD:
 		if (!strcmp(val, "1") || !strcmp(val, "file"))
 			*(enum bench_cold *)p = BENCH_COLD_FILE;
@@ -346,7 +357,7 @@ static int parse(struct bench_cli *c, int argc, char **argv)
 				o = &opts[k];
 		if (!o)
 			return bad("unknown option '%.*s'", (int)(nlen + 2), a);
-		c->seen |= 1u << (o - opts);
+		c->seen |= 1ull << (o - opts);
 		const char *val = eq ? eq + 1 : NULL;
 		if (!val && o->type == OPT_FLAG)
 			val = "1";
@@ -374,7 +385,7 @@ static int seen(const struct bench_cli *c, const char *name)
 {
 	for (size_t k = 0; k < NOPTS; k++)
 		if (!strcmp(opts[k].name, name))
-			return !!(c->seen & (1u << k));
+			return !!(c->seen & (1ull << k));
 	return 0;
 }
 
@@ -419,7 +430,7 @@ static int run_suite(struct bench_cli *c, FILE **out)
 	static const char *const allowed[] = {"filename", "directory", "size", "report", "output-format",
 					      "output", "quick", "suite", "runtime"};
 	for (size_t k = 0; k < NOPTS; k++) {
-		if (!(c->seen & (1u << k)))
+		if (!(c->seen & (1ull << k)))
 			continue;
 		int ok = 0;
 		for (size_t a = 0; a < sizeof(allowed) / sizeof(allowed[0]); a++)

@@ -55,6 +55,33 @@ void bench_verify_fill(enum bench_verify v, void *block, size_t len, uint64_t of
 int bench_verify_check(enum bench_verify v, void *block, size_t len, uint64_t off, const char *path,
 		       char *msg, size_t msglen);
 
+/* ------------------------------------------------------------------------------ random offsets */
+
+/* fio's default (random_generator=tausworthe, with its random map), or its lfsr (cli/bench_rand.c). */
+enum bench_randgen { BENCH_RANDGEN_MAP, BENCH_RANDGEN_PERM };
+
+/* The block numbers of a job's random I/Os, in [0, n). One per job; not thread-safe. */
+struct bench_offsets {
+	uint64_t n;
+	enum bench_randgen gen;
+	int norandommap;
+	uint64_t mask, i, k1, k2; /* perm */
+	unsigned shift;
+	uint64_t *bits, *full;    /* map */
+	uint64_t nwords, nfull, done;
+};
+
+uint64_t bench_rng_next(uint64_t *s);
+/* Uniform in [0, n). */
+uint64_t bench_rng_below(uint64_t *s, uint64_t n);
+const char *bench_randgen_name(enum bench_randgen g);
+/* 0, -EINVAL (no blocks) or -ENOMEM (the map: n/8 bytes). Draws its keys from rng. */
+int bench_offsets_init(struct bench_offsets *g, uint64_t nblocks, enum bench_randgen gen, int norandommap,
+		       uint64_t *rng) __attribute__((warn_unused_result));
+/* The next block; sets *new_pass when a pass over the blocks begins again (never with norandommap). */
+uint64_t bench_offsets_next(struct bench_offsets *g, uint64_t *rng, int *new_pass);
+void bench_offsets_free(struct bench_offsets *g);
+
 /* ------------------------------------------------------------------------------------------ runs */
 
 enum bench_rw { BENCH_READ, BENCH_WRITE, BENCH_RANDREAD, BENCH_RANDWRITE, BENCH_RANDRW };
@@ -82,6 +109,8 @@ struct bench_job_opts {
 	int xmode;              /* -x: BENCH_X_NONE (0: host memory, no -x), else BENCH_X(gdsio's number), BENCH_X_AUTO */
 	int gpu;                /* --gpu: the device for -x */
 	int api_pread;          /* --api=pread: each I/O is one ferry_pread/pwrite (worker pool) */
+	enum bench_randgen randgen; /* --random_generator */
+	int norandommap;        /* --norandommap: uniform picks with repeats, no passes */
 };
 
 #define BENCH_DIRECT_AUTO 2

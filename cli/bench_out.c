@@ -314,6 +314,10 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	if (o->io_size)
 		opt_u64(j, "io_size", o->io_size);
 	opt_u64(j, "randseed", o->randseed);
+	if (o->randgen != BENCH_RANDGEN_MAP)
+		bench_json_str(j, "random_generator", bench_randgen_name(o->randgen));
+	if (o->norandommap)
+		bench_json_str(j, "norandommap", "1");
 	if (o->verify)
 		bench_json_str(j, "verify", bench_verify_name(o->verify));
 	bench_json_close_obj(j);

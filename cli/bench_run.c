@@ -78,64 +78,6 @@ static uint64_t splitmix64(uint64_t *s)
 	return z ^ (z >> 31);
 }
 
-/* xorshift64*: cheap enough per I/O, and seeded per job so runs repeat (fio's randrepeat). */
-static uint64_t rng_next(uint64_t *s)
-{
-	uint64_t x = *s;
-	x ^= x >> 12;
-	x ^= x << 25;
-	x ^= x >> 27;
-	*s = x;
-	return x * 0x2545F4914F6CDD1Dull;
-}
-
-static uint64_t rng_below(uint64_t *s, uint64_t n)
-{
-	return (uint64_t)(((unsigned __int128)rng_next(s) * n) >> 64);
-}
-
-/*
- * Random offsets visit every block once per pass, in a new order each pass, as fio's default
- * random map does: without it a time-based buffered run re-reads blocks the page cache already
- * holds. A keyed bijection of [0, 2^k) walked by a counter, skipping values >= n (cycle walking).
- */
-struct bench_perm {
-	uint64_t n, mask, i, k1, k2;
-	unsigned shift;
-};
-
-static void perm_init(struct bench_perm *p, uint64_t n, uint64_t *rng)
-{
-	unsigned bits = 0;
-	while (bits < 64 && (1ull << bits) < n)
-		bits++;
-	p->n = n;
-	p->mask = bits >= 64 ? UINT64_MAX : (1ull << bits) - 1;
-	p->shift = bits / 2 + 1;
-	p->i = 0;
-	p->k1 = rng_next(rng) & p->mask;
-	p->k2 = rng_next(rng) & p->mask;
-}
-
-/* Next block; *new_pass is set when a pass begins again (after the first). */
-static uint64_t perm_next(struct bench_perm *p, uint64_t *rng, int *new_pass)
-{
-	for (;;) {
-		if (p->i > p->mask) {
-			perm_init(p, p->n, rng);
-			*new_pass = 1;
-		}
-		uint64_t x = (p->i++ ^ p->k1) & p->mask;
-		x = (x * 0x9E3779B97F4A7C15ull) & p->mask;
-		x ^= x >> p->shift;
-		x = (x * 0xBF58476D1CE4E5B9ull) & p->mask;
-		x ^= x >> p->shift;
-		x = (x + p->k2) & p->mask;
-		if (x < p->n)
-			return x;
-	}
-}
-
 const char *bench_rw_name(enum bench_rw rw)
 {
 	static const char *const names[] = {"read", "write", "randread", "randwrite", "randrw"};
@@ -308,15 +250,20 @@ static void job_loop(struct bench_job *j)
 		target = (o->io_size ? o->io_size : sh->region) / o->bs;
 	uint64_t now = j->t_start;
 	int stop = 0, new_pass = 0;
-	struct bench_perm perm;
-	perm_init(&perm, sh->nblocks, &j->rng);
+	struct bench_offsets gen = {0};
+	if (random && bench_offsets_init(&gen, sh->nblocks, o->randgen, o->norandommap, &j->rng) < 0) {
+		job_fail(j, "cannot allocate the random map of %" PRIu64 " blocks (%" PRIu64 " bytes; "
+			 "--norandommap or --random_generator=lfsr need none)",
+			 sh->nblocks, sh->nblocks / 8);
+		goto out;
+	}
 	for (;;) {
 		nq = 0;
 		while (!stop && nfree && issued < target) {
 			struct bench_slot *s = freel[--nfree];
 			uint64_t blk;
 			if (random) {
-				blk = perm_next(&perm, &j->rng, &new_pass);
+				blk = bench_offsets_next(&gen, &j->rng, &new_pass);
 			} else {
 				blk = seq++ % sh->nblocks;
 				new_pass = blk == 0 && seq > 1;
@@ -326,7 +273,7 @@ static void job_loop(struct bench_job *j)
 			new_pass = 0;
 			s->off = o->offset + blk * o->bs;
 			if (o->rw == BENCH_RANDRW)
-				s->write = rng_below(&j->rng, 100) >= o->rwmixread;
+				s->write = bench_rng_below(&j->rng, 100) >= o->rwmixread;
 			else
 				s->write = bench_rw_writes(o->rw);
 			if (s->write && o->verify)
@@ -390,6 +337,7 @@ static void job_loop(struct bench_job *j)
 		if (j->failed || now >= deadline || atomic_load_explicit(&sh->stop, memory_order_relaxed))
 			stop = 1;
 	}
+	bench_offsets_free(&gen);
 out:
 	free(freel);
 	free(just);

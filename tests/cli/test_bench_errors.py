@@ -39,6 +39,8 @@ def main():
         (["--output-format", "xml"], "--output-format"),
         (["--cold=sometimes"], "--cold"),
         (["--randseed", "-1"], "--randseed"),
+        (["--random_generator", "mt19937"], "--random_generator"),
+        (["--norandommap=yes"], "--norandommap"),
         (["--time_based"], "--time_based"),
         (["--runtime", "1", "--io_size", "1m"], "--runtime"),
         (["--report", "x.html"], "--report"),

@@ -48,6 +48,9 @@ def main():
             ("numjobs", "3", lambda j: j["ferry"]["numjobs"] == 3 and j["read"]["total_ios"] == 3 * 64),
             ("name", "my job", lambda j: j["jobname"] == "my job"),
             ("randseed", "42", lambda j: j["job options"]["randseed"] == "42"),
+            ("random_generator", "lfsr", lambda j: j["job options"]["random_generator"] == "lfsr"),
+            ("random_generator", "tausworthe", lambda j: "random_generator" not in j["job options"]),
+            ("random_generator", "tausworthe64", lambda j: "random_generator" not in j["job options"]),
             ("ioengine", "psync", lambda j: j["ferry"]["backend"] == "psync"),
             ("ioengine", "auto", lambda j: j["ferry"]["backend"] in ("psync", "io_uring")),
             ("direct", "0", lambda j: j["ferry"]["direct"] is False),
@@ -62,6 +65,12 @@ def main():
         j = job(base + [("cold", None)], equals)
         if j:
             check("posix_fadvise" in j["ferry"]["cold_cache"], f"{form}: --cold", j["ferry"]["cold_cache"])
+        for rw in ("randread", "randwrite"):
+            j = job(base + [("rw", rw), ("norandommap", None)], equals)
+            if j:
+                check(j["job options"].get("norandommap") == "1" and
+                      j["read" if rw == "randread" else "write"]["total_ios"] == 64,
+                      f"{form}: --norandommap --rw {rw}", j["job options"])
         j = job([("filename", data), ("rw", "randrw"), ("rwmixread", "0"), ("io_size", "256k")], equals)
         if j:
             check(j["read"]["total_ios"] == 0 and j["write"]["total_ios"] == 64, f"{form}: --rwmixread 0",
