@@ -1,7 +1,7 @@
 /*
  * The safetensors writer: one pipeline for synchronous and asynchronous saves.
  *
- * The data section is cut into chunks of CHUNK bytes at 4 KiB-aligned file offsets. The caller's
+ * The data section is cut into chunks of CHUNK bytes (16 MiB) at 4 KiB-aligned file offsets. The caller's
  * thread (the producer) copies tensor bytes into a ring of pinned slots (device tensors with
  * cuMemcpyDtoHAsync and an event per slot, host tensors with memcpy); a writer thread (the
  * consumer) hashes each slot in file order and writes it with O_DIRECT through the engine. So every
@@ -35,6 +35,7 @@
  */
 #define CHUNK (16u << 20)
 #define MAX_INFLIGHT 8
+#define MAX_INFLIGHT_CAP 64
 
 struct wtensor {
 	char *name;
@@ -52,6 +53,43 @@ struct jtensor {
 };
 
 enum { S_FREE, S_READY };
+
+/*
+ * Where a save's time goes (ferry_st_writer_stats). The caller's phases are what an asynchronous
+ * save blocks for; the writer's run on its thread. Seconds are summed over the save.
+ */
+#define PHASES(X)                                                                                  \
+	X(CALL_CHECK, "call.check")       /* busy check, join of the previous thread, EXCL */      \
+	X(CALL_HEADER, "call.header")     /* layout and header text */                            \
+	X(CALL_SLOTS, "call.slots")       /* pinned slots (allocation and pinning when new), events */ \
+	X(CALL_START, "call.start")       /* the writer thread's creation */                       \
+	X(CALL_COPY, "call.copy")         /* issuing the copies into the slots (memcpy for host) */ \
+	X(CALL_SLOT_WAIT, "call.slot_wait") /* waiting for a slot the writer still writes */       \
+	X(CALL_SYNC, "call.sync")         /* waiting for the last device-to-host copy */           \
+	X(CALL_TOTAL, "call.total")       /* the whole call (a synchronous save: to the end) */     \
+	X(CKPT_PREPARE, "ckpt.prepare")   /* checkpoint: latest, mkdir of the step (caller) */     \
+	X(W_LAYOUT, "writer.layout")      /* create and fallocate the temporary file */            \
+	X(W_OPEN, "writer.open")                                                                   \
+	X(W_READY_WAIT, "writer.ready_wait") /* waiting for the producer to fill a slot */          \
+	X(W_EVENT_WAIT, "writer.event_wait") /* waiting for a slot's device-to-host copy */         \
+	X(W_HASH, "writer.hash")                                                                   \
+	X(W_SUBMIT, "writer.submit")                                                               \
+	X(W_WRITE_WAIT, "writer.write_wait") /* waiting for the oldest write in flight */           \
+	X(W_HEADER, "writer.header")                                                               \
+	X(W_FSYNC, "writer.fsync")                                                                 \
+	X(W_RENAME, "writer.rename")                                                               \
+	X(W_DIRSYNC, "writer.dirsync")                                                             \
+	X(W_HOOK, "writer.after")         /* checkpoint: marker, commit, prune */                  \
+	X(W_TOTAL, "writer.total")
+#define PH_ENUM(e, s) PH_##e,
+enum { PHASES(PH_ENUM) PH__COUNT, PH__FIRST_WRITER = PH_W_LAYOUT };
+#define PH_NAME(e, s) s,
+static const char *const ph_names[] = {PHASES(PH_NAME)};
+
+struct save_stats {
+	uint64_t ns[PH__COUNT];
+	uint64_t bytes, slots, pinned_new; /* pinned_new: bytes pinned by this save */
+};
 
 struct slot {
 	char *buf;
@@ -80,6 +118,10 @@ struct job {
 	pthread_cond_t cv;
 	ferry__save_hook hook;
 	void *arg;
+	uint64_t ph[PH__COUNT]; /* caller's entries by the caller, writer's by the writer thread */
+	uint64_t pinned_new;
+	size_t chunk, inflight;
+	int prealloc;
 };
 
 struct ferry_st_writer {
@@ -98,6 +140,7 @@ struct ferry_st_writer {
 	char errmsg[1024]; /* the writer thread's ferry_last_error(), handed to wait()'s caller */
 	pthread_t thr;
 	struct job *job;
+	struct save_stats stats; /* of the last save, under mu */
 };
 
 static unsigned long save_seq;
@@ -462,13 +505,16 @@ int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len) = falloc
  * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
  * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
  */
-static int create_laid_out(const char *tmp, uint64_t size)
+static int create_laid_out(const char *tmp, uint64_t size, int prealloc)
 {
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
 	int r = 0;
-	if (size && ferry__save_fallocate(fd, 0, 0, (off_t)size)) {
+	if (size && !prealloc) {
+		if (ftruncate(fd, (off_t)size))
+			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
+	} else if (size && ferry__save_fallocate(fd, 0, 0, (off_t)size)) {
 		int e = errno;
 		if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
 			r = ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
@@ -523,22 +569,31 @@ static void job_free(struct job *j)
 
 static size_t chunk_len(struct job *j, size_t c)
 {
-	uint64_t a = (uint64_t)c * CHUNK;
-	return (size_t)(j->total - a < CHUNK ? j->total - a : CHUNK);
+	uint64_t a = (uint64_t)c * j->chunk;
+	return (size_t)(j->total - a < j->chunk ? j->total - a : j->chunk);
+}
+
+/* Adds the time since *t0 to phase ph and moves *t0 to now. */
+static void lap(struct job *j, int ph, uint64_t *t0)
+{
+	uint64_t t = ferry__now_ns();
+	j->ph[ph] += t - *t0;
+	*t0 = t;
 }
 
 /* The writer thread's part: hash and write every chunk in order, then the header, then commit. */
 static int64_t consume(struct job *j)
 {
 	struct ferry__xxh3 *h = (j->flags & FERRY_SAVE_CHECKSUM) ? ferry__xxh3_create() : NULL;
-	ferry_req *req[MAX_INFLIGHT];
+	ferry_req *req[MAX_INFLIGHT_CAP];
 	size_t inflight_first = 0, ninflight = 0, ti = 0;
 	size_t q = j->k > 1 ? j->k - 1 : 1;
 	const struct ferry__cuda_api *cu = NULL;
 	int64_t err = 0;
+	uint64_t t = ferry__now_ns();
 
-	if (q > MAX_INFLIGHT)
-		q = MAX_INFLIGHT;
+	if (q > j->inflight)
+		q = j->inflight;
 	if ((j->flags & FERRY_SAVE_CHECKSUM) && !h)
 		err = ferry__error(-ENOMEM, "%s: checksum state", j->path);
 	if (!err && j->cuda_dev >= 0) {
@@ -551,9 +606,11 @@ static int64_t consume(struct job *j)
 	 * is taken, and laying out a file of the state's size (fallocate; on tmpfs that allocates
 	 * its memory) is the writer's work. Its errors are reported like a write's. */
 	if (!err) {
-		int r = create_laid_out(j->tmp, j->data_start + j->total);
+		int r = create_laid_out(j->tmp, j->data_start + j->total, j->prealloc);
+		lap(j, PH_W_LAYOUT, &t);
 		if (!r)
 			r = ferry_file_open(j->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
+		lap(j, PH_W_OPEN, &t);
 		err = r;
 	}
 	if (err)
@@ -565,33 +622,38 @@ static int64_t consume(struct job *j)
 			pthread_cond_wait(&j->cv, &j->mu);
 		err = j->err;
 		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_W_READY_WAIT, &t);
 		if (err)
 			break;
 		if (s->has_ev) {
 			ferry__CUresult cr = cu->EventSynchronize(s->ev);
+			lap(j, PH_W_EVENT_WAIT, &t);
 			if (cr) {
 				err = ferry__cuda_fail(cr, "%s: device-to-host copy of chunk %zu", j->path, c);
 				break;
 			}
 		}
-		uint64_t a = (uint64_t)c * CHUNK, b = a + chunk_len(j, c);
+		uint64_t a = (uint64_t)c * j->chunk, b = a + chunk_len(j, c);
 		while (h && ti < j->n) {
-			struct jtensor *t = &j->jt[ti];
-			if (t->begin > b || (t->begin == b && t->end > t->begin))
+			struct jtensor *jt = &j->jt[ti];
+			if (jt->begin > b || (jt->begin == b && jt->end > jt->begin))
 				break;
-			uint64_t lo = t->begin > a ? t->begin : a, hi = t->end < b ? t->end : b;
+			uint64_t lo = jt->begin > a ? jt->begin : a, hi = jt->end < b ? jt->end : b;
 			if (hi > lo)
 				ferry__xxh3_update(h, s->buf + (lo - a), (size_t)(hi - lo));
-			if (t->end > b)
+			if (jt->end > b)
 				break;
 			char hex[17];
 			snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)ferry__xxh3_digest(h));
-			memcpy(j->hdr + t->sum_pos, hex, 16);
+			memcpy(j->hdr + jt->sum_pos, hex, 16);
 			ferry__xxh3_reset(h);
 			ti++;
 		}
+		if (h)
+			lap(j, PH_W_HASH, &t);
 		int r = ferry_pwrite_async(j->f, s->buf, chunk_len(j, c), j->data_start + a,
-					   &req[(inflight_first + ninflight) % MAX_INFLIGHT]);
+					   &req[(inflight_first + ninflight) % MAX_INFLIGHT_CAP]);
+		lap(j, PH_W_SUBMIT, &t);
 		if (r) {
 			err = r;
 			break;
@@ -602,21 +664,22 @@ static int64_t consume(struct job *j)
 			ferry_req *rq = req[inflight_first];
 			ssize_t got = ferry_req_wait(rq, -1);
 			ferry_req_free(rq);
-			inflight_first = (inflight_first + 1) % MAX_INFLIGHT;
+			inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 			ninflight--;
 			if (got != (ssize_t)chunk_len(j, oc) && !err)
 				err = got < 0 ? got : ferry__error(-EIO, "%s: short write at %llu", j->tmp,
-								   (unsigned long long)(j->data_start + (uint64_t)oc * CHUNK));
+								   (unsigned long long)(j->data_start + (uint64_t)oc * j->chunk));
 			pthread_mutex_lock(&j->mu);
 			j->slots[oc % j->k].state = S_FREE;
 			pthread_cond_broadcast(&j->cv);
 			pthread_mutex_unlock(&j->mu);
 		}
+		lap(j, PH_W_WRITE_WAIT, &t);
 	}
 	while (ninflight) { /* after an error: the buffers stay busy until their writes end */
 		ferry_req_wait(req[inflight_first], -1);
 		ferry_req_free(req[inflight_first]);
-		inflight_first = (inflight_first + 1) % MAX_INFLIGHT;
+		inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 		ninflight--;
 	}
 	if (err) {
@@ -632,10 +695,12 @@ static int64_t consume(struct job *j)
 	}
 	ferry__xxh3_destroy(h);
 	ssize_t got = ferry_pwrite(j->f, j->hdr, (size_t)j->data_start, 0);
+	lap(j, PH_W_HEADER, &t);
 	if (got != (ssize_t)j->data_start)
 		return got < 0 ? got : ferry__error(-EIO, "%s: short header write", j->tmp);
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
 		int r = ferry_file_sync(j->f, 1);
+		lap(j, PH_W_FSYNC, &t);
 		if (r)
 			return r;
 	}
@@ -645,10 +710,12 @@ static int64_t consume(struct job *j)
 		return ferry__error(-EEXIST, "%s: exists", j->path);
 	if (rename(j->tmp, j->path))
 		return ferry__error(-errno, "rename(%s, %s): %s", j->tmp, j->path, strerror(errno));
+	lap(j, PH_W_RENAME, &t);
 	free(j->tmp);
 	j->tmp = NULL;
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
 		int r = ferry__fsync_parent(j->path);
+		lap(j, PH_W_DIRSYNC, &t);
 		if (r)
 			return r;
 	}
@@ -659,10 +726,17 @@ static void *writer_thread(void *arg)
 {
 	struct job *j = arg;
 	ferry_st_writer *w = j->w;
+	uint64_t t0 = ferry__now_ns(), t = t0;
 	int64_t res = consume(j);
-	if (j->hook)
+	if (j->hook) {
+		t = ferry__now_ns();
 		res = j->hook(j->arg, res);
+		lap(j, PH_W_HOOK, &t);
+	}
+	j->ph[PH_W_TOTAL] = ferry__now_ns() - t0;
 	pthread_mutex_lock(&w->mu);
+	for (int i = PH__FIRST_WRITER; i < PH__COUNT; i++)
+		w->stats.ns[i] = j->ph[i];
 	w->result = res;
 	if (res < 0)
 		snprintf(w->errmsg, sizeof(w->errmsg), "%s", ferry_last_error());
@@ -680,18 +754,21 @@ static int produce(ferry_st_writer *w, struct job *j)
 	size_t ti = 0;
 	int r = 0;
 
+	uint64_t tp = ferry__now_ns();
 	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
 		return r;
 	for (size_t c = 0; c < j->nchunks && !r; c++) {
 		struct slot *s = &j->slots[c % j->k];
+		lap(j, PH_CALL_COPY, &tp);
 		pthread_mutex_lock(&j->mu);
 		while (s->state != S_FREE && !j->err)
 			pthread_cond_wait(&j->cv, &j->mu);
 		r = (int)j->err;
 		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_CALL_SLOT_WAIT, &tp);
 		if (r)
 			break;
-		uint64_t a = (uint64_t)c * CHUNK, b = a + chunk_len(j, c);
+		uint64_t a = (uint64_t)c * j->chunk, b = a + chunk_len(j, c);
 		s->has_ev = 0;
 		while (ti < j->n) {
 			struct jtensor *jt = &j->jt[ti];
@@ -731,9 +808,11 @@ static int produce(ferry_st_writer *w, struct job *j)
 		pthread_cond_broadcast(&j->cv);
 		pthread_mutex_unlock(&j->mu);
 	}
+	lap(j, PH_CALL_COPY, &tp);
 	/* The snapshot is complete only when the last copy has landed. */
 	if (!r && cu && j->stream) {
 		ferry__CUresult cr = cu->StreamSynchronize(j->stream);
+		lap(j, PH_CALL_SYNC, &tp);
 		if (cr)
 			r = ferry__cuda_fail(cr, "%s: cuStreamSynchronize", j->path);
 	}
@@ -744,13 +823,30 @@ static int produce(ferry_st_writer *w, struct job *j)
 	return r;
 }
 
-static uint64_t host_budget(ferry_ctx *ctx)
+/* The pipeline's shape from the environment, for measurements on other machines without a rebuild:
+ * FERRY_SAVE_CHUNK_MIB (16), FERRY_SAVE_INFLIGHT (8). Not knobs of the context: no user needs them. */
+static size_t knob_env(const char *name, size_t def, size_t lo, size_t hi)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (!v || !*v)
+		return def;
+	unsigned long long x = strtoull(v, &end, 10);
+	return *end || x < lo || x > hi ? def : (size_t)x;
+}
+
+static uint64_t ctx_knob(ferry_ctx *ctx, const char *key)
 {
 	char buf[64];
 	uint64_t v = 0;
-	if (ferry_ctx_get(ctx, "host_budget", buf, sizeof(buf)) > 0)
+	if (ferry_ctx_get(ctx, key, buf, sizeof(buf)) > 0)
 		(void)ferry__parse_size(buf, &v);
 	return v;
+}
+
+static uint64_t host_budget(ferry_ctx *ctx)
+{
+	return ctx_knob(ctx, "host_budget");
 }
 
 static int job_setup(ferry_st_writer *w, struct job *j, int async)
@@ -769,12 +865,12 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 			return r;
 		w->pool_dev = j->cuda_dev;
 	}
-	j->nchunks = (size_t)((j->total + CHUNK - 1) / CHUNK);
+	j->nchunks = (size_t)((j->total + j->chunk - 1) / j->chunk);
 	uint64_t budget = host_budget(w->ctx);
 	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
-	size_t want = async ? j->nchunks : MAX_INFLIGHT + 2; /* 8 writing, 2 being filled */
-	if (budget && want > budget / CHUNK)
-		want = (size_t)(budget / CHUNK);
+	size_t want = async ? j->nchunks : j->inflight + 2; /* writing, and 2 being filled */
+	if (budget && want > budget / j->chunk)
+		want = (size_t)(budget / j->chunk);
 	if (want > j->nchunks)
 		want = j->nchunks;
 	if (want == 0 && j->nchunks)
@@ -792,8 +888,11 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	}
 	for (size_t i = 0; i < want; i++) {
 		int pinned;
-		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : CHUNK;
+		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : j->chunk;
+		uint64_t held = ferry__pinned_held(w->pool);
 		r = ferry__pinned_alloc(w->pool, sz, (void **)&j->slots[i].buf, &pinned);
+		if (!r && ferry__pinned_held(w->pool) > held)
+			j->pinned_new += sz;
 		if (r == FERRY_EBUDGET && i > 0)
 			break; /* fewer slots than hoped: the snapshot blocks on writes */
 		if (r)
@@ -815,12 +914,16 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 				     ferry__save_hook hook, void *arg)
 {
 	int r;
+	uint64_t t0 = ferry__now_ns(), t = t0;
 	pthread_mutex_lock(&w->mu);
 	int busy = w->running;
 	pthread_mutex_unlock(&w->mu);
 	if (busy)
 		return ferry__error(FERRY_EBUSY, "%s: a save of this writer is in flight", path);
 	(void)ferry_st_writer_wait(w, -1); /* joins the finished thread */
+	pthread_mutex_lock(&w->mu);
+	memset(&w->stats, 0, sizeof(w->stats));
+	pthread_mutex_unlock(&w->mu);
 	if ((flags & FERRY_SAVE_CHECKSUM) && !ferry__have_xxh3())
 		return ferry__error(-ENOTSUP, "%s: checksums: ferry was built without libxxhash", path);
 	if ((flags & FERRY_SAVE_EXCL) && access(path, F_OK) == 0)
@@ -835,6 +938,9 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	j->hook = hook;
 	j->arg = arg;
 	j->cuda_dev = -1;
+	j->chunk = knob_env("FERRY_SAVE_CHUNK_MIB", 16, 1, 1024) << 20;
+	j->inflight = knob_env("FERRY_SAVE_INFLIGHT", MAX_INFLIGHT, 1, MAX_INFLIGHT_CAP);
+	j->prealloc = ctx_knob(w->ctx, "save_prealloc") != 0;
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
@@ -846,7 +952,14 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	}
 	snprintf(j->tmp, tl, "%s.tmp-%d-%lu", path, (int)getpid(),
 		 __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED));
-	if ((r = build_header(w, j)) || (r = job_setup(w, j, async))) {
+	j->ph[PH_CALL_CHECK] = ferry__now_ns() - t;
+	t = ferry__now_ns();
+	if ((r = build_header(w, j)) == 0) {
+		lap(j, PH_CALL_HEADER, &t);
+		r = job_setup(w, j, async);
+		lap(j, PH_CALL_SLOTS, &t);
+	}
+	if (r) {
 		job_free(j);
 		return r;
 	}
@@ -863,11 +976,57 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 		job_free(j);
 		return ferry__error(-r, "%s: pthread_create: %s", path, strerror(r));
 	}
+	lap(j, PH_CALL_START, &t);
 	r = produce(w, j);
+	j->ph[PH_CALL_TOTAL] = ferry__now_ns() - t0;
+	pthread_mutex_lock(&w->mu);
+	for (int i = 0; i < PH__FIRST_WRITER; i++)
+		w->stats.ns[i] = j->ph[i];
+	w->stats.bytes = j->total;
+	w->stats.slots = j->k;
+	w->stats.pinned_new = j->pinned_new;
+	pthread_mutex_unlock(&w->mu);
 	if (async && !r)
 		return 0;
 	int64_t res = ferry_st_writer_wait(w, -1);
+	pthread_mutex_lock(&w->mu);
+	w->stats.ns[PH_CALL_TOTAL] = ferry__now_ns() - t0;
+	pthread_mutex_unlock(&w->mu);
 	return r ? r : res;
+}
+
+void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns)
+{
+	pthread_mutex_lock(&w->mu);
+	for (int i = 0; i < PH__COUNT; i++)
+		if (!strcmp(ph_names[i], name))
+			w->stats.ns[i] += ns;
+	pthread_mutex_unlock(&w->mu);
+}
+
+int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len)
+{
+	struct save_stats st;
+	pthread_mutex_lock(&w->mu);
+	st = w->stats;
+	pthread_mutex_unlock(&w->mu);
+	size_t n = 0;
+#define PUT(...)                                                                              \
+	do {                                                                                  \
+		int k_ = snprintf(buf ? buf + n : NULL, buf && n < len ? len - n : 0, __VA_ARGS__); \
+		if (k_ < 0)                                                                       \
+			return ferry__error(-EINVAL, "ferry_st_writer_stats: snprintf");          \
+		n += (size_t)k_;                                                                \
+	} while (0)
+	PUT("{\"bytes\":%llu,\"slots\":%llu,\"pinned_new_bytes\":%llu", (unsigned long long)st.bytes,
+	    (unsigned long long)st.slots, (unsigned long long)st.pinned_new);
+	for (int i = 0; i < PH__COUNT; i++)
+		PUT(",\"%s\":%.6f", ph_names[i], (double)st.ns[i] * 1e-9);
+	PUT("}");
+#undef PUT
+	if (buf && len && n >= len)
+		buf[len - 1] = '\0';
+	return (int)n;
 }
 
 int64_t ferry_st_writer_save(ferry_st_writer *w, const char *path, int flags)

@@ -339,9 +339,11 @@ static int leftover_tmp(const char *d)
 	return n;
 }
 
-/* The temporary file is laid out at its final size before the data is written (parallel O_DIRECT
- * overwrites on ext4 and XFS); a file system that refuses fallocate gets ftruncate and the save
- * works; a refusal that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. */
+/* With save_prealloc=1 the temporary file is laid out at its final size before the data is written
+ * (fallocate); a file system that refuses fallocate gets ftruncate and the save works; a refusal
+ * that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. By default
+ * (save_prealloc=0) no fallocate is made: the file is sized with ftruncate and each write
+ * allocates its blocks; the file ends complete, with no hole. */
 static void test_prealloc(void)
 {
 	char p[600], sub[560];
@@ -362,6 +364,40 @@ static void test_prealloc(void)
 	ferry__save_fallocate = fa_stub;
 	fa_calls = 0;
 	fa_errno = 0;
+	char pv[8];
+	T_CHECK(ferry_ctx_get(ctx, "save_prealloc", pv, sizeof(pv)) > 0);
+	T_EQ_STR(pv, "0");
+	int64_t size0 = ferry_st_writer_save(w, p, 0);
+	T_CHECK(size0 > (int64_t)nb);
+	T_EQ_INT(fa_calls, 0);
+	int fd0 = open(p, O_RDONLY);
+	T_CHECK(fd0 >= 0);
+	T_EQ_INT(lseek(fd0, 0, SEEK_HOLE), size0);
+	close(fd0);
+	ferry_st *st0 = NULL;
+	T_ASSERT(ferry_st_open(ctx, p, &st0) == 0);
+	T_EQ_INT(ferry_st_read(st0, 0, got, nb), nb);
+	T_CHECK(!memcmp(got, a, nb));
+	ferry_st_close(st0);
+	/* Where the save's time went: JSON with the bytes, the slots, and every phase. */
+	char js[2048];
+	int jl = ferry_st_writer_stats(w, js, sizeof(js));
+	T_CHECK(jl > 0 && jl < (int)sizeof(js));
+	T_EQ_INT(ferry_st_writer_stats(w, NULL, 0), jl);
+	char want[64];
+	snprintf(want, sizeof(want), "{\"bytes\":%zu,", nb);
+	T_CHECK(!strncmp(js, want, strlen(want)));
+	const char *keys[] = {"\"slots\":3,", "\"call.total\":", "\"call.copy\":", "\"writer.layout\":",
+			      "\"writer.write_wait\":", "\"writer.fsync\":", "\"writer.dirsync\":", "\"writer.total\":"};
+	for (size_t k = 0; k < sizeof(keys) / sizeof(*keys); k++)
+		T_CHECK(strstr(js, keys[k]) != NULL);
+	T_CHECK(js[jl - 1] == '}');
+	char small[16];
+	T_EQ_INT(ferry_st_writer_stats(w, small, sizeof(small)), jl); /* truncated, NUL-terminated */
+	T_EQ_INT(strlen(small), sizeof(small) - 1);
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "1"), 0);
+	T_EQ_INT(ferry_st_writer_reset(w), 0);
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
 	int64_t size = ferry_st_writer_save(w, p, 0);
 	T_CHECK(size > (int64_t)nb);
 	T_EQ_INT(fa_calls, 1);
@@ -397,6 +433,7 @@ static void test_prealloc(void)
 	T_CHECK(strstr(ferry_last_error(), "fallocate") != NULL);
 	ferry__save_fallocate = real;
 	fa_errno = 0;
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "0"), 0);
 	T_EQ_INT(leftover_tmp(sub), 0);
 	ferry_st *st = NULL;
 	T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
