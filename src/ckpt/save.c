@@ -130,8 +130,13 @@ struct ferry_st_writer {
 	size_t n, cap;
 	char **mk, **mv;
 	size_t nm, mcap;
+	/* Kept from save to save, for the device of the last one (-1: host memory): the pinned slots,
+	 * and the stream and an event per slot for device-to-host copies. */
 	struct ferry__pinned_pool *pool;
 	int pool_dev;
+	ferry__CUstream stream;
+	ferry__CUevent *ev;
+	size_t nev, evcap;
 	/* the save in flight */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -170,6 +175,8 @@ static void clear_entries(ferry_st_writer *w)
 	w->n = w->nm = 0;
 }
 
+static void release_device(ferry_st_writer *w);
+
 void ferry_st_writer_destroy(ferry_st_writer *w)
 {
 	if (!w)
@@ -179,7 +186,7 @@ void ferry_st_writer_destroy(ferry_st_writer *w)
 	free(w->t);
 	free(w->mk);
 	free(w->mv);
-	ferry__pinned_pool_destroy(w->pool);
+	release_device(w);
 	pthread_mutex_destroy(&w->mu);
 	pthread_cond_destroy(&w->cv);
 	free(w);
@@ -545,14 +552,8 @@ static void job_free(struct job *j)
 {
 	if (!j)
 		return;
-	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
-	for (size_t i = 0; i < j->k; i++) {
-		if (cu && j->slots[i].ev)
-			cu->EventDestroy(j->slots[i].ev);
+	for (size_t i = 0; i < j->k; i++)
 		ferry__pinned_free(j->w->pool, j->slots[i].buf);
-	}
-	if (cu && j->stream)
-		cu->StreamDestroy(j->stream);
 	free(j->slots);
 	ferry_file_close(j->f);
 	if (j->tmp)
@@ -849,6 +850,81 @@ static uint64_t host_budget(ferry_ctx *ctx)
 	return ctx_knob(ctx, "host_budget");
 }
 
+static size_t save_chunk(void)
+{
+	return knob_env("FERRY_SAVE_CHUNK_MIB", 16, 1, 1024) << 20;
+}
+
+static void release_device(ferry_st_writer *w)
+{
+	const struct ferry__cuda_api *cu = w->pool_dev >= 0 && (w->stream || w->nev) ? ferry__cuda() : NULL;
+	ferry__CUcontext prev = NULL;
+	if (cu && ferry__cuda_enter_device(w->pool_dev, &prev) == 0) {
+		for (size_t i = 0; i < w->nev; i++)
+			cu->EventDestroy(w->ev[i]);
+		if (w->stream)
+			cu->StreamDestroy(w->stream);
+		ferry__cuda_leave_device(prev);
+	}
+	free(w->ev);
+	w->ev = NULL;
+	w->nev = w->evcap = 0;
+	w->stream = NULL;
+	ferry__pinned_pool_destroy(w->pool);
+	w->pool = NULL;
+	w->pool_dev = -2;
+}
+
+/* The pool (and for a device, the stream) of device dev (-1: host memory). */
+static int use_device(ferry_st_writer *w, int dev)
+{
+	int r;
+	if (w->pool_dev == dev && w->pool)
+		return 0;
+	release_device(w);
+	if ((r = ferry__pinned_pool_create(host_budget(w->ctx), dev, &w->pool)))
+		return r;
+	w->pool_dev = dev;
+	if (dev < 0)
+		return 0;
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	ferry__CUcontext prev = NULL;
+	if (!cu)
+		return ferry__error(FERRY_ENOGPU, "safetensors writer: device %d: %s", dev, ferry__cuda_unavailable_reason());
+	if ((r = ferry__cuda_enter_device(dev, &prev)))
+		return r;
+	r = cu->StreamCreate(&w->stream, FERRY__CU_STREAM_NON_BLOCKING);
+	ferry__cuda_leave_device(prev);
+	if (r) {
+		w->stream = NULL;
+		return ferry__cuda_fail(r, "safetensors writer: cuStreamCreate");
+	}
+	return 0;
+}
+
+/* At least n events on the writer's device (made once, reused by every later save). */
+static int have_events(ferry_st_writer *w, size_t n)
+{
+	if (w->pool_dev < 0 || n <= w->nev)
+		return 0;
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	ferry__CUcontext prev = NULL;
+	int r;
+	if (ferry__grow((void **)&w->ev, &w->evcap, n, sizeof(*w->ev)))
+		return ferry__error(-ENOMEM, "safetensors writer: events");
+	if ((r = ferry__cuda_enter_device(w->pool_dev, &prev)))
+		return r;
+	while (w->nev < n && !r) {
+		r = cu->EventCreate(&w->ev[w->nev], FERRY__CU_EVENT_DISABLE_TIMING);
+		if (r)
+			r = ferry__cuda_fail(r, "safetensors writer: cuEventCreate");
+		else
+			w->nev++;
+	}
+	ferry__cuda_leave_device(prev);
+	return r;
+}
+
 static int job_setup(ferry_st_writer *w, struct job *j, int async)
 {
 	int r;
@@ -858,13 +934,9 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 			j->cuda_dev = w->t[i].dev;
 			break;
 		}
-	if (w->pool_dev != j->cuda_dev) {
-		ferry__pinned_pool_destroy(w->pool);
-		w->pool = NULL;
-		if ((r = ferry__pinned_pool_create(host_budget(w->ctx), j->cuda_dev, &w->pool)))
-			return r;
-		w->pool_dev = j->cuda_dev;
-	}
+	if ((r = use_device(w, j->cuda_dev)))
+		return r;
+	j->stream = w->stream;
 	j->nchunks = (size_t)((j->total + j->chunk - 1) / j->chunk);
 	uint64_t budget = host_budget(w->ctx);
 	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
@@ -878,14 +950,6 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	j->slots = calloc(want ? want : 1, sizeof(*j->slots));
 	if (!j->slots)
 		return ferry__error(-ENOMEM, "%s: slots", j->path);
-	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
-	ferry__CUcontext prev = NULL;
-	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
-		return r;
-	if (cu && (r = cu->StreamCreate(&j->stream, FERRY__CU_STREAM_NON_BLOCKING))) {
-		ferry__cuda_leave_device(prev);
-		return ferry__cuda_fail(r, "%s: cuStreamCreate", j->path);
-	}
 	for (size_t i = 0; i < want; i++) {
 		int pinned;
 		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : j->chunk;
@@ -898,16 +962,54 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 		if (r)
 			break;
 		j->k++;
-		if (cu && (r = cu->EventCreate(&j->slots[i].ev, FERRY__CU_EVENT_DISABLE_TIMING))) {
-			r = ferry__cuda_fail(r, "%s: cuEventCreate", j->path);
-			break;
-		}
 	}
-	if (cu)
-		ferry__cuda_leave_device(prev);
 	if (r == FERRY_EBUDGET && j->k > 0)
 		r = 0;
+	if (!r && j->cuda_dev >= 0 && !(r = have_events(w, j->k)))
+		for (size_t i = 0; i < j->k; i++)
+			j->slots[i].ev = w->ev[i];
 	return r;
+}
+
+int64_t ferry_st_writer_reserve(ferry_st_writer *w, uint64_t bytes, int device)
+{
+	pthread_mutex_lock(&w->mu);
+	int busy = w->running;
+	pthread_mutex_unlock(&w->mu);
+	if (busy)
+		return ferry__error(FERRY_EBUSY, "safetensors writer: reserve: a save is in flight");
+	if (device < -1)
+		return ferry__error(-EINVAL, "safetensors writer: reserve: device %d", device);
+	(void)ferry_st_writer_wait(w, -1);
+	int r = use_device(w, device);
+	if (r)
+		return r;
+	size_t chunk = save_chunk(), n = (size_t)((bytes + chunk - 1) / chunk), k = 0;
+	if (n == 1) /* as job_setup sizes the one slot of a save that fits in one */
+		chunk = (size_t)((bytes + 4095) / 4096 * 4096);
+	uint64_t budget = host_budget(w->ctx);
+	if (budget && n > budget / chunk)
+		n = (size_t)(budget / chunk);
+	void **p = calloc(n ? n : 1, sizeof(*p));
+	if (!p)
+		return ferry__error(-ENOMEM, "safetensors writer: reserve");
+	for (; k < n && !r; k++) {
+		int pinned = 0;
+		if ((r = ferry__pinned_alloc(w->pool, chunk, &p[k], &pinned)))
+			break;
+		/* Pinning faults the pages in; pageable slots (host tensors, or pinning refused) are
+		 * touched here, else the first save's copies into them would fault each page. */
+		for (size_t off = 0; !pinned && off < chunk; off += 4096)
+			((volatile char *)p[k])[off] = 0;
+	}
+	if (r == FERRY_EBUDGET) /* held by slots of another size, in use: what fits is reserved */
+		r = 0;
+	for (size_t i = 0; i < k; i++)
+		ferry__pinned_free(w->pool, p[i]);
+	free(p);
+	if (!r)
+		r = have_events(w, k);
+	return r ? r : (int64_t)ferry__pinned_held(w->pool);
 }
 
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
@@ -938,7 +1040,7 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	j->hook = hook;
 	j->arg = arg;
 	j->cuda_dev = -1;
-	j->chunk = knob_env("FERRY_SAVE_CHUNK_MIB", 16, 1, 1024) << 20;
+	j->chunk = save_chunk();
 	j->inflight = knob_env("FERRY_SAVE_INFLIGHT", MAX_INFLIGHT, 1, MAX_INFLIGHT_CAP);
 	j->prealloc = ctx_knob(w->ctx, "save_prealloc") != 0;
 	pthread_mutex_init(&j->mu, NULL);

@@ -449,6 +449,42 @@ static void test_prealloc(void)
 	free(got);
 }
 
+/* ferry_st_writer_reserve: the memory of an asynchronous save made ahead (host memory here, so
+ * allocated and faulted in rather than pinned), so that the save allocates none; capped by
+ * host_budget. */
+static void test_reserve(void)
+{
+	char p[600], js[2048];
+	snprintf(p, sizeof(p), "%s/reserve.safetensors", dir);
+	size_t nb = (40u << 20) + 4096; /* 3 slots */
+	unsigned char *a = malloc(nb);
+	T_ASSERT(a);
+	fill(a, nb, 9);
+	ferry_st_writer *w;
+	T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+	T_EQ_INT(ferry_st_writer_reserve(w, nb, -2), -EINVAL);
+	int64_t held = ferry_st_writer_reserve(w, nb, -1);
+	T_EQ_INT(held, 48u << 20);
+	T_EQ_INT(ferry_st_writer_reserve(w, nb, -1), held); /* the same slots, nothing more */
+	uint64_t shape[1] = {nb};
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
+	T_EQ_INT(ferry_st_writer_save_async(w, p, 0), 0);
+	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
+	T_CHECK(ferry_st_writer_stats(w, js, sizeof(js)) > 0);
+	T_CHECK(strstr(js, "\"slots\":3,\"pinned_new_bytes\":0,") != NULL);
+	ferry_st_writer_destroy(w);
+
+	ferry_ctx *small;
+	T_ASSERT(ferry_ctx_create(&small) == 0);
+	T_EQ_INT(ferry_ctx_set(small, "host_budget", "32m"), 0);
+	T_ASSERT(ferry_st_writer_create(small, &w) == 0);
+	T_EQ_INT(ferry_st_writer_reserve(w, 1u << 30, -1), 32u << 20);
+	ferry_st_writer_destroy(w);
+	ferry_ctx_destroy(small);
+	unlink(p);
+	free(a);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/st-%d", t_tmpdir(), (int)getpid());
@@ -458,6 +494,7 @@ int main(void)
 	test_roundtrip();
 	test_sharded();
 	test_prealloc();
+	test_reserve();
 	ferry_ctx_destroy(ctx);
 	if (!t_failures) {
 		char cmd[700];
