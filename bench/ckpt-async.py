@@ -97,10 +97,11 @@ def phases(what, h, floor):
     acc = sum(caller.values())
     caller["other"] = max(0.0, blocked - acc)
     row = " ".join(f"{k}={v:.4f}" for k, v in sorted(caller.items(), key=lambda kv: -kv[1]) if v >= 0.0005)
-    print(f"PHASES {what}: blocked {blocked:.4f} s ({blocked / floor:.2f}x D2H) = {row}; "
-          f"pinned by this save {p.get('pinned_new_bytes', 0) / 1e9:.2f} GB, slots {p.get('slots')}")
+    # TABLE rows, so that scripts/gpu-check.sh's summary carries them.
+    print(f"TABLE async save phases, {what}: blocked | {blocked:.4f} s ({blocked / floor:.2f}x D2H) | {row}; "
+          f"pinned by this save {p.get('pinned_new_bytes', 0) / 1e9:.2f} GB, slots {p.get('slots')}", flush=True)
     wr = " ".join(f"{k[7:]}={v:.3f}" for k, v in p.items() if k.startswith("writer.") and isinstance(v, float) and v >= 0.0005)
-    print(f"PHASES {what}: writer thread: {wr}")
+    print(f"TABLE async save phases, {what}: writer thread | {p.get('writer.total', 0):.3f} s | {wr}", flush=True)
 
 if __name__ == "__main__":
     main()

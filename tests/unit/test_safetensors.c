@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <dirent.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include "ckpt/save.h"
 #include "ferry/safetensors.h"
@@ -339,11 +341,11 @@ static int leftover_tmp(const char *d)
 	return n;
 }
 
-/* With save_prealloc=1 the temporary file is laid out at its final size before the data is written
+/* With save_prealloc=on the temporary file is laid out at its final size before the data is written
  * (fallocate); a file system that refuses fallocate gets ftruncate and the save works; a refusal
- * that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. By default
- * (save_prealloc=0) no fallocate is made: the file is sized with ftruncate and each write
- * allocates its blocks; the file ends complete, with no hole. */
+ * that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. With off no
+ * fallocate is made: the file is sized with ftruncate and each write allocates its blocks; the
+ * file ends complete, with no hole. The default, auto, is on except on tmpfs. */
 static void test_prealloc(void)
 {
 	char p[600], sub[560];
@@ -366,7 +368,19 @@ static void test_prealloc(void)
 	fa_errno = 0;
 	char pv[8];
 	T_CHECK(ferry_ctx_get(ctx, "save_prealloc", pv, sizeof(pv)) > 0);
-	T_EQ_STR(pv, "0");
+	T_EQ_STR(pv, "auto");
+	struct statfs sf;
+	T_ASSERT(statfs(sub, &sf) == 0);
+	int64_t sizea = ferry_st_writer_save(w, p, 0);
+	T_CHECK(sizea > (int64_t)nb);
+	T_EQ_INT(fa_calls, sf.f_type == TMPFS_MAGIC ? 0 : 1);
+	char js0[2048];
+	T_CHECK(ferry_st_writer_stats(w, js0, sizeof(js0)) > 0);
+	T_CHECK(strstr(js0, sf.f_type == TMPFS_MAGIC ? "\"fallocated\":0" : "\"fallocated\":1") != NULL);
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "off"), 0);
+	T_EQ_INT(ferry_st_writer_reset(w), 0);
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
+	fa_calls = 0;
 	int64_t size0 = ferry_st_writer_save(w, p, 0);
 	T_CHECK(size0 > (int64_t)nb);
 	T_EQ_INT(fa_calls, 0);
@@ -395,7 +409,7 @@ static void test_prealloc(void)
 	char small[16];
 	T_EQ_INT(ferry_st_writer_stats(w, small, sizeof(small)), jl); /* truncated, NUL-terminated */
 	T_EQ_INT(strlen(small), sizeof(small) - 1);
-	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "1"), 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "on"), 0);
 	T_EQ_INT(ferry_st_writer_reset(w), 0);
 	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
 	int64_t size = ferry_st_writer_save(w, p, 0);
@@ -433,7 +447,7 @@ static void test_prealloc(void)
 	T_CHECK(strstr(ferry_last_error(), "fallocate") != NULL);
 	ferry__save_fallocate = real;
 	fa_errno = 0;
-	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "0"), 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "auto"), 0);
 	T_EQ_INT(leftover_tmp(sub), 0);
 	ferry_st *st = NULL;
 	T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
