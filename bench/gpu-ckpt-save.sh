@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 5's save target alone (bench/ckpt-save.py: the disk's raw write ceiling, `ferry ckpt bench
 # --save-only` with save_prealloc auto and off, ferry.safetensors.save_file from CUDA tensors; in turns,
-# 2 rounds), for a device call shorter than bench/gpu-ckpt.sh's: about 2 minutes at 8g.
+# 2 rounds), for a device call shorter than bench/gpu-ckpt.sh's: about 2.5 minutes at 8g.
 #   GPU_BENCHES=gpu-ckpt-save scripts/gpu-check.sh     (FERRY_CKPT_BENCH_SIZE, default 8g)
 set -u
 FERRY=${FERRY_CLI:-build/ferry}
