@@ -315,6 +315,7 @@ static int cmd_bench(int argc, char **argv)
 	snprintf(path, sizeof(path), "%s/ferry-ckpt-bench-%d.safetensors", dir, (int)getpid());
 	snprintf(path2, sizeof(path2), "%s.second", path);
 	ferry_st_writer *w = NULL;
+	ferry_st_load *ld = NULL;
 	uint64_t probe;
 	int sums = ferry_xxh3("", 0, &probe) == 0 ? FERRY_SAVE_CHECKSUM : 0;
 	const char *sum_note = sums ? "xxh3" : "no xxh3: built without libxxhash";
@@ -373,7 +374,6 @@ static int cmd_bench(int argc, char **argv)
 		if (!rep)
 			t_async_first = t_async_block;
 	}
-	ferry_st_load *ld = NULL;
 	if (!r)
 		r = ferry_st_load_open(ctx, path, &ld);
 	/* Each load allocates its memory and reads the whole file as one transfer; the stats of the
