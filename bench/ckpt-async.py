@@ -3,9 +3,10 @@
 for --size of bf16 CUDA tensors (the state of bench/ckpt-gpu.py's model shape, simplified to equal
 tensors), against the device-to-host copy of the same bytes into pinned memory (the floor), with
 a host_budget that holds the state (--budget; beyond it the caller waits for the writes). Twice:
-the second save shows the steady state (pinned memory kept). Then, in a new directory (a new
-writer), ferry.checkpoint.prepare() pins the memory ahead and the first save that follows is
-timed. Each save prints a PHASES row: where the blocked time went (py.*: ferry.checkpoint's
+the second save shows the steady state (pinned memory kept). A third save holds the writer back until
+the snapshot is taken (FERRY_SAVE_HOLD=1), to tell whether writes beside the copies slow them.
+Then, in a new directory (a new writer), ferry.checkpoint.prepare() pins the memory ahead and the
+first save that follows is timed. Each save prints a PHASES row: where the blocked time went (py.*: ferry.checkpoint's
 Python; ckpt.prepare, call.*: the C save on the caller's thread) and the writer's phases.
 Prints TABLE rows.
     python3 bench/ckpt-async.py [--size 8g] [--dir /dev/shm/ferry-ckpt-async] [--budget auto] [--device cuda]"""
@@ -52,6 +53,9 @@ def main():
     print(f"TABLE async save: D2H copy into pinned memory (the floor) | {floor:.3f} s | {nbytes / floor / 1e9:.2f} GB/s, {nbytes / 1e9:.2f} GB")
     del host
     ctx = ferry.Context(host_budget=budget)
+    d2 = a.dir + "-prepared"
+    for d in (a.dir, d2):  # an earlier run's, interrupted
+        shutil.rmtree(d, ignore_errors=True)
     blocked = []
     for step in (1, 2):
         sync()
@@ -61,12 +65,21 @@ def main():
         h.wait()
         total = time.perf_counter() - t0
         phases(f"save {step}" + (" (first: pins its memory)" if step == 1 else " (steady state)"), h, floor)
+    # The steady state again, the writer held back until the snapshot is taken (FERRY_SAVE_HOLD,
+    # read at each save): tells whether the writes running beside the copies slow them.
+    os.environ["FERRY_SAVE_HOLD"] = "1"
+    sync()
+    t0 = time.perf_counter()
+    h = fck.async_save(state, a.dir, 3, keep=1, context=ctx)
+    b_hold = time.perf_counter() - t0
+    h.wait()
+    del os.environ["FERRY_SAVE_HOLD"]
+    phases("save 3 (steady state, writer held until the snapshot is taken)", h, floor)
     shutil.rmtree(a.dir, ignore_errors=True)
     fck._handles.clear()  # the directory's writer and its pinned memory go
     gc.collect()
 
     # A new directory (a new writer): its memory pinned ahead by prepare(), then the first save.
-    d2 = a.dir + "-prepared"
     t0 = time.perf_counter()
     held = fck.prepare(state, d2, context=ctx)
     t_prep = time.perf_counter() - t0
@@ -81,6 +94,8 @@ def main():
     r = blocked[1] / floor
     print(f"TABLE async save: ferry.checkpoint.async_save blocked | {blocked[1]:.3f} s | first {blocked[0]:.3f} s; "
           f"total {total:.3f} s; host_budget={budget}")
+    print(f"TABLE async save: steady state, writer held until the snapshot (FERRY_SAVE_HOLD=1) | {b_hold:.3f} s | "
+          f"{b_hold / floor:.2f}x the D2H copy")
     print(f"TABLE async save: first save after ferry.checkpoint.prepare() | {b_prep:.3f} s | prepare took {t_prep:.3f} s, "
           f"{held / 1e9:.2f} GB pinned; {b_prep / floor:.2f}x the D2H copy")
     print(f"TABLE target async save blocked vs D2H copy | {r:.2f}x | target <= 1.2x: {'met' if r <= 1.2 else 'NOT met'}")

@@ -125,6 +125,7 @@ struct job {
 	uint64_t ph[PH__COUNT]; /* caller's entries by the caller, writer's by the writer thread */
 	uint64_t pinned_new;
 	size_t chunk, inflight;
+	int hold, snapshot_done; /* hold: the writer starts once the snapshot is taken */
 	int prealloc_mode, prealloc; /* FERRY__PREALLOC_*; whether this save's file was fallocated */
 };
 
@@ -626,6 +627,13 @@ static int64_t consume(struct job *j)
 	}
 	if (err)
 		job_fail(j, err);
+	if (!err && j->hold) {
+		pthread_mutex_lock(&j->mu);
+		while (!j->snapshot_done && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_W_READY_WAIT, &t);
+	}
 	for (size_t c = 0; c < j->nchunks && !err; c++) {
 		struct slot *s = &j->slots[c % j->k];
 		pthread_mutex_lock(&j->mu);
@@ -832,6 +840,10 @@ static int produce(ferry_st_writer *w, struct job *j)
 		ferry__cuda_leave_device(prev);
 	if (r)
 		job_fail(j, r);
+	pthread_mutex_lock(&j->mu);
+	j->snapshot_done = 1;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
 	return r;
 }
 
@@ -1084,6 +1096,10 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 		job_free(j);
 		return r;
 	}
+	/* FERRY_SAVE_HOLD=1 (measurements): an asynchronous save whose slots hold the whole state
+	 * starts writing only once the snapshot is taken, so that the writes cannot slow the copies
+	 * the caller waits for. Never with fewer slots: the snapshot then needs written slots back. */
+	j->hold = async && j->k >= j->nchunks && knob_env("FERRY_SAVE_HOLD", 0, 0, 1);
 	pthread_mutex_lock(&w->mu);
 	w->running = 1;
 	w->joined = 0;
