@@ -486,6 +486,18 @@ static void test_reserve(void)
 	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
 	T_CHECK(ferry_st_writer_stats(w, js, sizeof(js)) > 0);
 	T_CHECK(strstr(js, "\"slots\":3,\"pinned_new_bytes\":0,") != NULL);
+	/* FERRY_SAVE_HOLD: the writer starts once the snapshot is taken; the file is the same. */
+	setenv("FERRY_SAVE_HOLD", "1", 1);
+	T_EQ_INT(ferry_st_writer_save_async(w, p, 0), 0);
+	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
+	unsetenv("FERRY_SAVE_HOLD");
+	ferry_st *st = NULL;
+	unsigned char *got = malloc(nb);
+	T_ASSERT(got && ferry_st_open(ctx, p, &st) == 0);
+	T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
+	T_CHECK(!memcmp(got, a, nb));
+	ferry_st_close(st);
+	free(got);
 	ferry_st_writer_destroy(w);
 
 	ferry_ctx *small;
