@@ -47,7 +47,7 @@ def have_checksums() -> bool:
 _TORCH_DT = None
 # save_file's writer of the default context, idle between calls: its pinned slots (10 x 16 MiB,
 # within host_budget), stream and events are made by the first save_file and reused by the next
-# ones (pinning runs at about 3 GB/s on the GPU machine: ~60 ms a call otherwise).
+# ones (pinning ran at about 2.7 GB/s on the GPU machine: an estimated 60 ms a call otherwise).
 _idle_writer = None  # (context, writer)
 _idle_lock = _threading.Lock()
 
