@@ -51,6 +51,10 @@ FERRY_API FERRY_WUR int ferry_ckpt_save_async(ferry_ckpt *ck, int64_t step);
 FERRY_API int ferry_ckpt_done(ferry_ckpt *ck);
 /* Waits for the save in flight: 0, its error, or -ETIMEDOUT. */
 FERRY_API int ferry_ckpt_wait(ferry_ckpt *ck, int64_t timeout_ns);
+/* As ferry_st_writer_reserve, for this checkpoint's saves. */
+FERRY_API FERRY_WUR int64_t ferry_ckpt_reserve(ferry_ckpt *ck, uint64_t bytes, int device);
+/* As ferry_st_writer_stats, for the last save (with "ckpt.prepare": latest, the step's mkdir). */
+FERRY_API int ferry_ckpt_stats(ferry_ckpt *ck, char *buf, size_t len);
 
 /* The step `latest` names, -ENOENT when there is none, FERRY_ECORRUPT when it is unreadable. */
 FERRY_API FERRY_WUR int64_t ferry_ckpt_latest(const char *dir);

@@ -83,7 +83,9 @@ FERRY_API void ferry_ctx_destroy(ferry_ctx *ctx);
  *   sqpoll (0|1), register (0|1: registered files and buffers with io_uring), path, device,
  *   host_budget, device_budget, log_level, gpu_sync (block|spin: how a worker waits for a copy),
  *   publish (0|1: live counters for `ferry top`), memory (auto|host: host skips asking CUDA what
- *   each buffer is, for small host I/O at high rates on machines with a GPU).
+ *   each buffer is, for small host I/O at high rates on machines with a GPU), save_prealloc
+ *   (auto|on|off: safetensors saves lay out their file with fallocate (on), ftruncate (off), or
+ *   fallocate except on tmpfs (auto)).
  * Sizes take suffixes k, m, g (powers of 1024). Keys that shape the workers (threads, backend,
  * queue_depth, slots, sqpoll, register) fail with FERRY_EBUSY once the workers have started.
  * Returns 0, FERRY_EBADOPT (unknown key or bad value) or FERRY_EBUSY.

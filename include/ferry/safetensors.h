@@ -144,6 +144,21 @@ FERRY_API FERRY_WUR int ferry_st_writer_save_async(ferry_st_writer *w, const cha
 FERRY_API int ferry_st_writer_done(const ferry_st_writer *w);
 /* Waits for the save in flight (timeout_ns < 0: forever): its result, or -ETIMEDOUT. 0 if none. */
 FERRY_API int64_t ferry_st_writer_wait(ferry_st_writer *w, int64_t timeout_ns);
+/*
+ * Where the last save's time went, as a JSON object written to buf (snprintf's rules): "bytes",
+ * "slots", "pinned_new_bytes" (pinned by that save; 0 when the slots were reused), and seconds per
+ * phase: "call.*" on the caller's thread ("call.total" is what an asynchronous save blocked for),
+ * "writer.*" on the writer thread (complete once the save has ended). Returns the length it needs.
+ */
+FERRY_API int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len);
+/*
+ * Pins ahead the host memory that an asynchronous save of bytes of tensors on device (-1: host
+ * memory) will snapshot into, within host_budget, so that the first save does not pay for it
+ * (the first asynchronous save of 8.6 GB on the GPU machine blocked 3.2 s longer than the next).
+ * The slots are the writer's until it is destroyed, reused by every later save. Returns the bytes
+ * of pinned memory the writer holds, FERRY_EBUSY while a save is in flight, or an error.
+ */
+FERRY_API FERRY_WUR int64_t ferry_st_writer_reserve(ferry_st_writer *w, uint64_t bytes, int device);
 
 /* ------------------------------------------------------------------------------------- loading */
 

@@ -695,7 +695,38 @@ static PyObject *writer_wait(WriterObject *self, PyObject *args)
 	return Py_BuildValue("(OL)", Py_True, (long long)r);
 }
 
+/* stats() -> str: the last save's phases as JSON (ferry_st_writer_stats). */
+static PyObject *writer_stats(WriterObject *self, PyObject *unused)
+{
+	char buf[4096];
+	int n = self->ck ? ferry_ckpt_stats(self->ck, buf, sizeof(buf)) : ferry_st_writer_stats(self->w, buf, sizeof(buf));
+	if (n < 0)
+		return raise_ferry(n, NULL);
+	return PyUnicode_FromString(buf);
+}
+
+/* reserve(bytes, device) -> int: pins the snapshot's memory ahead (ferry_st_writer_reserve). */
+static PyObject *writer_reserve(WriterObject *self, PyObject *args)
+{
+	unsigned long long bytes;
+	int device;
+	int64_t r;
+	BUSY_CHECK(self, "this writer");
+	if (!PyArg_ParseTuple(args, "Ki:reserve", &bytes, &device))
+		return NULL;
+	self->busy = 1;
+	Py_BEGIN_ALLOW_THREADS
+	r = self->ck ? ferry_ckpt_reserve(self->ck, bytes, device) : ferry_st_writer_reserve(self->w, bytes, device);
+	Py_END_ALLOW_THREADS
+	self->busy = 0;
+	if (r < 0)
+		return raise_ferry((int)r, NULL);
+	return PyLong_FromLongLong(r);
+}
+
 static PyMethodDef writer_methods[] = {
+	{"stats", (PyCFunction)writer_stats, METH_NOARGS, "stats() -> JSON text: the last save's phases"},
+	{"reserve", (PyCFunction)writer_reserve, METH_VARARGS, "reserve(bytes, device) -> pinned bytes held"},
 	{"add", (PyCFunction)writer_add, METH_VARARGS, "add(name, dtype, shape, ptr, nbytes)"},
 	{"metadata", (PyCFunction)writer_metadata, METH_VARARGS, "metadata(key, value)"},
 	{"set", (PyCFunction)writer_set, METH_VARARGS, "set(key, value): a checkpoint option"},

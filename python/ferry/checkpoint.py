@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import json as _json
 import os as _os
+import sys as _sys
 import threading as _threading
+import time as _time
 import uuid as _uuid
 
 from . import _ferry
 from . import default_context as _default_context
 from . import safetensors as _st
 
-__all__ = ["save", "async_save", "load_latest", "load", "latest_step", "verify", "prune",
+__all__ = ["save", "async_save", "prepare", "load_latest", "load", "latest_step", "verify", "prune",
            "flatten", "unflatten", "SaveHandle"]
 
 TREE_KEY = "ferry.tree"
@@ -148,6 +150,7 @@ class _Dir:
         self.run = run
         self.inflight = None  # the SaveHandle of the last async save, until settled
         self.lock = _threading.Lock()
+        self.preparing, self.prepare_error = None, None  # prepare(background=True)
         self.renew()
 
     def renew(self):
@@ -190,9 +193,23 @@ class SaveHandle:
     this rank's shard and marker are durable.
     """
 
-    def __init__(self, d, step):
+    def __init__(self, d, step, phases=None):
         self._d, self._ck, self.step = d, d.ck, step
         self._finished, self._error = False, None
+        self._phases = dict(phases or {})
+
+    def phases(self) -> dict:
+        """Where the save's time went, in seconds: ``py.*`` (this module, on the caller's thread),
+        ``call.*`` and ``ckpt.prepare`` (ferry's C save on the caller's thread), ``writer.*`` (the
+        background writer; complete once ``done()``), and ``blocked``: how long ``async_save``
+        blocked the caller. Also ``bytes``, ``slots`` and ``pinned_new_bytes`` (pinned memory this
+        save allocated: 0 once the slots are reused or were reserved by ``prepare``)."""
+        out = dict(self._phases)
+        try:
+            out.update(_json.loads(self._ck.stats()))
+        except RuntimeError:  # another thread uses the handle: the Python side only
+            pass
+        return out
 
     def done(self) -> bool:
         """True when the save has ended (successfully or not); never blocks."""
@@ -240,6 +257,15 @@ class SaveHandle:
 
 def _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
           context, async_):
+    t0 = t = _time.perf_counter()
+    ph = {}
+
+    def lap(name):
+        nonlocal t
+        now = _time.perf_counter()
+        ph[name] = ph.get(name, 0.0) + now - t
+        t = now
+
     if busy not in ("wait", "refuse"):
         raise ValueError("busy must be 'wait' or 'refuse', not %r" % (busy,))
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -252,11 +278,15 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
         raise ValueError("metadata key %r is ferry's own" % TREE_KEY)
     if tree is not None:
         metadata[TREE_KEY] = _json.dumps(tree, separators=(",", ":"))
+    lap("py.flatten")  # and the checks (a non-contiguous tensor is copied here)
     d = _open_dir(directory, rank, world, dist, run, context)
+    lap("py.open")
+    _join_prepare(d)
     with d.lock:
         prev = d.inflight
     if prev is not None and busy == "wait":
         prev._settle()  # its result stays with its handle; the C save would otherwise take it
+    lap("py.previous")  # waiting for the save in flight (busy="wait") or for prepare()
     ck = d.ck
     with d.lock:
         ck.set("busy", busy)
@@ -268,12 +298,17 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
             ck.set("timeout_ms", str(int(timeout * 1000)))
         error, saving = None, False
         try:
-            for dev in _st._add_tensors(ck, items):
+            devices = _st._add_tensors(ck, items)
+            lap("py.add")
+            for dev in devices:
                 _st._sync_device(dev)
+            lap("py.device_sync")  # work queued on the current stream, which the snapshot must follow
             for k, v in metadata.items():
                 ck.metadata(k, v)
             saving = True
+            lap("py.add")
             ck.save(step, 0, async_)
+            lap("py.c_save")
         except BaseException as e:
             if not saving:
                 d.renew()  # a save in flight keeps the old handle (its SaveHandle holds it)
@@ -281,7 +316,8 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
                 raise
             error = e
         if async_:
-            h = SaveHandle(d, step)
+            ph["blocked"] = _time.perf_counter() - t0
+            h = SaveHandle(d, step, ph)
             d.inflight = h
             return h
     if dist is not None:
@@ -296,6 +332,62 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
             raise RuntimeError("checkpoint step %d of %s: %s" % (
                 step, _os.fspath(directory), "; ".join("rank %d failed: %s" % f for f in failed)))
     return None
+
+
+def _join_prepare(d):
+    th = getattr(d, "preparing", None)
+    if th is not None:
+        th.join()
+        d.preparing = None
+        if d.prepare_error is not None:
+            e, d.prepare_error = d.prepare_error, None
+            raise e
+
+
+def prepare(state, directory, rank=None, world_size=None, *, run=None, background=False, context=None) -> int:
+    """Pin ahead the host memory that ``async_save(state, directory, ...)`` will snapshot into, so
+    that the first asynchronous save blocks no longer than later ones. Pinning is slow (seconds
+    for gigabytes); it is done once, and the memory is kept for every later save of the directory
+    (within the context's ``host_budget``; what exceeds it is not pinned). ``state`` is the state
+    to be saved, or a number of bytes (with the CUDA device taken as the current one when CUDA is
+    initialised, else host memory). ``background=True`` pins in a thread and returns at once (0);
+    the next save of the directory waits for it and raises its error. Returns the bytes of pinned
+    memory held for the directory. Under torch.distributed, call it on every rank (the first use
+    of a directory agrees on a run id)."""
+    rank, world, dist = _ranks(rank, world_size)
+    if isinstance(state, int) and not isinstance(state, bool):
+        nbytes, device = state, -1
+        torch = _st._torch() if "torch" in _sys.modules else None
+        if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+            device = torch.cuda.current_device()
+    else:
+        flat, _ = flatten(state)
+        items = _st._check_tensors(flat, shared_ok=True, contiguous_ok=True)
+        nbytes, device = 0, -1
+        for _, v in items:
+            nb = v.numel() * v.element_size()
+            nbytes += nb
+            if device < 0 and nb and v.device.type == "cuda":
+                device = v.device.index if v.device.index is not None else _st._torch().cuda.current_device()
+    d = _open_dir(directory, rank, world, dist, run, context)
+    _join_prepare(d)
+    with d.lock:
+        prev = d.inflight
+    if prev is not None:
+        prev._settle()
+    if not background:
+        return d.ck.reserve(int(nbytes), int(device))
+
+    def run_():
+        try:
+            d.ck.reserve(int(nbytes), int(device))
+        except BaseException as e:  # noqa: BLE001 (raised by the next save)
+            d.prepare_error = e
+
+    d.prepare_error = None
+    d.preparing = _threading.Thread(target=run_, name="ferry-ckpt-prepare", daemon=True)
+    d.preparing.start()
+    return 0
 
 
 def save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,

@@ -17,6 +17,18 @@ class SaveHandle:
     def wait(self, timeout: Optional[float] = None) -> bool: ...
     def result(self, timeout: Optional[float] = None) -> int: ...
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]: ...
+    def phases(self) -> Dict[str, float]: ...
+
+def prepare(
+    state: Any,
+    directory: StrPath,
+    rank: Optional[int] = None,
+    world_size: Optional[int] = None,
+    *,
+    run: Optional[str] = None,
+    background: bool = False,
+    context: Optional[ferry.Context] = None,
+) -> int: ...
 
 def save(
     state: Any,

@@ -124,6 +124,16 @@ int ferry_ckpt_wait(ferry_ckpt *ck, int64_t timeout_ns)
 	return r < 0 ? (int)r : 0;
 }
 
+int64_t ferry_ckpt_reserve(ferry_ckpt *ck, uint64_t bytes, int device)
+{
+	return ferry_st_writer_reserve(ck->w, bytes, device);
+}
+
+int ferry_ckpt_stats(ferry_ckpt *ck, char *buf, size_t len)
+{
+	return ferry_st_writer_stats(ck->w, buf, len);
+}
+
 /* ------------------------------------------------------------------------------------- latest */
 
 static int64_t parse_step_name(const char *s)
@@ -269,7 +279,12 @@ static int64_t after_shard(void *arg, int64_t result)
 	char p[PATH_MAX], text[512];
 	if (result < 0)
 		return result;
-	int r = marker_path(ck, ck->step, ck->rank, p, sizeof(p));
+	/* The step directory's entry in DIR, durable before this rank's marker says the shard is in.
+	 * Here rather than on the caller's thread: an asynchronous save returns before it. */
+	int r = ferry_ckpt_step_path(ck->dir, ck->step, p, sizeof(p));
+	r = r < 0 ? r : ferry__fsync_parent(p);
+	if (!r)
+		r = marker_path(ck, ck->step, ck->rank, p, sizeof(p));
 	if (!r) {
 		int n = snprintf(text, sizeof(text), "{\"run\":\"%s\",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n",
 				 ck->run, (long long)ck->step, ck->rank, ck->world, (long long)result);
@@ -291,6 +306,7 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 				    ck->dir, (long long)step);
 	if ((r = ferry_ckpt_wait(ck, -1)))
 		(void)r; /* the previous save's error was reported by its own wait; this save goes on */
+	uint64_t t0 = ferry__now_ns();
 	int64_t latest = ferry_ckpt_latest(ck->dir);
 	if (latest >= step)
 		return ferry__error(-EEXIST, "ckpt %s: step %lld is not after the latest, %lld", ck->dir,
@@ -299,8 +315,6 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 		return r;
 	if (mkdir(sp, 0755) && errno != EEXIST)
 		return ferry__error(-errno, "mkdir(%s): %s", sp, strerror(errno));
-	if ((r = ferry__fsync_parent(sp)))
-		return r;
 	/* A marker of this rank from an earlier attempt at this step must not count for this one. */
 	if (!marker_path(ck, step, ck->rank, p, sizeof(p)))
 		unlink(p);
@@ -308,7 +322,9 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 		return r;
 	ck->step = step;
 	int flags = ck->checksum ? FERRY_SAVE_CHECKSUM : 0;
+	uint64_t prep = ferry__now_ns() - t0;
 	int64_t res = ferry__st_writer_save_hooked(ck->w, p, flags, async, after_shard, ck);
+	ferry__st_writer_phase(ck->w, "ckpt.prepare", prep);
 	int reset = ferry_st_writer_reset(ck->w);
 	(void)reset;
 	return res < 0 ? (int)res : 0;

@@ -1,7 +1,7 @@
 /*
  * The safetensors writer: one pipeline for synchronous and asynchronous saves.
  *
- * The data section is cut into chunks of CHUNK bytes at 4 KiB-aligned file offsets. The caller's
+ * The data section is cut into chunks of CHUNK bytes (16 MiB) at 4 KiB-aligned file offsets. The caller's
  * thread (the producer) copies tensor bytes into a ring of pinned slots (device tensors with
  * cuMemcpyDtoHAsync and an event per slot, host tensors with memcpy); a writer thread (the
  * consumer) hashes each slot in file order and writes it with O_DIRECT through the engine. So every
@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "ckpt/save.h"
@@ -25,6 +27,7 @@
 #include "format/json.h"
 #include "format/safetensors.h"
 #include "gpu/shim.h"
+#include "io/io.h"
 
 /*
  * Writes in flight: 8 x 16 MiB (the engine cuts each into chunk_size pieces for its workers).
@@ -35,6 +38,7 @@
  */
 #define CHUNK (16u << 20)
 #define MAX_INFLIGHT 8
+#define MAX_INFLIGHT_CAP 64
 
 struct wtensor {
 	char *name;
@@ -52,6 +56,44 @@ struct jtensor {
 };
 
 enum { S_FREE, S_READY };
+
+/*
+ * Where a save's time goes (ferry_st_writer_stats). The caller's phases are what an asynchronous
+ * save blocks for; the writer's run on its thread. Seconds are summed over the save.
+ */
+#define PHASES(X)                                                                                  \
+	X(CALL_CHECK, "call.check")       /* busy check, join of the previous thread, EXCL */      \
+	X(CALL_HEADER, "call.header")     /* layout and header text */                            \
+	X(CALL_SLOTS, "call.slots")       /* pinned slots (allocation and pinning when new), events */ \
+	X(CALL_START, "call.start")       /* the writer thread's creation */                       \
+	X(CALL_COPY, "call.copy")         /* issuing the copies into the slots (memcpy for host) */ \
+	X(CALL_SLOT_WAIT, "call.slot_wait") /* waiting for a slot the writer still writes */       \
+	X(CALL_SYNC, "call.sync")         /* waiting for the last device-to-host copy */           \
+	X(CALL_TOTAL, "call.total")       /* the whole call (a synchronous save: to the end) */     \
+	X(CKPT_PREPARE, "ckpt.prepare")   /* checkpoint: latest, mkdir of the step (caller) */     \
+	X(W_LAYOUT, "writer.layout")      /* create and fallocate the temporary file */            \
+	X(W_OPEN, "writer.open")                                                                   \
+	X(W_READY_WAIT, "writer.ready_wait") /* waiting for the producer to fill a slot */          \
+	X(W_EVENT_WAIT, "writer.event_wait") /* waiting for a slot's device-to-host copy */         \
+	X(W_HASH, "writer.hash")                                                                   \
+	X(W_SUBMIT, "writer.submit")                                                               \
+	X(W_WRITE_WAIT, "writer.write_wait") /* waiting for the oldest write in flight */           \
+	X(W_HEADER, "writer.header")                                                               \
+	X(W_FSYNC, "writer.fsync")                                                                 \
+	X(W_RENAME, "writer.rename")                                                               \
+	X(W_DIRSYNC, "writer.dirsync")                                                             \
+	X(W_HOOK, "writer.after")         /* checkpoint: marker, commit, prune */                  \
+	X(W_TOTAL, "writer.total")
+#define PH_ENUM(e, s) PH_##e,
+enum { PHASES(PH_ENUM) PH__COUNT, PH__FIRST_WRITER = PH_W_LAYOUT };
+#define PH_NAME(e, s) s,
+static const char *const ph_names[] = {PHASES(PH_NAME)};
+
+struct save_stats {
+	uint64_t ns[PH__COUNT];
+	uint64_t bytes, slots, pinned_new; /* pinned_new: bytes pinned by this save */
+	int prealloc;
+};
 
 struct slot {
 	char *buf;
@@ -80,6 +122,11 @@ struct job {
 	pthread_cond_t cv;
 	ferry__save_hook hook;
 	void *arg;
+	uint64_t ph[PH__COUNT]; /* caller's entries by the caller, writer's by the writer thread */
+	uint64_t pinned_new;
+	size_t chunk, inflight;
+	int hold, snapshot_done; /* hold: the writer starts once the snapshot is taken */
+	int prealloc_mode, prealloc; /* FERRY__PREALLOC_*; whether this save's file was fallocated */
 };
 
 struct ferry_st_writer {
@@ -88,8 +135,13 @@ struct ferry_st_writer {
 	size_t n, cap;
 	char **mk, **mv;
 	size_t nm, mcap;
+	/* Kept from save to save, for the device of the last one (-1: host memory): the pinned slots,
+	 * and the stream and an event per slot for device-to-host copies. */
 	struct ferry__pinned_pool *pool;
 	int pool_dev;
+	ferry__CUstream stream;
+	ferry__CUevent *ev;
+	size_t nev, evcap;
 	/* the save in flight */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -98,6 +150,7 @@ struct ferry_st_writer {
 	char errmsg[1024]; /* the writer thread's ferry_last_error(), handed to wait()'s caller */
 	pthread_t thr;
 	struct job *job;
+	struct save_stats stats; /* of the last save, under mu */
 };
 
 static unsigned long save_seq;
@@ -127,6 +180,8 @@ static void clear_entries(ferry_st_writer *w)
 	w->n = w->nm = 0;
 }
 
+static void release_device(ferry_st_writer *w);
+
 void ferry_st_writer_destroy(ferry_st_writer *w)
 {
 	if (!w)
@@ -136,7 +191,7 @@ void ferry_st_writer_destroy(ferry_st_writer *w)
 	free(w->t);
 	free(w->mk);
 	free(w->mv);
-	ferry__pinned_pool_destroy(w->pool);
+	release_device(w);
 	pthread_mutex_destroy(&w->mu);
 	pthread_cond_destroy(&w->cv);
 	free(w);
@@ -462,13 +517,22 @@ int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len) = falloc
  * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
  * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
  */
-static int create_laid_out(const char *tmp, uint64_t size)
+static int create_laid_out(const char *tmp, uint64_t size, int mode, int *prealloc)
 {
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
 	int r = 0;
-	if (size && ferry__save_fallocate(fd, 0, 0, (off_t)size)) {
+	struct statfs sf;
+	/* tmpfs has no extents to convert nor locks to spare: fallocate there only allocates and
+	 * zeroes the file's memory before the writes fill it (0.3 s per 2.2 GB on the build machine,
+	 * on the writer's path). */
+	*prealloc = mode == FERRY__PREALLOC_ON ||
+		    (mode == FERRY__PREALLOC_AUTO && !(fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC));
+	if (size && !*prealloc) {
+		if (ftruncate(fd, (off_t)size))
+			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
+	} else if (size && ferry__save_fallocate(fd, 0, 0, (off_t)size)) {
 		int e = errno;
 		if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
 			r = ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
@@ -499,14 +563,8 @@ static void job_free(struct job *j)
 {
 	if (!j)
 		return;
-	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
-	for (size_t i = 0; i < j->k; i++) {
-		if (cu && j->slots[i].ev)
-			cu->EventDestroy(j->slots[i].ev);
+	for (size_t i = 0; i < j->k; i++)
 		ferry__pinned_free(j->w->pool, j->slots[i].buf);
-	}
-	if (cu && j->stream)
-		cu->StreamDestroy(j->stream);
 	free(j->slots);
 	ferry_file_close(j->f);
 	if (j->tmp)
@@ -523,22 +581,31 @@ static void job_free(struct job *j)
 
 static size_t chunk_len(struct job *j, size_t c)
 {
-	uint64_t a = (uint64_t)c * CHUNK;
-	return (size_t)(j->total - a < CHUNK ? j->total - a : CHUNK);
+	uint64_t a = (uint64_t)c * j->chunk;
+	return (size_t)(j->total - a < j->chunk ? j->total - a : j->chunk);
+}
+
+/* Adds the time since *t0 to phase ph and moves *t0 to now. */
+static void lap(struct job *j, int ph, uint64_t *t0)
+{
+	uint64_t t = ferry__now_ns();
+	j->ph[ph] += t - *t0;
+	*t0 = t;
 }
 
 /* The writer thread's part: hash and write every chunk in order, then the header, then commit. */
 static int64_t consume(struct job *j)
 {
 	struct ferry__xxh3 *h = (j->flags & FERRY_SAVE_CHECKSUM) ? ferry__xxh3_create() : NULL;
-	ferry_req *req[MAX_INFLIGHT];
+	ferry_req *req[MAX_INFLIGHT_CAP];
 	size_t inflight_first = 0, ninflight = 0, ti = 0;
 	size_t q = j->k > 1 ? j->k - 1 : 1;
 	const struct ferry__cuda_api *cu = NULL;
 	int64_t err = 0;
+	uint64_t t = ferry__now_ns();
 
-	if (q > MAX_INFLIGHT)
-		q = MAX_INFLIGHT;
+	if (q > j->inflight)
+		q = j->inflight;
 	if ((j->flags & FERRY_SAVE_CHECKSUM) && !h)
 		err = ferry__error(-ENOMEM, "%s: checksum state", j->path);
 	if (!err && j->cuda_dev >= 0) {
@@ -551,13 +618,22 @@ static int64_t consume(struct job *j)
 	 * is taken, and laying out a file of the state's size (fallocate; on tmpfs that allocates
 	 * its memory) is the writer's work. Its errors are reported like a write's. */
 	if (!err) {
-		int r = create_laid_out(j->tmp, j->data_start + j->total);
+		int r = create_laid_out(j->tmp, j->data_start + j->total, j->prealloc_mode, &j->prealloc);
+		lap(j, PH_W_LAYOUT, &t);
 		if (!r)
 			r = ferry_file_open(j->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
+		lap(j, PH_W_OPEN, &t);
 		err = r;
 	}
 	if (err)
 		job_fail(j, err);
+	if (!err && j->hold) {
+		pthread_mutex_lock(&j->mu);
+		while (!j->snapshot_done && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_W_READY_WAIT, &t);
+	}
 	for (size_t c = 0; c < j->nchunks && !err; c++) {
 		struct slot *s = &j->slots[c % j->k];
 		pthread_mutex_lock(&j->mu);
@@ -565,33 +641,38 @@ static int64_t consume(struct job *j)
 			pthread_cond_wait(&j->cv, &j->mu);
 		err = j->err;
 		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_W_READY_WAIT, &t);
 		if (err)
 			break;
 		if (s->has_ev) {
 			ferry__CUresult cr = cu->EventSynchronize(s->ev);
+			lap(j, PH_W_EVENT_WAIT, &t);
 			if (cr) {
 				err = ferry__cuda_fail(cr, "%s: device-to-host copy of chunk %zu", j->path, c);
 				break;
 			}
 		}
-		uint64_t a = (uint64_t)c * CHUNK, b = a + chunk_len(j, c);
+		uint64_t a = (uint64_t)c * j->chunk, b = a + chunk_len(j, c);
 		while (h && ti < j->n) {
-			struct jtensor *t = &j->jt[ti];
-			if (t->begin > b || (t->begin == b && t->end > t->begin))
+			struct jtensor *jt = &j->jt[ti];
+			if (jt->begin > b || (jt->begin == b && jt->end > jt->begin))
 				break;
-			uint64_t lo = t->begin > a ? t->begin : a, hi = t->end < b ? t->end : b;
+			uint64_t lo = jt->begin > a ? jt->begin : a, hi = jt->end < b ? jt->end : b;
 			if (hi > lo)
 				ferry__xxh3_update(h, s->buf + (lo - a), (size_t)(hi - lo));
-			if (t->end > b)
+			if (jt->end > b)
 				break;
 			char hex[17];
 			snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)ferry__xxh3_digest(h));
-			memcpy(j->hdr + t->sum_pos, hex, 16);
+			memcpy(j->hdr + jt->sum_pos, hex, 16);
 			ferry__xxh3_reset(h);
 			ti++;
 		}
+		if (h)
+			lap(j, PH_W_HASH, &t);
 		int r = ferry_pwrite_async(j->f, s->buf, chunk_len(j, c), j->data_start + a,
-					   &req[(inflight_first + ninflight) % MAX_INFLIGHT]);
+					   &req[(inflight_first + ninflight) % MAX_INFLIGHT_CAP]);
+		lap(j, PH_W_SUBMIT, &t);
 		if (r) {
 			err = r;
 			break;
@@ -602,21 +683,22 @@ static int64_t consume(struct job *j)
 			ferry_req *rq = req[inflight_first];
 			ssize_t got = ferry_req_wait(rq, -1);
 			ferry_req_free(rq);
-			inflight_first = (inflight_first + 1) % MAX_INFLIGHT;
+			inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 			ninflight--;
 			if (got != (ssize_t)chunk_len(j, oc) && !err)
 				err = got < 0 ? got : ferry__error(-EIO, "%s: short write at %llu", j->tmp,
-								   (unsigned long long)(j->data_start + (uint64_t)oc * CHUNK));
+								   (unsigned long long)(j->data_start + (uint64_t)oc * j->chunk));
 			pthread_mutex_lock(&j->mu);
 			j->slots[oc % j->k].state = S_FREE;
 			pthread_cond_broadcast(&j->cv);
 			pthread_mutex_unlock(&j->mu);
 		}
+		lap(j, PH_W_WRITE_WAIT, &t);
 	}
 	while (ninflight) { /* after an error: the buffers stay busy until their writes end */
 		ferry_req_wait(req[inflight_first], -1);
 		ferry_req_free(req[inflight_first]);
-		inflight_first = (inflight_first + 1) % MAX_INFLIGHT;
+		inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 		ninflight--;
 	}
 	if (err) {
@@ -632,10 +714,12 @@ static int64_t consume(struct job *j)
 	}
 	ferry__xxh3_destroy(h);
 	ssize_t got = ferry_pwrite(j->f, j->hdr, (size_t)j->data_start, 0);
+	lap(j, PH_W_HEADER, &t);
 	if (got != (ssize_t)j->data_start)
 		return got < 0 ? got : ferry__error(-EIO, "%s: short header write", j->tmp);
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
 		int r = ferry_file_sync(j->f, 1);
+		lap(j, PH_W_FSYNC, &t);
 		if (r)
 			return r;
 	}
@@ -645,10 +729,12 @@ static int64_t consume(struct job *j)
 		return ferry__error(-EEXIST, "%s: exists", j->path);
 	if (rename(j->tmp, j->path))
 		return ferry__error(-errno, "rename(%s, %s): %s", j->tmp, j->path, strerror(errno));
+	lap(j, PH_W_RENAME, &t);
 	free(j->tmp);
 	j->tmp = NULL;
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
 		int r = ferry__fsync_parent(j->path);
+		lap(j, PH_W_DIRSYNC, &t);
 		if (r)
 			return r;
 	}
@@ -659,10 +745,18 @@ static void *writer_thread(void *arg)
 {
 	struct job *j = arg;
 	ferry_st_writer *w = j->w;
+	uint64_t t0 = ferry__now_ns(), t = t0;
 	int64_t res = consume(j);
-	if (j->hook)
+	if (j->hook) {
+		t = ferry__now_ns();
 		res = j->hook(j->arg, res);
+		lap(j, PH_W_HOOK, &t);
+	}
+	j->ph[PH_W_TOTAL] = ferry__now_ns() - t0;
 	pthread_mutex_lock(&w->mu);
+	for (int i = PH__FIRST_WRITER; i < PH__COUNT; i++)
+		w->stats.ns[i] = j->ph[i];
+	w->stats.prealloc = j->prealloc;
 	w->result = res;
 	if (res < 0)
 		snprintf(w->errmsg, sizeof(w->errmsg), "%s", ferry_last_error());
@@ -680,18 +774,21 @@ static int produce(ferry_st_writer *w, struct job *j)
 	size_t ti = 0;
 	int r = 0;
 
+	uint64_t tp = ferry__now_ns();
 	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
 		return r;
 	for (size_t c = 0; c < j->nchunks && !r; c++) {
 		struct slot *s = &j->slots[c % j->k];
+		lap(j, PH_CALL_COPY, &tp);
 		pthread_mutex_lock(&j->mu);
 		while (s->state != S_FREE && !j->err)
 			pthread_cond_wait(&j->cv, &j->mu);
 		r = (int)j->err;
 		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_CALL_SLOT_WAIT, &tp);
 		if (r)
 			break;
-		uint64_t a = (uint64_t)c * CHUNK, b = a + chunk_len(j, c);
+		uint64_t a = (uint64_t)c * j->chunk, b = a + chunk_len(j, c);
 		s->has_ev = 0;
 		while (ti < j->n) {
 			struct jtensor *jt = &j->jt[ti];
@@ -731,9 +828,11 @@ static int produce(ferry_st_writer *w, struct job *j)
 		pthread_cond_broadcast(&j->cv);
 		pthread_mutex_unlock(&j->mu);
 	}
+	lap(j, PH_CALL_COPY, &tp);
 	/* The snapshot is complete only when the last copy has landed. */
 	if (!r && cu && j->stream) {
 		ferry__CUresult cr = cu->StreamSynchronize(j->stream);
+		lap(j, PH_CALL_SYNC, &tp);
 		if (cr)
 			r = ferry__cuda_fail(cr, "%s: cuStreamSynchronize", j->path);
 	}
@@ -741,16 +840,120 @@ static int produce(ferry_st_writer *w, struct job *j)
 		ferry__cuda_leave_device(prev);
 	if (r)
 		job_fail(j, r);
+	pthread_mutex_lock(&j->mu);
+	j->snapshot_done = 1;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
 	return r;
+}
+
+/* The pipeline's shape from the environment, for measurements on other machines without a rebuild:
+ * FERRY_SAVE_CHUNK_MIB (16), FERRY_SAVE_INFLIGHT (8). Not knobs of the context: no user needs them. */
+static size_t knob_env(const char *name, size_t def, size_t lo, size_t hi)
+{
+	const char *v = getenv(name);
+	char *end;
+	if (!v || !*v)
+		return def;
+	unsigned long long x = strtoull(v, &end, 10);
+	return *end || x < lo || x > hi ? def : (size_t)x;
+}
+
+static uint64_t ctx_knob(ferry_ctx *ctx, const char *key)
+{
+	char buf[64];
+	uint64_t v = 0;
+	if (ferry_ctx_get(ctx, key, buf, sizeof(buf)) > 0)
+		(void)ferry__parse_size(buf, &v);
+	return v;
+}
+
+static int prealloc_mode(ferry_ctx *ctx)
+{
+	char buf[16] = "";
+	if (ferry_ctx_get(ctx, "save_prealloc", buf, sizeof(buf)) < 0)
+		buf[0] = '\0';
+	return !strcmp(buf, "on") ? FERRY__PREALLOC_ON : !strcmp(buf, "off") ? FERRY__PREALLOC_OFF : FERRY__PREALLOC_AUTO;
 }
 
 static uint64_t host_budget(ferry_ctx *ctx)
 {
-	char buf[64];
-	uint64_t v = 0;
-	if (ferry_ctx_get(ctx, "host_budget", buf, sizeof(buf)) > 0)
-		(void)ferry__parse_size(buf, &v);
-	return v;
+	return ctx_knob(ctx, "host_budget");
+}
+
+static size_t save_chunk(void)
+{
+	return knob_env("FERRY_SAVE_CHUNK_MIB", 16, 1, 1024) << 20;
+}
+
+static void release_device(ferry_st_writer *w)
+{
+	const struct ferry__cuda_api *cu = w->pool_dev >= 0 && (w->stream || w->nev) ? ferry__cuda() : NULL;
+	ferry__CUcontext prev = NULL;
+	if (cu && ferry__cuda_enter_device(w->pool_dev, &prev) == 0) {
+		for (size_t i = 0; i < w->nev; i++)
+			cu->EventDestroy(w->ev[i]);
+		if (w->stream)
+			cu->StreamDestroy(w->stream);
+		ferry__cuda_leave_device(prev);
+	}
+	free(w->ev);
+	w->ev = NULL;
+	w->nev = w->evcap = 0;
+	w->stream = NULL;
+	ferry__pinned_pool_destroy(w->pool);
+	w->pool = NULL;
+	w->pool_dev = -2;
+}
+
+/* The pool (and for a device, the stream) of device dev (-1: host memory). */
+static int use_device(ferry_st_writer *w, int dev)
+{
+	int r;
+	if (w->pool_dev == dev && w->pool)
+		return 0;
+	release_device(w);
+	if ((r = ferry__pinned_pool_create(host_budget(w->ctx), dev, &w->pool)))
+		return r;
+	w->pool_dev = dev;
+	if (dev < 0)
+		return 0;
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	ferry__CUcontext prev = NULL;
+	if (!cu)
+		return ferry__error(FERRY_ENOGPU, "safetensors writer: device %d: %s", dev, ferry__cuda_unavailable_reason());
+	if ((r = ferry__cuda_enter_device(dev, &prev)))
+		return r;
+	r = cu->StreamCreate(&w->stream, FERRY__CU_STREAM_NON_BLOCKING);
+	ferry__cuda_leave_device(prev);
+	if (r) {
+		w->stream = NULL;
+		return ferry__cuda_fail(r, "safetensors writer: cuStreamCreate");
+	}
+	return 0;
+}
+
+/* At least n events on the writer's device (made once, reused by every later save). */
+static int have_events(ferry_st_writer *w, size_t n)
+{
+	if (w->pool_dev < 0 || n <= w->nev)
+		return 0;
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	ferry__CUcontext prev = NULL;
+	int r;
+	if (ferry__grow((void **)&w->ev, &w->evcap, n, sizeof(*w->ev)))
+		return ferry__error(-ENOMEM, "safetensors writer: events");
+	if ((r = ferry__cuda_enter_device(w->pool_dev, &prev)))
+		return r;
+	while (w->nev < n && !r) {
+		r = cu->EventCreate(&w->ev[w->nev], FERRY__CU_EVENT_DISABLE_TIMING);
+		if (r)
+			r = ferry__cuda_fail(r, "safetensors writer: cuEventCreate");
+		else
+			w->nev++;
+	}
+	ferry__cuda_leave_device(prev);
+	return r;
 }
 
 static int job_setup(ferry_st_writer *w, struct job *j, int async)
@@ -762,19 +965,15 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 			j->cuda_dev = w->t[i].dev;
 			break;
 		}
-	if (w->pool_dev != j->cuda_dev) {
-		ferry__pinned_pool_destroy(w->pool);
-		w->pool = NULL;
-		if ((r = ferry__pinned_pool_create(host_budget(w->ctx), j->cuda_dev, &w->pool)))
-			return r;
-		w->pool_dev = j->cuda_dev;
-	}
-	j->nchunks = (size_t)((j->total + CHUNK - 1) / CHUNK);
+	if ((r = use_device(w, j->cuda_dev)))
+		return r;
+	j->stream = w->stream;
+	j->nchunks = (size_t)((j->total + j->chunk - 1) / j->chunk);
 	uint64_t budget = host_budget(w->ctx);
 	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
-	size_t want = async ? j->nchunks : MAX_INFLIGHT + 2; /* 8 writing, 2 being filled */
-	if (budget && want > budget / CHUNK)
-		want = (size_t)(budget / CHUNK);
+	size_t want = async ? j->nchunks : j->inflight + 2; /* writing, and 2 being filled */
+	if (budget && want > budget / j->chunk)
+		want = (size_t)(budget / j->chunk);
 	if (want > j->nchunks)
 		want = j->nchunks;
 	if (want == 0 && j->nchunks)
@@ -782,45 +981,82 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	j->slots = calloc(want ? want : 1, sizeof(*j->slots));
 	if (!j->slots)
 		return ferry__error(-ENOMEM, "%s: slots", j->path);
-	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
-	ferry__CUcontext prev = NULL;
-	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
-		return r;
-	if (cu && (r = cu->StreamCreate(&j->stream, FERRY__CU_STREAM_NON_BLOCKING))) {
-		ferry__cuda_leave_device(prev);
-		return ferry__cuda_fail(r, "%s: cuStreamCreate", j->path);
-	}
 	for (size_t i = 0; i < want; i++) {
 		int pinned;
-		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : CHUNK;
+		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : j->chunk;
+		uint64_t held = ferry__pinned_held(w->pool);
 		r = ferry__pinned_alloc(w->pool, sz, (void **)&j->slots[i].buf, &pinned);
+		if (!r && ferry__pinned_held(w->pool) > held)
+			j->pinned_new += sz;
 		if (r == FERRY_EBUDGET && i > 0)
 			break; /* fewer slots than hoped: the snapshot blocks on writes */
 		if (r)
 			break;
 		j->k++;
-		if (cu && (r = cu->EventCreate(&j->slots[i].ev, FERRY__CU_EVENT_DISABLE_TIMING))) {
-			r = ferry__cuda_fail(r, "%s: cuEventCreate", j->path);
-			break;
-		}
 	}
-	if (cu)
-		ferry__cuda_leave_device(prev);
 	if (r == FERRY_EBUDGET && j->k > 0)
 		r = 0;
+	if (!r && j->cuda_dev >= 0 && !(r = have_events(w, j->k)))
+		for (size_t i = 0; i < j->k; i++)
+			j->slots[i].ev = w->ev[i];
 	return r;
+}
+
+int64_t ferry_st_writer_reserve(ferry_st_writer *w, uint64_t bytes, int device)
+{
+	pthread_mutex_lock(&w->mu);
+	int busy = w->running;
+	pthread_mutex_unlock(&w->mu);
+	if (busy)
+		return ferry__error(FERRY_EBUSY, "safetensors writer: reserve: a save is in flight");
+	if (device < -1)
+		return ferry__error(-EINVAL, "safetensors writer: reserve: device %d", device);
+	(void)ferry_st_writer_wait(w, -1);
+	int r = use_device(w, device);
+	if (r)
+		return r;
+	size_t chunk = save_chunk(), n = (size_t)((bytes + chunk - 1) / chunk), k = 0;
+	if (n == 1) /* as job_setup sizes the one slot of a save that fits in one */
+		chunk = (size_t)((bytes + 4095) / 4096 * 4096);
+	uint64_t budget = host_budget(w->ctx);
+	if (budget && n > budget / chunk)
+		n = (size_t)(budget / chunk);
+	void **p = calloc(n ? n : 1, sizeof(*p));
+	if (!p)
+		return ferry__error(-ENOMEM, "safetensors writer: reserve");
+	for (; k < n && !r; k++) {
+		int pinned = 0;
+		if ((r = ferry__pinned_alloc(w->pool, chunk, &p[k], &pinned)))
+			break;
+		/* Pinning faults the pages in; pageable slots (host tensors, or pinning refused) are
+		 * touched here, else the first save's copies into them would fault each page. */
+		for (size_t off = 0; !pinned && off < chunk; off += 4096)
+			((volatile char *)p[k])[off] = 0;
+	}
+	if (r == FERRY_EBUDGET) /* held by slots of another size, in use: what fits is reserved */
+		r = 0;
+	for (size_t i = 0; i < k; i++)
+		ferry__pinned_free(w->pool, p[i]);
+	free(p);
+	if (!r)
+		r = have_events(w, k);
+	return r ? r : (int64_t)ferry__pinned_held(w->pool);
 }
 
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
 				     ferry__save_hook hook, void *arg)
 {
 	int r;
+	uint64_t t0 = ferry__now_ns(), t = t0;
 	pthread_mutex_lock(&w->mu);
 	int busy = w->running;
 	pthread_mutex_unlock(&w->mu);
 	if (busy)
 		return ferry__error(FERRY_EBUSY, "%s: a save of this writer is in flight", path);
 	(void)ferry_st_writer_wait(w, -1); /* joins the finished thread */
+	pthread_mutex_lock(&w->mu);
+	memset(&w->stats, 0, sizeof(w->stats));
+	pthread_mutex_unlock(&w->mu);
 	if ((flags & FERRY_SAVE_CHECKSUM) && !ferry__have_xxh3())
 		return ferry__error(-ENOTSUP, "%s: checksums: ferry was built without libxxhash", path);
 	if ((flags & FERRY_SAVE_EXCL) && access(path, F_OK) == 0)
@@ -835,6 +1071,9 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	j->hook = hook;
 	j->arg = arg;
 	j->cuda_dev = -1;
+	j->chunk = save_chunk();
+	j->inflight = knob_env("FERRY_SAVE_INFLIGHT", MAX_INFLIGHT, 1, MAX_INFLIGHT_CAP);
+	j->prealloc_mode = prealloc_mode(w->ctx);
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
@@ -846,10 +1085,21 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	}
 	snprintf(j->tmp, tl, "%s.tmp-%d-%lu", path, (int)getpid(),
 		 __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED));
-	if ((r = build_header(w, j)) || (r = job_setup(w, j, async))) {
+	j->ph[PH_CALL_CHECK] = ferry__now_ns() - t;
+	t = ferry__now_ns();
+	if ((r = build_header(w, j)) == 0) {
+		lap(j, PH_CALL_HEADER, &t);
+		r = job_setup(w, j, async);
+		lap(j, PH_CALL_SLOTS, &t);
+	}
+	if (r) {
 		job_free(j);
 		return r;
 	}
+	/* FERRY_SAVE_HOLD=1 (measurements): an asynchronous save whose slots hold the whole state
+	 * starts writing only once the snapshot is taken, so that the writes cannot slow the copies
+	 * the caller waits for. Never with fewer slots: the snapshot then needs written slots back. */
+	j->hold = async && j->k >= j->nchunks && knob_env("FERRY_SAVE_HOLD", 0, 0, 1);
 	pthread_mutex_lock(&w->mu);
 	w->running = 1;
 	w->joined = 0;
@@ -863,11 +1113,57 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 		job_free(j);
 		return ferry__error(-r, "%s: pthread_create: %s", path, strerror(r));
 	}
+	lap(j, PH_CALL_START, &t);
 	r = produce(w, j);
+	j->ph[PH_CALL_TOTAL] = ferry__now_ns() - t0;
+	pthread_mutex_lock(&w->mu);
+	for (int i = 0; i < PH__FIRST_WRITER; i++)
+		w->stats.ns[i] = j->ph[i];
+	w->stats.bytes = j->total;
+	w->stats.slots = j->k;
+	w->stats.pinned_new = j->pinned_new;
+	pthread_mutex_unlock(&w->mu);
 	if (async && !r)
 		return 0;
 	int64_t res = ferry_st_writer_wait(w, -1);
+	pthread_mutex_lock(&w->mu);
+	w->stats.ns[PH_CALL_TOTAL] = ferry__now_ns() - t0;
+	pthread_mutex_unlock(&w->mu);
 	return r ? r : res;
+}
+
+void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns)
+{
+	pthread_mutex_lock(&w->mu);
+	for (int i = 0; i < PH__COUNT; i++)
+		if (!strcmp(ph_names[i], name))
+			w->stats.ns[i] += ns;
+	pthread_mutex_unlock(&w->mu);
+}
+
+int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len)
+{
+	struct save_stats st;
+	pthread_mutex_lock(&w->mu);
+	st = w->stats;
+	pthread_mutex_unlock(&w->mu);
+	size_t n = 0;
+#define PUT(...)                                                                              \
+	do {                                                                                  \
+		int k_ = snprintf(buf ? buf + n : NULL, buf && n < len ? len - n : 0, __VA_ARGS__); \
+		if (k_ < 0)                                                                       \
+			return ferry__error(-EINVAL, "ferry_st_writer_stats: snprintf");          \
+		n += (size_t)k_;                                                                \
+	} while (0)
+	PUT("{\"bytes\":%llu,\"slots\":%llu,\"pinned_new_bytes\":%llu,\"fallocated\":%d", (unsigned long long)st.bytes,
+	    (unsigned long long)st.slots, (unsigned long long)st.pinned_new, st.prealloc);
+	for (int i = 0; i < PH__COUNT; i++)
+		PUT(",\"%s\":%.6f", ph_names[i], (double)st.ns[i] * 1e-9);
+	PUT("}");
+#undef PUT
+	if (buf && len && n >= len)
+		buf[len - 1] = '\0';
+	return (int)n;
 }
 
 int64_t ferry_st_writer_save(ferry_st_writer *w, const char *path, int flags)

@@ -13,6 +13,8 @@
 typedef int64_t (*ferry__save_hook)(void *arg, int64_t result);
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
 				     ferry__save_hook hook, void *arg);
+/* Adds ns to the phase named name (as ferry_st_writer_stats spells it) of the current save. */
+void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns);
 /* fallocate(2), through a pointer so that tests can play a file system that refuses it. */
 extern int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len);
 /* fsync of a directory. Returns 0 or -errno (with detail). */

@@ -27,6 +27,7 @@ static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL}
 static const char *const gpu_sync_choices[] = {"block", "spin", NULL};
 static const char *const memory_choices[] = {"auto", "host", NULL};
 static const char *const cached_io_choices[] = {"thread", "ring", NULL};
+static const char *const save_prealloc_choices[] = {"auto", "on", "off", NULL};
 static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
 					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
 
@@ -67,13 +68,14 @@ static const struct knob knobs[] = {
 	{"cached_io", K_ENUM, CFG(cached_io), FERRY__CACHED_IO_THREAD, 0, 1, cached_io_choices, false},
 	{"copy_unit", K_SIZE, CFG(copy_unit), 8 * MiB, 0, 1 * GiB, NULL, true},
 	{"copy_units", K_UINT, CFG(copy_units), 4, 1, 64, NULL, true},
+	{"save_prealloc", K_ENUM, CFG(save_prealloc), FERRY__PREALLOC_AUTO, 0, 2, save_prealloc_choices, false},
 };
 #define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
 static const char *const knob_names[NKNOBS + 1] = {
 	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
 	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", "memory", "cached_depth",
-	"cached_io", "copy_unit", "copy_units", NULL};
+	"cached_io", "copy_unit", "copy_units", "save_prealloc", NULL};
 
 /*
  * threads: three quarters of the CPUs this process may run on, 4 to 16. On the GPU machine (16

@@ -37,7 +37,10 @@ struct ferry__config {
 	uint64_t cached_io;    /* FERRY__CACHED_IO_*: who copies resident chunks into GPU slots */
 	uint64_t copy_unit;    /* bytes of a copy unit (resident reads into GPU memory); < 2 chunks: off */
 	uint64_t copy_units;   /* copy units per device */
+	uint64_t save_prealloc; /* FERRY__PREALLOC_*: how safetensors saves lay out their temporary file */
 };
+
+enum { FERRY__PREALLOC_AUTO, FERRY__PREALLOC_ON, FERRY__PREALLOC_OFF };
 
 enum { FERRY__CACHED_IO_THREAD, FERRY__CACHED_IO_RING };
 

@@ -127,3 +127,27 @@ def test_async_save_from_cuda_is_a_snapshot(tmp_path):
         assert same(back["model"][k], want[k]), k
     ck.save({"w": big}, d, 8)
     assert same(ck.load_latest(d, device="cuda:0")[1]["w"], big)
+
+
+def test_prepare_pins_ahead_for_cuda_state(tmp_path):
+    """prepare() pins the snapshot's memory for CUDA tensors: the first async_save pins none, its
+    snapshot is right, and its phases say where the blocked time went; the writer's stream and
+    events serve the next save too."""
+    d = tmp_path / "ck"
+    big = torch.randn(40 << 20, device="cuda")  # 160 MiB: with small, 11 slots
+    sd = {"big": big, "small": torch.arange(1000, device="cuda")}
+    want = {k: v.clone() for k, v in sd.items()}
+    ctx = ferry.Context(host_budget="1g")
+    nbytes = sum(v.numel() * v.element_size() for v in sd.values())
+    assert ck.prepare(sd, d, context=ctx) >= nbytes
+    h = ck.async_save(sd, d, 1, context=ctx)
+    big.mul_(0)
+    assert h.wait(timeout=300)
+    p = h.phases()
+    assert p["pinned_new_bytes"] == 0 and p["bytes"] == nbytes, p
+    assert p["blocked"] >= p["call.total"] >= p["call.sync"] >= 0, p
+    back = ck.load_latest(d, device="cuda")[1]
+    assert all(same(back[k], want[k]) for k in want)
+    h = ck.async_save({"big": big, "small": sd["small"]}, d, 2, context=ctx)
+    assert h.wait(timeout=300) and h.phases()["pinned_new_bytes"] == 0
+    assert same(ck.load_latest(d, device="cuda")[1]["big"], big)

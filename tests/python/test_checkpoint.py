@@ -256,3 +256,48 @@ def test_reshard_on_load(tmp_path):
         ck.load_latest(d, world_size=4, shard_dims=dims)  # no rank, no torch.distributed
     with pytest.raises(ValueError):
         ck.load_latest(d, rank=4, world_size=4, shard_dims=dims)
+
+
+def test_prepare_pins_ahead_and_phases(tmp_path):
+    """prepare() allocates (pins, with a GPU) the snapshot's memory, so that the first async_save
+    allocates none; each save's phases say where its time went."""
+    state = {"a": torch.randn(5 << 20), "b": torch.arange(1000)}  # 20 MiB: two 16 MiB slots
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    ctx = ferry.Context(host_budget="1g")
+    d = tmp_path / "ck"
+    held = ck.prepare(state, d, context=ctx)
+    assert held >= nbytes
+    h = ck.async_save(state, d, 1, context=ctx)
+    assert h.wait()
+    p = h.phases()
+    assert p["pinned_new_bytes"] == 0 and p["bytes"] == nbytes and p["slots"] == 2
+    for k in ("py.flatten", "py.add", "py.c_save", "ckpt.prepare", "call.header", "call.slots", "call.copy",
+              "call.total", "writer.layout", "writer.write_wait", "writer.fsync", "writer.dirsync",
+              "writer.after", "writer.total"):
+        assert k in p and p[k] >= 0, k
+    assert p["blocked"] >= p["py.c_save"] >= p["call.total"] > 0
+    assert p["writer.total"] >= p["writer.after"] > 0  # the marker, the commit
+    assert ck.load_latest(d)[0] == 1
+
+    # Without prepare the first save of a directory allocates its memory; the next reuses it.
+    h = ck.async_save(state, tmp_path / "other", 1, context=ctx)
+    assert h.wait() and h.phases()["pinned_new_bytes"] >= nbytes
+    h = ck.async_save(state, tmp_path / "other", 2, context=ctx)
+    assert h.wait() and h.phases()["pinned_new_bytes"] == 0
+
+    # In the background, by size: the next save waits for it.
+    assert ck.prepare(100 << 20, tmp_path / "bg", background=True, context=ctx) == 0
+    h = ck.async_save(state, tmp_path / "bg", 1, context=ctx)
+    assert h.wait() and h.phases()["pinned_new_bytes"] == 0
+
+    # A state smaller than a slot: one slot of its size.
+    tiny = {"t": torch.arange(10.0)}
+    ck.prepare(tiny, tmp_path / "tiny", context=ctx)
+    h = ck.async_save(tiny, tmp_path / "tiny", 1, context=ctx)
+    assert h.wait() and h.phases()["pinned_new_bytes"] == 0
+
+    # host_budget bounds what is held.
+    small = ferry.Context(host_budget="32m")
+    assert ck.prepare(1 << 30, tmp_path / "capped", context=small) <= 32 << 20
+    h = ck.async_save(state, tmp_path / "capped", 1, context=small)
+    assert h.wait() and ck.load_latest(tmp_path / "capped")[0] == 1

@@ -265,3 +265,28 @@ def test_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         fst.save_file({"a": base}, tmp_path / "no" / "dir" / "x.safetensors")
     assert not os.path.exists(tmp_path / "x.safetensors")
+
+
+def test_save_file_reuses_the_default_contexts_writer(tmp_path):
+    """save_file keeps the default context's writer (its pinned slots) for the next call; a
+    replaced default context gets a new one; a failed save leaves the writer clean for the next."""
+    a = {"x": torch.arange(10.0)}
+    fst.save_file(a, tmp_path / "a.safetensors")
+    ctx, w = fst._idle_writer
+    assert ctx is ferry.default_context()
+    fst.save_file({"y": torch.ones(3)}, tmp_path / "b.safetensors")
+    assert fst._idle_writer[1] is w
+    assert list(fst.load_file(tmp_path / "b.safetensors")) == ["y"]  # nothing of the first save
+    with pytest.raises(OSError):
+        fst.save_file(a, tmp_path / "no-such-dir" / "c.safetensors")
+    assert fst._idle_writer[1] is w
+    fst.save_file({"z": torch.zeros(2)}, tmp_path / "c.safetensors")
+    assert list(fst.load_file(tmp_path / "c.safetensors")) == ["z"]
+    old = ferry.default_context()
+    ferry.set_default_context(ferry.Context())
+    try:
+        fst.save_file(a, tmp_path / "d.safetensors")
+        assert fst._idle_writer[0] is ferry.default_context() and fst._idle_writer[1] is not w
+    finally:
+        ferry.set_default_context(old)
+    assert torch.equal(fst.load_file(tmp_path / "d.safetensors")["x"], a["x"])

@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <dirent.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 
 #include "ckpt/save.h"
 #include "ferry/safetensors.h"
@@ -339,9 +341,11 @@ static int leftover_tmp(const char *d)
 	return n;
 }
 
-/* The temporary file is laid out at its final size before the data is written (parallel O_DIRECT
- * overwrites on ext4 and XFS); a file system that refuses fallocate gets ftruncate and the save
- * works; a refusal that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. */
+/* With save_prealloc=on the temporary file is laid out at its final size before the data is written
+ * (fallocate); a file system that refuses fallocate gets ftruncate and the save works; a refusal
+ * that the writes would meet too (ENOSPC) fails early and leaves PATH as it was. With off no
+ * fallocate is made: the file is sized with ftruncate and each write allocates its blocks; the
+ * file ends complete, with no hole. The default, auto, is on except on tmpfs. */
 static void test_prealloc(void)
 {
 	char p[600], sub[560];
@@ -362,6 +366,52 @@ static void test_prealloc(void)
 	ferry__save_fallocate = fa_stub;
 	fa_calls = 0;
 	fa_errno = 0;
+	char pv[8];
+	T_CHECK(ferry_ctx_get(ctx, "save_prealloc", pv, sizeof(pv)) > 0);
+	T_EQ_STR(pv, "auto");
+	struct statfs sf;
+	T_ASSERT(statfs(sub, &sf) == 0);
+	int64_t sizea = ferry_st_writer_save(w, p, 0);
+	T_CHECK(sizea > (int64_t)nb);
+	T_EQ_INT(fa_calls, sf.f_type == TMPFS_MAGIC ? 0 : 1);
+	char js0[2048];
+	T_CHECK(ferry_st_writer_stats(w, js0, sizeof(js0)) > 0);
+	T_CHECK(strstr(js0, sf.f_type == TMPFS_MAGIC ? "\"fallocated\":0" : "\"fallocated\":1") != NULL);
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "off"), 0);
+	T_EQ_INT(ferry_st_writer_reset(w), 0);
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
+	fa_calls = 0;
+	int64_t size0 = ferry_st_writer_save(w, p, 0);
+	T_CHECK(size0 > (int64_t)nb);
+	T_EQ_INT(fa_calls, 0);
+	int fd0 = open(p, O_RDONLY);
+	T_CHECK(fd0 >= 0);
+	T_EQ_INT(lseek(fd0, 0, SEEK_HOLE), size0);
+	close(fd0);
+	ferry_st *st0 = NULL;
+	T_ASSERT(ferry_st_open(ctx, p, &st0) == 0);
+	T_EQ_INT(ferry_st_read(st0, 0, got, nb), nb);
+	T_CHECK(!memcmp(got, a, nb));
+	ferry_st_close(st0);
+	/* Where the save's time went: JSON with the bytes, the slots, and every phase. */
+	char js[2048];
+	int jl = ferry_st_writer_stats(w, js, sizeof(js));
+	T_CHECK(jl > 0 && jl < (int)sizeof(js));
+	T_EQ_INT(ferry_st_writer_stats(w, NULL, 0), jl);
+	char want[64];
+	snprintf(want, sizeof(want), "{\"bytes\":%zu,", nb);
+	T_CHECK(!strncmp(js, want, strlen(want)));
+	const char *keys[] = {"\"slots\":3,", "\"call.total\":", "\"call.copy\":", "\"writer.layout\":",
+			      "\"writer.write_wait\":", "\"writer.fsync\":", "\"writer.dirsync\":", "\"writer.total\":"};
+	for (size_t k = 0; k < sizeof(keys) / sizeof(*keys); k++)
+		T_CHECK(strstr(js, keys[k]) != NULL);
+	T_CHECK(js[jl - 1] == '}');
+	char small[16];
+	T_EQ_INT(ferry_st_writer_stats(w, small, sizeof(small)), jl); /* truncated, NUL-terminated */
+	T_EQ_INT(strlen(small), sizeof(small) - 1);
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "on"), 0);
+	T_EQ_INT(ferry_st_writer_reset(w), 0);
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
 	int64_t size = ferry_st_writer_save(w, p, 0);
 	T_CHECK(size > (int64_t)nb);
 	T_EQ_INT(fa_calls, 1);
@@ -397,6 +447,7 @@ static void test_prealloc(void)
 	T_CHECK(strstr(ferry_last_error(), "fallocate") != NULL);
 	ferry__save_fallocate = real;
 	fa_errno = 0;
+	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "auto"), 0);
 	T_EQ_INT(leftover_tmp(sub), 0);
 	ferry_st *st = NULL;
 	T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
@@ -412,6 +463,54 @@ static void test_prealloc(void)
 	free(got);
 }
 
+/* ferry_st_writer_reserve: the memory of an asynchronous save made ahead (host memory here, so
+ * allocated and faulted in rather than pinned), so that the save allocates none; capped by
+ * host_budget. */
+static void test_reserve(void)
+{
+	char p[600], js[2048];
+	snprintf(p, sizeof(p), "%s/reserve.safetensors", dir);
+	size_t nb = (40u << 20) + 4096; /* 3 slots */
+	unsigned char *a = malloc(nb);
+	T_ASSERT(a);
+	fill(a, nb, 9);
+	ferry_st_writer *w;
+	T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+	T_EQ_INT(ferry_st_writer_reserve(w, nb, -2), -EINVAL);
+	int64_t held = ferry_st_writer_reserve(w, nb, -1);
+	T_EQ_INT(held, 48u << 20);
+	T_EQ_INT(ferry_st_writer_reserve(w, nb, -1), held); /* the same slots, nothing more */
+	uint64_t shape[1] = {nb};
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
+	T_EQ_INT(ferry_st_writer_save_async(w, p, 0), 0);
+	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
+	T_CHECK(ferry_st_writer_stats(w, js, sizeof(js)) > 0);
+	T_CHECK(strstr(js, "\"slots\":3,\"pinned_new_bytes\":0,") != NULL);
+	/* FERRY_SAVE_HOLD: the writer starts once the snapshot is taken; the file is the same. */
+	setenv("FERRY_SAVE_HOLD", "1", 1);
+	T_EQ_INT(ferry_st_writer_save_async(w, p, 0), 0);
+	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
+	unsetenv("FERRY_SAVE_HOLD");
+	ferry_st *st = NULL;
+	unsigned char *got = malloc(nb);
+	T_ASSERT(got && ferry_st_open(ctx, p, &st) == 0);
+	T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
+	T_CHECK(!memcmp(got, a, nb));
+	ferry_st_close(st);
+	free(got);
+	ferry_st_writer_destroy(w);
+
+	ferry_ctx *small;
+	T_ASSERT(ferry_ctx_create(&small) == 0);
+	T_EQ_INT(ferry_ctx_set(small, "host_budget", "32m"), 0);
+	T_ASSERT(ferry_st_writer_create(small, &w) == 0);
+	T_EQ_INT(ferry_st_writer_reserve(w, 1u << 30, -1), 32u << 20);
+	ferry_st_writer_destroy(w);
+	ferry_ctx_destroy(small);
+	unlink(p);
+	free(a);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/st-%d", t_tmpdir(), (int)getpid());
@@ -421,6 +520,7 @@ int main(void)
 	test_roundtrip();
 	test_sharded();
 	test_prealloc();
+	test_reserve();
 	ferry_ctx_destroy(ctx);
 	if (!t_failures) {
 		char cmd[700];

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""Issue 5's save target alone: durable saves against the disk's raw write ceiling, measured in
+turns in the same run (a shorter call than bench/ckpt-gpu.py, which also runs the peers and loads).
+
+    python3 bench/ckpt-save.py --ferry build/ferry --disk /path/on/disk [--size 8g] [--rounds 2]
+
+Each round, in this order, each step untimed `sync` first (so that no earlier deletion's discards
+or writeback land inside it):
+  1. the raw write ceiling: `ferry bench --rw write --direct 1 --bs 4m --iodepth 16 --numjobs 4`
+     overwriting a file laid out once before the first round (as bench/ckpt-gpu.py defines it);
+  2. `ferry ckpt bench --save-only --saves 3 --phases` (the C save, xxh3, durable, bf16 tensors
+     shaped like a 4B transformer on the GPU) per --variants: auto (the defaults: the temporary
+     file fallocated first), off (save_prealloc=off: sized by ftruncate, each write allocating its
+     blocks), deep (16 writes of 16 MiB in flight in 4 MiB pieces, as deep as the raw ceiling's
+     256 MiB), each printing a PHASES row per save: where its time went (writer.write_wait,
+     writer.hash, writer.fsync, writer.dirsync, ...);
+  3. ferry.safetensors.save_file from CUDA tensors, twice, each into a new file (the first one
+     deleted and synced before the second).
+Then `TABLE target save (durable) vs disk raw write` per round, each save against the ceiling of
+its own round. --device cpu runs it without a GPU (the saves from host memory).
+
+Run time at 8g on the GPU machine (~3 GB/s write): laying out the ceiling file ~3 s, per round
+the ceiling 8 s, 3 x `ferry ckpt bench` (GPU allocation, 3 saves of ~3 s, syncs) ~45 s, 2 Python
+saves ~8 s, the state ~5 s: about a minute a round, under 2.5 minutes for 2 rounds. Space: ~26 GB on
+--disk at most (the ceiling file and the C bench's two files).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+
+def table(name, fig, note=""):
+    print(f"TABLE {name} | {fig} | {note}", flush=True)
+
+
+def ceiling(ferry, path, rw, runtime, size):
+    cmd = [ferry, "bench", f"--rw={rw}", "--direct=1", "--bs=4m", "--iodepth=16", "--numjobs=4", f"--size={size}",
+           f"--runtime={runtime}", f"--filename={path}", "--output-format=json"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode:
+        print(out.stderr, file=sys.stderr)
+        return None
+    return json.loads(out.stdout)["jobs"][0][rw]["bw_bytes"] / 1e9
+
+
+# The C save's variants: name -> environment (ferry's knobs and the save pipeline's shape).
+VARIANTS = {
+    "auto": {"FERRY_SAVE_PREALLOC": "auto"},  # the default: fallocate (not on tmpfs)
+    "off": {"FERRY_SAVE_PREALLOC": "off"},    # ftruncate: each write allocates its blocks
+    # as deep as the raw ceiling: 16 x 16 MiB in flight (256 MiB) in 4 MiB pieces
+    "deep": {"FERRY_SAVE_PREALLOC": "auto", "FERRY_SAVE_INFLIGHT": "16", "FERRY_CHUNK_SIZE": "4m"},
+}
+
+
+def c_save(ferry, d, size, dev, variant):
+    cmd = [ferry, "ckpt", "bench", "--dir", d, "--size", size, "--save-only", "--saves", "3", "--phases"]
+    cmd += ["--host"] if dev == "cpu" else ["--device", "0"]
+    prealloc = variant
+    out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **VARIANTS[variant]))
+    if out.returncode:
+        print(out.stderr, file=sys.stderr)
+        return None
+    saves = []
+    for line in out.stdout.splitlines():
+        if line.startswith("PHASES save"):
+            head, js = line.split(" {", 1)
+            p = json.loads("{" + js)
+            saves.append(p)
+            w = " ".join(f"{k[7:]}={v:.3f}" for k, v in p.items() if k.startswith("writer.") and v >= 0.001)
+            c = " ".join(f"{k[5:]}={v:.3f}" for k, v in p.items() if k.startswith("call.") and v >= 0.001)
+            print(f"PHASES C {prealloc} {head[7:]}: caller {c}; writer {w}", flush=True)
+    return saves
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ferry", default="build/ferry")
+    ap.add_argument("--disk", required=True, help="a directory on the disk under test")
+    ap.add_argument("--size", default="8g")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--ceiling-runtime", default="8")
+    ap.add_argument("--device", default="cuda", help="cpu: without a GPU")
+    ap.add_argument("--variants", default="auto,off,deep", help="C save variants: " + ", ".join(
+        f"{k} ({' '.join(f'{e}={v}' for e, v in env.items())})" for k, env in VARIANTS.items()))
+    a = ap.parse_args()
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(a.size[-1].lower())
+    size_bytes = int(float(a.size[:-1]) * mult) if mult else int(a.size)
+    os.makedirs(a.disk, exist_ok=True)
+    ceil_file = os.path.join(a.disk, "ferry-save-ceiling.dat")
+    # Laid out once (a read of a new file with --size creates it), so that the write ceiling
+    # overwrites an existing file, as bench/ckpt-gpu.py measures it.
+    ceiling(a.ferry, ceil_file, "read", "1", a.size)
+
+    import torch
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("ckpt_gpu", os.path.join(os.path.dirname(__file__), "ckpt-gpu.py"))
+    cg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cg)
+    import ferry.safetensors as fst
+    sd, total = cg.make_state(torch, size_bytes, a.device)
+    if a.device != "cpu":
+        torch.cuda.synchronize()
+    gb = total / 1e9
+    table("state", f"{gb:.2f} GB", f"{len(sd)} bf16 tensors on {a.device}")
+    q = os.path.join(a.disk, "ferry-save-py.safetensors")
+    results = []
+    for rnd in range(a.rounds):
+        os.sync()
+        raw = ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size)
+        table(f"round {rnd + 1}: disk raw write ceiling (ferry bench O_DIRECT 4m qd16 x4)", f"{raw:.2f} GB/s" if raw else "n/a")
+        r = {"raw": raw}
+        for pre in a.variants.split(","):
+            saves = c_save(a.ferry, a.disk, a.size, a.device, pre)
+            if saves:
+                first, best = saves[0]["call.total"], min(s["call.total"] for s in saves[1:])
+                b = min(saves[1:], key=lambda s: s["call.total"])
+                table(f"round {rnd + 1}: phases of that save ({pre})", f"{best:.3f} s",
+                      " ".join(f"{k}={b[k]:.3f}" for k in ("writer.layout", "writer.hash", "writer.write_wait",
+                               "writer.ready_wait", "writer.header", "writer.fsync", "writer.rename",
+                               "writer.dirsync", "call.slots")))
+                r[f"c{pre}"] = gb / best
+                table(f"round {rnd + 1}: ferry C save durable+xxh3, {pre}", f"{gb / best:.2f} GB/s",
+                      f"best of saves 2-3; first {gb / first:.2f} GB/s" + (f"; {gb / best / raw:.2f}x raw" if raw else ""))
+        py = []
+        for rep in range(2):
+            os.sync()
+            t0 = time.perf_counter()
+            fst.save_file(sd, q)
+            py.append(time.perf_counter() - t0)
+            os.unlink(q)
+        os.sync()
+        r["py"] = gb / py[1]
+        table(f"round {rnd + 1}: ferry.safetensors.save_file durable from {a.device} tensors (second)", f"{gb / py[1]:.2f} GB/s",
+              f"first {gb / py[0]:.2f} GB/s" + (f"; {gb / py[1] / raw:.2f}x raw" if raw else ""))
+        results.append(r)
+    os.unlink(ceil_file)
+    for i, r in enumerate(results):
+        if not r.get("raw"):
+            continue
+        x = r["py"] / r["raw"]
+        table(f"target save (durable) vs disk raw write, round {i + 1}", f"{x:.2f}x",
+              f"target >= 0.9x: {'met' if x >= 0.9 else 'NOT met'}; ferry.safetensors.save_file; C save "
+              + ", ".join(f"{r[k] / r['raw']:.2f}x ({k[1:]})" for k in r if k.startswith("c")))
+
+
+if __name__ == "__main__":
+    main()
