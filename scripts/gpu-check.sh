@@ -128,6 +128,20 @@ fi
 
 step "GPU benchmarks"
 shopt -s nullglob
+# The peers' wheels carried in .whl/ (scripts/stage-device.sh): kvikio for gpu-read, fastsafetensors
+# and runai-model-streamer for gpu-ckpt, into a folder of their own on PYTHONPATH (mosaicml-streaming,
+# for gpu-loader, is installed by bench/loader-gpu.sh apart, with its own dependencies).
+peers=(.whl/kvikio_cu13-*.whl .whl/libkvikio_cu13-*.whl .whl/rapids_logger-*.whl .whl/fastsafetensors-*.whl
+	.whl/runai_model_streamer-*.whl)
+if [ ${#peers[@]} -gt 0 ]; then
+	if "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/$BUILD_DIR/peers-py" --upgrade \
+		"${peers[@]}" >"$LOG_DIR/peers-install.log" 2>&1; then
+		export PYTHONPATH=$ROOT/$BUILD_DIR/peers-py${PYTHONPATH:+:$PYTHONPATH}
+		echo "peers from .whl/: $(cd .whl && ls kvikio_cu13-* fastsafetensors-* runai_model_streamer-* 2>/dev/null | cut -d- -f1,2 | tr '\n' ' ')"
+	else
+		row "peers (.whl)" FAILED "see peers-install.log"
+	fi
+fi
 # GPU_BENCHES: which bench/NAME.sh to run (names or globs, space-separated; "none" for none), so
 # that a long benchmark can have a device call of its own. The default is the three that measure the
 # issues' figures; bench/gpu-tune.sh (the sweep behind the defaults) runs only when named.

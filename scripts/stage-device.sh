@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Stages here what the GPU machine lacks (it has no network), for device calls that carry
+# [".deb", ".whl"]:
+#   .deb/  liburing and xxhash packages (unpacked there by scripts/deb-env.sh, never installed) and
+#          fio 3.33 built statically from Debian's source package (./fio; the GPU machine has none);
+#   .whl/  Python 3.12 wheels of the peers: kvikio (bench/gpu-read.sh), fastsafetensors and
+#          runai-model-streamer (bench/ckpt-gpu.py), mosaicml-streaming and what it imports
+#          (bench/loader-gpu.sh).
+# Both folders are git-ignored. Each part is skipped when already there.
+#   scripts/stage-device.sh            # everything
+#   scripts/stage-device.sh debs fio   # a subset: debs fio wheels
+set -euo pipefail
+cd "$(dirname "$0")/.."
+parts=${*:-debs fio wheels}
+has() { case " $parts " in *" $1 "*) return 0 ;; esac; return 1; }
+
+if has debs; then
+	mkdir -p .deb
+	(cd .deb && ls liburing-dev_*.deb libxxhash-dev_*.deb >/dev/null 2>&1 ||
+		apt-get download liburing2 liburing-dev libxxhash0 libxxhash-dev >/dev/null)
+	echo "stage-device: .deb: $(cd .deb && ls *.deb | tr '\n' ' ')"
+fi
+
+if has fio && [ ! -x .deb/fio ]; then
+	# Debian 12's fio, from its source package, without the optional engines (rbd, rdma, gfapi...
+	# whose libraries the GPU machine lacks), linked statically so it runs on any x86-64 glibc.
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	mkdir -p "$tmp/lists/partial"
+	echo 'deb-src http://deb.debian.org/debian bookworm main' >"$tmp/src.list"
+	o="-o Dir::Etc::SourceList=$tmp/src.list -o Dir::Etc::SourceParts=- -o Dir::State::Lists=$tmp/lists"
+	apt-get $o update >/dev/null
+	(cd "$tmp" && apt-get $o source --download-only fio=3.33-3 >/dev/null 2>&1 && tar xzf fio_3.33.orig.tar.gz)
+	(cd "$tmp/fio-3.33" && ./configure --build-static --disable-native --disable-numa --disable-rdma \
+		--disable-rados --disable-rbd --disable-http --disable-gfapi --disable-libnfs --disable-pmem \
+		--disable-xnvme --disable-libzbc --disable-tcmalloc --disable-dfs >/dev/null &&
+		make -j"$(nproc)" fio >/dev/null 2>&1)
+	mkdir -p .deb
+	cp "$tmp/fio-3.33/fio" .deb/fio
+	echo "stage-device: .deb/fio: $(.deb/fio --version)"
+fi
+
+if has wheels; then
+	mkdir -p .whl
+	# Python 3.12 manylinux wheels; versions pinned to what the figures in docs/PERFORMANCE.md used.
+	pyget() {
+		python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+			--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+			--platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl "$@"
+	}
+	pyget kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 "rapids-logger==0.3.*"
+	pyget fastsafetensors==0.5.0 runai-model-streamer==0.16.1 || true
+	pyget mosaicml-streaming brotli python-snappy cramjam zstd xxhash tqdm pillow catalogue torchvision==0.26.0
+	du -sh .whl
+fi
