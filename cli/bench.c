@@ -70,7 +70,9 @@ static const struct opt opts[] = {
 	{"bs", OPT_BS, JO(bs), "SIZE", "I/O size, or MIN:MAX for a sweep doubling from MIN (default 4k)"},
 	{"size", OPT_SIZE, JO(size), "SIZE", "bytes of the file to use (default: the whole existing file)"},
 	{"offset", OPT_SIZE0, JO(offset), "SIZE", "start of the region used (default 0)"},
+	{"offset_increment", OPT_SIZE0, JO(offset_increment), "SIZE", "job k's region starts at --offset + k x SIZE, as fio's (default 0: every job over the same region; needs --size)"},
 	{"numjobs", OPT_UINT, JO(numjobs), "N", "threads, each with its own queue over the whole region (default 1)"},
+	{"end_fsync", OPT_01, JO(end_fsync), "0|1", "1: each job fsyncs the file once its I/O is done, inside its timed run (fio's)"},
 	{"iodepth", OPT_UINT, JO(iodepth), "N", "I/Os each job keeps in flight (default 1)"},
 	{"direct", OPT_01, JO(direct), "0|1", "1: O_DIRECT, bypassing the page cache (default 0)"},
 	{"ioengine", OPT_ENGINE, JO(ioengine), "ENGINE", "psync, io_uring or auto (default auto: io_uring where it works)"},
@@ -502,6 +504,10 @@ int ferry_cmd_bench(int argc, char **argv)
 	}
 	if (jo->runtime > 0 && jo->io_size) {
 		rc = bad("give --runtime or --io_size, not both");
+		goto done;
+	}
+	if (jo->offset_increment && !seen(&c, "size")) {
+		rc = bad("--offset_increment needs --size (each job's region)");
 		goto done;
 	}
 	if (jo->io_size && jo->io_size < jo->bs) {

@@ -96,6 +96,8 @@ struct bench_job_opts {
 	uint64_t bs;
 	uint64_t size;          /* region length; 0: the file's size */
 	uint64_t offset;        /* region start */
+	uint64_t offset_increment; /* job k's region starts at offset + k * offset_increment (fio's) */
+	int end_fsync;          /* each job fsyncs the file when its I/O is done, inside its timed run */
 	unsigned numjobs;
 	unsigned iodepth;
 	int direct;             /* 0, 1, or BENCH_DIRECT_AUTO (-x without --direct: the library's choice) */

@@ -298,8 +298,12 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	opt_u64(j, "size", o->size);
 	if (o->offset)
 		opt_u64(j, "offset", o->offset);
+	if (o->offset_increment)
+		opt_u64(j, "offset_increment", o->offset_increment);
 	opt_u64(j, "numjobs", o->numjobs);
 	opt_u64(j, "iodepth", o->iodepth);
+	if (o->end_fsync)
+		bench_json_str(j, "end_fsync", "1");
 	if (o->direct != BENCH_DIRECT_AUTO) /* -x without --direct: the library decides per chunk */
 		opt_u64(j, "direct", (uint64_t)o->direct);
 	bench_json_str(j, "ioengine", o->ioengine);

@@ -248,7 +248,7 @@ static void job_loop(struct bench_job *j)
 		deadline = j->t_start + (uint64_t)(o->runtime * 1e9);
 	else
 		target = (o->io_size ? o->io_size : sh->region) / o->bs;
-	uint64_t now = j->t_start;
+	uint64_t now = j->t_start, base = o->offset + (uint64_t)j->index * o->offset_increment;
 	int stop = 0, new_pass = 0;
 	struct bench_offsets gen = {0};
 	if (random && bench_offsets_init(&gen, sh->nblocks, o->randgen, o->norandommap, &j->rng) < 0) {
@@ -269,9 +269,9 @@ static void job_loop(struct bench_job *j)
 				new_pass = blk == 0 && seq > 1;
 			}
 			if (new_pass && j->cold_fd >= 0)
-				posix_fadvise(j->cold_fd, (off_t)o->offset, (off_t)sh->region, POSIX_FADV_DONTNEED);
+				posix_fadvise(j->cold_fd, (off_t)base, (off_t)sh->region, POSIX_FADV_DONTNEED);
 			new_pass = 0;
-			s->off = o->offset + blk * o->bs;
+			s->off = base + blk * o->bs;
 			if (o->rw == BENCH_RANDRW)
 				s->write = bench_rng_below(&j->rng, 100) >= o->rwmixread;
 			else
@@ -356,6 +356,12 @@ static void *job_main(void *arg)
 		getrusage(RUSAGE_THREAD, &j->ru0);
 		j->t_start = now_ns();
 		job_loop(j);
+		if (sh->o->end_fsync && !j->failed) {
+			int err = ferry_file_sync(j->file, 0);
+			if (err < 0)
+				job_fail(j, "--end_fsync: fsync of %s failed: %s (%s)", sh->o->filename,
+					 ferry_strerror(err), detail());
+		}
 		j->t_end = now_ns();
 		getrusage(RUSAGE_THREAD, &j->ru1);
 	}
@@ -435,6 +441,12 @@ static int lay_out(ferry_file *f, const struct bench_job_opts *o, uint64_t end)
 	return ret;
 }
 
+/* Where the last job's region ends: with --offset_increment each job has its own. */
+static uint64_t regions_end(const struct bench_job_opts *o)
+{
+	return o->offset + (uint64_t)(o->numjobs ? o->numjobs - 1 : 0) * o->offset_increment + o->size;
+}
+
 /*
  * Makes sure the file exists and holds the region. A read never changes an existing file; a write
  * creates a missing file but never truncates one. Returns 0 or 1 (message printed).
@@ -460,7 +472,13 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 			return err1("cannot get the size of %s: %s (%s)", o->filename,
 				    ferry_strerror((int)size), detail());
 		if (bench_rw_reads(o->rw)) {
-			if (o->size && (uint64_t)size < o->offset + o->size) {
+			if (o->size && (uint64_t)size < regions_end(o)) {
+				if (o->offset_increment)
+					return err1("file %s is %" PRId64 " bytes, smaller than the regions of %u jobs "
+						    "(--offset %" PRIu64 " + %u x --offset_increment %" PRIu64
+						    " + --size %" PRIu64 ")",
+						    o->filename, size, o->numjobs, o->offset, o->numjobs - 1,
+						    o->offset_increment, o->size);
 				if (o->offset)
 					return err1("file %s is %" PRId64 " bytes, smaller than --offset %" PRIu64
 						    " + --size %" PRIu64,
@@ -494,9 +512,9 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 		if (!o->quiet) {
 			char sz[32];
 			fprintf(stderr, "ferry bench: laying out %s (%s)\n", o->filename,
-				bench_fmt_size(sz, sizeof(sz), o->offset + o->size));
+				bench_fmt_size(sz, sizeof(sz), regions_end(o)));
 		}
-		if (lay_out(f, o, o->offset + o->size)) {
+		if (lay_out(f, o, regions_end(o))) {
 			ferry_file_close(f);
 			unlink(o->filename);
 			return 1;

@@ -45,6 +45,9 @@ def main():
         (["--runtime", "1", "--io_size", "1m"], "--runtime"),
         (["--report", "x.html"], "--report"),
         (["--iodepth"], "--iodepth"),
+        (["--offset_increment", "1m", "--numjobs", "2"], "--offset_increment"),
+        (["--offset_increment", "lots"], "--offset_increment"),
+        (["--end_fsync", "2"], "--end_fsync"),
         (["stray"], "stray"),
     ]
     for args, name in usage:
@@ -74,6 +77,11 @@ def main():
     one_sentence("smaller than --size", err, data, str(8 * MiB), str(16 * MiB))
     check(os.path.getsize(data) == 8 * MiB and sha(data) == before,
           "a read never extends or changes the file", os.path.getsize(data), 8 * MiB)
+
+    rc, _, err = run("--filename", data, "--size", "4m", "--numjobs", "3", "--offset_increment", "4m")
+    check(rc == 1, "regions past the end of the file: exit 1", (rc, err), 1)
+    one_sentence("regions past the end", err, data, "3 jobs", "--offset_increment")
+    check(sha(data) == before, "a read with --offset_increment never changes the file")
 
     notdir = os.path.join(data, "x")
     rc, _, err = run("--filename", notdir, "--rw", "write", "--size", "1m")

@@ -75,6 +75,20 @@ def main():
         if j:
             check(j["read"]["total_ios"] == 0 and j["write"]["total_ios"] == 64, f"{form}: --rwmixread 0",
                   (j["read"]["total_ios"], j["write"]["total_ios"]))
+        # --offset_increment: each job its own region. Two jobs write verified blocks into the two
+        # halves of a new file; reading the whole file back verifies every block where it belongs
+        # (a job that wrote over the other's half would leave the first half unwritten: a hole of
+        # zeros fails verification), and --end_fsync is accepted and reported.
+        oi = os.path.join(d, f"oi-{int(equals)}")
+        j = job([("filename", oi), ("rw", "write"), ("bs", "64k"), ("size", "1m"), ("numjobs", "2"),
+                 ("offset_increment", "1m"), ("end_fsync", "1"), ("verify", "crc32c")], equals)
+        if j:
+            check(j["job options"].get("offset_increment") == "1048576" and j["job options"].get("end_fsync") == "1"
+                  and j["write"]["io_bytes"] == 2 * MiB and os.path.getsize(oi) == 2 * MiB,
+                  f"{form}: --offset_increment 1m --numjobs 2 --end_fsync 1", (j["job options"], j["write"]["io_bytes"]))
+            rc, out, err = run("--filename", oi, "--bs", "64k", "--verify", "crc32c", "--output-format=json")
+            check(rc == 0 and json.loads(out)["jobs"][0]["read"]["io_bytes"] == 2 * MiB,
+                  f"{form}: both halves written by --offset_increment verify", (rc, err.strip()))
         j = job([("filename", data), ("runtime", "300ms"), ("time_based", None)], equals)
         if j:
             check(250 <= j["job_runtime"] <= 1500, f"{form}: --runtime 300ms", j["job_runtime"])
