@@ -6,8 +6,12 @@ turns in the same run (a shorter call than bench/ckpt-gpu.py, which also runs th
 
 Each round, in this order, each step untimed `sync` first (so that no earlier deletion's discards
 or writeback land inside it):
-  1. the raw write ceiling: `ferry bench --rw write --direct 1 --bs 4m --iodepth 16 --numjobs 4`
-     overwriting a file laid out once before the first round (as bench/ckpt-gpu.py defines it);
+  1. the raw write ceiling: `ferry bench --rw write --direct 1 --bs 4m --iodepth 16 --numjobs 4
+     --offset_increment S/4 --size S/4 --end_fsync 1`: each job overwrites its quarter of a file laid
+     out once before the first round, once, then fsyncs (as bench/ckpt-gpu.py defines it); the
+     former definition beside it (every job over the whole file for --ceiling-runtime, no fsync);
+     with fio (--fio, .deb/fio), fio writing a new file of the same size + fsync (fallocate native
+     and none): the same work a save does, which no writer of a new file avoids;
   2. `ferry ckpt bench --save-only --saves 3 --phases` (the C save, xxh3, durable, bf16 tensors
      shaped like a 4B transformer on the GPU) per --variants: auto (the defaults: the temporary
      file fallocated first), off (save_prealloc=off: sized by ftruncate, each write allocating its
@@ -36,14 +40,46 @@ def table(name, fig, note=""):
     print(f"TABLE {name} | {fig} | {note}", flush=True)
 
 
-def ceiling(ferry, path, rw, runtime, size):
-    cmd = [ferry, "bench", f"--rw={rw}", "--direct=1", "--bs=4m", "--iodepth=16", "--numjobs=4", f"--size={size}",
-           f"--runtime={runtime}", f"--filename={path}", "--output-format=json"]
+def ceiling(ferry, path, rw, runtime, size, quarters=True):
+    """As bench/ckpt-gpu.py's: 4 jobs x QD16 x 4 MiB O_DIRECT on an existing file, each job its
+    quarter once with an fsync at the end (the targets' definition), or (quarters=False) the former
+    one: every job over the whole file for `runtime` seconds, no fsync."""
+    cmd = [ferry, "bench", f"--rw={rw}", "--direct=1", "--bs=4m", "--iodepth=16", "--numjobs=4",
+           f"--filename={path}", "--output-format=json"]
+    if quarters:
+        mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(size[-1].lower())
+        q = (int(float(size[:-1]) * mult) if mult else int(size)) // 4 // (4 << 20) * (4 << 20)
+        cmd += [f"--size={q}", f"--offset_increment={q}"] + (["--end_fsync=1"] if rw == "write" else [])
+    else:
+        cmd += [f"--size={size}", f"--runtime={runtime}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode:
         print(out.stderr, file=sys.stderr)
         return None
     return json.loads(out.stdout)["jobs"][0][rw]["bw_bytes"] / 1e9
+
+
+def fio_new_file(fio, path, size_bytes, falloc):
+    """A raw writer's ceiling for what a durable save must do: write a new file of the save's size
+    once, O_DIRECT, 4 jobs x QD16 x 4 MiB (each job its quarter), fsync at the end; fallocate
+    native (unwritten extents, as ferry's save) or none (blocks allocated by the writes). GB/s over
+    the process's wall time, the file's creation and the fsync included (as in a save)."""
+    q = size_bytes // 4 // (4 << 20) * (4 << 20)
+    cmd = [fio, "--name=newfile", f"--filename={path}", "--rw=write", "--bs=4m", "--iodepth=16", "--numjobs=4",
+           "--direct=1", "--ioengine=io_uring", f"--size={q}", f"--offset_increment={q}", f"--fallocate={falloc}",
+           "--end_fsync=1", "--group_reporting", "--output-format=json"]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    el = time.perf_counter() - t0
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    os.sync()
+    if out.returncode:
+        print(out.stderr[-500:], file=sys.stderr)
+        return None
+    return 4 * q / el / 1e9
 
 
 # The C save's variants: name -> environment (ferry's knobs and the save pipeline's shape).
@@ -83,6 +119,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--ceiling-runtime", default="8")
     ap.add_argument("--device", default="cuda", help="cpu: without a GPU")
+    ap.add_argument("--fio", default=os.environ.get("FIO") or (".deb/fio" if os.access(".deb/fio", os.X_OK) else ""),
+                    help="fio for the new-file ceilings (default $FIO or .deb/fio; none: skipped)")
     ap.add_argument("--variants", default="auto,off,deep", help="C save variants: " + ", ".join(
         f"{k} ({' '.join(f'{e}={v}' for e, v in env.items())})" for k, env in VARIANTS.items()))
     a = ap.parse_args()
@@ -110,8 +148,19 @@ def main():
     for rnd in range(a.rounds):
         os.sync()
         raw = ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size)
-        table(f"round {rnd + 1}: disk raw write ceiling (ferry bench O_DIRECT 4m qd16 x4)", f"{raw:.2f} GB/s" if raw else "n/a")
+        table(f"round {rnd + 1}: disk raw write ceiling (ferry bench O_DIRECT 4m qd16 x4, each job its quarter once, fsync)",
+              f"{raw:.2f} GB/s" if raw else "n/a")
+        os.sync()
+        former = ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size, quarters=False)
+        table(f"round {rnd + 1}: disk raw write ceiling, former definition (4 jobs over the same blocks, "
+              f"{a.ceiling_runtime} s, no fsync)", f"{former:.2f} GB/s" if former else "n/a", "not used by the target")
         r = {"raw": raw}
+        if a.fio:
+            for falloc in ("native", "none"):
+                g = fio_new_file(a.fio, os.path.join(a.disk, "ferry-save-fio-new.dat"), size_bytes, falloc)
+                r[f"new_{falloc}"] = g
+                table(f"round {rnd + 1}: new-file write ceiling, fio fallocate={falloc} + fsync", f"{g:.2f} GB/s" if g else "n/a",
+                      "O_DIRECT 4 jobs x QD16 x 4m, each its quarter of a new file, wall time")
         for pre in a.variants.split(","):
             saves = c_save(a.ferry, a.disk, a.size, a.device, pre)
             if saves:
@@ -144,6 +193,11 @@ def main():
         table(f"target save (durable) vs disk raw write, round {i + 1}", f"{x:.2f}x",
               f"target >= 0.9x: {'met' if x >= 0.9 else 'NOT met'}; ferry.safetensors.save_file; C save "
               + ", ".join(f"{r[k] / r['raw']:.2f}x ({k[1:]})" for k in r if k.startswith("c")))
+        new = [r[k] for k in ("new_native", "new_none") if r.get(k)]
+        if new:
+            table(f"save (durable) vs fio writing a new file + fsync, round {i + 1}", f"{r['py'] / max(new):.2f}x",
+                  "ferry.safetensors.save_file against the better of fio's fallocate=native/none; C save "
+                  + ", ".join(f"{r[k] / max(new):.2f}x ({k[1:]})" for k in r if k.startswith("c")))
 
 
 if __name__ == "__main__":

@@ -8,4 +8,5 @@ FERRY=${FERRY_CLI:-build/ferry}
 DISK=${DISK_DIR:-$PWD/build-bench-disk}
 mkdir -p "$DISK"
 python3 -c 'import ferry.safetensors, torch' 2>/dev/null || { echo "skipped: the ferry Python package or torch is not installed (pip install .)"; exit 77; }
-exec python3 bench/ckpt-save.py --ferry "$FERRY" --disk "$DISK" --size "${FERRY_CKPT_BENCH_SIZE:-8g}" --rounds "${FERRY_CKPT_SAVE_ROUNDS:-2}"
+exec python3 bench/ckpt-save.py --ferry "$FERRY" --disk "$DISK" --size "${FERRY_CKPT_BENCH_SIZE:-8g}" --rounds "${FERRY_CKPT_SAVE_ROUNDS:-2}" \
+	--variants "${FERRY_CKPT_SAVE_VARIANTS:-auto,off,deep}"
