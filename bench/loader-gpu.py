@@ -6,7 +6,9 @@ pin_memory=True, prefetch_factor=4, .to(device, non_blocking=True)) on one uint1
 
   warm (/dev/shm): each loader alone (samples/s, CPU cores used), then a synthetic GPU step that needs
     80% of that loader's peak rate (torch.cuda._sleep sized by calibration), GPU wait % measured
-    with CUDA events: 1 - busy / span of the stream (the host runs at most 2 steps ahead);
+    with CUDA events: 1 - busy / span of the stream (the host runs at most 2 steps ahead); for
+    ferry also the data stall: its steps/s against the same loop on a resident batch, in alternating
+    rounds (the issue's figure: the idle share also holds the loop's own gap between steps);
   cold (--cold-dir, page cache dropped before each run): the disk's raw read ceiling in the same
     run (O_DIRECT, 8 threads x 8 MiB), then sequential, shuffled and block orders, at most one pass.
 
@@ -18,6 +20,7 @@ with the defaults (--gb 4 --seconds 8); bench/loader-gpu.sh is the wrapper gpu-c
 import argparse
 import gc
 import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -342,6 +345,31 @@ def with_gpu_step(peer, step_s, seconds, hz):
     return max(0.0, 1 - busy / span), len(starts) / (span / 1e3)
 
 
+def data_stall(make_peer, batch, device, step_s, seconds, hz, rounds):
+    """The GPU's wait for data, in rounds that alternate the loader with the no-loader floor (the
+    same step loop on one resident batch), each as long, so that both see the same GPU and host.
+    Returns per round (rate stall, loader idle, floor idle, steps/s, loader stats).
+    - idle (with_gpu_step): the share of the stream's span outside the steps. It also holds the gap
+      the GPU leaves between one step's end event and the next step's start in any loop, with or
+      without a loader: about 1.2 us per step, 1.45% of an 80 us step on the GPU machine. The
+      loader's own share is its idle minus the floor's of the same round (the target line).
+    - rate stall (DS-Analyzer's definition, Mohan et al., VLDB 2021): 1 - the loader's steps/s over
+      the floor's. It also counts busy time that differs between the runs: the steps are
+      torch.cuda._sleep cycles, whose length in time follows the SM clock (rounds of 0.9-3.1% where
+      the idle excess was 0.3-0.6%, most likely clocks; not measured), so it is printed, not judged."""
+    out = []
+    for _ in range(rounds):
+        p = NullPeer(batch, device)
+        f_idle, f_rate = with_gpu_step(p, step_s, seconds, hz)
+        p.close()
+        p = make_peer()
+        l_idle, l_rate = with_gpu_step(p, step_s, seconds, hz)
+        st = p.loader.stats()
+        p.close()
+        out.append((max(0.0, 1 - l_rate / f_rate), l_idle, f_idle, l_rate, st))
+    return out
+
+
 # -------------------------------------------------------------------------------------- main
 
 
@@ -354,6 +382,8 @@ def main():
     ap.add_argument("--cold-threads", type=int, default=8, help="ferry pipeline threads, cold")
     ap.add_argument("--prefetch", type=int, default=8)
     ap.add_argument("--step-fraction", type=float, default=0.8)
+    ap.add_argument("--stall-rounds", type=int, default=3, help="alternating loader / no-loader GPU-step rounds")
+    ap.add_argument("--stall-seconds", type=float, default=3, help="per GPU-step run of those rounds")
     ap.add_argument("--warm-dir", default="/dev/shm/ferry-loader")
     ap.add_argument("--cold-dir", default="/var/tmp/ferry-loader")
     ap.add_argument("--skip-cold", action="store_true")
@@ -423,17 +453,27 @@ def main():
     ratio = peaks["ferry shuffle"] / peaks["torch shuffle"]
     table("loader warm ferry/torch shuffle", f"{ratio:.2f}x", "samples/s ratio (goal >= 3x)")
     step = B / (peaks["ferry shuffle"] * a.step_fraction)
-    p = NullPeer(B, dev)
-    floor, _ = with_gpu_step(p, step, min(S, 3), hz)
-    table("loader warm no-loader GPU wait floor", f"{floor * 100:.2f}%",
-          f"step {step * 1e6:.0f} us on a batch already on the GPU: the step loop's own gaps")
-    p = FerryPeer(prefix, B, "shuffle", dev, a.threads, a.prefetch)
-    wait, rate = with_gpu_step(p, step, S, hz)
-    st = p.loader.stats()
-    p.close()
-    table(f"loader warm ferry shuffle GPU wait at {a.step_fraction:.0%} of peak", f"{wait * 100:.2f}%",
-          f"step {step * 1e6:.0f} us, {rate * B:.0f} samples/s, loader p99 wait {st['wait_p99_ns'] / 1e3:.0f} us "
-          f"(goal < 1%; above the no-loader floor: {max(0.0, wait - floor) * 100:.2f}%)")
+    rs = data_stall(lambda: FerryPeer(prefix, B, "shuffle", dev, a.threads, a.prefetch), B, dev, step,
+                    a.stall_seconds, hz, a.stall_rounds)
+    for k, (stall, idle, f_idle, rate, st) in enumerate(rs, 1):
+        table(f"loader warm ferry shuffle GPU step round {k}", f"stall {stall * 100:.2f}%",
+              f"GPU idle {idle * 100:.2f}% with the loader, {f_idle * 100:.2f}% without (the floor); "
+              f"{rate * B:.0f} samples/s; loader p99 wait {st['wait_p99_ns'] / 1e3:.0f} us")
+    med = lambda k: statistics.median(r[k] for r in rs)
+    table("loader warm no-loader GPU wait floor", f"{med(2) * 100:.2f}%",
+          f"step {step * 1e6:.0f} us on a batch already on the GPU: the step loop's own gaps, median of {len(rs)}")
+    table(f"loader warm ferry shuffle GPU wait at {a.step_fraction:.0%} of peak", f"{med(1) * 100:.2f}%",
+          f"step {step * 1e6:.0f} us; the GPU's idle share with the loader, the floor's gaps included, median of {len(rs)}")
+    table(f"loader warm ferry shuffle rate stall at {a.step_fraction:.0%} of peak", f"{med(0) * 100:.2f}%",
+          f"1 - steps/s over the no-loader loop's (DS-Analyzer's definition; counts busy-time changes too), "
+          f"rounds {', '.join('%.2f%%' % (r[0] * 100) for r in rs)}")
+    excess = [r[1] - r[2] for r in rs]
+    ex = statistics.median(excess)
+    table(f"target loader GPU wait at {a.step_fraction:.0%} of peak < 1%", f"{ex * 100:.2f}% (+ the loop's {med(2) * 100:.2f}%)",
+          f"the GPU's idle share with the loader minus the same loop's without one, alternating rounds "
+          f"{', '.join('%.2f%%' % (x * 100) for x in excess)}; the idle share counting the loop's own gaps "
+          f"{med(1) * 100:.2f}%; {'met' if ex < 0.01 else 'NOT met'} for the loader's part, "
+          f"{'met' if med(1) < 0.01 else 'NOT met'} counting the loop's gaps")
     if not a.keep:
         for f in (bin_path, prefix + ".idx"):
             os.unlink(f)
