@@ -16,6 +16,9 @@ DISK=${DISK_DIR:-$PWD/build-bench-disk}/vsfio
 mkdir -p "$DISK" "$LOG"
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-2}
+# BATCH1_ROWS: disk rows run again with ferry submitting each I/O as fio does by default
+# (--iodepth_batch_submit=1), the lead for the QD64 O_DIRECT rows (docs/PERFORMANCE.md); "" for none.
+BATCH1_ROWS=${BATCH1_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct"}
 SHM_ROWS=${SHM_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct,read rand 4KiB QD64 buffered,write rand 4KiB QD64 buffered,read seq 1MiB QD32 buffered"}
 status=0
 
@@ -39,6 +42,12 @@ PY
 FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
 	--json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
 summary "$LOG/vsfio-disk.json" disk
+if [ -n "$BATCH1_ROWS" ]; then
+	FIO=$FIO FERRY=$FERRY FERRY_ARGS="--iodepth_batch_submit=1" bash bench/vs-fio.sh --dir "$DISK" --size 1g \
+		--runtime "$RUNTIME" --rounds "$ROUNDS" --rows "$BATCH1_ROWS" --json "$LOG/vsfio-disk-batch1.json" \
+		>"$LOG/vsfio-disk-batch1.log" 2>&1 || status=1
+	summary "$LOG/vsfio-disk-batch1.json" "disk, ferry --iodepth_batch_submit=1,"
+fi
 if [ -n "$SHM_ROWS" ]; then
 	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
 		--rows "$SHM_ROWS" --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1

@@ -5,6 +5,7 @@
 #
 #   bench/vs-fio.sh [--dir D] [--size S] [--runtime SECONDS] [--rounds N] [--json OUT] [--rows LIST]
 #   FIO=/path/to/fio FERRY=/path/to/ferry bench/vs-fio.sh ...
+#   FERRY_ARGS="--iodepth_batch_submit=1" bench/vs-fio.sh ...   (extra options for ferry's runs)
 #
 # --dir: where the test file lives (default $TMPDIR or /tmp; try the machine's disk and /dev/shm).
 # --rows: comma-separated subset of row names (see --list). Needs python3 (stdlib only).
@@ -105,7 +106,7 @@ def one(tool, r):
         # changes read-ahead on buffered rows; ferry's public API has no such hint yet.
         cmd = [fio, "--name=vs", "--fadvise_hint=0"] + common(r)
     else:
-        cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"])
+        cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"]) + E.get("FERRY_ARGS", "").split()
     rc, out, err, cpu = timed(cmd)
     if rc != 0:
         return {"error": (err.strip() or out.strip()).splitlines()[-1] if (err or out) else f"exit {rc}"}

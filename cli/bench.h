@@ -98,6 +98,7 @@ struct bench_job_opts {
 	uint64_t offset;        /* region start */
 	uint64_t offset_increment; /* job k's region starts at offset + k * offset_increment (fio's) */
 	int end_fsync;          /* each job fsyncs the file when its I/O is done, inside its timed run */
+	unsigned iodepth_batch_submit; /* submit each N I/Os queued (fio's); 0: all that can be queued at once */
 	unsigned numjobs;
 	unsigned iodepth;
 	int direct;             /* 0, 1, or BENCH_DIRECT_AUTO (-x without --direct: the library's choice) */

@@ -227,6 +227,20 @@ static void job_complete(struct bench_job *j, struct bench_slot *s, int64_t resu
 	}
 }
 
+/* Submits the I/Os queued since the last submit (stamped now); 0, or -1 once the job failed. */
+static int submit_queued(struct bench_job *j, struct bench_slot **just, unsigned *nq)
+{
+	uint64_t ts = now_ns();
+	for (unsigned i = 0; i < *nq; i++)
+		just[i]->t_submit = ts;
+	int err = ferry_queue_submit(j->q);
+	if (err < 0)
+		job_fail(j, "submitting %u I/Os on %s failed: %s (%s)", *nq, j->sh->o->filename,
+			 ferry_strerror(err), detail());
+	*nq = 0;
+	return err < 0 ? -1 : 0;
+}
+
 static void job_loop(struct bench_job *j)
 {
 	struct bench_shared *sh = j->sh;
@@ -305,18 +319,12 @@ static void job_loop(struct bench_job *j)
 			}
 			just[nq++] = s;
 			issued++;
-		}
-		if (nq) {
-			uint64_t ts = now_ns();
-			for (unsigned i = 0; i < nq; i++)
-				just[i]->t_submit = ts;
-			int err = ferry_queue_submit(j->q);
-			if (err < 0) {
-				job_fail(j, "submitting %u I/Os on %s failed: %s (%s)", nq, o->filename,
-					 ferry_strerror(err), detail());
+			/* --iodepth_batch_submit N: a submit per N queued, as fio's (its default is 1) */
+			if (o->iodepth_batch_submit && nq >= o->iodepth_batch_submit && submit_queued(j, just, &nq))
 				stop = 1;
-			}
 		}
+		if (nq && submit_queued(j, just, &nq))
+			stop = 1;
 		if (!ferry_queue_pending(j->q) && (!o->api_pread || stop || issued >= target))
 			break;
 		if (o->api_pread)
