@@ -71,7 +71,7 @@ static const struct opt opts[] = {
 	{"size", OPT_SIZE, JO(size), "SIZE", "bytes of the file to use (default: the whole existing file)"},
 	{"offset", OPT_SIZE0, JO(offset), "SIZE", "start of the region used (default 0)"},
 	{"offset_increment", OPT_SIZE0, JO(offset_increment), "SIZE", "job k's region starts at --offset + k x SIZE, as fio's (default 0: every job over the same region; needs --size)"},
-	{"numjobs", OPT_UINT, JO(numjobs), "N", "threads, each with its own queue over the whole region (default 1)"},
+	{"numjobs", OPT_UINT, JO(numjobs), "N", "threads, each with its own queue over the region (each its own with --offset_increment; default 1)"},
 	{"end_fsync", OPT_01, JO(end_fsync), "0|1", "1: each job fsyncs the file once its I/O is done, inside its timed run (fio's)"},
 	{"iodepth", OPT_UINT, JO(iodepth), "N", "I/Os each job keeps in flight (default 1)"},
 	{"iodepth_batch_submit", OPT_UINT, JO(iodepth_batch_submit), "N", "submit to the kernel each N I/Os queued, as fio's (its default is 1); default: all that can be queued at once, one submit"},
