@@ -68,14 +68,14 @@ def size_bytes_of(size):
     return int(float(size[:-1]) * mult) if mult else int(size)
 
 
-def ceiling(ferry, d, rw, runtime, size, quarters=True):
+def ceiling(ferry, f, rw, runtime, size, quarters=True):
     """The disk's raw O_DIRECT ceiling, 4 jobs x QD16 x 4 MiB, on an existing file. quarters (the
     definition the targets use): one pass, each job its quarter (--offset_increment), caches dropped
     before a read, the file fsynced at the end of a write (--end_fsync): what a save or a load must
     do. Otherwise the former definition: every job over the whole file from offset 0 for `runtime`
     seconds, no fsync; on the GPU machine's virtio disk it read 16-25% above the quarters' writes
-    (bench/write-ceilings.sh, docs/CHECKPOINTS.md), the jobs writing the same blocks at once."""
-    f = os.path.join(d, "ferry-ceiling.dat")
+    (bench/write-ceilings.sh, docs/CHECKPOINTS.md), the jobs writing the same blocks at once.
+    Returns (GB/s or None, the command or why it failed)."""
     cmd = [ferry, "bench", f"--rw={rw}", "--direct=1", "--bs=4m", "--iodepth=16", "--numjobs=4",
            f"--filename={f}", "--output-format=json"]
     if quarters:
@@ -189,8 +189,7 @@ def main():
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script without a GPU "
                     "(figures meaningless; for testing the script)")
     a = ap.parse_args()
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(a.size[-1].lower())
-    size_bytes = int(float(a.size[:-1]) * mult) if mult else int(a.size)
+    size_bytes = size_bytes_of(a.size)
     # An asynchronous save returns once the whole state is in pinned memory, which the context's
     # host_budget bounds (4g by default): the saves here get a budget that holds the state, as a
     # job saving this much would set; beyond the budget the caller waits for the writes.
@@ -202,16 +201,17 @@ def main():
     ceil = {}
     # read first: it lays the file out at its full size (untimed); the write then overwrites an
     # existing file, as the ceiling is defined (a time-limited write may not reach the end).
+    ceil_file = os.path.join(a.disk, "ferry-ceiling.dat")
     for rw in ("read", "write"):
-        bw, note = ceiling(a.ferry, a.disk, rw, a.ceiling_runtime, a.ceiling_size)
+        bw, note = ceiling(a.ferry, ceil_file, rw, a.ceiling_runtime, a.ceiling_size)
         ceil[rw] = bw
         table(f"disk raw {rw} ceiling (ferry bench O_DIRECT 4m qd16 x4, each job its quarter, once"
               + (", fsync)" if rw == "write" else ", cold)"), f"{bw:.2f} GB/s" if bw else "n/a", note)
-        bw, note = ceiling(a.ferry, a.disk, rw, a.ceiling_runtime, a.ceiling_size, quarters=False)
+        bw, note = ceiling(a.ferry, ceil_file, rw, a.ceiling_runtime, a.ceiling_size, quarters=False)
         table(f"disk raw {rw} ceiling, former definition (4 jobs over the same blocks, {a.ceiling_runtime} s, no fsync)",
               f"{bw:.2f} GB/s" if bw else "n/a", "not used by the targets; " + note)
     try:
-        os.unlink(os.path.join(a.disk, "ferry-ceiling.dat"))
+        os.unlink(ceil_file)
     except OSError:
         pass
 

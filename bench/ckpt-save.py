@@ -42,25 +42,6 @@ def table(name, fig, note=""):
     print(f"TABLE {name} | {fig} | {note}", flush=True)
 
 
-def ceiling(ferry, path, rw, runtime, size, quarters=True):
-    """As bench/ckpt-gpu.py's: 4 jobs x QD16 x 4 MiB O_DIRECT on an existing file, each job its
-    quarter once with an fsync at the end (the targets' definition), or (quarters=False) the former
-    one: every job over the whole file for `runtime` seconds, no fsync."""
-    cmd = [ferry, "bench", f"--rw={rw}", "--direct=1", "--bs=4m", "--iodepth=16", "--numjobs=4",
-           f"--filename={path}", "--output-format=json"]
-    if quarters:
-        mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(size[-1].lower())
-        q = (int(float(size[:-1]) * mult) if mult else int(size)) // 4 // (4 << 20) * (4 << 20)
-        cmd += [f"--size={q}", f"--offset_increment={q}"] + (["--end_fsync=1"] if rw == "write" else [])
-    else:
-        cmd += [f"--size={size}", f"--runtime={runtime}"]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode:
-        print(out.stderr, file=sys.stderr)
-        return None
-    return json.loads(out.stdout)["jobs"][0][rw]["bw_bytes"] / 1e9
-
-
 def fio_new_file(fio, path, size_bytes, falloc):
     """A raw writer's ceiling for what a durable save must do: write a new file of the save's size
     once, O_DIRECT, 4 jobs x QD16 x 4 MiB (each job its quarter), fsync at the end; fallocate
@@ -126,19 +107,19 @@ def main():
     ap.add_argument("--variants", default="auto,off,deep", help="C save variants: " + ", ".join(
         f"{k} ({' '.join(f'{e}={v}' for e, v in env.items())})" for k, env in VARIANTS.items()))
     a = ap.parse_args()
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}.get(a.size[-1].lower())
-    size_bytes = int(float(a.size[:-1]) * mult) if mult else int(a.size)
-    os.makedirs(a.disk, exist_ok=True)
-    ceil_file = os.path.join(a.disk, "ferry-save-ceiling.dat")
-    # Laid out once (a read of a new file with --size creates it), so that the write ceiling
-    # overwrites an existing file, as bench/ckpt-gpu.py measures it.
-    ceiling(a.ferry, ceil_file, "read", "1", a.size)
-
-    import torch
+    # bench/ckpt-gpu.py's state, size parsing and ceilings, so that both benches measure alike
     import importlib.util
     spec = importlib.util.spec_from_file_location("ckpt_gpu", os.path.join(os.path.dirname(__file__), "ckpt-gpu.py"))
     cg = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cg)
+    size_bytes = cg.size_bytes_of(a.size)
+    os.makedirs(a.disk, exist_ok=True)
+    ceil_file = os.path.join(a.disk, "ferry-save-ceiling.dat")
+    # Laid out once (a read of a new file with --size creates it), so that the write ceiling
+    # overwrites an existing file, as bench/ckpt-gpu.py measures it.
+    cg.ceiling(a.ferry, ceil_file, "read", "1", a.size)
+
+    import torch
     import ferry.safetensors as fst
     sd, total = cg.make_state(torch, size_bytes, a.device)
     if a.device != "cpu":
@@ -149,11 +130,11 @@ def main():
     results = []
     for rnd in range(a.rounds):
         os.sync()
-        raw = ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size)
+        raw = cg.ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size)[0]
         table(f"round {rnd + 1}: disk raw write ceiling (ferry bench O_DIRECT 4m qd16 x4, each job its quarter once, fsync)",
               f"{raw:.2f} GB/s" if raw else "n/a")
         os.sync()
-        former = ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size, quarters=False)
+        former = cg.ceiling(a.ferry, ceil_file, "write", a.ceiling_runtime, a.size, quarters=False)[0]
         table(f"round {rnd + 1}: disk raw write ceiling, former definition (4 jobs over the same blocks, "
               f"{a.ceiling_runtime} s, no fsync)", f"{former:.2f} GB/s" if former else "n/a", "not used by the target")
         r = {"raw": raw}
