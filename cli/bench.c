@@ -22,6 +22,7 @@ enum opt_type {
 	OPT_SIZE0,   /* bytes, 0 allowed */
 	OPT_BS,      /* size or min:max sweep */
 	OPT_UINT,    /* positive integer */
+	OPT_UINT0,   /* 0 to 65536 */
 	OPT_PERCENT, /* 0..100 */
 	OPT_U64,     /* any unsigned 64-bit integer */
 	OPT_01,
@@ -74,7 +75,7 @@ static const struct opt opts[] = {
 	{"numjobs", OPT_UINT, JO(numjobs), "N", "threads, each with its own queue over the region (each its own with --offset_increment; default 1)"},
 	{"end_fsync", OPT_01, JO(end_fsync), "0|1", "1: each job fsyncs the file once its I/O is done, inside its timed run (fio's)"},
 	{"iodepth", OPT_UINT, JO(iodepth), "N", "I/Os each job keeps in flight (default 1)"},
-	{"iodepth_batch_submit", OPT_UINT, JO(iodepth_batch_submit), "N", "submit to the kernel each N I/Os queued, as fio's (its default is 1); default: all that can be queued at once, one submit"},
+	{"iodepth_batch_submit", OPT_UINT0, JO(iodepth_batch_submit), "N", "submit to the kernel each N I/Os queued, as fio's (its default is 1; 0: all that can be queued at once, one submit); default 0"},
 	{"direct", OPT_01, JO(direct), "0|1", "1: O_DIRECT, bypassing the page cache (default 0)"},
 	{"ioengine", OPT_ENGINE, JO(ioengine), "ENGINE", "psync, io_uring or auto (default auto: io_uring where it works)"},
 	{"runtime", OPT_TIME, JO(runtime), "TIME", "run this long, looping over the region (seconds, or 500ms, 2m)"},
@@ -232,8 +233,10 @@ static int set_opt(struct bench_cli *c, const struct opt *o, const char *val)
 		return 0;
 	}
 	case OPT_UINT:
-		if (parse_u64(val, &u) || !u || u > 65536)
-			return bad("--%s expects a whole number from 1 to 65536; got '%s'", o->name, val);
+	case OPT_UINT0:
+		if (parse_u64(val, &u) || (!u && o->type == OPT_UINT) || u > 65536)
+			return bad("--%s expects a whole number from %d to 65536; got '%s'", o->name,
+				   o->type == OPT_UINT, val);
 		*(unsigned *)p = (unsigned)u;
 		return 0;
 	case OPT_PERCENT:

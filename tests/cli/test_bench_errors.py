@@ -48,7 +48,7 @@ def main():
         (["--offset_increment", "1m", "--numjobs", "2"], "--offset_increment"),
         (["--offset_increment", "lots"], "--offset_increment"),
         (["--end_fsync", "2"], "--end_fsync"),
-        (["--iodepth_batch_submit", "0"], "--iodepth_batch_submit"),
+        (["--iodepth_batch_submit", "65537"], "--iodepth_batch_submit"),
         (["stray"], "stray"),
     ]
     for args, name in usage:
