@@ -20,9 +20,12 @@ or writeback land inside it):
      writer.hash, writer.fsync, writer.dirsync, ...);
   3. ferry.safetensors.save_file from CUDA tensors, three times, each into a new file (the one
      before deleted and synced first), reported as the C save is: the first, and the best of the
-     later ones.
+     later ones;
+  4. ferry.checkpoint.save, --ckpt-steps steps (default 4) into a checkpoint directory with keep=1:
+     steps 1-2 write new files, the later ones write over the shard of the step pruned before
+     (recycled shards, docs/CHECKPOINTS.md), which is the steady state of a training job.
 Then `TABLE target save (durable) vs disk raw write` per round, each save against the ceiling of
-its own round. --device cpu runs it without a GPU (the saves from host memory).
+its own round, for save_file and for the checkpoint steady state. --device cpu runs it without a GPU (the saves from host memory).
 
 Run time at 8g on the GPU machine (~3 GB/s write): laying out the ceiling file ~3 s, per round
 the ceilings ~4 s + 8 s, fio's two new files ~10 s, 2 x `ferry ckpt bench` (GPU allocation, 3 saves
@@ -33,6 +36,7 @@ GB on --disk at most (the ceiling file and the C bench's two files).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -104,6 +108,8 @@ def main():
     ap.add_argument("--device", default="cuda", help="cpu: without a GPU")
     ap.add_argument("--fio", default=os.environ.get("FIO") or (".deb/fio" if os.access(".deb/fio", os.X_OK) else ""),
                     help="fio for the new-file ceilings (default $FIO or .deb/fio; none: skipped)")
+    ap.add_argument("--ckpt-steps", type=int, default=4,
+                    help="ferry.checkpoint.save steps per round, keep=1 (from step 3 they recycle); 0: none")
     ap.add_argument("--variants", default="auto,off,deep", help="C save variants: " + ", ".join(
         f"{k} ({' '.join(f'{e}={v}' for e, v in env.items())})" for k, env in VARIANTS.items()))
     a = ap.parse_args()
@@ -120,6 +126,7 @@ def main():
     cg.ceiling(a.ferry, ceil_file, "read", "1", a.size)
 
     import torch
+    import ferry.checkpoint as ferry_ckpt
     import ferry.safetensors as fst
     sd, total = cg.make_state(torch, size_bytes, a.device)
     if a.device != "cpu":
@@ -170,6 +177,34 @@ def main():
         r["py"] = gb / best
         table(f"round {rnd + 1}: ferry.safetensors.save_file durable from {a.device} tensors", f"{gb / best:.2f} GB/s",
               f"best of saves 2-3; first {gb / py[0]:.2f} GB/s" + (f"; {gb / best / raw:.2f}x raw" if raw else ""))
+        # The training job's steady state: ferry.checkpoint.save into a directory, keep=1. Steps 1
+        # and 2 make new files; from step 3 each save writes over the shard of the step pruned
+        # before it (DIR/recycle, the default): the overwrite a raw write ceiling is.
+        if a.ckpt_steps:
+            cdir = os.path.join(a.disk, "ferry-save-ckpt")
+            shutil.rmtree(cdir, ignore_errors=True)
+            shard = "rank-00000-of-00001.safetensors"
+            new_t, rec_t = [], []
+            for step in range(1, a.ckpt_steps + 1):
+                try:
+                    before = os.stat(os.path.join(cdir, "recycle", shard)).st_ino
+                except OSError:
+                    before = None
+                os.sync()
+                t0 = time.perf_counter()
+                ferry_ckpt.save(sd, cdir, step, keep=1)
+                el = time.perf_counter() - t0
+                recycled = before is not None and os.stat(os.path.join(cdir, "step-%012d" % step, shard)).st_ino == before
+                (rec_t if recycled else new_t).append(el)
+                table(f"round {rnd + 1}: ferry.checkpoint.save step {step}, keep=1", f"{gb / el:.2f} GB/s",
+                      ("wrote over the pruned step's shard" if recycled else "a new file")
+                      + (f"; {gb / el / raw:.2f}x raw" if raw else ""))
+            shutil.rmtree(cdir)
+            os.sync()
+            if new_t:
+                r["dir_new"] = gb / min(new_t)
+            if rec_t:
+                r["dir_recycled"] = gb / min(rec_t)
         results.append(r)
     os.unlink(ceil_file)
     for i, r in enumerate(results):
@@ -179,6 +214,12 @@ def main():
         table(f"target save (durable) vs disk raw write, round {i + 1}", f"{x:.2f}x",
               f"target >= 0.9x: {'met' if x >= 0.9 else 'NOT met'}; ferry.safetensors.save_file; C save "
               + ", ".join(f"{r[k] / r['raw']:.2f}x ({k[1:]})" for k in r if k.startswith("c")))
+        if r.get("dir_recycled"):
+            x = r["dir_recycled"] / r["raw"]
+            table(f"target save (durable) vs disk raw write, checkpoint steady state, round {i + 1}", f"{x:.2f}x",
+                  f"target >= 0.9x: {'met' if x >= 0.9 else 'NOT met'}; ferry.checkpoint.save keep=1, best "
+                  f"of the saves that wrote over a pruned step's shard"
+                  + (f"; its saves into new files {r['dir_new'] / r['raw']:.2f}x" if r.get("dir_new") else ""))
         new = [r[k] for k in ("new_native", "new_none") if r.get(k)]
         if new:
             table(f"save (durable) vs fio writing a new file + fsync, round {i + 1}", f"{r['py'] / max(new):.2f}x",

@@ -9,7 +9,8 @@
  * A rank writes its shard (temporary name, fsync, rename, directory fsync), then its marker the
  * same way. Rank 0 (the committer) waits for every marker of the step that carries the same run
  * id, writes the manifest durably, then moves `latest` by renaming a new file over it and
- * fsyncing the directory, then prunes old steps. A crash at any instant leaves `latest` naming a
+ * fsyncing the directory, then prunes old steps (keeping the newest pruned one's shards in
+ * DIR/recycle for the next save to write over). A crash at any instant leaves `latest` naming a
  * complete checkpoint. Tensors (host or device memory) are added before each save and forgotten
  * after it.
  */
@@ -32,7 +33,10 @@ FERRY_API void ferry_ckpt_close(ferry_ckpt *ck);
  * Options: keep (steps kept by pruning, 0 keeps all; default 2), busy (wait|refuse: what a save
  * does while another is in flight; default wait), checksum (0|1; default 1 when built with libxxhash, else 0), run (an id shared
  * by the ranks of one run; markers of another run are ignored), timeout_ms (how long rank 0 waits
- * for the other ranks' markers; default 600000). Returns 0 or FERRY_EBADOPT.
+ * for the other ranks' markers; default 600000), recycle (0|1, default 1: pruning moves the newest
+ * pruned step to DIR/recycle, and each rank's next save writes over its shard there instead of
+ * making a new file, unless the file has other links or another process has it open).
+ * Returns 0 or FERRY_EBADOPT.
  */
 FERRY_API FERRY_WUR int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value);
 /* Adds a tensor / metadata string to the next save (as ferry_st_writer_add / _metadata). */
@@ -68,8 +72,9 @@ FERRY_API FERRY_WUR int ferry_ckpt_shard_path(const char *dir, int64_t step, int
  * FERRY_EVERIFY or an I/O error, with the first problem in ferry_last_error().
  */
 FERRY_API FERRY_WUR int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums);
-/* Removes committed steps beyond the newest keep (never the one latest names) and uncommitted
- * steps older than latest. Returns the number removed or an error. */
+/* Removes committed steps beyond the newest keep (never the one latest names), uncommitted
+ * steps older than latest, and DIR/recycle (the shards a save would write over). Returns the number
+ * of directories removed or an error. */
 FERRY_API FERRY_WUR int ferry_ckpt_prune(const char *dir, int keep);
 
 #ifdef __cplusplus

@@ -256,7 +256,7 @@ class SaveHandle:
 
 
 def _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-          context, async_):
+          context, async_, recycle=None):
     t0 = t = _time.perf_counter()
     ph = {}
 
@@ -294,6 +294,8 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
             ck.set("keep", str(int(keep)))
         if checksum is not None:
             ck.set("checksum", "1" if checksum else "0")
+        if recycle is not None:
+            ck.set("recycle", "1" if recycle else "0")
         if timeout is not None:
             ck.set("timeout_ms", str(int(timeout * 1000)))
         error, saving = None, False
@@ -391,7 +393,7 @@ def prepare(state, directory, rank=None, world_size=None, *, run=None, backgroun
 
 
 def save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
-         checksum=None, busy="wait", run=None, timeout=None, context=None) -> None:
+         checksum=None, busy="wait", run=None, timeout=None, recycle=None, context=None) -> None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, durably; returns once committed.
 
     Args:
@@ -409,13 +411,16 @@ def save(state, directory, step, rank=None, world_size=None, keep=None, metadata
         run: an id shared by the ranks of one run (default: agreed through torch.distributed,
             else $FERRY_CKPT_RUN, else ""); markers of another run are ignored.
         timeout: seconds rank 0 waits for the other ranks' markers (default 600).
+        recycle: the newest pruned step's shards are kept in ``directory/recycle`` and written
+            over by the next save instead of new files (default True; docs/CHECKPOINTS.md,
+            "Recycled shards"): one more checkpoint's space at rest, none more at the peak.
     """
     _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-          context, False)
+          context, False, recycle)
 
 
 def async_save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
-               checksum=None, busy="wait", run=None, timeout=None, context=None) -> SaveHandle:
+               checksum=None, busy="wait", run=None, timeout=None, recycle=None, context=None) -> SaveHandle:
     """``save`` in the background: returns once every tensor is copied into pinned host memory
     (device-to-host copies at full speed, within the context's ``host_budget`` knob; a larger
     state blocks until written parts free memory), so the caller may change the tensors at once.
@@ -425,7 +430,7 @@ def async_save(state, directory, step, rank=None, world_size=None, keep=None, me
     rank's marker on the file system.
     """
     return _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run,
-                 timeout, context, True)
+                 timeout, context, True, recycle)
 
 
 # ------------------------------------------------------------------------------------ loads
@@ -581,6 +586,7 @@ def verify(directory, step=None, *, require_checksums=False, context=None) -> in
 
 
 def prune(directory, keep) -> int:
-    """Remove committed steps beyond the newest ``keep`` (never latest's) and uncommitted debris
-    older than latest. Returns how many step directories were removed."""
+    """Remove committed steps beyond the newest ``keep`` (never latest's), uncommitted debris
+    older than latest, and the recycled shards of a pruned step (``directory/recycle``). Returns
+    how many directories were removed."""
     return _ferry.ckpt_prune(_os.fspath(directory), int(keep))

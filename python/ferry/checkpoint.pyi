@@ -43,6 +43,7 @@ def save(
     busy: Literal["wait", "refuse"] = "wait",
     run: Optional[str] = None,
     timeout: Optional[float] = None,
+    recycle: Optional[bool] = None,
     context: Optional[ferry.Context] = None,
 ) -> None: ...
 def async_save(
@@ -58,6 +59,7 @@ def async_save(
     busy: Literal["wait", "refuse"] = "wait",
     run: Optional[str] = None,
     timeout: Optional[float] = None,
+    recycle: Optional[bool] = None,
     context: Optional[ferry.Context] = None,
 ) -> SaveHandle: ...
 def latest_step(directory: StrPath) -> Optional[int]: ...

@@ -14,11 +14,14 @@
 #include "ferry/ckpt.h"
 #include "format/json.h"
 
+/* Where the newest pruned step's shards wait to be written over by the next save (recycle=1) */
+#define RECYCLE_DIR "recycle"
+
 struct ferry_ckpt {
 	ferry_ctx *ctx;
 	char *dir;
 	int rank, world;
-	int keep, refuse, checksum;
+	int keep, refuse, checksum, recycle;
 	int64_t timeout_ms;
 	char run[128];
 	ferry_st_writer *w;
@@ -60,6 +63,7 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	ck->rank = rank;
 	ck->world = world;
 	ck->keep = 2;
+	ck->recycle = 1;
 	ck->checksum = ferry_xxh3("", 0, &(uint64_t){0}) == 0; /* -ENOTSUP without libxxhash */
 	ck->timeout_ms = 600000;
 	int r = ferry_st_writer_create(ctx, &ck->w);
@@ -92,6 +96,8 @@ int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value)
 		ck->refuse = !strcmp(value, "refuse");
 	else if (!strcmp(key, "checksum") && num && (v == 0 || v == 1))
 		ck->checksum = (int)v;
+	else if (!strcmp(key, "recycle") && num && (v == 0 || v == 1))
+		ck->recycle = (int)v;
 	else if (!strcmp(key, "timeout_ms") && num && v >= 0)
 		ck->timeout_ms = v;
 	else if (!strcmp(key, "run") && strlen(value) < sizeof(ck->run) && !strpbrk(value, "\"\\\n"))
@@ -218,6 +224,8 @@ static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
 	return run_ok;
 }
 
+static int prune(const char *dir, int keep, int recycle);
+
 static int commit(ferry_ckpt *ck, int64_t step)
 {
 	char p[PATH_MAX + 32], sp[PATH_MAX];
@@ -267,7 +275,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 	free(m);
 	free(bytes);
 	if (!r && ck->keep) {
-		int pr = ferry_ckpt_prune(ck->dir, ck->keep);
+		int pr = prune(ck->dir, ck->keep, ck->recycle);
 		r = pr < 0 ? pr : 0;
 	}
 	return r;
@@ -322,8 +330,13 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 		return r;
 	ck->step = step;
 	int flags = ck->checksum ? FERRY_SAVE_CHECKSUM : 0;
+	/* This rank's shard of a pruned step, written over rather than a new file made (prune) */
+	char rp[PATH_MAX];
+	int rn = snprintf(rp, sizeof(rp), "%s/" RECYCLE_DIR "/rank-%05d-of-%05d.safetensors", ck->dir, ck->rank,
+			  ck->world);
+	const char *reuse = ck->recycle && rn > 0 && (size_t)rn < sizeof(rp) ? rp : NULL;
 	uint64_t prep = ferry__now_ns() - t0;
-	int64_t res = ferry__st_writer_save_hooked(ck->w, p, flags, async, after_shard, ck);
+	int64_t res = ferry__st_writer_save_hooked(ck->w, p, flags, async, after_shard, ck, reuse);
 	ferry__st_writer_phase(ck->w, "ckpt.prepare", prep);
 	int reset = ferry_st_writer_reset(ck->w);
 	(void)reset;
@@ -364,7 +377,7 @@ static int rm_tree(const char *path)
 		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
 			continue;
 		snprintf(p, sizeof(p), "%s/%s", path, e->d_name);
-		if (unlink(p) && !r)
+		if (unlink(p) && errno != ENOENT && !r) /* ENOENT: a save took its recycled shard */
 			r = -errno;
 	}
 	closedir(d);
@@ -373,14 +386,47 @@ static int rm_tree(const char *path)
 	return r;
 }
 
+/*
+ * Moves a pruned step's directory to DIR/recycle, keeping only its shards: the step leaves the
+ * directory's namespace in one rename, as removing it would. Returns 1 when it did, 0 when the
+ * caller is to remove the step instead. Shards left in an older recycle directory (a rank that did
+ * not save since, another world size) are removed first. Another rank may be taking its shard out
+ * of the old directory meanwhile (its save renames it): either it gets the file or makes a new one.
+ */
+static int recycle_step(const char *dir, const char *step)
+{
+	char rp[PATH_MAX], p[PATH_MAX + 256];
+	if (snprintf(rp, sizeof(rp), "%s/" RECYCLE_DIR, dir) >= (int)sizeof(rp))
+		return 0;
+	int r = rm_tree(rp);
+	if (r && r != -ENOENT)
+		FERRY__LOG(FERRY__LOG_INFO, "%s: cannot remove (%s)", rp, strerror(-r));
+	if (rename(step, rp))
+		return 0;
+	DIR *d = opendir(rp);
+	struct dirent *e;
+	size_t n;
+	while (d && (e = readdir(d))) {
+		n = strlen(e->d_name);
+		if (e->d_name[0] == '.' || (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", rp, e->d_name);
+		unlink(p); /* markers and the manifest: the shards alone are recycled */
+	}
+	if (d)
+		closedir(d);
+	return 1;
+}
+
 static int cmp_i64_desc(const void *a, const void *b)
 {
 	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
 	return x < y ? 1 : x > y ? -1 : 0;
 }
 
-int ferry_ckpt_prune(const char *dir, int keep)
+static int prune(const char *dir, int keep, int recycle)
 {
+	const int recycle_on = recycle;
 	int64_t latest = ferry_ckpt_latest(dir);
 	ferry__error_clear();
 	if (latest < 0)
@@ -420,23 +466,39 @@ int ferry_ckpt_prune(const char *dir, int keep)
 	if (!r) {
 		if (nc > 1)
 			qsort(committed, nc, sizeof(int64_t), cmp_i64_desc);
-		/* The newest `keep` committed steps stay; so does latest's, and anything newer than it. */
+		/* The newest `keep` committed steps stay; so does latest's, and anything newer than it.
+		 * With recycle, the newest step pruned becomes DIR/recycle (the one before it removed),
+		 * whose shards the ranks' next saves write over instead of making new files. */
 		for (size_t i = 0; i < nc; i++) {
 			if (committed[i] >= latest || (keep && i < (size_t)keep) || !keep)
 				continue;
-			if (ferry_ckpt_step_path(dir, committed[i], p, sizeof(p)) > 0 && !rm_tree(p))
+			if (ferry_ckpt_step_path(dir, committed[i], p, sizeof(p)) <= 0)
+				continue;
+			if (recycle && recycle_step(dir, p)) {
+				recycle = 0;
 				removed++;
+			} else if (!rm_tree(p)) {
+				removed++;
+			}
 		}
 		for (size_t i = 0; i < nd; i++) {
 			if (ferry_ckpt_step_path(dir, debris[i], p, sizeof(p)) > 0 && !rm_tree(p))
 				removed++;
 		}
+		/* Without recycling (recycle=0, or an explicit prune) a recycled step's space goes back */
+		if (!recycle_on && snprintf(p, sizeof(p), "%s/" RECYCLE_DIR, dir) < (int)sizeof(p) && !rm_tree(p))
+			removed++;
 		if (removed)
 			r = ferry__fsync_dir(dir);
 	}
 	free(committed);
 	free(debris);
 	return r < 0 ? r : removed;
+}
+
+int ferry_ckpt_prune(const char *dir, int keep)
+{
+	return prune(dir, keep, 0);
 }
 
 /* -------------------------------------------------------------------------------------- verify */

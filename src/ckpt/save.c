@@ -92,7 +92,7 @@ static const char *const ph_names[] = {PHASES(PH_NAME)};
 struct save_stats {
 	uint64_t ns[PH__COUNT];
 	uint64_t bytes, slots, pinned_new; /* pinned_new: bytes pinned by this save */
-	int prealloc;
+	int prealloc, recycled;
 };
 
 struct slot {
@@ -107,6 +107,7 @@ struct job {
 	ferry_ctx *ctx;
 	ferry_file *f;
 	char *path, *tmp;
+	char *reuse; /* a pruned file to write over instead of a new one (checkpoints), or NULL */
 	int flags;
 	char *hdr; /* data_start - 8 bytes of header, then spaces */
 	uint64_t data_start, total;
@@ -127,6 +128,7 @@ struct job {
 	size_t chunk, inflight;
 	int hold, snapshot_done; /* hold: the writer starts once the snapshot is taken */
 	int prealloc_mode, prealloc; /* FERRY__PREALLOC_*; whether this save's file was fallocated */
+	int recycled; /* 1: this save writes over j->reuse's blocks */
 };
 
 struct ferry_st_writer {
@@ -517,18 +519,23 @@ int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len) = falloc
  * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
  * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
  */
+static int want_prealloc(int fd, int mode)
+{
+	struct statfs sf;
+	/* tmpfs has no extents to convert nor locks to spare: fallocate there only allocates and
+	 * zeroes the file's memory before the writes fill it (0.3 s per 2.2 GB on the build machine,
+	 * on the writer's path). */
+	return mode == FERRY__PREALLOC_ON ||
+	       (mode == FERRY__PREALLOC_AUTO && !(fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC));
+}
+
 static int create_laid_out(const char *tmp, uint64_t size, int mode, int *prealloc)
 {
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
 	int r = 0;
-	struct statfs sf;
-	/* tmpfs has no extents to convert nor locks to spare: fallocate there only allocates and
-	 * zeroes the file's memory before the writes fill it (0.3 s per 2.2 GB on the build machine,
-	 * on the writer's path). */
-	*prealloc = mode == FERRY__PREALLOC_ON ||
-		    (mode == FERRY__PREALLOC_AUTO && !(fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC));
+	*prealloc = want_prealloc(fd, mode);
 	if (size && !*prealloc) {
 		if (ftruncate(fd, (off_t)size))
 			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
@@ -548,6 +555,65 @@ static int create_laid_out(const char *tmp, uint64_t size, int mode, int *preall
 	if (r)
 		unlink(tmp);
 	return r;
+}
+
+/*
+ * Takes the pruned file `from` (a checkpoint's recycled shard) as the temporary file tmp and sizes
+ * it for this save, so that the save overwrites blocks the file system has already allocated and
+ * written: no block allocation and no unwritten-extent conversion, the cost that separates writing
+ * a new file from overwriting one (docs/CHECKPOINTS.md, "Recycled shards"). Returns 1 when it did,
+ * 0 when the file is not to be reused (absent, not a plain file, linked elsewhere, or open in
+ * another process: the caller then makes a new file), or an error that a new file would meet too.
+ */
+static int reuse_laid_out(const char *from, const char *tmp, uint64_t size, int mode, int *prealloc)
+{
+	if (rename(from, tmp))
+		return 0; /* ENOENT: nothing to recycle, or another save took it first */
+	int fd = open(tmp, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	const char *why = NULL;
+	if (fd < 0)
+		why = "cannot open it";
+	else if (fstat(fd, &st) || !S_ISREG(st.st_mode))
+		why = "not a plain file";
+	else if (st.st_nlink != 1)
+		why = "it has other links"; /* e.g. `cp -al` kept a copy of the pruned step */
+	else if (fcntl(fd, F_SETLEASE, F_WRLCK))
+		/* A write lease is granted only while no other process has the file open: a reader
+		 * still loading the pruned step keeps its data (as with an unlinked file). EAGAIN is
+		 * that case; EINVAL, EACCES (NFS, another owner) mean it cannot be known: not reused. */
+		why = errno == EAGAIN ? "another process has it open" : "no lease to prove it unused";
+	if (why) {
+		FERRY__LOG(FERRY__LOG_INFO, "%s: not recycled (%s); a new file instead", from, why);
+		if (fd >= 0)
+			close(fd);
+		unlink(tmp);
+		return 0;
+	}
+	(void)fcntl(fd, F_SETLEASE, F_UNLCK);
+	int r = 0;
+	*prealloc = 0;
+	if ((uint64_t)st.st_size > size) {
+		if (ftruncate(fd, (off_t)size))
+			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
+	} else if ((uint64_t)st.st_size < size) {
+		/* the part beyond the old size is new: laid out as a new file's would be */
+		*prealloc = want_prealloc(fd, mode);
+		if (!*prealloc || ferry__save_fallocate(fd, 0, st.st_size, (off_t)size - st.st_size)) {
+			int e = *prealloc ? errno : 0;
+			if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
+				r = ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
+			else if (ftruncate(fd, (off_t)size))
+				r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size,
+						 strerror(errno));
+			*prealloc = 0;
+		}
+	}
+	if (close(fd) && !r)
+		r = ferry__error(-errno, "close(%s): %s", tmp, strerror(errno));
+	if (r)
+		unlink(tmp);
+	return r ? r : 1;
 }
 
 static void job_fail(struct job *j, int64_t err)
@@ -571,6 +637,7 @@ static void job_free(struct job *j)
 		unlink(j->tmp); /* a no-op once renamed: the name is gone */
 	free(j->tmp);
 	free(j->path);
+	free(j->reuse);
 	ferry_free_aligned(j->hdr, (size_t)j->data_start);
 	free(j->jt);
 	free(j->order);
@@ -618,7 +685,13 @@ static int64_t consume(struct job *j)
 	 * is taken, and laying out a file of the state's size (fallocate; on tmpfs that allocates
 	 * its memory) is the writer's work. Its errors are reported like a write's. */
 	if (!err) {
-		int r = create_laid_out(j->tmp, j->data_start + j->total, j->prealloc_mode, &j->prealloc);
+		int r = j->reuse ? reuse_laid_out(j->reuse, j->tmp, j->data_start + j->total, j->prealloc_mode,
+						  &j->prealloc) : 0;
+		j->recycled = r == 1;
+		if (r == 0)
+			r = create_laid_out(j->tmp, j->data_start + j->total, j->prealloc_mode, &j->prealloc);
+		else if (r == 1)
+			r = 0;
 		lap(j, PH_W_LAYOUT, &t);
 		if (!r)
 			r = ferry_file_open(j->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
@@ -757,6 +830,7 @@ static void *writer_thread(void *arg)
 	for (int i = PH__FIRST_WRITER; i < PH__COUNT; i++)
 		w->stats.ns[i] = j->ph[i];
 	w->stats.prealloc = j->prealloc;
+	w->stats.recycled = j->recycled;
 	w->result = res;
 	if (res < 0)
 		snprintf(w->errmsg, sizeof(w->errmsg), "%s", ferry_last_error());
@@ -1044,7 +1118,7 @@ int64_t ferry_st_writer_reserve(ferry_st_writer *w, uint64_t bytes, int device)
 }
 
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
-				     ferry__save_hook hook, void *arg)
+				     ferry__save_hook hook, void *arg, const char *reuse)
 {
 	int r;
 	uint64_t t0 = ferry__now_ns(), t = t0;
@@ -1077,9 +1151,10 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
+	j->reuse = reuse ? strdup(reuse) : NULL;
 	size_t tl = strlen(path) + 64;
 	j->tmp = malloc(tl);
-	if (!j->path || !j->tmp) {
+	if (!j->path || !j->tmp || (reuse && !j->reuse)) {
 		job_free(j);
 		return ferry__error(-ENOMEM, "%s: save", path);
 	}
@@ -1155,8 +1230,9 @@ int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len)
 			return ferry__error(-EINVAL, "ferry_st_writer_stats: snprintf");          \
 		n += (size_t)k_;                                                                \
 	} while (0)
-	PUT("{\"bytes\":%llu,\"slots\":%llu,\"pinned_new_bytes\":%llu,\"fallocated\":%d", (unsigned long long)st.bytes,
-	    (unsigned long long)st.slots, (unsigned long long)st.pinned_new, st.prealloc);
+	PUT("{\"bytes\":%llu,\"slots\":%llu,\"pinned_new_bytes\":%llu,\"fallocated\":%d,\"recycled\":%d",
+	    (unsigned long long)st.bytes, (unsigned long long)st.slots, (unsigned long long)st.pinned_new, st.prealloc,
+	    st.recycled);
 	for (int i = 0; i < PH__COUNT; i++)
 		PUT(",\"%s\":%.6f", ph_names[i], (double)st.ns[i] * 1e-9);
 	PUT("}");
@@ -1168,12 +1244,12 @@ int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len)
 
 int64_t ferry_st_writer_save(ferry_st_writer *w, const char *path, int flags)
 {
-	return ferry__st_writer_save_hooked(w, path, flags, 0, NULL, NULL);
+	return ferry__st_writer_save_hooked(w, path, flags, 0, NULL, NULL, NULL);
 }
 
 int ferry_st_writer_save_async(ferry_st_writer *w, const char *path, int flags)
 {
-	int64_t r = ferry__st_writer_save_hooked(w, path, flags, 1, NULL, NULL);
+	int64_t r = ferry__st_writer_save_hooked(w, path, flags, 1, NULL, NULL, NULL);
 	return r < 0 ? (int)r : 0;
 }
 

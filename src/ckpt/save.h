@@ -11,8 +11,10 @@
  * the save's result; the hook's return replaces it. Called on the writer's thread.
  */
 typedef int64_t (*ferry__save_hook)(void *arg, int64_t result);
+/* reuse: NULL, or a pruned file that the writer thread renames to the temporary name and writes
+ * over (when it exists, is a plain file with one link, and no other process has it open). */
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
-				     ferry__save_hook hook, void *arg);
+				     ferry__save_hook hook, void *arg, const char *reuse);
 /* Adds ns to the phase named name (as ferry_st_writer_stats spells it) of the current save. */
 void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns);
 /* fallocate(2), through a pointer so that tests can play a file system that refuses it. */

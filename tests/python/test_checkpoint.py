@@ -102,7 +102,29 @@ def test_keep_prunes(tmp_path):
     ck.save({"x": torch.zeros(1)}, d, 6, keep=0)
     ck.save({"x": torch.zeros(1)}, d, 7, keep=0)
     assert steps(d) == [4, 5, 6, 7]
-    assert ck.prune(d, 1) == 3 and steps(d) == [7]
+    assert os.path.isdir(d / "recycle")  # step 3's shard, kept for a later save to write over
+    assert ck.prune(d, 1) == 4 and steps(d) == [7]  # 4, 5, 6 and the recycled step
+    assert not os.path.exists(d / "recycle")
+
+
+def test_recycle(tmp_path):
+    # keep=1: from step 3 on each save writes over the shard of the step pruned before (the same
+    # inode), and every step loads what was saved; recycle=False makes new files.
+    d = tmp_path / "ck"
+    shard = "rank-00000-of-00001.safetensors"
+    inodes = []
+    for s in range(1, 6):
+        ck.save({"x": torch.full((1000,), float(s))}, d, s, keep=1)
+        inodes.append(os.stat(d / ("step-%012d" % s) / shard).st_ino)
+        step, state = ck.load_latest(d, verify=True)
+        assert step == s and torch.equal(state["x"], torch.full((1000,), float(s)))
+    if inodes[2] != inodes[0]:
+        pytest.skip("%s grants no write leases: shards are not recycled there" % tmp_path)
+    assert inodes[2:] == inodes[:3] and inodes[0] != inodes[1]
+    assert os.listdir(d / "recycle") == [shard]  # step 4's; no marker, no manifest
+    ck.save({"x": torch.ones(1000)}, d, 6, keep=1, recycle=False)
+    assert os.stat(d / ("step-%012d" % 6) / shard).st_ino not in inodes
+    assert not os.path.exists(d / "recycle")  # without recycling, its space goes back
 
 
 def test_errors(tmp_path):
