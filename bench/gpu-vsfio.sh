@@ -16,15 +16,20 @@ DISK=${DISK_DIR:-$PWD/build-bench-disk}/vsfio
 mkdir -p "$DISK" "$LOG"
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-2}
-# BATCH1_ROWS: disk rows run again with ferry submitting each I/O as fio does by default
-# (--iodepth_batch_submit=1), the lead for the QD64 O_DIRECT rows (docs/PERFORMANCE.md); "" for none.
-BATCH1_ROWS=${BATCH1_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct"}
+# BATCH1_ROWS / SHM_BATCH1_ROWS: disk / /dev/shm rows run again with ferry submitting each I/O as
+# fio does by default (--iodepth_batch_submit=1), the lead for the rows below 0.95x
+# (docs/PERFORMANCE.md); "" for none.
+BATCH1_ROWS=${BATCH1_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct,read seq 1MiB QD32 buffered"}
+SHM_BATCH1_ROWS=${SHM_BATCH1_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct"}
 SHM_ROWS=${SHM_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct,read rand 4KiB QD64 buffered,write rand 4KiB QD64 buffered,read seq 1MiB QD32 buffered"}
 status=0
 
-FIO=$FIO FERRY=$FERRY ROUNDS=2 RUNTIME=$RUNTIME bash bench/probe-buffered-rand.sh "$DISK" >"$LOG/probe-buffered-rand.log" 2>&1 || status=1
-# "PROBE round | variant | GB/s IOPS | storage/app | cached"
-sed -n 's/^PROBE /TABLE probe disk buffered rand 4k QD64 /p' "$LOG/probe-buffered-rand.log"
+# PROBE=0 leaves the probe out (its row is settled: docs/PERFORMANCE.md, fourth session)
+if [ "${PROBE:-1}" != 0 ]; then
+	FIO=$FIO FERRY=$FERRY ROUNDS=2 RUNTIME=$RUNTIME bash bench/probe-buffered-rand.sh "$DISK" >"$LOG/probe-buffered-rand.log" 2>&1 || status=1
+	# "PROBE round | variant | GB/s IOPS | storage/app | cached"
+	sed -n 's/^PROBE /TABLE probe disk buffered rand 4k QD64 /p' "$LOG/probe-buffered-rand.log"
+fi
 
 summary() { # json, where
 	python3 - "$1" "$2" <<'PY'
@@ -52,6 +57,12 @@ if [ -n "$SHM_ROWS" ]; then
 	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
 		--rows "$SHM_ROWS" --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
 	summary "$LOG/vsfio-shm.json" /dev/shm
+fi
+if [ -n "$SHM_BATCH1_ROWS" ]; then
+	FIO=$FIO FERRY=$FERRY FERRY_ARGS="--iodepth_batch_submit=1" bash bench/vs-fio.sh --dir /dev/shm --size 1g \
+		--runtime "$RUNTIME" --rounds "$ROUNDS" --rows "$SHM_BATCH1_ROWS" --json "$LOG/vsfio-shm-batch1.json" \
+		>"$LOG/vsfio-shm-batch1.log" 2>&1 || status=1
+	summary "$LOG/vsfio-shm-batch1.json" "/dev/shm, ferry --iodepth_batch_submit=1,"
 fi
 rm -rf "$DISK"
 exit $status
