@@ -44,8 +44,9 @@ for r in j["summary"]:
           f"{'met' if r['met_0_95'] else 'NOT met'}")
 PY
 }
+# DISK_ROWS: the disk rows (default: every row)
 FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
-	--json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
+	${DISK_ROWS:+--rows "$DISK_ROWS"} --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
 summary "$LOG/vsfio-disk.json" disk
 if [ -n "$BATCH1_ROWS" ]; then
 	FIO=$FIO FERRY=$FERRY FERRY_ARGS="--iodepth_batch_submit=1" bash bench/vs-fio.sh --dir "$DISK" --size 1g \

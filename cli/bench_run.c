@@ -241,6 +241,16 @@ static int submit_queued(struct bench_job *j, struct bench_slot **just, unsigned
 	return err < 0 ? -1 : 0;
 }
 
+/* Stamps the I/Os queued since the last submit: the reap that follows submits them. */
+static int stamp_queued(struct bench_slot **just, unsigned *nq)
+{
+	uint64_t ts = now_ns();
+	for (unsigned i = 0; i < *nq; i++)
+		just[i]->t_submit = ts;
+	*nq = 0;
+	return 0;
+}
+
 static void job_loop(struct bench_job *j)
 {
 	struct bench_shared *sh = j->sh;
@@ -323,12 +333,13 @@ static void job_loop(struct bench_job *j)
 			if (o->iodepth_batch_submit && nq >= o->iodepth_batch_submit && submit_queued(j, just, &nq))
 				stop = 1;
 		}
-		if (nq && submit_queued(j, just, &nq))
+		if (nq && stamp_queued(just, &nq))
 			stop = 1;
 		if (!ferry_queue_pending(j->q) && (!o->api_pread || stop || issued >= target))
 			break;
 		if (o->api_pread)
 			continue;
+		/* the reap submits what is queued, in the same system call as its wait */
 		int n = ferry_queue_reap(j->q, 1, depth, ud, resv);
 		if (n < 0) {
 			job_fail(j, "waiting for I/O on %s failed: %s (%s)", o->filename, ferry_strerror(n),

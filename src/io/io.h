@@ -226,6 +226,9 @@ struct ferry__backend_ops {
 	int (*submit)(struct ferry__ring *r);
 	/* Waits for at least min completions; returns up to max (tag, result) pairs. */
 	int (*reap)(struct ferry__ring *r, unsigned min, void **tags, int64_t *res, unsigned max);
+	/* Optional: submit and reap in one system call (as reap, after a submit of everything
+	 * queued); a negative error means nothing was submitted. */
+	int (*submit_reap)(struct ferry__ring *r, unsigned min, void **tags, int64_t *res, unsigned max);
 };
 
 extern const struct ferry__backend_ops ferry__backend_psync;

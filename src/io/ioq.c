@@ -332,7 +332,14 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 			if (q->finished)
 				continue;
 		}
-		if (q->queued || q->gds_batch) {
+		/* The ring's queued ops go in with the reap below, in one call, when nothing runs in
+		 * between (no resident chunk to copy, no GDS batch) */
+		unsigned merged = 0;
+		if (q->queued && !q->gds_batch && !q->sync_head && q->ops->submit_reap) {
+			merged = q->queued;
+			q->inflight += merged;
+			q->queued = 0;
+		} else if (q->queued || q->gds_batch) {
 			int ret = ferry__ioq_submit(q);
 			if (ret < 0)
 				return got ? (int)got : ret;
@@ -358,7 +365,13 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 			}
 			continue;
 		}
-		int n = q->ops->reap(q->ring, block && !other ? 1 : 0, q->tags, q->res, q->depth);
+		unsigned wait = block && !other ? 1 : 0;
+		int n = merged ? q->ops->submit_reap(q->ring, wait, q->tags, q->res, q->depth)
+			       : q->ops->reap(q->ring, wait, q->tags, q->res, q->depth);
+		if (n < 0 && merged) { /* nothing went in: queued again, as after a failed submit */
+			q->inflight -= merged;
+			q->queued = merged;
+		}
 		if (n < 0)
 			return got ? (int)got : n;
 		q->inflight -= (unsigned)n;
