@@ -55,6 +55,9 @@ def test_torch_cuda_read_and_write_every_host_mode(tmp_path, data, mode):
         assert f.pread_into(t, 0) == SIZE
         assert host_bytes(t) == payload, mode
         part = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+        # ferry does not wait for GPU work queued before a call (docs/PYTHON.md, "GPU
+        # ordering"): the fill kernel must be done before ferry's copy lands, or it may zero it
+        torch.cuda.current_stream().synchronize()
         assert f.pread_into(part, 777) == 1 << 20
         assert host_bytes(part) == payload[777:777 + (1 << 20)]
         fu = f.pread_into_async(part, 4096)
@@ -100,8 +103,11 @@ def test_torch_cuda_dtypes_views_and_capsules(data):
         with pytest.raises(ValueError, match="not C-contiguous"):
             f.pread_into(w.t(), 0)
         sl = torch.zeros(1 << 16, dtype=torch.uint8, device="cuda")[100:4100]
-        assert f.pread_into(sl, 5) == 4000 and host_bytes(sl) == payload[5:4005]
         c = torch.zeros(1024, dtype=torch.uint8, device="cuda")
+        # the fill kernels are done before ferry's copies land (docs/PYTHON.md, "GPU ordering");
+        # without this the H200 run of 2026-11-23 saw the head of sl zeroed after the read
+        torch.cuda.current_stream().synchronize()
+        assert f.pread_into(sl, 5) == 4000 and host_bytes(sl) == payload[5:4005]
         assert f.pread_into(torch.utils.dlpack.to_dlpack(c), 9) == 1024
         assert host_bytes(c) == payload[9:1033]
         batch = [torch.empty(4096, dtype=torch.uint8, device="cuda") for _ in range(4)]
