@@ -321,6 +321,10 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 				    (long long)step, (long long)latest);
 	if ((r = ferry_ckpt_step_path(ck->dir, step, sp, sizeof(sp))) < 0)
 		return r;
+	/* the directory again: it may have been removed since the handle was opened (a long-lived
+	 * handle, as Python keeps one per directory, outlives a test's or a benchmark's rm -r) */
+	if (mkdir(ck->dir, 0755) && errno != EEXIST)
+		return ferry__error(-errno, "mkdir(%s): %s", ck->dir, strerror(errno));
 	if (mkdir(sp, 0755) && errno != EEXIST)
 		return ferry__error(-errno, "mkdir(%s): %s", sp, strerror(errno));
 	/* A marker of this rank from an earlier attempt at this step must not count for this one. */

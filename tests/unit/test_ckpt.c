@@ -258,6 +258,13 @@ static void test_recycle(void)
 	T_CHECK(access(lp, F_OK) != 0);
 	T_EQ_INT(ferry_ckpt_latest(dir), 11);
 	T_EQ_INT(check_content(dir, 11, 1), 0);
+	/* the directory removed under the open handle: the next save makes it again */
+	char cmd[700];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	T_ASSERT(system(cmd) == 0);
+	save_step(ck, 1, 0);
+	T_EQ_INT(ferry_ckpt_latest(dir), 1);
+	T_EQ_INT(check_content(dir, 1, 1), 0);
 	ferry_ckpt_close(ck);
 }
 
