@@ -75,7 +75,7 @@ static const struct opt opts[] = {
 	{"numjobs", OPT_UINT, JO(numjobs), "N", "threads, each with its own queue over the region (each its own with --offset_increment; default 1)"},
 	{"end_fsync", OPT_01, JO(end_fsync), "0|1", "1: each job fsyncs the file once its I/O is done, inside its timed run (fio's)"},
 	{"iodepth", OPT_UINT, JO(iodepth), "N", "I/Os each job keeps in flight (default 1)"},
-	{"iodepth_batch_submit", OPT_UINT0, JO(iodepth_batch_submit), "N", "submit to the kernel each N I/Os queued, as fio's (its default is 1; 0: all that can be queued at once, one submit); default 0"},
+	{"iodepth_batch_submit", OPT_UINT0, JO(iodepth_batch_submit), "N", "submit to the kernel each N I/Os queued (default 1, as fio's; 0: all queued at once, in the same call as the wait for completions)"},
 	{"direct", OPT_01, JO(direct), "0|1", "1: O_DIRECT, bypassing the page cache (default 0)"},
 	{"ioengine", OPT_ENGINE, JO(ioengine), "ENGINE", "psync, io_uring or auto (default auto: io_uring where it works)"},
 	{"runtime", OPT_TIME, JO(runtime), "TIME", "run this long, looping over the region (seconds, or 500ms, 2m)"},
@@ -470,6 +470,7 @@ int ferry_cmd_bench(int argc, char **argv)
 			.bs = 4096,
 			.numjobs = 1,
 			.iodepth = 1,
+			.iodepth_batch_submit = 1, /* fio's default; docs/PERFORMANCE.md, fifth session */
 			.ioengine = "auto",
 			.randseed = 0x6665727279ull, /* "ferry": fixed, so that runs repeat */
 		},

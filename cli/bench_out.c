@@ -304,8 +304,7 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 	opt_u64(j, "iodepth", o->iodepth);
 	if (o->end_fsync)
 		bench_json_str(j, "end_fsync", "1");
-	if (o->iodepth_batch_submit)
-		opt_u64(j, "iodepth_batch_submit", o->iodepth_batch_submit);
+	opt_u64(j, "iodepth_batch_submit", o->iodepth_batch_submit);
 	if (o->direct != BENCH_DIRECT_AUTO) /* -x without --direct: the library decides per chunk */
 		opt_u64(j, "direct", (uint64_t)o->direct);
 	bench_json_str(j, "ioengine", o->ioengine);

@@ -413,6 +413,7 @@ int bench_suite(const struct bench_suite_opts *so)
 		.size = size,
 		.numjobs = 1,
 		.iodepth = 1,
+		.iodepth_batch_submit = 1,
 		.ioengine = "psync",
 		.randseed = 0x6665727279ull,
 		.quiet = 1,

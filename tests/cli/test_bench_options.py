@@ -89,12 +89,19 @@ def main():
             rc, out, err = run("--filename", oi, "--bs", "64k", "--verify", "crc32c", "--output-format=json")
             check(rc == 0 and json.loads(out)["jobs"][0]["read"]["io_bytes"] == 2 * MiB,
                   f"{form}: both halves written by --offset_increment verify", (rc, err.strip()))
-        # --iodepth_batch_submit 1: a submit per I/O (fio's default); every block still verifies
-        j = job([("filename", os.path.join(d, f"bs1-{int(equals)}")), ("rw", "randwrite"), ("bs", "4k"), ("size", "1m"),
-                 ("iodepth", "16"), ("iodepth_batch_submit", "1"), ("verify", "crc32c")], equals)
-        if j:
-            check(j["job options"].get("iodepth_batch_submit") == "1" and j["write"]["total_ios"] == 256,
-                  f"{form}: --iodepth_batch_submit 1", (j["job options"], j["write"]["total_ios"]))
+        # --iodepth_batch_submit: 1 (a submit per I/O) is the default, as fio's; 0 submits all queued
+        # with the wait, 4 each fourth; every block still written once and verified after
+        for batch in (None, "0", "4"):
+            bf = os.path.join(d, f"bs{batch}-{int(equals)}")
+            j = job([("filename", bf), ("rw", "randwrite"), ("bs", "4k"), ("size", "1m"), ("iodepth", "16"),
+                     ("verify", "crc32c")] + ([("iodepth_batch_submit", batch)] if batch else []), equals)
+            if j:
+                check(j["job options"].get("iodepth_batch_submit") == (batch or "1") and j["write"]["total_ios"] == 256,
+                      f"{form}: --iodepth_batch_submit {batch}", (j["job options"], j["write"]["total_ios"]))
+                rc, out, err = run("--filename", bf, "--bs", "4k", "--size", "1m", "--rw", "randread", "--iodepth", "16",
+                                   "--verify", "crc32c", "--output-format=json")
+                check(rc == 0 and json.loads(out)["jobs"][0]["read"]["io_bytes"] == MiB,
+                      f"{form}: --iodepth_batch_submit {batch}: every block verifies", (rc, err.strip()))
         j = job([("filename", data), ("runtime", "300ms"), ("time_based", None)], equals)
         if j:
             check(250 <= j["job_runtime"] <= 1500, f"{form}: --runtime 300ms", j["job_runtime"])
