@@ -284,6 +284,13 @@ static void job_loop(struct bench_job *j)
 	for (;;) {
 		nq = 0;
 		while (!stop && nfree && issued < target) {
+			/* --iodepth_batch_submit N: a submit per N queued, as fio's (1 by default). A group
+			 * goes in once the next I/O is to be queued, so that the last goes in with the
+			 * reap's wait below, in one system call: at QD1, one io_uring_enter per I/O. */
+			if (o->iodepth_batch_submit && nq >= o->iodepth_batch_submit && submit_queued(j, just, &nq)) {
+				stop = 1;
+				break;
+			}
 			struct bench_slot *s = freel[--nfree];
 			uint64_t blk;
 			if (random) {
@@ -329,9 +336,6 @@ static void job_loop(struct bench_job *j)
 			}
 			just[nq++] = s;
 			issued++;
-			/* --iodepth_batch_submit N: a submit per N queued, as fio's (its default is 1) */
-			if (o->iodepth_batch_submit && nq >= o->iodepth_batch_submit && submit_queued(j, just, &nq))
-				stop = 1;
 		}
 		if (nq && stamp_queued(just, &nq))
 			stop = 1;
