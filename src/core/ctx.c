@@ -345,8 +345,10 @@ int ferry__ctx_choose_backend(ferry_ctx *ctx)
 	if (!ctx->backend && ctx->cfg.publish && !ctx->pub) {
 		/* best effort: a context that cannot publish still works */
 		ctx->pub = ferry__publish_open(program_invocation_short_name);
-		if (ctx->pub)
+		if (ctx->pub) {
 			ferry__publish_set_path(ctx->pub, "host");
+			atomic_store_explicit(&ctx->pub_path, "host", memory_order_relaxed);
+		}
 	}
 	if (!ctx->backend)
 		ret = choose_backend(ctx);

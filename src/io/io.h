@@ -413,6 +413,7 @@ struct ferry_ctx {
 	unsigned nslot_cache, slot_cache_cap;
 	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
 	struct ferry__publish_counters *pub; /* NULL unless publish=1 */
+	const char *_Atomic pub_path;         /* the path name last published (a static string) */
 	/* copy units (src/io/units.c): a few large pinned buffers per device that the workers fill
 	 * together, each copied to the GPU in one piece on one stream */
 	pthread_mutex_t units_mu;
