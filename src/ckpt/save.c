@@ -509,16 +509,7 @@ int ferry__write_durable(const char *path, const char *text, size_t len)
 
 int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len) = fallocate;
 
-/*
- * Creates the temporary file at its final size with its blocks allocated. ext4 (and XFS) run an
- * O_DIRECT write that is not a pure overwrite of allocated blocks (a hole, or past i_size) under
- * the inode's exclusive lock, and a synchronous one holds it until the data is on the device
- * (fs/ext4/file.c, ext4_dio_write_checks: "extending I/O, any form of non-overwrite I/O"): the
- * engine's parallel chunks into a sparse file wrote one at a time. Into fallocated (unwritten)
- * extents they are overwrites, under the shared lock, in parallel. A file system that cannot
- * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
- * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
- */
+/* Whether save_prealloc (mode) asks for fallocate on fd's file system. */
 static int want_prealloc(int fd, int mode)
 {
 	struct statfs sf;
@@ -529,27 +520,47 @@ static int want_prealloc(int fd, int mode)
 	       (mode == FERRY__PREALLOC_AUTO && !(fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC));
 }
 
+/*
+ * Lays out [from, size) of fd as mode says: fallocated (*prealloc = 1), or sized by ftruncate where
+ * the mode says so or the file system refuses fallocate (EOPNOTSUPP and the like, logged); only a
+ * refusal that a write would meet too (no space, quota, too big, EIO) is an error.
+ */
+static int lay_out(int fd, const char *tmp, uint64_t from, uint64_t size, int mode, int *prealloc)
+{
+	*prealloc = 0;
+	if (size <= from)
+		return 0;
+	if (want_prealloc(fd, mode)) {
+		if (ferry__save_fallocate(fd, 0, (off_t)from, (off_t)(size - from)) == 0) {
+			*prealloc = 1;
+			return 0;
+		}
+		int e = errno;
+		if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
+			return ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
+		FERRY__LOG(FERRY__LOG_INFO, "%s: fallocate refused (%s); ftruncate instead", tmp, strerror(e));
+	}
+	if (ftruncate(fd, (off_t)size))
+		return ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
+	return 0;
+}
+
+/*
+ * Creates the temporary file at its final size with its blocks allocated. ext4 (and XFS) run an
+ * O_DIRECT write that is not a pure overwrite of allocated blocks (a hole, or past i_size) under
+ * the inode's exclusive lock, and a synchronous one holds it until the data is on the device
+ * (fs/ext4/file.c, ext4_dio_write_checks: "extending I/O, any form of non-overwrite I/O"): the
+ * engine's parallel chunks into a sparse file wrote one at a time. Into fallocated (unwritten)
+ * extents they are overwrites, under the shared lock, in parallel. A file system that cannot
+ * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
+ * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
+ */
 static int create_laid_out(const char *tmp, uint64_t size, int mode, int *prealloc)
 {
 	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
-	int r = 0;
-	*prealloc = want_prealloc(fd, mode);
-	if (size && !*prealloc) {
-		if (ftruncate(fd, (off_t)size))
-			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
-	} else if (size && ferry__save_fallocate(fd, 0, 0, (off_t)size)) {
-		int e = errno;
-		if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
-			r = ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
-		else {
-			FERRY__LOG(FERRY__LOG_INFO, "%s: fallocate refused (%s); ftruncate instead", tmp, strerror(e));
-			if (ftruncate(fd, (off_t)size))
-				r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size,
-						 strerror(errno));
-		}
-	}
+	int r = lay_out(fd, tmp, 0, size, mode, prealloc);
 	if (close(fd) && !r)
 		r = ferry__error(-errno, "close(%s): %s", tmp, strerror(errno));
 	if (r)
@@ -596,18 +607,8 @@ static int reuse_laid_out(const char *from, const char *tmp, uint64_t size, int 
 	if ((uint64_t)st.st_size > size) {
 		if (ftruncate(fd, (off_t)size))
 			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
-	} else if ((uint64_t)st.st_size < size) {
-		/* the part beyond the old size is new: laid out as a new file's would be */
-		*prealloc = want_prealloc(fd, mode);
-		if (!*prealloc || ferry__save_fallocate(fd, 0, st.st_size, (off_t)size - st.st_size)) {
-			int e = *prealloc ? errno : 0;
-			if (e == ENOSPC || e == EDQUOT || e == EFBIG || e == EIO)
-				r = ferry__error(-e, "fallocate(%s, %llu bytes): %s", tmp, (unsigned long long)size, strerror(e));
-			else if (ftruncate(fd, (off_t)size))
-				r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size,
-						 strerror(errno));
-			*prealloc = 0;
-		}
+	} else {
+		r = lay_out(fd, tmp, (uint64_t)st.st_size, size, mode, prealloc); /* the new part, as a new file's */
 	}
 	if (close(fd) && !r)
 		r = ferry__error(-errno, "close(%s): %s", tmp, strerror(errno));
