@@ -260,9 +260,10 @@ FERRY_API FERRY_WUR int ferry_queue_write(ferry_queue *q, ferry_file *f, const v
 /* Submits what was queued. Returns the number submitted or an error. */
 FERRY_API FERRY_WUR int ferry_queue_submit(ferry_queue *q);
 /*
- * Waits for at least min_complete completions (0: never blocks) and returns up to max of them:
- * user_data[i] and result[i] (bytes transferred, short only at end of file, or a negative error).
- * Returns the number returned or an error.
+ * Submits what is queued and not yet submitted (with the wait, in one system call where the
+ * backend can), then waits for at least min_complete completions (0: never blocks) and returns
+ * up to max of them: user_data[i] and result[i] (bytes transferred, short only at end of file, or
+ * a negative error). Returns the number returned or an error.
  */
 FERRY_API FERRY_WUR int ferry_queue_reap(ferry_queue *q, unsigned min_complete, unsigned max,
 					 void **user_data, int64_t *result);
