@@ -227,28 +227,26 @@ static void job_complete(struct bench_job *j, struct bench_slot *s, int64_t resu
 	}
 }
 
+/* Stamps the I/Os queued since the last submit with the time they go in (the reap that follows
+ * submits whatever is still queued). */
+static void stamp_queued(struct bench_slot **just, unsigned *nq)
+{
+	uint64_t ts = now_ns();
+	for (unsigned i = 0; i < *nq; i++)
+		just[i]->t_submit = ts;
+	*nq = 0;
+}
+
 /* Submits the I/Os queued since the last submit (stamped now); 0, or -1 once the job failed. */
 static int submit_queued(struct bench_job *j, struct bench_slot **just, unsigned *nq)
 {
-	uint64_t ts = now_ns();
-	for (unsigned i = 0; i < *nq; i++)
-		just[i]->t_submit = ts;
+	unsigned n = *nq;
+	stamp_queued(just, nq);
 	int err = ferry_queue_submit(j->q);
 	if (err < 0)
-		job_fail(j, "submitting %u I/Os on %s failed: %s (%s)", *nq, j->sh->o->filename,
+		job_fail(j, "submitting %u I/Os on %s failed: %s (%s)", n, j->sh->o->filename,
 			 ferry_strerror(err), detail());
-	*nq = 0;
 	return err < 0 ? -1 : 0;
-}
-
-/* Stamps the I/Os queued since the last submit: the reap that follows submits them. */
-static int stamp_queued(struct bench_slot **just, unsigned *nq)
-{
-	uint64_t ts = now_ns();
-	for (unsigned i = 0; i < *nq; i++)
-		just[i]->t_submit = ts;
-	*nq = 0;
-	return 0;
 }
 
 static void job_loop(struct bench_job *j)
@@ -337,8 +335,7 @@ static void job_loop(struct bench_job *j)
 			just[nq++] = s;
 			issued++;
 		}
-		if (nq && stamp_queued(just, &nq))
-			stop = 1;
+		stamp_queued(just, &nq);
 		if (!ferry_queue_pending(j->q) && (!o->api_pread || stop || issued >= target))
 			break;
 		if (o->api_pread)

@@ -430,7 +430,6 @@ static int cmp_i64_desc(const void *a, const void *b)
 
 static int prune(const char *dir, int keep, int recycle)
 {
-	const int recycle_on = recycle;
 	int64_t latest = ferry_ckpt_latest(dir);
 	ferry__error_clear();
 	if (latest < 0)
@@ -473,13 +472,14 @@ static int prune(const char *dir, int keep, int recycle)
 		/* The newest `keep` committed steps stay; so does latest's, and anything newer than it.
 		 * With recycle, the newest step pruned becomes DIR/recycle (the one before it removed),
 		 * whose shards the ranks' next saves write over instead of making new files. */
+		int recycled = 0;
 		for (size_t i = 0; i < nc; i++) {
 			if (committed[i] >= latest || (keep && i < (size_t)keep) || !keep)
 				continue;
 			if (ferry_ckpt_step_path(dir, committed[i], p, sizeof(p)) <= 0)
 				continue;
-			if (recycle && recycle_step(dir, p)) {
-				recycle = 0;
+			if (recycle && !recycled && recycle_step(dir, p)) {
+				recycled = 1;
 				removed++;
 			} else if (!rm_tree(p)) {
 				removed++;
@@ -490,7 +490,7 @@ static int prune(const char *dir, int keep, int recycle)
 				removed++;
 		}
 		/* Without recycling (recycle=0, or an explicit prune) a recycled step's space goes back */
-		if (!recycle_on && snprintf(p, sizeof(p), "%s/" RECYCLE_DIR, dir) < (int)sizeof(p) && !rm_tree(p))
+		if (!recycle && snprintf(p, sizeof(p), "%s/" RECYCLE_DIR, dir) < (int)sizeof(p) && !rm_tree(p))
 			removed++;
 		if (removed)
 			r = ferry__fsync_dir(dir);
