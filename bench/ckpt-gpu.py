@@ -280,6 +280,22 @@ def main():
     os.sync()
     table("torch.save cold disk", f"{gb / (time.perf_counter() - t0):.2f} GB/s", "with os.sync()")
     if fst is not None:
+        # The write ceiling again, here: the fifth session's run had save_file at 0.46-0.57x of the
+        # ceiling measured at the start, while bench/ckpt-save.py (a ceiling beside each save) had
+        # the same call at 0.86-0.97x; after the peers' 17 GB of writes the virtio disk may not be
+        # what it was at the start. The target uses this one; the first is printed beside it.
+        os.sync()
+        near = {}
+        for rw in ("read", "write"):  # the read lays the file out (untimed), the write overwrites it
+            near[rw], note = ceiling(a.ferry, ceil_file, rw, a.ceiling_runtime, a.ceiling_size)
+        try:
+            os.unlink(ceil_file)
+        except OSError:
+            pass
+        if near["write"]:
+            table("disk raw write ceiling, again just before ferry's save_file", f"{near['write']:.2f} GB/s",
+                  f"at the start {ceil['write']:.2f} GB/s" if ceil.get("write") else note)
+            fig["write_near"] = near["write"]
         q = os.path.join(a.disk, "ferry-py.safetensors")
         for rep in range(2):  # a new file each time; the second with the engine and CUDA warm
             # Untimed: the disk quiet first. ext4 mounted with `discard` discards a deleted file's
@@ -292,8 +308,10 @@ def main():
             if not rep:
                 os.unlink(q)
             note = "durable (fsynced), from CUDA tensors"
+            if fig.get("write_near"):
+                note += f", {gb / f_s / fig['write_near']:.2f}x the write ceiling just before"
             if ceil.get("write"):
-                note += f", {gb / f_s / ceil['write']:.2f}x disk raw write"
+                note += f", {gb / f_s / ceil['write']:.2f}x the one at the start"
             table(f"ferry.safetensors.save_file cold disk{' (second)' if rep else ''}", f"{gb / f_s:.2f} GB/s", note)
         fig["py_save"] = gb / f_s
         paths["ferry"] = q  # its data starts 4 KiB-aligned, unlike safetensors.torch's file
@@ -352,9 +370,13 @@ def main():
           note=f"best peer: {best[0]} {best[1]:.2f} GB/s" if best else "")
     ratio("load cold vs disk raw read", fc / ceil["read"] if fc and ceil.get("read") else None, 0.95,
           note=f"C loader {fig.get('c_load_cold', 0) / ceil['read']:.2f}x" if ceil.get("read") else "")
-    ratio("save (durable) vs disk raw write", fig["py_save"] / ceil["write"] if fig.get("py_save") and ceil.get("write")
-          else None, 0.9, note=f"ferry.safetensors.save_file, second; C save (xxh3) "
-          f"{fig.get('c_save', 0) / ceil['write']:.2f}x" if ceil.get("write") else "")
+    # save_file against the ceiling measured just before it (the one at the start if that failed);
+    # the C save ran right after the first ceiling, so it is compared with that one
+    wnear = fig.get("write_near") or ceil.get("write")
+    ratio("save (durable) vs disk raw write", fig["py_save"] / wnear if fig.get("py_save") and wnear else None, 0.9,
+          note=(f"ferry.safetensors.save_file, second, against the ceiling just before it ({wnear:.2f} GB/s); "
+                f"C save (xxh3) {fig.get('c_save', 0) / ceil['write']:.2f}x the ceiling at the start "
+                f"({ceil['write']:.2f} GB/s)") if wnear and ceil.get("write") else "")
     ratio("async save blocked vs D2H copy", fig.get("async"), 1.2, higher=False)
     table("bench run time", f"{time.perf_counter() - t_start:.0f} s", f"--size {a.size}, {gb:.2f} GB")
 

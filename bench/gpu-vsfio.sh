@@ -36,12 +36,13 @@ summary() { # json, where
 import json, sys
 j = json.load(open(sys.argv[1]))
 for r in j["summary"]:
+    row = r["row"] if r.get("variant", "ferry") == "ferry" else f"{r['row']} [{r['variant']}]"
     if "error" in r:
-        print(f"TABLE vs-fio {sys.argv[2]} {r['row']} | n/a | {r['error'][:160]}")
+        print(f"TABLE vs-fio {sys.argv[2]} {row} | n/a | {r['error'][:160]}")
         continue
-    print(f"TABLE vs-fio {sys.argv[2]} {r['row']} | {r['ratio']:.2f}x | fio {r['fio_gbps']:.3f} / ferry "
+    print(f"TABLE vs-fio {sys.argv[2]} {row} | {r['ratio']:.2f}x | fio {r['fio_gbps']:.3f} / ferry "
           f"{r['ferry_gbps']:.3f} GB/s; cpu-s/GB fio {r['fio_cpu_s_per_gb']:.2f} / ferry {r['ferry_cpu_s_per_gb']:.2f}; "
-          f"{'met' if r['met_0_95'] else 'NOT met'}")
+          f"rounds' median {r['ratio_median_of_rounds']:.2f}x; {'met' if r['met_0_95'] else 'NOT met'}")
 PY
 }
 # DISK_ROWS: the disk rows (default: every row)

@@ -6,6 +6,9 @@
 #   bench/vs-fio.sh [--dir D] [--size S] [--runtime SECONDS] [--rounds N] [--json OUT] [--rows LIST]
 #   FIO=/path/to/fio FERRY=/path/to/ferry bench/vs-fio.sh ...
 #   FERRY_ARGS="--iodepth_batch_submit=1" bench/vs-fio.sh ...   (extra options for ferry's runs)
+#   FERRY_VARIANTS="defer:FERRY_URING_DEFER=1|b0:--iodepth_batch_submit=0" bench/vs-fio.sh ...
+#     (more ferry runs in the same rounds, each LABEL:WORDS, a word NAME=VALUE set in its
+#     environment, any other word an option; each gets its own ratio against the same fio runs)
 #
 # --dir: where the test file lives (default $TMPDIR or /tmp; try the machine's disk and /dev/shm).
 # --rows: comma-separated subset of row names (see --list). Needs python3 (stdlib only).
@@ -75,11 +78,21 @@ if E["ROWS"]:
 
 path = os.path.join(d, f"vs-fio-{os.getpid()}.dat")
 
+# ferry variants: label -> (environment additions, extra options)
+VARIANTS = {}
+for v in filter(None, (x.strip() for x in E.get("FERRY_VARIANTS", "").split("|"))):
+    label, _, words = v.partition(":")
+    if not label or label in ("fio", "ferry") or label in VARIANTS:
+        sys.exit(f"vs-fio.sh: FERRY_VARIANTS: bad or repeated label in '{v}' (expected LABEL:WORDS)")
+    env = dict(w.split("=", 1) for w in words.split() if "=" in w and not w.startswith("-"))
+    VARIANTS[label] = (env, [w for w in words.split() if w.startswith("-")])
+TOOLS = ["fio", "ferry"] + list(VARIANTS)
 
-def timed(cmd):
+
+def timed(cmd, env=None):
     """Runs cmd; returns (rc, stdout, stderr, cpu seconds of the child)."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run(cmd, capture_output=True, text=True)
+    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **env) if env else None)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     return p.returncode, p.stdout, p.stderr, cpu
@@ -106,8 +119,9 @@ def one(tool, r):
         # changes read-ahead on buffered rows; ferry's public API has no such hint yet.
         cmd = [fio, "--name=vs", "--fadvise_hint=0"] + common(r)
     else:
-        cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"]) + E.get("FERRY_ARGS", "").split()
-    rc, out, err, cpu = timed(cmd)
+        env, extra = VARIANTS.get(tool, ({}, []))
+        cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"]) + E.get("FERRY_ARGS", "").split() + extra
+    rc, out, err, cpu = timed(cmd, env if tool != "fio" else None)
     if rc != 0:
         return {"error": (err.strip() or out.strip()).splitlines()[-1] if (err or out) else f"exit {rc}"}
     b, bw, iops = figures(out)
@@ -129,18 +143,21 @@ results = {r["row"]: {"params": r, "rounds": []} for r in ROWS}
 try:
     for k in range(rounds):
         for r in ROWS:
-            order = ("fio", "ferry") if k % 2 == 0 else ("ferry", "fio")
+            # each round starts with the next tool, so no tool always runs first (or after fio)
+            order = TOOLS[k % len(TOOLS):] + TOOLS[:k % len(TOOLS)]
             got = {t: one(t, r) for t in order}
             results[r["row"]]["rounds"].append(got)
-            f, y = got["fio"], got["ferry"]
-            if "error" in f or "error" in y:
-                print(f"round {k + 1} {r['row']:<32} fio: {f.get('error', 'ok')} | ferry: {y.get('error', 'ok')}")
-                continue
-            ratio = y["gbps"] / f["gbps"] if f["gbps"] else None
-            print(f"round {k + 1} {r['row']:<32} fio {f['gbps']:8.3f} GB/s {f['iops']:10.0f} IOPS "
-                  f"{fmt(f['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ferry {y['gbps']:8.3f} GB/s "
-                  f"{y['iops']:10.0f} IOPS {fmt(y['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ratio {fmt(ratio)}",
-                  flush=True)
+            f = got["fio"]
+            for t in TOOLS[1:]:
+                y = got[t]
+                if "error" in f or "error" in y:
+                    print(f"round {k + 1} {r['row']:<32} fio: {f.get('error', 'ok')} | {t}: {y.get('error', 'ok')}")
+                    continue
+                ratio = y["gbps"] / f["gbps"] if f["gbps"] else None
+                print(f"round {k + 1} {r['row']:<32} fio {f['gbps']:8.3f} GB/s {f['iops']:10.0f} IOPS "
+                      f"{fmt(f['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | {t} {y['gbps']:8.3f} GB/s "
+                      f"{y['iops']:10.0f} IOPS {fmt(y['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ratio {fmt(ratio)}",
+                      flush=True)
 finally:
     try:
         os.unlink(path)
@@ -149,33 +166,41 @@ finally:
 
 print()
 print(f"{'row':<32} {'fio GB/s':>9} {'ferry GB/s':>10} {'ratio':>6} {'>=0.95':>6} "
-      f"{'fio cpu-s/GB':>12} {'ferry cpu-s/GB':>14} {'cpu ok':>6}")
+      f"{'fio cpu-s/GB':>12} {'ferry cpu-s/GB':>14} {'cpu ok':>6} {'round ratios':>12}")
 summary = []
 met_all = True
 for name, res in results.items():
-    ok_rounds = [g for g in res["rounds"] if "error" not in g["fio"] and "error" not in g["ferry"]]
-    if not ok_rounds:
-        errs = res["rounds"][0] if res["rounds"] else {}
-        why = "; ".join(f"{t}: {g['error']}" for t, g in errs.items() if "error" in g)
-        print(f"{name:<32} n/a: {why}")
-        summary.append({"row": name, "error": why})
-        continue
-    med = lambda tool, key: statistics.median(g[tool][key] for g in ok_rounds if g[tool][key] is not None)
-    fg, yg = med("fio", "gbps"), med("ferry", "gbps")
-    fc, yc = med("fio", "cpu_s_per_gb"), med("ferry", "cpu_s_per_gb")
-    ratio = yg / fg if fg else 0
-    met = ratio >= 0.95
-    cpu_ok = yc <= fc * 1.05
-    met_all &= met
-    print(f"{name:<32} {fg:9.3f} {yg:10.3f} {ratio:6.3f} {'yes' if met else 'NO':>6} "
-          f"{fc:12.2f} {yc:14.2f} {'yes' if cpu_ok else 'NO':>6}")
-    summary.append({"row": name, "fio_gbps": fg, "ferry_gbps": yg, "ratio": ratio, "met_0_95": met,
-                    "fio_cpu_s_per_gb": fc, "ferry_cpu_s_per_gb": yc, "cpu_no_higher": cpu_ok})
+    for t in TOOLS[1:]:
+        label = name if t == "ferry" else f"{name} [{t}]"
+        ok_rounds = [g for g in res["rounds"] if "error" not in g["fio"] and "error" not in g[t]]
+        if not ok_rounds:
+            errs = res["rounds"][0] if res["rounds"] else {}
+            why = "; ".join(f"{k}: {g['error']}" for k, g in errs.items() if "error" in g and k in ("fio", t))
+            print(f"{label:<32} n/a: {why}")
+            summary.append({"row": name, "variant": t, "error": why})
+            continue
+        med = lambda tool, key: statistics.median(g[tool][key] for g in ok_rounds if g[tool][key] is not None)
+        fg, yg = med("fio", "gbps"), med(t, "gbps")
+        fc, yc = med("fio", "cpu_s_per_gb"), med(t, "cpu_s_per_gb")
+        ratio = yg / fg if fg else 0
+        # the median of each round's own ratio: the two runs of a round are minutes closer than
+        # the rounds are to each other, so this one is less moved by the machine's drift
+        rr = statistics.median(g[t]["gbps"] / g["fio"]["gbps"] for g in ok_rounds if g["fio"]["gbps"])
+        met = ratio >= 0.95
+        cpu_ok = yc <= fc * 1.05
+        if t == "ferry":
+            met_all &= met
+        print(f"{label:<32} {fg:9.3f} {yg:10.3f} {ratio:6.3f} {'yes' if met else 'NO':>6} "
+              f"{fc:12.2f} {yc:14.2f} {'yes' if cpu_ok else 'NO':>6} {rr:12.3f}")
+        summary.append({"row": name, "variant": t, "fio_gbps": fg, "ferry_gbps": yg, "ratio": ratio,
+                        "ratio_median_of_rounds": rr, "met_0_95": met,
+                        "fio_cpu_s_per_gb": fc, "ferry_cpu_s_per_gb": yc, "cpu_no_higher": cpu_ok})
 print(f"\nferry >= 0.95x fio on every row: {'yes' if met_all else 'NO'} "
-      "(GB/s and cpu-s/GB are medians over rounds; cpu ok: ferry's CPU per GB within 5% of fio's)")
+      "(GB/s and cpu-s/GB are medians over rounds; cpu ok: ferry's CPU per GB within 5% of fio's; "
+      "round ratios: the median of each round's ferry/fio)")
 if E["JSON"]:
     with open(E["JSON"], "w") as f:
-        json.dump({"schema_version": 1, "ferry": ferry, "fio": fio, "dir": d, "size": size,
+        json.dump({"schema_version": 2, "ferry": ferry, "variants": {k: {"env": e, "args": x} for k, (e, x) in VARIANTS.items()}, "fio": fio, "dir": d, "size": size,
                    "runtime_s": float(runtime), "rounds": rounds, "timestamp": int(time.time()),
                    "uname": " ".join(os.uname()), "summary": summary,
                    "raw": {k: v["rounds"] for k, v in results.items()}}, f, indent=2)

@@ -386,7 +386,7 @@ int ferry__ctx_start(ferry_ctx *ctx)
 		w[made].ctx = ctx;
 		w[made].index = made;
 		ret = ferry__ioq_init(&w[made].q, ctx, (unsigned)ctx->cfg.queue_depth,
-				      (unsigned)ctx->cfg.slots, true);
+				      (unsigned)ctx->cfg.slots, FERRY__IOQ_REG_BUFS);
 		if (ret)
 			break;
 	}

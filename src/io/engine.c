@@ -635,7 +635,7 @@ int ferry_queue_create(ferry_ctx *ctx, unsigned depth, ferry_queue **out)
 	q->done = calloc(depth, sizeof(*q->done));
 	/* A slot per I/O in flight, up to 64: unaligned I/Os on O_DIRECT files and I/Os to device
 	 * memory need them. Their memory is touched only when used. */
-	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, depth < 64 ? depth : 64, false) : -ENOMEM;
+	ret = q->done ? ferry__ioq_init(&q->q, ctx, depth, depth < 64 ? depth : 64, FERRY__IOQ_OWNER) : -ENOMEM;
 	if (ret) {
 		free(q->done);
 		free(q);

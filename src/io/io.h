@@ -209,6 +209,7 @@ struct ferry__ring_opts {
 	bool reg;
 	const struct iovec *bufs; /* slots to register as fixed buffers (reg only) */
 	unsigned nbufs;
+	bool owner_only; /* used only by the thread that creates it (ferry_queue) */
 };
 
 struct ferry__backend_ops {
@@ -280,7 +281,10 @@ struct ferry__ioq {
 
 /* reg_bufs: register the slots as io_uring fixed buffers (pins them: workers only; a queue's slots
  * stay lazily backed until used). */
-int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, bool reg_bufs);
+/* ferry__ioq_init flags */
+#define FERRY__IOQ_REG_BUFS 1u /* register the slots as fixed buffers */
+#define FERRY__IOQ_OWNER 2u    /* the ring is used only by the thread creating it */
+int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, unsigned flags);
 void ferry__ioq_exit(struct ferry__ioq *q);
 struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q);
 void ferry__ioq_put(struct ferry__ioq *q, struct ferry__chunk *c);

@@ -6,7 +6,7 @@
 
 #include "io/io.h"
 
-int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, bool reg_bufs)
+int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, unsigned flags)
 {
 	struct ferry__ring_opts o = {0};
 	struct iovec *iov = NULL;
@@ -41,8 +41,9 @@ int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsign
 	}
 	o.sqpoll = ctx->cfg.sqpoll;
 	o.reg = ctx->cfg.reg;
-	o.bufs = reg_bufs ? iov : NULL;
-	o.nbufs = reg_bufs ? nslots : 0;
+	o.bufs = flags & FERRY__IOQ_REG_BUFS ? iov : NULL;
+	o.nbufs = flags & FERRY__IOQ_REG_BUFS ? nslots : 0;
+	o.owner_only = flags & FERRY__IOQ_OWNER;
 	ret = q->ops->ring_init(&q->ring, depth, &o);
 	free(iov);
 	if (ret < 0) {

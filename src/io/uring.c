@@ -80,7 +80,14 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 	 * it on older kernels, liburing's habit for optional setup flags. */
 	if (!getenv("FERRY_URING_NO_COOP")) /* diagnosis: bench/probe-buffered-rand.sh */
 		p.flags |= IORING_SETUP_COOP_TASKRUN;
+	const char *dt = getenv("FERRY_URING_DEFER");
+	if (o->owner_only && !o->sqpoll && dt && *dt == '1') /* probe, not yet a setting */
+		p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
 	ret = io_uring_queue_init_params(depth, &r->ring, &p);
+	if (ret == -EINVAL && (p.flags & IORING_SETUP_DEFER_TASKRUN)) {
+		p.flags = IORING_SETUP_COOP_TASKRUN;
+		ret = io_uring_queue_init_params(depth, &r->ring, &p);
+	}
 	if (ret == -EINVAL) {
 		p.flags &= ~IORING_SETUP_COOP_TASKRUN;
 		ret = io_uring_queue_init_params(depth, &r->ring, &p);
