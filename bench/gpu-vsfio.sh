@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Issue 2's figures on the GPU machine, for scripts/gpu-check.sh (GPU_BENCHES=gpu-vsfio): fio and
-# ferry bench side by side (bench/vs-fio.sh) on the machine's disk, every row, and on /dev/shm the
-# rows named in SHM_ROWS; first the buffered random-read probe (bench/probe-buffered-rand.sh: each
-# tool with each generator of random offsets, bytes read from storage per byte delivered).
+# ferry bench side by side (bench/vs-fio.sh), every row on the machine's disk (DISK_ROWS: a
+# subset) and on /dev/shm (SHM_ROWS: a subset, or none). PROBE=1 first runs the buffered
+# random-read probe (bench/probe-buffered-rand.sh: each tool with each generator of random offsets,
+# bytes read from storage per byte delivered). FERRY_VARIANTS (bench/vs-fio.sh) adds ferry settings.
 # fio comes from .deb/fio (scripts/stage-device.sh builds it; the GPU machine has none) or $FIO.
-# Prints TABLE rows; about 5 minutes with the defaults (ROUNDS=3 RUNTIME=2).
+# Prints TABLE rows; about 8 minutes with the defaults (ROUNDS=3 on the disk, SHM_ROUNDS=5,
+# RUNTIME=2 seconds a run): give it a device call of its own.
 #   FERRY_CLI=build/ferry bash bench/gpu-vsfio.sh
 set -u
 FERRY=${FERRY_CLI:-build/ferry}
@@ -16,16 +18,11 @@ DISK=${DISK_DIR:-$PWD/build-bench-disk}/vsfio
 mkdir -p "$DISK" "$LOG"
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-2}
-# BATCH1_ROWS / SHM_BATCH1_ROWS: disk / /dev/shm rows run again with ferry submitting each I/O as
-# fio does by default (--iodepth_batch_submit=1), the lead for the rows below 0.95x
-# (docs/PERFORMANCE.md); "" for none.
-BATCH1_ROWS=${BATCH1_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct,read seq 1MiB QD32 buffered"}
-SHM_BATCH1_ROWS=${SHM_BATCH1_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct"}
-SHM_ROWS=${SHM_ROWS-"read rand 4KiB QD64 direct,write rand 4KiB QD64 direct,read rand 4KiB QD64 buffered,write rand 4KiB QD64 buffered,read seq 1MiB QD32 buffered"}
+SHM_ROWS=${SHM_ROWS-}
 status=0
 
-# PROBE=0 leaves the probe out (its row is settled: docs/PERFORMANCE.md, fourth session)
-if [ "${PROBE:-1}" != 0 ]; then
+# the probe's row is settled (docs/PERFORMANCE.md, fourth session): off unless PROBE=1
+if [ "${PROBE:-0}" != 0 ]; then
 	FIO=$FIO FERRY=$FERRY ROUNDS=2 RUNTIME=$RUNTIME bash bench/probe-buffered-rand.sh "$DISK" >"$LOG/probe-buffered-rand.log" 2>&1 || status=1
 	# "PROBE round | variant | GB/s IOPS | storage/app | cached"
 	sed -n 's/^PROBE /TABLE probe disk buffered rand 4k QD64 /p' "$LOG/probe-buffered-rand.log"
@@ -49,22 +46,11 @@ PY
 FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
 	${DISK_ROWS:+--rows "$DISK_ROWS"} --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
 summary "$LOG/vsfio-disk.json" disk
-if [ -n "$BATCH1_ROWS" ]; then
-	FIO=$FIO FERRY=$FERRY FERRY_ARGS="--iodepth_batch_submit=1" bash bench/vs-fio.sh --dir "$DISK" --size 1g \
-		--runtime "$RUNTIME" --rounds "$ROUNDS" --rows "$BATCH1_ROWS" --json "$LOG/vsfio-disk-batch1.json" \
-		>"$LOG/vsfio-disk-batch1.log" 2>&1 || status=1
-	summary "$LOG/vsfio-disk-batch1.json" "disk, ferry --iodepth_batch_submit=1,"
-fi
-if [ -n "$SHM_ROWS" ]; then
-	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
-		--rows "$SHM_ROWS" --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
+if [ "$SHM_ROWS" != none ]; then
+	# 5 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
+	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "${SHM_ROUNDS:-5}" \
+		${SHM_ROWS:+--rows "$SHM_ROWS"} --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
 	summary "$LOG/vsfio-shm.json" /dev/shm
-fi
-if [ -n "$SHM_BATCH1_ROWS" ]; then
-	FIO=$FIO FERRY=$FERRY FERRY_ARGS="--iodepth_batch_submit=1" bash bench/vs-fio.sh --dir /dev/shm --size 1g \
-		--runtime "$RUNTIME" --rounds "$ROUNDS" --rows "$SHM_BATCH1_ROWS" --json "$LOG/vsfio-shm-batch1.json" \
-		>"$LOG/vsfio-shm-batch1.log" 2>&1 || status=1
-	summary "$LOG/vsfio-shm-batch1.json" "/dev/shm, ferry --iodepth_batch_submit=1,"
 fi
 rm -rf "$DISK"
 exit $status

@@ -246,7 +246,11 @@ FERRY_API void ferry_batch_reset(ferry_batch *b);
  * A queue is a caller-owned submission ring for one thread: the caller keeps up to `depth` I/Os
  * in flight itself, the way fio's jobs do, with no handoff to workers. It uses the context's
  * backend (io_uring: one ring; psync: each I/O done at submit). Unaligned I/Os on O_DIRECT files
- * are handled as in ferry_pread. Not thread-safe: one queue per thread.
+ * are handled as in ferry_pread. A queue belongs to the thread that creates it: only that thread
+ * may queue, submit, reap and destroy (the others get -EINVAL), which lets its io_uring ring run
+ * completions in that thread's own calls (SINGLE_ISSUER, DEFER_TASKRUN where the kernel has
+ * them). Files opened and closed by other threads may be used as usual; a file closed while a
+ * queue exists stays open in the kernel until that queue's next queued I/O or its destruction.
  */
 typedef struct ferry_queue ferry_queue;
 

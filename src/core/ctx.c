@@ -483,12 +483,15 @@ const char *ferry_stat_name(enum ferry_stat which)
 
 /* ------------------------------------------------------------------ registered files and rings */
 
+/* Under ctx->mu, from the thread creating q. */
 void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q)
 {
 	q->reg_next = ctx->rings;
 	ctx->rings = q;
 	if (!ctx->cfg.reg || !q->ops->files_init)
 		return;
+	if (q->owner_only && !(q->files_seen = calloc(FERRY__MAX_FILES / 2, sizeof(*q->files_seen))))
+		return; /* plain descriptors then */
 	if (q->ops->files_init(q->ring, FERRY__MAX_FILES) < 0)
 		return; /* plain descriptors then; nothing else changes */
 	q->files_registered = true;
@@ -499,7 +502,34 @@ void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q)
 		q->ops->files_update(q->ring, 2 * i, f->fd_buf);
 		if (f->fd_direct >= 0)
 			q->ops->files_update(q->ring, 2 * i + 1, f->fd_direct);
+		if (q->files_seen)
+			q->files_seen[i] = f->reg_id;
 	}
+	q->files_gen = atomic_load_explicit(&ctx->files_gen, memory_order_relaxed);
+}
+
+/*
+ * The owner's catch-up: each slot whose file changed since the ring last looked is set to the
+ * file now there, or emptied. reg_id, not the descriptor, says whether it changed: a closed
+ * file's descriptor number may come back for another file. If the kernel refuses an update, the
+ * ring stops using registered files (the backend turns them off) and plain descriptors serve.
+ */
+void ferry__ioq_sync_files(struct ferry__ioq *q)
+{
+	ferry_ctx *ctx = q->ctx;
+
+	pthread_mutex_lock(&ctx->mu);
+	for (unsigned i = 0; i < FERRY__MAX_FILES / 2; i++) {
+		struct ferry_file *f = ctx->files[i];
+		uint64_t id = f ? f->reg_id : 0;
+		if (id == q->files_seen[i])
+			continue;
+		q->ops->files_update(q->ring, 2 * i, f ? f->fd_buf : -1);
+		q->ops->files_update(q->ring, 2 * i + 1, f ? f->fd_direct : -1);
+		q->files_seen[i] = id;
+	}
+	q->files_gen = atomic_load_explicit(&ctx->files_gen, memory_order_relaxed);
+	pthread_mutex_unlock(&ctx->mu);
 }
 
 void ferry__ring_unregister(ferry_ctx *ctx, struct ferry__ioq *q)
@@ -522,8 +552,11 @@ int ferry__file_register(ferry_ctx *ctx, struct ferry_file *f)
 			continue;
 		ctx->files[i] = f;
 		f->slot = (int)i;
+		f->reg_id = ++ctx->reg_ids;
 		for (struct ferry__ioq *q = ctx->rings; q; q = q->reg_next) {
-			if (!q->files_registered)
+			/* an owner ring catches up itself (ferry__ioq_sync_files): its kernel table takes
+			 * updates from its owner thread only */
+			if (q->owner_only || !q->files_registered)
 				continue;
 			/* A ring whose update fails keeps a stale slot: never use fixed files there. */
 			if (q->ops->files_update(q->ring, 2 * i, f->fd_buf) < 0 ||
@@ -531,9 +564,11 @@ int ferry__file_register(ferry_ctx *ctx, struct ferry_file *f)
 			     q->ops->files_update(q->ring, 2 * i + 1, f->fd_direct) < 0)) {
 				ctx->files[i] = NULL;
 				f->slot = -1;
+				f->reg_id = 0;
 				break;
 			}
 		}
+		atomic_fetch_add_explicit(&ctx->files_gen, 1, memory_order_relaxed);
 		break;
 	}
 	pthread_mutex_unlock(&ctx->mu);
@@ -546,13 +581,15 @@ void ferry__file_unregister(ferry_ctx *ctx, struct ferry_file *f)
 		return;
 	pthread_mutex_lock(&ctx->mu);
 	for (struct ferry__ioq *q = ctx->rings; q; q = q->reg_next) {
-		if (!q->files_registered)
+		if (q->owner_only || !q->files_registered)
 			continue;
 		q->ops->files_update(q->ring, 2 * (unsigned)f->slot, -1);
 		q->ops->files_update(q->ring, 2 * (unsigned)f->slot + 1, -1);
 	}
 	ctx->files[f->slot] = NULL;
 	f->slot = -1;
+	f->reg_id = 0;
+	atomic_fetch_add_explicit(&ctx->files_gen, 1, memory_order_relaxed);
 	pthread_mutex_unlock(&ctx->mu);
 }
 

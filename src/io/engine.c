@@ -664,13 +664,27 @@ void ferry_queue_destroy(ferry_queue *q)
 	free(q);
 }
 
+/* A queue's ring takes work from the thread that made it only (io_uring: SINGLE_ISSUER). */
+static int wrong_thread(const char *call)
+{
+	return ferry__error(-EINVAL, "%s: the queue belongs to the thread that created it; use one "
+			    "queue per thread (this is another thread)", call);
+}
+#define OWNER_CHECK(q, call)                                         \
+	do {                                                         \
+		if (!pthread_equal((q)->q.owner, pthread_self()))    \
+			return wrong_thread(call);                  \
+	} while (0)
+
 static int queue_add(ferry_queue *q, ferry_file *f, void *buf, size_t len, uint64_t off,
 		     bool is_write, void *user_data)
 {
+	OWNER_CHECK(q, is_write ? "ferry_queue_write" : "ferry_queue_read");
 	int ret = check_args(f, buf, len, off, is_write);
 	int dev = -1, path = FERRY__P_HOST;
 	struct ferry__chunk *c;
 
+	ferry__ioq_check_files(&q->q); /* files opened or closed by other threads since */
 	if (!ret && len)
 		ret = ferry__resolve_path(q->ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
@@ -702,6 +716,7 @@ int ferry_queue_write(ferry_queue *q, ferry_file *f, const void *buf, size_t len
 
 int ferry_queue_submit(ferry_queue *q)
 {
+	OWNER_CHECK(q, "ferry_queue_submit");
 	int ret = ferry__ioq_submit(&q->q);
 
 	if (ret < 0)
@@ -713,6 +728,7 @@ int ferry_queue_reap(ferry_queue *q, unsigned min_complete, unsigned max, void *
 {
 	int n;
 
+	OWNER_CHECK(q, "ferry_queue_reap");
 	if (max > q->q.depth)
 		max = q->q.depth;
 	if (min_complete > max)

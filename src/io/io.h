@@ -54,6 +54,7 @@ struct ferry_file {
 	int fd_buf;    /* always open */
 	int fd_direct; /* -1 when O_DIRECT is off or refused */
 	int slot;      /* index in the ctx file table (registered slots 2*slot, 2*slot+1), or -1 */
+	uint64_t reg_id; /* this registration's number in the context (never reused), 0 when none */
 	int writable;
 	uint32_t block_size;
 	uint32_t mem_align;
@@ -272,6 +273,13 @@ struct ferry__ioq {
 	uint64_t stats[FERRY_STAT__COUNT];
 	struct ferry__ioq *reg_next; /* ctx registry of rings, for registered files */
 	bool files_registered;
+	/* FERRY__IOQ_OWNER: a ring only its creating thread may touch (io_uring SINGLE_ISSUER), so
+	 * other threads' file opens and closes are not applied to its table: the owner applies them
+	 * itself before its next I/O (ferry__ioq_sync_files), seeing ctx->files_gen move */
+	bool owner_only;
+	pthread_t owner;
+	uint64_t files_gen;    /* ctx->files_gen when the table was last brought up to date */
+	uint64_t *files_seen;  /* reg_id per file slot in the ring's table (owner rings) */
 	/* GPU state, made at the first chunk for device memory (src/io/gpu_io.c) */
 	struct ferry__ioq_gpu *gpu;
 	struct ferry__chunk *gpu_head, *gpu_tail; /* chunks with copies in flight, in issue order */
@@ -279,11 +287,10 @@ struct ferry__ioq {
 	unsigned gds_inflight;                    /* gds-batch chunks submitted */
 };
 
-/* reg_bufs: register the slots as io_uring fixed buffers (pins them: workers only; a queue's slots
- * stay lazily backed until used). */
 /* ferry__ioq_init flags */
-#define FERRY__IOQ_REG_BUFS 1u /* register the slots as fixed buffers */
-#define FERRY__IOQ_OWNER 2u    /* the ring is used only by the thread creating it */
+#define FERRY__IOQ_REG_BUFS 1u /* register the slots as io_uring fixed buffers (pins them: workers
+				* only; a queue's slots stay lazily backed until used) */
+#define FERRY__IOQ_OWNER 2u    /* only the creating thread uses the ring (ferry_queue) */
 int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, unsigned flags);
 void ferry__ioq_exit(struct ferry__ioq *q);
 struct ferry__chunk *ferry__ioq_get(struct ferry__ioq *q);
@@ -411,6 +418,8 @@ struct ferry_ctx {
 	unsigned nworkers;
 	struct ferry_file *files[FERRY__MAX_FILES / 2];
 	struct ferry__ioq *rings; /* every ring of this context, for registered-file updates */
+	uint64_t reg_ids;         /* registrations so far (file reg_id), under mu */
+	atomic_uint_fast64_t files_gen; /* moves, under mu, whenever the file table changes */
 	/* slots for synchronous unaligned requests done inline */
 	pthread_mutex_t slot_mu;
 	char **slot_cache;
@@ -454,6 +463,14 @@ int ferry__ctx_choose_backend(ferry_ctx *ctx);
 /* Registered-file bookkeeping, called with ctx->mu held. */
 void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q);
 void ferry__ring_unregister(ferry_ctx *ctx, struct ferry__ioq *q);
+/* An owner ring's table brought up to date with the context's files (called by its owner). */
+void ferry__ioq_sync_files(struct ferry__ioq *q);
+static inline void ferry__ioq_check_files(struct ferry__ioq *q)
+{
+	if (q->owner_only && q->files_registered &&
+	    atomic_load_explicit(&q->ctx->files_gen, memory_order_relaxed) != q->files_gen)
+		ferry__ioq_sync_files(q);
+}
 int ferry__file_register(ferry_ctx *ctx, struct ferry_file *f);
 void ferry__file_unregister(ferry_ctx *ctx, struct ferry_file *f);
 /* Which backend name the context uses, for error messages (does not start workers). */

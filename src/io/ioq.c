@@ -44,6 +44,8 @@ int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsign
 	o.bufs = flags & FERRY__IOQ_REG_BUFS ? iov : NULL;
 	o.nbufs = flags & FERRY__IOQ_REG_BUFS ? nslots : 0;
 	o.owner_only = flags & FERRY__IOQ_OWNER;
+	q->owner_only = o.owner_only;
+	q->owner = pthread_self();
 	ret = q->ops->ring_init(&q->ring, depth, &o);
 	free(iov);
 	if (ret < 0) {
@@ -72,6 +74,8 @@ void ferry__ioq_exit(struct ferry__ioq *q)
 		q->ops->ring_exit(q->ring);
 		q->ring = NULL;
 	}
+	free(q->files_seen);
+	q->files_seen = NULL;
 	ferry_free_aligned(q->slot_mem, q->slot_size * q->nslots);
 	free(q->chunks);
 	free(q->tags);

@@ -15,6 +15,7 @@ struct ferry__ring {
 	struct io_uring ring;
 	bool fixed_files;
 	bool fixed_bufs;
+	bool owner_only;
 };
 
 static struct {
@@ -80,11 +81,21 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 	 * it on older kernels, liburing's habit for optional setup flags. */
 	if (!getenv("FERRY_URING_NO_COOP")) /* diagnosis: bench/probe-buffered-rand.sh */
 		p.flags |= IORING_SETUP_COOP_TASKRUN;
+	/*
+	 * A ring only its creating thread touches (a ferry_queue) defers completion work to that
+	 * thread's next io_uring_enter with GETEVENTS (DEFER_TASKRUN, 6.1; needs SINGLE_ISSUER), as
+	 * fio 3.33 does: on /dev/shm, where every I/O goes to io-wq and its completion comes back
+	 * as task work, it took ferry bench's 4 KiB QD64 rows from 0.80-1.09x fio to 1.02-1.34x,
+	 * with less CPU per GB than fio (docs/PERFORMANCE.md, sixth session). TASKRUN_FLAG lets a
+	 * peek see that completions wait to be run. FERRY_URING_DEFER=0 leaves it off (diagnosis).
+	 */
 	const char *dt = getenv("FERRY_URING_DEFER");
-	if (o->owner_only && !o->sqpoll && dt && *dt == '1') /* probe, not yet a setting */
+	bool defer = o->owner_only && !o->sqpoll && !(dt && *dt == '0');
+	r->owner_only = o->owner_only;
+	if (defer)
 		p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
 	ret = io_uring_queue_init_params(depth, &r->ring, &p);
-	if (ret == -EINVAL && (p.flags & IORING_SETUP_DEFER_TASKRUN)) {
+	if (ret == -EINVAL && defer) { /* before 6.1 */
 		p.flags = IORING_SETUP_COOP_TASKRUN;
 		ret = io_uring_queue_init_params(depth, &r->ring, &p);
 	}
@@ -123,6 +134,10 @@ static int uring_files_update(struct ferry__ring *r, unsigned slot, int fd)
 	if (!r->fixed_files)
 		return -ENXIO;
 	int ret = io_uring_register_files_update(&r->ring, slot, &fd, 1);
+	/* an owner ring's slot that could not be set would be stale: plain descriptors from now on
+	 * (only the owner updates and uses such a ring, so this is not a race) */
+	if (ret < 0 && r->owner_only)
+		r->fixed_files = false;
 	return ret < 0 ? ret : 0;
 }
 

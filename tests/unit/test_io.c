@@ -5,6 +5,7 @@
  * end of file, zero-length transfers, errors. FERRY_TEST_PER_BACKEND
  */
 #include <fcntl.h>
+#include <pthread.h>
 
 #include "ferry_test.h"
 #include "ferry/ferry.h"
@@ -300,6 +301,87 @@ static void errors(ferry_ctx *ctx, const char *dir)
 	ferry_file_close(NULL);
 }
 
+/*
+ * A queue's ring takes work from its own thread only, and files other threads open and close
+ * while it exists reach its registered-file table all the same: a file opened by another thread
+ * is read through the queue, and so is the file opened after that one was closed, which
+ * takes the same table slot (and often the same descriptor number): the queue must read the
+ * new file, not the old one. Another thread's use of the queue is refused with a reason.
+ */
+struct qthread {
+	ferry_ctx *ctx;
+	ferry_queue *q;
+	const char *open_path;
+	ferry_file *close_file;
+	ferry_file *opened;
+	int read_ret, submit_ret, reap_ret;
+	int mentions_owner;
+};
+
+static void *qthread_main(void *arg)
+{
+	struct qthread *t = arg;
+	char buf[16];
+	void *ud;
+	int64_t res;
+
+	if (t->close_file)
+		ferry_file_close(t->close_file);
+	if (ferry_file_open(t->ctx, t->open_path, FERRY_O_RDONLY, &t->opened))
+		t->opened = NULL;
+	t->read_ret = ferry_queue_read(t->q, t->opened, buf, sizeof(buf), 0, NULL);
+	t->mentions_owner = strstr(ferry_last_error(), "thread that created it") != NULL;
+	t->submit_ret = ferry_queue_submit(t->q);
+	t->reap_ret = ferry_queue_reap(t->q, 0, 1, &ud, &res);
+	return NULL;
+}
+
+static void queue_threads(ferry_ctx *ctx, const char *dir)
+{
+	enum { LEN = 8192 };
+	char path[2][512];
+	unsigned char *buf = ferry_alloc_aligned(LEN), *fill = malloc(LEN);
+	ferry_queue *q;
+	ferry_file *prev = NULL;
+	void *ud;
+	int64_t res;
+
+	T_ASSERT(buf && fill);
+	T_ASSERT(ferry_queue_create(ctx, 4, &q) == 0);
+	for (int k = 0; k < 2; k++) {
+		snprintf(path[k], sizeof(path[k]), "%s/ferry-test-qthread.%d.%d", dir, (int)getpid(), k);
+		memset(fill, 'A' + k, LEN);
+		int fd = open(path[k], O_CREAT | O_TRUNC | O_WRONLY, 0644);
+		T_ASSERT(fd >= 0);
+		T_EQ_INT(write(fd, fill, LEN), LEN);
+		close(fd);
+	}
+	for (int k = 0; k < 2; k++) {
+		struct qthread t = {.ctx = ctx, .q = q, .open_path = path[k], .close_file = prev};
+		pthread_t th;
+		T_ASSERT(pthread_create(&th, NULL, qthread_main, &t) == 0);
+		pthread_join(th, NULL);
+		T_ASSERT(t.opened);
+		T_EQ_INT(t.read_ret, -EINVAL);
+		T_CHECK(t.mentions_owner);
+		T_EQ_INT(t.submit_ret, -EINVAL);
+		T_EQ_INT(t.reap_ret, -EINVAL);
+		memset(buf, 0, LEN);
+		T_EQ_INT(ferry_queue_read(q, t.opened, buf, LEN, 0, buf), 0);
+		T_EQ_INT(ferry_queue_reap(q, 1, 1, &ud, &res), 1);
+		T_EQ_INT(res, LEN);
+		memset(fill, 'A' + k, LEN);
+		T_CHECK(memcmp(buf, fill, LEN) == 0);
+		prev = t.opened;
+	}
+	ferry_file_close(prev);
+	ferry_queue_destroy(q);
+	for (int k = 0; k < 2; k++)
+		unlink(path[k]);
+	ferry_free_aligned(buf, LEN);
+	free(fill);
+}
+
 static void run(const char *dir, const char *direct, const char *chunk)
 {
 	char path[512];
@@ -319,6 +401,7 @@ static void run(const char *dir, const char *direct, const char *chunk)
 	batch_reads(ctx, f, 100);
 	queue_reads(ctx, f, 200);
 	random_writes(ctx, f, 40);
+	queue_threads(ctx, dir);
 	if (ferry_file_is_direct(f))
 		T_CHECK(ferry_ctx_stat(ctx, FERRY_STAT_BOUNCED_CHUNKS) > 0);
 	T_CHECK(ferry_ctx_stat(ctx, FERRY_STAT_BYTES_READ) > FILE_SIZE);
