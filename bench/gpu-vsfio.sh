@@ -5,7 +5,7 @@
 # random-read probe (bench/probe-buffered-rand.sh: each tool with each generator of random offsets,
 # bytes read from storage per byte delivered). FERRY_VARIANTS (bench/vs-fio.sh) adds ferry settings.
 # fio comes from .deb/fio (scripts/stage-device.sh builds it; the GPU machine has none) or $FIO.
-# Prints TABLE rows; about 8 minutes with the defaults (ROUNDS=3 on the disk, SHM_ROUNDS=5,
+# Prints TABLE rows; about 8 minutes with the defaults (ROUNDS=3 on the disk, SHM_ROUNDS=4,
 # RUNTIME=2 seconds a run): give it a device call of its own.
 #   FERRY_CLI=build/ferry bash bench/gpu-vsfio.sh
 set -u
@@ -47,8 +47,8 @@ FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$R
 	${DISK_ROWS:+--rows "$DISK_ROWS"} --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
 summary "$LOG/vsfio-disk.json" disk
 if [ "$SHM_ROWS" != none ]; then
-	# 5 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
-	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "${SHM_ROUNDS:-5}" \
+	# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
+	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "${SHM_ROUNDS:-4}" \
 		${SHM_ROWS:+--rows "$SHM_ROWS"} --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
 	summary "$LOG/vsfio-shm.json" /dev/shm
 fi
