@@ -97,6 +97,25 @@ def ceiling(ferry, f, rw, runtime, size, quarters=True):
         return (float(m.group(1)) if m else None), f"parse: {e}"
 
 
+def remove(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def ceiling_again(a, f, rw, start, before):
+    """The rw ceiling measured again (for a write, a read first lays f out, untimed), f removed
+    after, and a TABLE row beside the figure from the start. Returns GB/s or None."""
+    for r in ("read", "write") if rw == "write" else ("read",):
+        bw, _ = ceiling(a.ferry, f, r, a.ceiling_runtime, a.ceiling_size)
+    remove(f)
+    if bw:
+        table(f"disk raw {rw} ceiling, again just before {before}", f"{bw:.2f} GB/s",
+              f"at the start {start:.2f} GB/s" if start else "")
+    return bw
+
+
 def sync(torch, dev):
     if dev != "cpu":
         torch.cuda.synchronize()
@@ -213,10 +232,7 @@ def main():
         bw, note = ceiling(a.ferry, ceil_file, rw, a.ceiling_runtime, a.ceiling_size, quarters=False)
         table(f"disk raw {rw} ceiling, former definition (4 jobs over the same blocks, {a.ceiling_runtime} s, no fsync)",
               f"{bw:.2f} GB/s" if bw else "n/a", "not used by the targets; " + note)
-    try:
-        os.unlink(ceil_file)
-    except OSError:
-        pass
+    remove(ceil_file)
 
     for where, d, cold in (("warm /dev/shm", a.shm, False), ("cold disk", a.disk, True)):
         r = ferry_bench(a.ferry, d, a.size, cold, budget)
@@ -288,17 +304,7 @@ def main():
         # the same call at 0.86-0.97x; after the peers' 17 GB of writes the virtio disk may not be
         # what it was at the start. The target uses this one; the first is printed beside it.
         os.sync()
-        near = {}
-        for rw in ("read", "write"):  # the read lays the file out (untimed), the write overwrites it
-            near[rw], note = ceiling(a.ferry, ceil_file, rw, a.ceiling_runtime, a.ceiling_size)
-        try:
-            os.unlink(ceil_file)
-        except OSError:
-            pass
-        if near["write"]:
-            table("disk raw write ceiling, again just before ferry's save_file", f"{near['write']:.2f} GB/s",
-                  f"at the start {ceil['write']:.2f} GB/s" if ceil.get("write") else note)
-            fig["write_near"] = near["write"]
+        fig["write_near"] = ceiling_again(a, ceil_file, "write", ceil.get("write"), "ferry's save_file")
         q = os.path.join(a.disk, "ferry-py.safetensors")
         for rep in range(2):  # a new file each time; the second with the engine and CUDA warm
             # Untimed: the disk quiet first. ext4 mounted with `discard` discards a deleted file's
@@ -324,16 +330,7 @@ def main():
 
     # The read ceiling again, just before the cold loads, for the same reason as the write's: in
     # the sixth session every loader read cold at 0.84-0.86x of the ceiling measured at the start.
-    bw, _ = ceiling(a.ferry, ceil_file, "read", a.ceiling_runtime, a.ceiling_size)
-    try:
-        os.unlink(ceil_file)
-    except OSError:
-        pass
-    if bw:
-        table("disk raw read ceiling, again just before the cold loads", f"{bw:.2f} GB/s",
-              f"at the start {ceil['read']:.2f} GB/s" if ceil.get("read") else "")
-        fig["read_near"] = bw
-    rnear = fig.get("read_near") or ceil.get("read")
+    rnear = ceiling_again(a, ceil_file, "read", ceil.get("read"), "the cold loads") or ceil.get("read")
     load = {}
     for where, cold, files in (("warm /dev/shm", False, shm), ("cold disk", True, paths)):
         for name, key, fn in loaders(torch, fst, dev):

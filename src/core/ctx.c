@@ -483,6 +483,29 @@ const char *ferry_stat_name(enum ferry_stat which)
 
 /* ------------------------------------------------------------------ registered files and rings */
 
+/*
+ * An owner ring's catch-up (under ctx->mu, from its owner): each slot whose file changed since the
+ * ring last looked is set to the file now there, or emptied. reg_id, not the descriptor, says
+ * whether it changed: a closed file's descriptor number may come back for another file. If the
+ * kernel refuses an update, the ring stops using registered files (the backend turns them off)
+ * and plain descriptors serve.
+ */
+static void sync_files_locked(struct ferry__ioq *q)
+{
+	ferry_ctx *ctx = q->ctx;
+
+	for (unsigned i = 0; i < FERRY__MAX_FILES / 2; i++) {
+		struct ferry_file *f = ctx->files[i];
+		uint64_t id = f ? f->reg_id : 0;
+		if (id == q->files_seen[i])
+			continue;
+		q->ops->files_update(q->ring, 2 * i, f ? f->fd_buf : -1);
+		q->ops->files_update(q->ring, 2 * i + 1, f ? f->fd_direct : -1);
+		q->files_seen[i] = id;
+	}
+	q->files_gen = atomic_load_explicit(&ctx->files_gen, memory_order_relaxed);
+}
+
 /* Under ctx->mu, from the thread creating q. */
 void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q)
 {
@@ -495,6 +518,10 @@ void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q)
 	if (q->ops->files_init(q->ring, FERRY__MAX_FILES) < 0)
 		return; /* plain descriptors then; nothing else changes */
 	q->files_registered = true;
+	if (q->files_seen) { /* nothing seen yet: the catch-up sets every open file */
+		sync_files_locked(q);
+		return;
+	}
 	for (unsigned i = 0; i < FERRY__MAX_FILES / 2; i++) {
 		struct ferry_file *f = ctx->files[i];
 		if (!f)
@@ -502,34 +529,14 @@ void ferry__ring_register(ferry_ctx *ctx, struct ferry__ioq *q)
 		q->ops->files_update(q->ring, 2 * i, f->fd_buf);
 		if (f->fd_direct >= 0)
 			q->ops->files_update(q->ring, 2 * i + 1, f->fd_direct);
-		if (q->files_seen)
-			q->files_seen[i] = f->reg_id;
 	}
-	q->files_gen = atomic_load_explicit(&ctx->files_gen, memory_order_relaxed);
 }
 
-/*
- * The owner's catch-up: each slot whose file changed since the ring last looked is set to the
- * file now there, or emptied. reg_id, not the descriptor, says whether it changed: a closed
- * file's descriptor number may come back for another file. If the kernel refuses an update, the
- * ring stops using registered files (the backend turns them off) and plain descriptors serve.
- */
 void ferry__ioq_sync_files(struct ferry__ioq *q)
 {
-	ferry_ctx *ctx = q->ctx;
-
-	pthread_mutex_lock(&ctx->mu);
-	for (unsigned i = 0; i < FERRY__MAX_FILES / 2; i++) {
-		struct ferry_file *f = ctx->files[i];
-		uint64_t id = f ? f->reg_id : 0;
-		if (id == q->files_seen[i])
-			continue;
-		q->ops->files_update(q->ring, 2 * i, f ? f->fd_buf : -1);
-		q->ops->files_update(q->ring, 2 * i + 1, f ? f->fd_direct : -1);
-		q->files_seen[i] = id;
-	}
-	q->files_gen = atomic_load_explicit(&ctx->files_gen, memory_order_relaxed);
-	pthread_mutex_unlock(&ctx->mu);
+	pthread_mutex_lock(&q->ctx->mu);
+	sync_files_locked(q);
+	pthread_mutex_unlock(&q->ctx->mu);
 }
 
 void ferry__ring_unregister(ferry_ctx *ctx, struct ferry__ioq *q)
