@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 2's figures on the GPU machine, for scripts/gpu-check.sh (GPU_BENCHES=gpu-vsfio): fio and
 # ferry bench side by side (bench/vs-fio.sh), every row on the machine's disk (DISK_ROWS: a
-# subset) and on /dev/shm (SHM_ROWS: a subset, or none). PROBE=1 first runs the buffered
+# subset, or none) and on /dev/shm (SHM_ROWS: a subset, or none). PROBE=1 first runs the buffered
 # random-read probe (bench/probe-buffered-rand.sh: each tool with each generator of random offsets,
 # bytes read from storage per byte delivered). FERRY_VARIANTS (bench/vs-fio.sh) adds ferry settings.
 # fio comes from .deb/fio (scripts/stage-device.sh builds it; the GPU machine has none) or $FIO.
@@ -42,10 +42,12 @@ for r in j["summary"]:
           f"rounds' median {r['ratio_median_of_rounds']:.2f}x; {'met' if r['met_0_95'] else 'NOT met'}")
 PY
 }
-# DISK_ROWS: the disk rows (default: every row)
-FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
-	${DISK_ROWS:+--rows "$DISK_ROWS"} --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
-summary "$LOG/vsfio-disk.json" disk
+# DISK_ROWS: the disk rows (default: every row; none: no disk rows)
+if [ "${DISK_ROWS-}" != none ]; then
+	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
+		${DISK_ROWS:+--rows "$DISK_ROWS"} --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
+	summary "$LOG/vsfio-disk.json" disk
+fi
 if [ "$SHM_ROWS" != none ]; then
 	# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
 	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "${SHM_ROUNDS:-4}" \

@@ -615,7 +615,17 @@ static int setup_ctx(ferry_ctx **ctxp, const struct bench_job_opts *o)
 	if (err < 0)
 		return err1("cannot configure the ferry context (--ioengine %s, --direct %d): %s (%s)",
 			    o->ioengine, o->direct, ferry_strerror(err), detail());
-	err = ferry_ctx_start(ctx);
+	/*
+	 * Only --api pread and transfers to GPU memory use the context's workers. A queue job needs
+	 * just the backend: starting the workers would make a thread, a ring and pinned slots each
+	 * (192 MiB on a 16-core machine) before a run that never uses them
+	 * (docs/BENCH.md, "What runs before the timer").
+	 */
+	const char *start = getenv("FERRY_BENCH_START_WORKERS");
+	if (o->api_pread || o->xmode != BENCH_X_NONE || (start && !strcmp(start, "1")))
+		err = ferry_ctx_start(ctx);
+	else
+		err = strcmp(ferry_ctx_backend(ctx), "none") ? 0 : FERRY_EBACKEND;
 	if (err < 0) {
 		const char *why = ferry_backend_unavailable_reason(o->ioengine);
 		return err1("the %s backend cannot run here: %s (%s)", o->ioengine,

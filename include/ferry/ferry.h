@@ -101,7 +101,10 @@ FERRY_API const char *const *ferry_ctx_keys(void);
  * a backend asked for explicitly that cannot run gives FERRY_EBACKEND.
  */
 FERRY_API FERRY_WUR int ferry_ctx_start(ferry_ctx *ctx);
-/* Name of the backend the workers use ("io_uring" or "psync"); starts them if needed. */
+/*
+ * Name of the backend the context's workers and queues use ("io_uring" or "psync"), probing it if
+ * needed ("none" when none works: the error detail says why). Does not start the workers.
+ */
 FERRY_API const char *ferry_ctx_backend(ferry_ctx *ctx);
 /* Why a backend is not usable here ("" if it is), e.g. "io_uring: kernel.io_uring_disabled=2". */
 FERRY_API const char *ferry_backend_unavailable_reason(const char *backend);

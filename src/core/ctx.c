@@ -428,7 +428,8 @@ int ferry_ctx_start(ferry_ctx *ctx)
 
 const char *ferry_ctx_backend(ferry_ctx *ctx)
 {
-	if (!ctx->backend && ferry__ctx_start(ctx))
+	/* The probe decides the name; the workers (threads, rings, pinned slots) wait for work. */
+	if (!ctx->backend && ferry__ctx_choose_backend(ctx))
 		return "none";
 	return ctx->backend->name;
 }

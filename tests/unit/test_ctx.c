@@ -1,9 +1,23 @@
 /* Context knobs: set/get by name, FERRY_* environment variables, validation with a sentence naming
  * the knob and what it expects, knobs that shape the workers refused once I/O has started. */
+#include <dirent.h>
 #include <sched.h>
 
 #include "ferry_test.h"
 #include "ferry/ferry.h"
+
+/* Threads of this process (entries of /proc/self/task), or -1 without /proc. */
+static int thread_count(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	int n = 0;
+	if (!d)
+		return -1;
+	for (struct dirent *e; (e = readdir(d));)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
 
 int main(void)
 {
@@ -54,7 +68,13 @@ int main(void)
 	setenv("FERRY_BACKEND", "psync", 1);
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
 	T_CHECK(ferry_ctx_get(ctx, "threads", buf, sizeof(buf)) > 0 && !strcmp(buf, "5"));
+	/* naming the backend probes it but starts no worker; ferry_ctx_start starts all five */
+	int before = thread_count();
 	T_EQ_STR(ferry_ctx_backend(ctx), "psync");
+	T_ASSERT(before > 0); /* /proc/self/task */
+	T_EQ_INT(thread_count(), before);
+	T_EQ_INT(ferry_ctx_start(ctx), 0);
+	T_EQ_INT(thread_count(), before + 5);
 	ferry_ctx_destroy(ctx);
 	setenv("FERRY_QUEUE_DEPTH", "lots", 1);
 	ctx = (ferry_ctx *)&ctx;
