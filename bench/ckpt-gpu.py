@@ -190,6 +190,30 @@ def timed_load(torch, dev, fn, path, cold):
     return s
 
 
+def h2d_ceilings(torch, nbytes, reps=3):
+    """The warm loads' ceiling: GB/s of one pinned host-to-device copy of nbytes (median of reps)
+    into device memory allocated just before, as a load's is (timed_load empties torch's cache
+    first), and into memory copied into before. bench/probe-alloc-overlap.py measured the first
+    at 48.9 GB/s and the second at 54.5 on the GPU machine: the copy engine's first writes into new
+    memory cost about a tenth, whoever copies (a memset first does not help)."""
+    src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    fresh, again = [], []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        d = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        for out in (fresh, again):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            d.copy_(src, non_blocking=True)
+            torch.cuda.synchronize()
+            out.append(nbytes / 1e9 / (time.perf_counter() - t0))
+        del d
+    del src
+    torch.cuda.empty_cache()
+    return statistics.median(fresh), statistics.median(again)
+
+
 def ratio(name, value, target, higher=True, note=""):
     if value is None:
         table(f"target {name}", "n/a", note or "a figure is missing")
@@ -331,6 +355,11 @@ def main():
     # The read ceiling again, just before the cold loads, for the same reason as the write's: in
     # the sixth session every loader read cold at 0.84-0.86x of the ceiling measured at the start.
     rnear = ceiling_again(a, ceil_file, "read", ceil.get("read"), "the cold loads") or ceil.get("read")
+    h2d_new = None
+    if dev != "cpu":
+        h2d_new, h2d_again = h2d_ceilings(torch, total)
+        table("pinned H2D copy into new device memory (the warm loads' ceiling)", f"{h2d_new:.2f} GB/s",
+              f"{gb:.2f} GB, median of 3; into memory copied into before: {h2d_again:.2f} GB/s")
     load = {}
     for where, cold, files in (("warm /dev/shm", False, shm), ("cold disk", True, paths)):
         for name, key, fn in loaders(torch, fst, dev):
@@ -352,6 +381,8 @@ def main():
                     note += f", {gb / s / ceil['read']:.2f}x the one at the start"
             if not cold:
                 note = f"median of {len(runs)}: " + ", ".join(f"{gb / x:.2f}" for x in runs) + " GB/s in order"
+                if h2d_new:
+                    note += f"; {gb / s / h2d_new:.2f}x the copy into new memory"
             table(f"{name} {where}", f"{gb / s:.2f} GB/s", note)
     for p in list(shm.values()) + list(paths.values()):
         os.unlink(p)
