@@ -728,7 +728,8 @@ static PyMethodDef context_methods[] = {
 
 static PyGetSetDef context_getset[] = {
 	{"backend", (getter)context_backend, NULL,
-	 "Name of the backend the workers use ('io_uring' or 'psync'); starts them if needed.", NULL},
+	 "Name of the backend the workers and queues use ('io_uring' or 'psync'), probed if needed; "
+	 "does not start the workers.", NULL},
 	{NULL},
 };
 
