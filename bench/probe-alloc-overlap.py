@@ -62,12 +62,17 @@ def main():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
 
-    def t(fn):
-        fresh()
+    def clock(fn):
+        """Seconds of fn(), the device idle before and synchronised after."""
+        torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
         torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+    def t(fn):
+        fresh()
+        return clock(fn)
 
     def alloc():
         return torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -75,11 +80,7 @@ def main():
     def read_only():
         fresh()
         d = alloc()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        f.pread_into(d, 0)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock(lambda: f.pread_into(d, 0))
 
     def alloc_then_read():
         d = alloc()
@@ -98,50 +99,30 @@ def main():
         fresh()
         d = alloc()
         d.zero_()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        f.pread_into(d, 0)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock(lambda: f.pread_into(d, 0))
 
     def read_again():  # into memory the same process read into before (torch's cache keeps it)
         d = alloc()
         f.pread_into(d, 0)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        f.pread_into(d, 0)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock(lambda: f.pread_into(d, 0))
 
     pinned = torch.empty(n, dtype=torch.uint8).pin_memory()
 
     def copy_fresh():  # the pinned copy ceiling into memory just allocated
         fresh()
         d = alloc()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        d.copy_(pinned, non_blocking=True)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock(lambda: d.copy_(pinned, non_blocking=True))
 
     def copy_again():  # ... and into memory copied into before
         d = alloc()
         d.copy_(pinned, non_blocking=True)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        d.copy_(pinned, non_blocking=True)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock(lambda: d.copy_(pinned, non_blocking=True))
 
     def read_fresh_after_read():  # a read into touched memory, then one into fresh memory
         d = alloc()
         f.pread_into(d, 0)
         e = alloc()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        f.pread_into(e, 0)
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return clock(lambda: f.pread_into(e, 0))
 
     def overlapped(piece):
         def run():
