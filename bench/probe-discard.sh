@@ -12,15 +12,9 @@
 # Prints the mount options and the disk's discard limits first. About 1.5 minutes at 3 GB/s.
 #   FIO=.deb/fio DIR=build-bench-disk SIZE=8g ROUNDS=2 REMOUNT=1 bash bench/probe-discard.sh
 set -u
-FIO=${FIO:-$(command -v fio || echo .deb/fio)}
-DIR=${DIR:-${DISK_DIR:-$PWD/build-bench-disk}}
-SIZE=${SIZE:-8g}
-ROUNDS=${ROUNDS:-2}
-mkdir -p "$DIR"
+. "$(dirname "$0")/fio-probe-common.sh" # FIO, DIR, SIZE, ROUNDS, bytes, q, fio_wall
 F=$DIR/pd-existing.dat
 N=$DIR/pd-new.dat
-bytes=$(python3 -c "import sys; s=sys.argv[1]; print(int(float(s[:-1]) * {'k':1<<10,'m':1<<20,'g':1<<30}[s[-1].lower()]))" "$SIZE")
-q=$((bytes / 4))
 c="--bs=4m --iodepth=16 --numjobs=4 --direct=1 --ioengine=io_uring --group_reporting --size=$q --offset_increment=$q --end_fsync=1"
 mnt=$(findmnt -no TARGET -T "$DIR")
 opts=$(findmnt -no OPTIONS -T "$DIR")
@@ -32,13 +26,7 @@ echo "TABLE discard probe: file system | $(findmnt -no FSTYPE -T "$DIR") on $src
 echo "TABLE discard probe: disk | $(basename "$sys") | discard_max_bytes $(cat "$sys/queue/discard_max_bytes" 2>/dev/null || echo ?), discard_granularity $(cat "$sys/queue/discard_granularity" 2>/dev/null || echo ?)"
 "$FIO" --name=lay --filename="$F" --rw=write --bs=4m --iodepth=16 --direct=1 --ioengine=io_uring --size="$bytes" >/dev/null || exit 1
 "$FIO" --name=lay --filename="$N" --rw=write --bs=4m --iodepth=16 --direct=1 --ioengine=io_uring --size="$bytes" >/dev/null || exit 1
-wall() { # fio args...: GB/s of $bytes over the wall time
-	local t0 t1
-	t0=$(date +%s.%N)
-	"$FIO" --name=pd "$@" >/dev/null || { echo "n/a"; return; }
-	t1=$(date +%s.%N)
-	python3 -c "import sys; print('%.2f' % (int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2])) / 1e9))" "$bytes" "$t0" "$t1"
-}
+wall() { fio_wall pd "$@"; } # fio args...: GB/s over the wall time
 new_file() { # label, seconds to wait after the delete
 	rm -f "$N"
 	sync

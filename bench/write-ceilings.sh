@@ -10,28 +10,14 @@
 # GB/s over each fio process's wall time (fio's own bw for same-offsets). Prints TABLE rows.
 #   FIO=.deb/fio DIR=/var/tmp SIZE=8g bash bench/write-ceilings.sh
 set -u
-FIO=${FIO:-$(command -v fio || echo .deb/fio)}
-DIR=${DIR:-${DISK_DIR:-$PWD/build-bench-disk}}
-SIZE=${SIZE:-8g}
-ROUNDS=${ROUNDS:-2}
+. "$(dirname "$0")/fio-probe-common.sh" # FIO, DIR, SIZE, ROUNDS, bytes, q, fio_wall
 RUNTIME=${RUNTIME:-8}
-mkdir -p "$DIR"
 F=$DIR/wc-existing.dat
 N=$DIR/wc-new.dat
-bytes=$(python3 -c "import sys; s=sys.argv[1]; print(int(float(s[:-1]) * {'k':1<<10,'m':1<<20,'g':1<<30}[s[-1].lower()]))" "$SIZE")
-q=$((bytes / 4))
 c="--bs=4m --iodepth=16 --numjobs=4 --direct=1 --ioengine=io_uring --group_reporting --output-format=json"
 "$FIO" --name=lay --filename="$F" --rw=write --bs=4m --iodepth=16 --direct=1 --ioengine=io_uring --size="$bytes" >/dev/null || exit 1
 quiet() { sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; }
-wall() { # name, fio args...: prints GB/s of $bytes over the wall time
-	local name=$1 t0 t1
-	shift
-	quiet
-	t0=$(date +%s.%N)
-	"$FIO" --name="$name" "$@" >/dev/null || { echo "n/a"; return; }
-	t1=$(date +%s.%N)
-	python3 -c "import sys; print('%.2f' % (int(sys.argv[1]) / (float(sys.argv[3]) - float(sys.argv[2])) / 1e9))" "$bytes" "$t0" "$t1"
-}
+wall() { quiet; fio_wall "$@"; } # name, fio args...: GB/s over the wall time, caches dropped first
 for r in $(seq 1 "$ROUNDS"); do
 	quiet
 	g=$("$FIO" --name=same --filename="$F" --rw=write $c --size="$bytes" --runtime="$RUNTIME" --time_based |
