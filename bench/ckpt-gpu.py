@@ -14,8 +14,10 @@ runai-model-streamer and ferry.safetensors.load_file (the targets use this row);
 again, to tell the file's layout from the loader. The /dev/shm copies are plain file copies of the
 disk files. Each loader is timed once cold and once warm (ferry's warm load also a second time,
 printed as a note); torch's cached GPU memory is emptied before each load so that every loader pays
-for its allocations. ferry's C figures come from `ferry ckpt bench` (its own file, the same
-shapes). A peer whose wheel is missing is reported as skipped. `--device cpu` runs the whole script
+for its allocations. The cold target is then measured in rounds (--cold-rounds, 3): each round the
+disk's read ceiling and ferry's cold load, seconds apart, order rotated (cold_rounds()); more ferry
+contexts can join the rounds (--cold-variants chunk_size=4m). ferry's C figures come from `ferry
+ckpt bench` (its own file, the same shapes). A peer whose wheel is missing is reported as skipped. `--device cpu` runs the whole script
 without a GPU (figures meaningless) to test it.
 
 Run time, 8g on the GPU machine (16 cores, disk ~1.9 GB/s read and ~3.1 GB/s write, ~1.4 GB/s for
@@ -25,8 +27,9 @@ ceilings, each job its quarter of the file once (~3-4 s each), and the former on
 (2 durable saves, 2 async saves, loads); peer saves ~25 s (safetensors.torch and torch.save, 8 GB
 each, + os.sync); the write ceiling again before ferry's 2 saves ~10 s, the saves ~6 s; copies to
 /dev/shm ~10 s; warm loads, 3 of each, ~35 s (torch.load ~18 s of it); cold loads ~35 s (6 loaders
-at 1.3-2 GB/s) + drop_caches ~1 s each; async saves ~8 s; imports, CUDA start and the state ~15 s:
-about 3.5 minutes, under 4.5. --size 2g takes about a minute.
+at 1.3-2 GB/s) + drop_caches ~1 s each; the cold rounds ~45 s (laying out the ceiling's file, then 3 x
+a ceiling and a load of ~5 s each, +15 s per variant); async saves ~8 s; imports, CUDA start and the
+state ~15 s: about 4.5 minutes, under 5.5. --size 2g takes about a minute.
 Space: ~25 GB on --disk (three 8 GB files at once), ~25 GB in /dev/shm.
 """
 import argparse
@@ -190,6 +193,51 @@ def timed_load(torch, dev, fn, path, cold):
     return s
 
 
+def cold_rounds(a, torch, dev, fst, path, shm_path, gb, ceil_file):
+    """The cold-load target's measure, paired as bench/vs-fio.sh pairs fio and ferry: a.cold_rounds
+    rounds, each the disk's read ceiling (caches dropped first) and ferry's cold load of `path` (caches
+    dropped first) with each context of COLD_VARIANTS, the order rotated every round so that none
+    always runs first. The disk's read rate moved by up to 18% between measurements minutes apart
+    (sixth and seventh sessions); within a round they are seconds apart. Prints a row per round and
+    one per variant; returns {variant: median of its rounds' ratios to their round's ceiling}."""
+    import ferry
+    variants = {"default": None}
+    for spec in filter(None, a.cold_variants.split(",")):
+        k, _, v = spec.partition("=")
+        variants[spec] = ferry.Context(**{k: v})
+        # untimed: the context's first load pays for its slots and workers (warm, from /dev/shm)
+        timed_load(torch, dev, lambda p: fst.load_file(p, device=dev, context=variants[spec]), shm_path, False)
+    runs = ["ceiling"] + list(variants)
+    got = {r: [] for r in runs}
+    for k in range(a.cold_rounds):
+        order = runs[k % len(runs):] + runs[:k % len(runs)]
+        row = {}
+        for r in order:
+            if r == "ceiling":
+                row[r], _ = ceiling(a.ferry, ceil_file, "read", a.ceiling_runtime, a.ceiling_size)
+            else:
+                ctx = variants[r]
+                x = timed_load(torch, dev, lambda p: fst.load_file(p, device=dev, context=ctx), path, True)
+                row[r] = gb / x if not isinstance(x, str) else None
+                if isinstance(x, str):
+                    table(f"cold round {k + 1} ferry [{r}]", "failed", x)
+        for r in runs:
+            got[r].append(row[r])
+        c = row["ceiling"]
+        table(f"cold round {k + 1}: read ceiling and ferry.safetensors.load_file", f"{c:.2f} GB/s" if c else "n/a",
+              "order " + ", ".join(order) + "; " + "; ".join(
+                  f"[{r}] {row[r]:.2f} GB/s" + (f" ({row[r] / c:.2f}x)" if c else "") for r in variants if row[r]))
+    remove(ceil_file)
+    out = {}
+    for r in variants:
+        rr = [y / c for y, c in zip(got[r], got["ceiling"]) if y and c]
+        if rr:
+            out[r] = statistics.median(rr)
+            table(f"ferry.safetensors.load_file cold disk [{r}], paired with the ceiling", f"{out[r]:.2f}x",
+                  f"median of {len(rr)} rounds' ratios: " + ", ".join(f"{x:.2f}" for x in rr))
+    return out
+
+
 def h2d_ceilings(torch, nbytes, reps=3):
     """The warm loads' ceiling: GB/s of one pinned host-to-device copy of nbytes (median of reps)
     into device memory allocated just before, as a load's is (timed_load empties torch's cache
@@ -232,6 +280,10 @@ def main():
     ap.add_argument("--ceiling-runtime", default="8", help="seconds of each raw ceiling run")
     ap.add_argument("--ceiling-size", default="8g", help="the region of the disk the ceilings use")
     ap.add_argument("--warm-loads", type=int, default=3, help="warm loads per loader (the median is kept)")
+    ap.add_argument("--cold-rounds", type=int, default=3, help="rounds of the read ceiling paired with ferry's "
+                    "cold load (the cold target's measure; 0: compare with one ceiling measured before the loads)")
+    ap.add_argument("--cold-variants", default=os.environ.get("FERRY_CKPT_COLD_VARIANTS", ""),
+                    help="more ferry contexts in the cold rounds, comma-separated knob=value (e.g. chunk_size=4m)")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the whole script without a GPU "
                     "(figures meaningless; for testing the script)")
     a = ap.parse_args()
@@ -384,6 +436,8 @@ def main():
                 if h2d_new:
                     note += f"; {gb / s / h2d_new:.2f}x the copy into new memory"
             table(f"{name} {where}", f"{gb / s:.2f} GB/s", note)
+    if fst is not None and a.cold_rounds > 0:
+        fig["cold_rounds"] = cold_rounds(a, torch, dev, fst, paths["st"], shm["st"], gb, ceil_file)
     for p in list(shm.values()) + list(paths.values()):
         os.unlink(p)
 
@@ -415,10 +469,18 @@ def main():
           note=f"ferry {fw and round(fw, 2)} GB/s; C loader {fig.get('c_load_warm', 0):.2f} GB/s")
     ratio("load warm vs best peer", fw / best[1] if fw and best else None, 1.5,
           note=f"best peer: {best[0]} {best[1]:.2f} GB/s" if best else "")
-    ratio("load cold vs disk raw read", fc / rnear if fc and rnear else None, 0.95,
-          note=(f"against the read ceiling just before the loads ({rnear:.2f} GB/s); C loader "
-                f"{fig.get('c_load_cold', 0) / ceil['read']:.2f}x the ceiling at the start ({ceil['read']:.2f} GB/s), "
-                "next to which it ran") if rnear and ceil.get("read") else "")
+    paired = fig.get("cold_rounds", {}).get("default")
+    single = (f"one load against the read ceiling just before the loads: {fc / rnear:.2f}x of {rnear:.2f} GB/s"
+              if fc and rnear else "")
+    c_load = (f"C loader {fig.get('c_load_cold', 0) / ceil['read']:.2f}x the ceiling at the start "
+              f"({ceil['read']:.2f} GB/s), next to which it ran" if ceil.get("read") else "")
+    if paired is not None:
+        ratio("load cold vs disk raw read", paired, 0.95,
+              note=f"median of {a.cold_rounds} rounds, each the ceiling and the load seconds apart; " + "; ".join(
+                  x for x in (single, c_load) if x))
+    else:
+        ratio("load cold vs disk raw read", fc / rnear if fc and rnear else None, 0.95,
+              note="; ".join(x for x in (single, c_load) if x))
     # save_file against the ceiling measured just before it (the one at the start if that failed);
     # the C save ran right after the first ceiling, so it is compared with that one
     wnear = fig.get("write_near") or ceil.get("write")

@@ -39,7 +39,9 @@ for r in j["summary"]:
         continue
     print(f"TABLE vs-fio {sys.argv[2]} {row} | {r['ratio']:.2f}x | fio {r['fio_gbps']:.3f} / ferry "
           f"{r['ferry_gbps']:.3f} GB/s; cpu-s/GB fio {r['fio_cpu_s_per_gb']:.2f} / ferry {r['ferry_cpu_s_per_gb']:.2f}; "
-          f"rounds' median {r['ratio_median_of_rounds']:.2f}x; {'met' if r['met_0_95'] else 'NOT met'}")
+          f"rounds' median {r['ratio_median_of_rounds']:.2f}x" + (f" (range {min(r['round_ratios']):.2f}-{max(r['round_ratios']):.2f}, "
+          f"ahead in {r['rounds_ahead']}/{len(r['round_ratios'])}, >=0.95 in {r['rounds_at_0_95']}/{len(r['round_ratios'])})"
+          if "round_ratios" in r else "") + f"; {'met' if r['met_0_95'] else 'NOT met'}")
 PY
 }
 # DISK_ROWS: the disk rows (default: every row; none: no disk rows)

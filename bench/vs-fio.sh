@@ -4,6 +4,7 @@
 # table (median over rounds) saying whether ferry met 0.95x fio on each row.
 #
 #   bench/vs-fio.sh [--dir D] [--size S] [--runtime SECONDS] [--rounds N] [--json OUT] [--rows LIST]
+#                   [--taskset CPUS]
 #   FIO=/path/to/fio FERRY=/path/to/ferry bench/vs-fio.sh ...
 #   FERRY_ARGS="--iodepth_batch_submit=1" bench/vs-fio.sh ...   (extra options for ferry's runs)
 #   FERRY_VARIANTS="defer:FERRY_URING_DEFER=1|b0:--iodepth_batch_submit=0" bench/vs-fio.sh ...
@@ -12,6 +13,9 @@
 #
 # --dir: where the test file lives (default $TMPDIR or /tmp; try the machine's disk and /dev/shm).
 # --rows: comma-separated subset of row names (see --list). Needs python3 (stdlib only).
+# --taskset: run both tools under `taskset -c CPUS` (e.g. 1): the same CPUs for both, so that where
+#   the kernel places each tool's threads (and io_uring's workers, which inherit the CPU mask) is
+#   no longer a draw that differs between the runs (docs/BENCH.md, "Where the threads land").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 FERRY=${FERRY:-$here/../build/ferry}
@@ -22,8 +26,9 @@ RUNTIME=10
 ROUNDS=3
 JSON=
 ROWS=
+TASKSET=
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
 	opt=$1
 	case $opt in
@@ -38,6 +43,7 @@ while [ $# -gt 0 ]; do
 	--rounds) ROUNDS=$val ;;
 	--json) JSON=$val ;;
 	--rows) ROWS=$val ;;
+	--taskset) TASKSET=$val ;;
 	--list) ROWS=list ;;
 	--help|-h) usage; exit 0 ;;
 	*) echo "vs-fio.sh: unknown option $opt" >&2; usage >&2; exit 2 ;;
@@ -50,7 +56,11 @@ if [ "$ROWS" != list ]; then
 	[ -d "$DIR" ] || { echo "vs-fio.sh: --dir $DIR is not a directory" >&2; exit 1; }
 fi
 
-export FERRY FIO DIR SIZE RUNTIME ROUNDS JSON ROWS
+if [ -n "$TASKSET" ]; then
+	command -v taskset >/dev/null || { echo "vs-fio.sh: --taskset needs taskset (util-linux)" >&2; exit 1; }
+	taskset -c "$TASKSET" true 2>/dev/null || { echo "vs-fio.sh: --taskset $TASKSET: not a CPU list this machine accepts" >&2; exit 2; }
+fi
+export FERRY FIO DIR SIZE RUNTIME ROUNDS JSON ROWS TASKSET
 exec python3 - <<'PY'
 import json, os, resource, statistics, subprocess, sys, time
 
@@ -121,6 +131,8 @@ def one(tool, r):
     else:
         env, extra = VARIANTS.get(tool, ({}, []))
         cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"]) + E.get("FERRY_ARGS", "").split() + extra
+    if E["TASKSET"]:
+        cmd = ["taskset", "-c", E["TASKSET"]] + cmd
     rc, out, err, cpu = timed(cmd, env if tool != "fio" else None)
     if rc != 0:
         return {"error": (err.strip() or out.strip()).splitlines()[-1] if (err or out) else f"exit {rc}"}
@@ -133,7 +145,8 @@ def fmt(x, f="%.3f"):
 
 
 print(f"vs-fio: ferry={ferry} fio={fio} ({subprocess.run([fio, '--version'], capture_output=True, text=True).stdout.strip()})")
-print(f"vs-fio: file {path}, size {size}, runtime {runtime}s, rounds {rounds}, ioengine io_uring, 1 job")
+print(f"vs-fio: file {path}, size {size}, runtime {runtime}s, rounds {rounds}, ioengine io_uring, 1 job"
+      + (f", both tools on CPUs {E['TASKSET']} (taskset)" if E["TASKSET"] else ""))
 rc = subprocess.run([ferry, "bench", f"--filename={path}", f"--size={size}", "--bs=1m", "--io_size=1m"],
                     capture_output=True, text=True)
 if rc.returncode != 0:
@@ -166,7 +179,7 @@ finally:
 
 print()
 print(f"{'row':<32} {'fio GB/s':>9} {'ferry GB/s':>10} {'ratio':>6} {'>=0.95':>6} "
-      f"{'fio cpu-s/GB':>12} {'ferry cpu-s/GB':>14} {'cpu ok':>6} {'round ratios':>12}")
+      f"{'fio cpu-s/GB':>12} {'ferry cpu-s/GB':>14} {'cpu ok':>6} {'round ratios':>12} (range, rounds)")
 summary = []
 met_all = True
 for name, res in results.items():
@@ -185,23 +198,30 @@ for name, res in results.items():
         ratio = yg / fg if fg else 0
         # the median of each round's own ratio: the two runs of a round are minutes closer than
         # the rounds are to each other, so this one is less moved by the machine's drift
-        rr = statistics.median(g[t]["gbps"] / g["fio"]["gbps"] for g in ok_rounds if g["fio"]["gbps"])
+        rrs = [g[t]["gbps"] / g["fio"]["gbps"] for g in ok_rounds if g["fio"]["gbps"]]
+        rr = statistics.median(rrs)
+        # how the rounds spread: ferry at or above fio, and at or above the mark, in how many
+        ahead, at_mark = sum(x >= 1 for x in rrs), sum(x >= 0.95 for x in rrs)
         met = ratio >= 0.95
         cpu_ok = yc <= fc * 1.05
         if t == "ferry":
             met_all &= met
         print(f"{label:<32} {fg:9.3f} {yg:10.3f} {ratio:6.3f} {'yes' if met else 'NO':>6} "
-              f"{fc:12.2f} {yc:14.2f} {'yes' if cpu_ok else 'NO':>6} {rr:12.3f}")
+              f"{fc:12.2f} {yc:14.2f} {'yes' if cpu_ok else 'NO':>6} {rr:12.3f} "
+              f"{min(rrs):.2f}-{max(rrs):.2f}, {ahead}/{len(rrs)} ahead, {at_mark}/{len(rrs)} >=0.95")
         summary.append({"row": name, "variant": t, "fio_gbps": fg, "ferry_gbps": yg, "ratio": ratio,
-                        "ratio_median_of_rounds": rr, "met_0_95": met,
+                        "ratio_median_of_rounds": rr, "met_0_95": met, "round_ratios": rrs,
+                        "rounds_ahead": ahead, "rounds_at_0_95": at_mark,
                         "fio_cpu_s_per_gb": fc, "ferry_cpu_s_per_gb": yc, "cpu_no_higher": cpu_ok})
 print(f"\nferry >= 0.95x fio on every row: {'yes' if met_all else 'NO'} "
       "(GB/s and cpu-s/GB are medians over rounds; cpu ok: ferry's CPU per GB within 5% of fio's; "
-      "round ratios: the median of each round's ferry/fio)")
+      "round ratios: the median of each round's ferry/fio, their range, the rounds where ferry ran at or above "
+      "fio and at or above 0.95x)")
 if E["JSON"]:
     with open(E["JSON"], "w") as f:
         json.dump({"schema_version": 2, "ferry": ferry, "variants": {k: {"env": e, "args": x} for k, (e, x) in VARIANTS.items()}, "fio": fio, "dir": d, "size": size,
                    "runtime_s": float(runtime), "rounds": rounds, "timestamp": int(time.time()),
+                   "taskset": E["TASKSET"] or None,
                    "uname": " ".join(os.uname()), "summary": summary,
                    "raw": {k: v["rounds"] for k, v in results.items()}}, f, indent=2)
         f.write("\n")
