@@ -33,6 +33,7 @@ state ~15 s: about 4.5 minutes, under 5.5. --size 2g takes about a minute.
 Space: ~25 GB on --disk (three 8 GB files at once), ~25 GB in /dev/shm.
 """
 import argparse
+import gc
 import json
 import os
 import re
@@ -176,12 +177,30 @@ def loaders(torch, fst, dev):
     return out
 
 
+def resident(path):
+    """Bytes of path in the page cache (util-linux fincore), or None where fincore is missing."""
+    try:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                             capture_output=True, text=True)
+        return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else None
+    except (OSError, ValueError):
+        return None
+
+
+LEFT_CACHED = {}  # path -> bytes still in the page cache after the last cold load's drop
+
+
 def timed_load(torch, dev, fn, path, cold):
     """Seconds for one load, or the exception's text."""
     if dev != "cpu":
         torch.cuda.empty_cache()
     if cold:
+        # A previous loader's mapping that is still alive (a cycle not yet collected) pins its
+        # pages: drop_caches cannot drop mapped pages, and the next "cold" load would read them
+        # from memory. Collect first, then say what the drop left.
+        gc.collect()
         drop_caches()
+        LEFT_CACHED[path] = resident(path)
     t0 = time.perf_counter()
     try:
         x = fn(path)
@@ -221,6 +240,9 @@ def cold_rounds(a, torch, dev, fst, path, shm_path, gb, ceil_file):
                 row[r] = gb / x if not isinstance(x, str) else None
                 if isinstance(x, str):
                     table(f"cold round {k + 1} ferry [{r}]", "failed", x)
+                elif LEFT_CACHED.get(path):
+                    table(f"cold round {k + 1} ferry [{r}]", "NOT cold",
+                          f"{LEFT_CACHED[path] / 1e9:.2f} GB of the file stayed cached after the drop")
         for r in runs:
             got[r].append(row[r])
         c = row["ceiling"]
@@ -431,6 +453,8 @@ def main():
                 note = f"{gb / s / rnear:.2f}x the read ceiling just before"
                 if ceil.get("read"):
                     note += f", {gb / s / ceil['read']:.2f}x the one at the start"
+            if cold and LEFT_CACHED.get(files[key]):
+                note += f"; NOT cold: {LEFT_CACHED[files[key]] / 1e9:.2f} GB of the file stayed cached after the drop"
             if not cold:
                 note = f"median of {len(runs)}: " + ", ".join(f"{gb / x:.2f}" for x in runs) + " GB/s in order"
                 if h2d_new:
