@@ -178,13 +178,42 @@ def loaders(torch, fst, dev):
 
 
 def resident(path):
-    """Bytes of path in the page cache (util-linux fincore), or None where fincore is missing."""
+    """Bytes of path in the page cache (mincore over a mapping of the file, which faults nothing
+    in), or None with the reason printed once where it cannot be told."""
+    import ctypes
     try:
-        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
-                             capture_output=True, text=True)
-        return int(out.stdout.split()[0]) if out.returncode == 0 and out.stdout.split() else None
-    except (OSError, ValueError):
-        return None
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        fd = os.open(path, os.O_RDONLY)
+    except (OSError, AttributeError) as e:
+        return _no_residency(f"{path}: {e}")
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0
+        addr = libc.mmap(None, size, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        if addr is None or addr == ctypes.c_void_p(-1).value:
+            return _no_residency(f"mmap({path}): {os.strerror(ctypes.get_errno())}")
+        page = os.sysconf("SC_PAGE_SIZE")
+        vec = ctypes.create_string_buffer((size + page - 1) // page)
+        r = libc.mincore(ctypes.c_void_p(addr), size, vec)
+        err = ctypes.get_errno()
+        libc.munmap(ctypes.c_void_p(addr), size)
+        if r:
+            return _no_residency(f"mincore({path}): {os.strerror(err)}")
+        return (len(vec.raw) - vec.raw.count(0)) * page  # a page's byte is 1 where it is resident
+    finally:
+        os.close(fd)
+
+
+def _no_residency(why):
+    if not getattr(_no_residency, "said", False):
+        table("page-cache check after each cache drop", "unavailable", why)
+        _no_residency.said = True
+    return None
 
 
 LEFT_CACHED = {}  # path -> bytes still in the page cache after the last cold load's drop
