@@ -12,13 +12,15 @@ by every loader: `peer.safetensors` (safetensors.torch.save_file) by safetensors
 runai-model-streamer and ferry.safetensors.load_file (the targets use this row); `peer.pt`
 (torch.save) by torch.load; `ferry-py.safetensors` (ferry's save_file: data 4 KiB-aligned) by ferry
 again, to tell the file's layout from the loader. The /dev/shm copies are plain file copies of the
-disk files. Each loader is timed once cold and once warm (ferry's warm load also a second time,
-printed as a note); torch's cached GPU memory is emptied before each load so that every loader pays
-for its allocations. The cold target is then measured in rounds (--cold-rounds, 3): each round the
-disk's read ceiling and ferry's cold load, seconds apart, order rotated (cold_rounds()); more ferry
-contexts can join the rounds (--cold-variants chunk_size=4m). ferry's C figures come from `ferry
-ckpt bench` (its own file, the same shapes). A peer whose wheel is missing is reported as skipped. `--device cpu` runs the whole script
-without a GPU (figures meaningless) to test it.
+disk files. Each loader is timed once cold and three times warm (the median kept); torch's cached
+GPU memory is emptied before each load so that every loader pays for its allocations. Before a cold
+load, garbage is collected and caches dropped, and mincore says whether the drop left part of the
+file cached (a `NOT cold` note). The cold target is then measured in rounds (--cold-rounds, 3):
+each round the disk's read ceiling and ferry's cold load, seconds apart, order rotated
+(cold_rounds()); more ferry contexts can join the rounds (--cold-variants chunk_size=4m). ferry's C
+figures come from `ferry ckpt bench` (its own file, the same shapes). A peer whose wheel is missing
+is reported as skipped. `--device cpu` runs the whole script without a GPU (figures meaningless) to
+test it.
 
 Run time, 8g on the GPU machine (16 cores, disk ~1.9 GB/s read and ~3.1 GB/s write, ~1.4 GB/s for
 torch.load and ~0.8 GB/s for safetensors' and torch's saves; figures of the 2g run scaled): the
@@ -244,7 +246,7 @@ def timed_load(torch, dev, fn, path, cold):
 def cold_rounds(a, torch, dev, fst, path, shm_path, gb, ceil_file):
     """The cold-load target's measure, paired as bench/vs-fio.sh pairs fio and ferry: a.cold_rounds
     rounds, each the disk's read ceiling (caches dropped first) and ferry's cold load of `path` (caches
-    dropped first) with each context of COLD_VARIANTS, the order rotated every round so that none
+    dropped first) with the default context and each one --cold-variants names, the order rotated so that none
     always runs first. The disk's read rate moved by up to 18% between measurements minutes apart
     (sixth and seventh sessions); within a round they are seconds apart. Prints a row per round and
     one per variant; returns {variant: median of its rounds' ratios to their round's ceiling}."""
