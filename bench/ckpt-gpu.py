@@ -29,8 +29,8 @@ ceilings, each job its quarter of the file once (~3-4 s each), and the former on
 (2 durable saves, 2 async saves, loads); peer saves ~25 s (safetensors.torch and torch.save, 8 GB
 each, + os.sync); the write ceiling again before ferry's 2 saves ~10 s, the saves ~6 s; copies to
 /dev/shm ~10 s; warm loads, 3 of each, ~35 s (torch.load ~18 s of it); cold loads ~35 s (6 loaders
-at 1.3-2 GB/s) + drop_caches ~1 s each; the cold rounds ~45 s (laying out the ceiling's file, then 3 x
-a ceiling and a load of ~5 s each, +15 s per variant); async saves ~8 s; imports, CUDA start and the
+at 1.3-2 GB/s) + drop_caches ~1 s each; the cold rounds ~40 s (3 x a ceiling and a load of ~5 s
+each, + drop_caches, +15 s per variant; the ceiling's file kept from the read ceiling before the loads); async saves ~8 s; imports, CUDA start and the
 state ~15 s: about 4.5 minutes, under 5.5. --size 2g takes about a minute.
 Space: ~25 GB on --disk (three 8 GB files at once), ~25 GB in /dev/shm.
 """
@@ -110,12 +110,14 @@ def remove(path):
         pass
 
 
-def ceiling_again(a, f, rw, start, before):
+def ceiling_again(a, f, rw, start, before, keep=False):
     """The rw ceiling measured again (for a write, a read first lays f out, untimed), f removed
-    after, and a TABLE row beside the figure from the start. Returns GB/s or None."""
+    after unless keep (the cold rounds read it again), and a TABLE row beside the figure from the
+    start. Returns GB/s or None."""
     for r in ("read", "write") if rw == "write" else ("read",):
         bw, _ = ceiling(a.ferry, f, r, a.ceiling_runtime, a.ceiling_size)
-    remove(f)
+    if not keep:
+        remove(f)
     if bw:
         table(f"disk raw {rw} ceiling, again just before {before}", f"{bw:.2f} GB/s",
               f"at the start {start:.2f} GB/s" if start else "")
@@ -459,7 +461,9 @@ def main():
 
     # The read ceiling again, just before the cold loads, for the same reason as the write's: in
     # the sixth session every loader read cold at 0.84-0.86x of the ceiling measured at the start.
-    rnear = ceiling_again(a, ceil_file, "read", ceil.get("read"), "the cold loads") or ceil.get("read")
+    # kept for the cold rounds after the loads, instead of laying out 8 GB again there
+    rounds = fst is not None and a.cold_rounds > 0
+    rnear = ceiling_again(a, ceil_file, "read", ceil.get("read"), "the cold loads", keep=rounds) or ceil.get("read")
     h2d_new = None
     if dev != "cpu":
         h2d_new, h2d_again = h2d_ceilings(torch, total)
@@ -491,7 +495,7 @@ def main():
                 if h2d_new:
                     note += f"; {gb / s / h2d_new:.2f}x the copy into new memory"
             table(f"{name} {where}", f"{gb / s:.2f} GB/s", note)
-    if fst is not None and a.cold_rounds > 0:
+    if rounds:
         fig["cold_rounds"] = cold_rounds(a, torch, dev, fst, paths["st"], shm["st"], gb, ceil_file)
     for p in list(shm.values()) + list(paths.values()):
         os.unlink(p)
