@@ -3,7 +3,8 @@
 # ferry bench side by side (bench/vs-fio.sh), every row on the machine's disk (DISK_ROWS: a
 # subset, or none) and on /dev/shm (SHM_ROWS: a subset, or none). PROBE=1 first runs the buffered
 # random-read probe (bench/probe-buffered-rand.sh: each tool with each generator of random offsets,
-# bytes read from storage per byte delivered). FERRY_VARIANTS (bench/vs-fio.sh) adds ferry settings.
+# bytes read from storage per byte delivered). FERRY_VARIANTS and FIO_VARIANTS (bench/vs-fio.sh) add
+# settings of each tool; WHERE=1 notes where each run's job ran (vs-fio.sh --where).
 # fio comes from .deb/fio (scripts/stage-device.sh builds it; the GPU machine has none) or $FIO.
 # Prints TABLE rows; about 8 minutes with the defaults (ROUNDS=3 on the disk, SHM_ROUNDS=4,
 # RUNTIME=2 seconds a run): give it a device call of its own.
@@ -19,6 +20,8 @@ mkdir -p "$DISK" "$LOG"
 ROUNDS=${ROUNDS:-3}
 RUNTIME=${RUNTIME:-2}
 SHM_ROWS=${SHM_ROWS-}
+WHERE_ARG=
+[ "${WHERE:-0}" != 0 ] && WHERE_ARG=--where
 status=0
 
 # the probe's row is settled (docs/PERFORMANCE.md, fourth session): off unless PROBE=1
@@ -47,13 +50,13 @@ PY
 # DISK_ROWS: the disk rows (default: every row; none: no disk rows)
 if [ "${DISK_ROWS-}" != none ]; then
 	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
-		${DISK_ROWS:+--rows "$DISK_ROWS"} --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
+		${DISK_ROWS:+--rows "$DISK_ROWS"} $WHERE_ARG --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
 	summary "$LOG/vsfio-disk.json" disk
 fi
 if [ "$SHM_ROWS" != none ]; then
 	# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
 	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "${SHM_ROUNDS:-4}" \
-		${SHM_ROWS:+--rows "$SHM_ROWS"} --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
+		${SHM_ROWS:+--rows "$SHM_ROWS"} $WHERE_ARG --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
 	summary "$LOG/vsfio-shm.json" /dev/shm
 fi
 rm -rf "$DISK"

@@ -4,18 +4,23 @@
 # table (median over rounds) saying whether ferry met 0.95x fio on each row.
 #
 #   bench/vs-fio.sh [--dir D] [--size S] [--runtime SECONDS] [--rounds N] [--json OUT] [--rows LIST]
-#                   [--taskset CPUS]
+#                   [--taskset CPUS] [--where]
 #   FIO=/path/to/fio FERRY=/path/to/ferry bench/vs-fio.sh ...
 #   FERRY_ARGS="--iodepth_batch_submit=1" bench/vs-fio.sh ...   (extra options for ferry's runs)
 #   FERRY_VARIANTS="defer:FERRY_URING_DEFER=1|b0:--iodepth_batch_submit=0" bench/vs-fio.sh ...
 #     (more ferry runs in the same rounds, each LABEL:WORDS, a word NAME=VALUE set in its
 #     environment, any other word an option; each gets its own ratio against the same fio runs)
+#   FIO_VARIANTS="fio-thread:--thread" bench/vs-fio.sh ...   (more fio runs, the same form; a
+#     fio variant's figure is printed in ferry's column, its ratio is against plain fio)
 #
 # --dir: where the test file lives (default $TMPDIR or /tmp; try the machine's disk and /dev/shm).
 # --rows: comma-separated subset of row names (see --list). Needs python3 (stdlib only).
 # --taskset: run both tools under `taskset -c CPUS` (e.g. 1): the same CPUs for both, so that where
 #   the kernel places each tool's threads (and io_uring's workers, which inherit the CPU mask) is
 #   no longer a draw that differs between the runs (docs/BENCH.md, "Where the threads land").
+# --where: every 20 ms, note the CPU each thread of the tool ran on (/proc/PID/task/TID/stat),
+#   and its migrations and context switches (/proc/PID/task/TID/sched); the busiest thread's
+#   figures go into each run's JSON and line ("job on CPUs ...").
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 FERRY=${FERRY:-$here/../build/ferry}
@@ -27,13 +32,14 @@ ROUNDS=3
 JSON=
 ROWS=
 TASKSET=
+WHERE=
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -e/{/^set -e/!p}' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
 	opt=$1
 	case $opt in
 	--*=*) val=${opt#*=}; opt=${opt%%=*} ;;
-	--help|-h|--list) val= ;;
+	--help|-h|--list|--where) val= ;;
 	*) val=${2-}; [ $# -ge 2 ] || { echo "vs-fio.sh: $opt needs a value" >&2; exit 2; }; shift ;;
 	esac
 	case $opt in
@@ -45,6 +51,7 @@ while [ $# -gt 0 ]; do
 	--rows) ROWS=$val ;;
 	--taskset) TASKSET=$val ;;
 	--list) ROWS=list ;;
+	--where) WHERE=1 ;;
 	--help|-h) usage; exit 0 ;;
 	*) echo "vs-fio.sh: unknown option $opt" >&2; usage >&2; exit 2 ;;
 	esac
@@ -60,9 +67,9 @@ if [ -n "$TASKSET" ]; then
 	command -v taskset >/dev/null || { echo "vs-fio.sh: --taskset needs taskset (util-linux)" >&2; exit 1; }
 	taskset -c "$TASKSET" true 2>/dev/null || { echo "vs-fio.sh: --taskset $TASKSET: not a CPU list this machine accepts" >&2; exit 2; }
 fi
-export FERRY FIO DIR SIZE RUNTIME ROUNDS JSON ROWS TASKSET
+export FERRY FIO DIR SIZE RUNTIME ROUNDS JSON ROWS TASKSET WHERE
 exec python3 - <<'PY'
-import json, os, resource, statistics, subprocess, sys, time
+import json, os, resource, statistics, subprocess, sys, tempfile, time
 
 E = os.environ
 ferry, fio, d = E["FERRY"], E["FIO"], E["DIR"]
@@ -88,24 +95,96 @@ if E["ROWS"]:
 
 path = os.path.join(d, f"vs-fio-{os.getpid()}.dat")
 
-# ferry variants: label -> (environment additions, extra options)
-VARIANTS = {}
-for v in filter(None, (x.strip() for x in E.get("FERRY_VARIANTS", "").split("|"))):
-    label, _, words = v.partition(":")
-    if not label or label in ("fio", "ferry") or label in VARIANTS:
-        sys.exit(f"vs-fio.sh: FERRY_VARIANTS: bad or repeated label in '{v}' (expected LABEL:WORDS)")
-    env = dict(w.split("=", 1) for w in words.split() if "=" in w and not w.startswith("-"))
-    VARIANTS[label] = (env, [w for w in words.split() if w.startswith("-")])
-TOOLS = ["fio", "ferry"] + list(VARIANTS)
+# ferry's and fio's variants: label -> (environment additions, extra options)
+def variants(name, taken):
+    out = {}
+    for v in filter(None, (x.strip() for x in E.get(name, "").split("|"))):
+        label, _, words = v.partition(":")
+        if not label or label in taken or label in out:
+            sys.exit(f"vs-fio.sh: {name}: bad or repeated label in '{v}' (expected LABEL:WORDS)")
+        env = dict(w.split("=", 1) for w in words.split() if "=" in w and not w.startswith("-"))
+        out[label] = (env, [w for w in words.split() if w.startswith("-")])
+    return out
+
+
+VARIANTS = variants("FERRY_VARIANTS", ("fio", "ferry"))
+FIO_VARIANTS = variants("FIO_VARIANTS", ["fio", "ferry"] + list(VARIANTS))
+TOOLS = ["fio", "ferry"] + list(VARIANTS) + list(FIO_VARIANTS)
+
+
+def proc_tree(pid):
+    """The pids of pid and its descendants (fio runs each job as a child process)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for t in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def sample(pid, seen):
+    """One look at every thread of the tree: the CPU it ran on since the last look, its sched figures."""
+    for p in proc_tree(pid):
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                with open(f"/proc/{p}/task/{t}/stat") as f:
+                    st = f.read()
+                with open(f"/proc/{p}/task/{t}/sched") as f:
+                    sc = f.read()
+            except OSError:
+                continue
+            fields = st[st.rindex(")") + 2:].split()
+            cpu_t, cpu = int(fields[11]) + int(fields[12]), int(fields[36])
+            s = seen.setdefault(t, {"cpu_ticks": 0, "cpus": {}, "moves": 0, "last": None, "sched": {}})
+            if cpu_t > s["cpu_ticks"] or s["last"] is None:
+                s["cpus"][cpu] = s["cpus"].get(cpu, 0) + 1
+                if s["last"] is not None and cpu != s["last"]:
+                    s["moves"] += 1
+                s["last"] = cpu
+            s["cpu_ticks"] = cpu_t
+            for line in sc.splitlines():
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k in ("se.nr_migrations", "nr_voluntary_switches", "nr_involuntary_switches", "se.sum_exec_runtime"):
+                    s["sched"][k.replace("se.", "")] = float(v)
+
+
+def where_of(seen):
+    """The busiest thread's placement: CPUs (samples on each), moves between samples, migrations."""
+    if not seen:
+        return None
+    s = max(seen.values(), key=lambda x: x["sched"].get("sum_exec_runtime", 0))
+    return {"cpus": {str(c): n for c, n in sorted(s["cpus"].items(), key=lambda x: -x[1])},
+            "moves": s["moves"], **{k: int(v) for k, v in s["sched"].items() if k != "sum_exec_runtime"}}
 
 
 def timed(cmd, env=None):
-    """Runs cmd; returns (rc, stdout, stderr, cpu seconds of the child)."""
+    """Runs cmd; returns (rc, stdout, stderr, cpu seconds of the child, where its job ran or None)."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **env) if env else None)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen(cmd, stdout=out, stderr=err, text=True,
+                             env=dict(os.environ, **env) if env else None)
+        seen = {}
+        if E["WHERE"]:
+            while p.poll() is None:
+                sample(p.pid, seen)
+                time.sleep(0.02)
+        p.wait()
+        out.seek(0)
+        err.seek(0)
+        o, e = out.read(), err.read()
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    return p.returncode, p.stdout, p.stderr, cpu
+    return p.returncode, o, e, cpu, where_of(seen)
 
 
 def common(r):
@@ -124,20 +203,34 @@ def figures(out):
 
 
 def one(tool, r):
-    if tool == "fio":
+    if tool == "fio" or tool in FIO_VARIANTS:
         # fadvise_hint=0: fio would otherwise advise RANDOM/SEQUENTIAL on its descriptor, which
         # changes read-ahead on buffered rows; ferry's public API has no such hint yet.
-        cmd = [fio, "--name=vs", "--fadvise_hint=0"] + common(r)
+        env, extra = FIO_VARIANTS.get(tool, ({}, []))
+        cmd = [fio, "--name=vs", "--fadvise_hint=0"] + common(r) + extra
     else:
         env, extra = VARIANTS.get(tool, ({}, []))
         cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"]) + E.get("FERRY_ARGS", "").split() + extra
     if E["TASKSET"]:
         cmd = ["taskset", "-c", E["TASKSET"]] + cmd
-    rc, out, err, cpu = timed(cmd, env if tool != "fio" else None)
+    rc, out, err, cpu, where = timed(cmd, env)
     if rc != 0:
         return {"error": (err.strip() or out.strip()).splitlines()[-1] if (err or out) else f"exit {rc}"}
     b, bw, iops = figures(out)
-    return {"gbps": bw / 1e9, "iops": iops, "cpu_s": cpu, "cpu_s_per_gb": cpu / (b / 1e9) if b else None}
+    got = {"gbps": bw / 1e9, "iops": iops, "cpu_s": cpu, "cpu_s_per_gb": cpu / (b / 1e9) if b else None}
+    if where:
+        got["where"] = where
+    return got
+
+
+def where_line(tool, g):
+    w = g.get("where")
+    if not w:
+        return ""
+    cpus = " ".join(f"{c}:{n}" for c, n in list(w["cpus"].items())[:4])
+    return (f"\n    {tool:<10} job on CPUs {cpus} (samples); moves {w['moves']}, migrations "
+            f"{w.get('nr_migrations', '-')}, switches {w.get('nr_voluntary_switches', '-')}+"
+            f"{w.get('nr_involuntary_switches', '-')}")
 
 
 def fmt(x, f="%.3f"):
@@ -169,8 +262,8 @@ try:
                 ratio = y["gbps"] / f["gbps"] if f["gbps"] else None
                 print(f"round {k + 1} {r['row']:<32} fio {f['gbps']:8.3f} GB/s {f['iops']:10.0f} IOPS "
                       f"{fmt(f['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | {t} {y['gbps']:8.3f} GB/s "
-                      f"{y['iops']:10.0f} IOPS {fmt(y['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ratio {fmt(ratio)}",
-                      flush=True)
+                      f"{y['iops']:10.0f} IOPS {fmt(y['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ratio {fmt(ratio)}"
+                      + (where_line("fio", f) if t == TOOLS[1] else "") + where_line(t, y), flush=True)
 finally:
     try:
         os.unlink(path)
@@ -219,7 +312,8 @@ print(f"\nferry >= 0.95x fio on every row: {'yes' if met_all else 'NO'} "
       "fio and at or above 0.95x)")
 if E["JSON"]:
     with open(E["JSON"], "w") as f:
-        json.dump({"schema_version": 2, "ferry": ferry, "variants": {k: {"env": e, "args": x} for k, (e, x) in VARIANTS.items()}, "fio": fio, "dir": d, "size": size,
+        json.dump({"schema_version": 2, "ferry": ferry, "variants": {k: {"env": e, "args": x} for k, (e, x) in VARIANTS.items()},
+                   "fio_variants": {k: {"env": e, "args": x} for k, (e, x) in FIO_VARIANTS.items()}, "fio": fio, "dir": d, "size": size,
                    "runtime_s": float(runtime), "rounds": rounds, "timestamp": int(time.time()),
                    "taskset": E["TASKSET"] or None,
                    "uname": " ".join(os.uname()), "summary": summary,
