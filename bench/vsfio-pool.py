@@ -2,8 +2,9 @@
 """Pools the rounds of several bench/vs-fio.sh runs (their --json files) row by row: for each row,
 every round's own ratio ferry/fio from every file, their median, and how many rounds ferry ran at
 or above fio and at or above 0.95x; and the median of the rounds' ratios of CPU seconds per GB
-(ferry's over fio's), held to vs-fio.sh's mark of 1.05. A single table of 3-5 rounds moves a row by 0.1-0.3 between VMs
-(docs/PERFORMANCE.md); the rounds of several tables, on several VMs, say where a row sits.
+(ferry's over fio's), held to vs-fio.sh's mark of 1.05. A single table of 3-5 rounds moves a row
+by 0.1-0.3 between VMs (docs/PERFORMANCE.md); the rounds of several tables, on several VMs, say
+where a row sits.
 
     python3 bench/vsfio-pool.py [--label disk] A.json B.json ...   [--variant ferry]
 
