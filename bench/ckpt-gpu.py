@@ -30,8 +30,9 @@ ceilings, each job its quarter of the file once (~3-4 s each), and the former on
 each, + os.sync); the write ceiling again before ferry's 2 saves ~10 s, the saves ~6 s; copies to
 /dev/shm ~10 s; warm loads, 3 of each, ~35 s (torch.load ~18 s of it); cold loads ~35 s (6 loaders
 at 1.3-2 GB/s) + drop_caches ~1 s each; the cold rounds ~40 s (3 x a ceiling and a load of ~5 s
-each, + drop_caches, +15 s per variant; the ceiling's file kept from the read ceiling before the loads); async saves ~8 s; imports, CUDA start and the
-state ~15 s: about 4.5 minutes, under 5.5. --size 2g takes about a minute.
+each, + drop_caches, +15 s per variant; the ceiling's file kept from the read ceiling before the
+loads); async saves ~8 s; imports, CUDA start and the state ~15 s: about 4.5 minutes, under 5.5.
+--size 2g takes about a minute.
 Space: ~25 GB on --disk (three 8 GB files at once), ~25 GB in /dev/shm.
 """
 import argparse

@@ -47,17 +47,14 @@ for r in j["summary"]:
           if "round_ratios" in r else "") + f"; {'met' if r['met_0_95'] else 'NOT met'}")
 PY
 }
+vsfio() { # name (disk, shm), dir, rounds, rows, label: one vs-fio.sh run and its TABLE rows
+	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$2" --size 1g --runtime "$RUNTIME" --rounds "$3" \
+		${4:+--rows "$4"} $WHERE_ARG --json "$LOG/vsfio-$1.json" >"$LOG/vsfio-$1.log" 2>&1 || status=1
+	summary "$LOG/vsfio-$1.json" "$5"
+}
 # DISK_ROWS: the disk rows (default: every row; none: no disk rows)
-if [ "${DISK_ROWS-}" != none ]; then
-	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir "$DISK" --size 1g --runtime "$RUNTIME" --rounds "$ROUNDS" \
-		${DISK_ROWS:+--rows "$DISK_ROWS"} $WHERE_ARG --json "$LOG/vsfio-disk.json" >"$LOG/vsfio-disk.log" 2>&1 || status=1
-	summary "$LOG/vsfio-disk.json" disk
-fi
-if [ "$SHM_ROWS" != none ]; then
-	# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
-	FIO=$FIO FERRY=$FERRY bash bench/vs-fio.sh --dir /dev/shm --size 1g --runtime "$RUNTIME" --rounds "${SHM_ROUNDS:-4}" \
-		${SHM_ROWS:+--rows "$SHM_ROWS"} $WHERE_ARG --json "$LOG/vsfio-shm.json" >"$LOG/vsfio-shm.log" 2>&1 || status=1
-	summary "$LOG/vsfio-shm.json" /dev/shm
-fi
+[ "${DISK_ROWS-}" != none ] && vsfio disk "$DISK" "$ROUNDS" "${DISK_ROWS-}" disk
+# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
+[ "$SHM_ROWS" != none ] && vsfio shm /dev/shm "${SHM_ROUNDS:-4}" "$SHM_ROWS" /dev/shm
 rm -rf "$DISK"
 exit $status
