@@ -12,6 +12,7 @@
 #     environment, any other word an option; each gets its own ratio against the same fio runs)
 #   FIO_VARIANTS="fio-thread:--thread" bench/vs-fio.sh ...   (more fio runs, the same form; a
 #     fio variant's figure is printed in ferry's column, its ratio is against plain fio)
+#   VARIANT_ROWS="read rand 4KiB QD1 direct" ...   (variants run on these rows only; default all)
 #
 # --dir: where the test file lives (default $TMPDIR or /tmp; try the machine's disk and /dev/shm).
 # --rows: comma-separated subset of row names (see --list). Needs python3 (stdlib only).
@@ -110,6 +111,14 @@ def variants(name, taken):
 VARIANTS = variants("FERRY_VARIANTS", ("fio", "ferry"))
 FIO_VARIANTS = variants("FIO_VARIANTS", ["fio", "ferry"] + list(VARIANTS))
 TOOLS = ["fio", "ferry"] + list(VARIANTS) + list(FIO_VARIANTS)
+VARIANT_ROWS = [w.strip() for w in E.get("VARIANT_ROWS", "").split(",") if w.strip()]
+if VARIANT_ROWS and not set(VARIANT_ROWS) <= {r["row"] for r in ROWS}:
+    sys.exit(f"vs-fio.sh: VARIANT_ROWS names rows not run: {sorted(set(VARIANT_ROWS) - {r['row'] for r in ROWS})}")
+
+
+def tools_of(r):
+    """The tools run on row r: every variant, or with VARIANT_ROWS only on those rows."""
+    return [t for t in TOOLS if t in ("fio", "ferry") or not VARIANT_ROWS or r["row"] in VARIANT_ROWS]
 
 
 def proc_tree(pid):
@@ -167,6 +176,17 @@ def where_of(seen):
             "moves": s["moves"], **{k: int(v) for k, v in s["sched"].items() if k != "sum_exec_runtime"}}
 
 
+def meminfo_kb(*keys):
+    """Dirty and Writeback (kB) before a run: a previous row's dirty pages make O_DIRECT reads of
+    those blocks wait for their write first (io_uring hands such reads to its workers)."""
+    try:
+        with open("/proc/meminfo") as f:
+            m = {k.rstrip(":"): int(v) for k, v, *_ in (line.split() for line in f)}
+        return {k.lower() + "_kb": m.get(k) for k in keys}
+    except (OSError, ValueError):
+        return {}
+
+
 def timed(cmd, env=None):
     """Runs cmd; returns (rc, stdout, stderr, cpu seconds of the child, where its job ran or None)."""
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -199,7 +219,14 @@ def figures(out):
     b = j["read"]["io_bytes"] + j["write"]["io_bytes"]
     bw = j["read"]["bw_bytes"] + j["write"]["bw_bytes"]
     iops = j["read"]["iops"] + j["write"]["iops"]
-    return b, bw, iops
+    # latency of the direction that moved the bytes: a slower run shows whether every I/O took
+    # longer (p50) or a few stalled (p99). Completion latency (clat) starts at the submit in fio
+    # and before it in ferry, so compare it within a tool; the total's mean (lat) across tools.
+    d = j["read"] if j["read"]["io_bytes"] >= j["write"]["io_bytes"] else j["write"]
+    pct = d.get("clat_ns", {}).get("percentile", {})
+    lat = {k: pct.get(f) for k, f in (("clat_p50_ns", "50.000000"), ("clat_p99_ns", "99.000000"))}
+    lat["lat_mean_ns"] = d.get("lat_ns", {}).get("mean")
+    return b, bw, iops, lat
 
 
 def one(tool, r):
@@ -213,11 +240,13 @@ def one(tool, r):
         cmd = [ferry, "bench", "--name=vs"] + common(r) + ([] if r["direct"] else ["--cold"]) + E.get("FERRY_ARGS", "").split() + extra
     if E["TASKSET"]:
         cmd = ["taskset", "-c", E["TASKSET"]] + cmd
+    before = meminfo_kb("Dirty", "Writeback")
     rc, out, err, cpu, where = timed(cmd, env)
     if rc != 0:
         return {"error": (err.strip() or out.strip()).splitlines()[-1] if (err or out) else f"exit {rc}"}
-    b, bw, iops = figures(out)
-    got = {"gbps": bw / 1e9, "iops": iops, "cpu_s": cpu, "cpu_s_per_gb": cpu / (b / 1e9) if b else None}
+    b, bw, iops, lat = figures(out)
+    got = {"gbps": bw / 1e9, "iops": iops, "cpu_s": cpu, "cpu_s_per_gb": cpu / (b / 1e9) if b else None,
+           "lat": lat, "before": before}
     if where:
         got["where"] = where
     return got
@@ -231,6 +260,11 @@ def where_line(tool, g):
     return (f"\n    {tool:<10} job on CPUs {cpus} (samples); moves {w['moves']}, migrations "
             f"{w.get('nr_migrations', '-')}, switches {w.get('nr_voluntary_switches', '-')}+"
             f"{w.get('nr_involuntary_switches', '-')}")
+
+
+def lat_us(g):
+    v = g.get("lat", {}).get("lat_mean_ns")
+    return "-" if v is None else f"{v / 1e3:.1f}"
 
 
 def fmt(x, f="%.3f"):
@@ -250,11 +284,12 @@ try:
     for k in range(rounds):
         for r in ROWS:
             # each round starts with the next tool, so no tool always runs first (or after fio)
-            order = TOOLS[k % len(TOOLS):] + TOOLS[:k % len(TOOLS)]
+            tools = tools_of(r)
+            order = tools[k % len(tools):] + tools[:k % len(tools)]
             got = {t: one(t, r) for t in order}
             results[r["row"]]["rounds"].append(got)
             f = got["fio"]
-            for t in TOOLS[1:]:
+            for t in tools[1:]:
                 y = got[t]
                 if "error" in f or "error" in y:
                     print(f"round {k + 1} {r['row']:<32} fio: {f.get('error', 'ok')} | {t}: {y.get('error', 'ok')}")
@@ -263,7 +298,12 @@ try:
                 print(f"round {k + 1} {r['row']:<32} fio {f['gbps']:8.3f} GB/s {f['iops']:10.0f} IOPS "
                       f"{fmt(f['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | {t} {y['gbps']:8.3f} GB/s "
                       f"{y['iops']:10.0f} IOPS {fmt(y['cpu_s_per_gb'], '%6.2f')} cpu-s/GB | ratio {fmt(ratio)}"
+                      f" | lat {lat_us(f)}/{lat_us(y)} us"
                       + (where_line("fio", f) if t == TOOLS[1] else "") + where_line(t, y), flush=True)
+        if E["JSON"]:
+            # the rounds so far, should the run be cut short (a device call's time limit)
+            with open(E["JSON"] + ".partial", "w") as fp:
+                json.dump({"rounds_done": k + 1, "raw": {n: v["rounds"] for n, v in results.items()}}, fp)
 finally:
     try:
         os.unlink(path)
@@ -276,7 +316,7 @@ print(f"{'row':<32} {'fio GB/s':>9} {'ferry GB/s':>10} {'ratio':>6} {'>=0.95':>6
 summary = []
 met_all = True
 for name, res in results.items():
-    for t in TOOLS[1:]:
+    for t in tools_of(res["params"])[1:]:
         label = name if t == "ferry" else f"{name} [{t}]"
         ok_rounds = [g for g in res["rounds"] if "error" not in g["fio"] and "error" not in g[t]]
         if not ok_rounds:
@@ -315,8 +355,12 @@ if E["JSON"]:
         json.dump({"schema_version": 2, "ferry": ferry, "variants": {k: {"env": e, "args": x} for k, (e, x) in VARIANTS.items()},
                    "fio_variants": {k: {"env": e, "args": x} for k, (e, x) in FIO_VARIANTS.items()}, "fio": fio, "dir": d, "size": size,
                    "runtime_s": float(runtime), "rounds": rounds, "timestamp": int(time.time()),
-                   "taskset": E["TASKSET"] or None,
+                   "taskset": E["TASKSET"] or None, "variant_rows": VARIANT_ROWS or None,
                    "uname": " ".join(os.uname()), "summary": summary,
                    "raw": {k: v["rounds"] for k, v in results.items()}}, f, indent=2)
         f.write("\n")
+    try:
+        os.unlink(E["JSON"] + ".partial")
+    except OSError:
+        pass
 PY

@@ -97,3 +97,37 @@ def test_vsfio_runs_fio_variants_and_notes_where_jobs_ran(tmp_path):
         w = got["where"]
         assert sum(w["cpus"].values()) >= 1 and all(0 <= int(c) < os.cpu_count() for c in w["cpus"]), (tool, w)
         assert w["nr_voluntary_switches"] >= 0, (tool, w)
+
+
+def test_vsfio_variant_rows_limit_variants_and_runs_note_latency(tmp_path):
+    """VARIANT_ROWS runs the variants on the named rows only; each run records its latency and the
+    dirty page cache before it; a row that is not run is refused."""
+    fio = shutil.which("fio")
+    ferry = os.environ.get("FERRY_CLI") or str(ROOT / "build" / "ferry")
+    if not fio:
+        pytest.skip("fio is not installed (scripts/setup.sh installs it)")
+    if not os.access(ferry, os.X_OK):
+        pytest.skip(f"{ferry} not built (cmake --build build, or set FERRY_CLI)")
+    out = tmp_path / "v.json"
+    rows = "read rand 4KiB QD1 buffered,write rand 4KiB QD1 buffered"
+    env = dict(os.environ, FIO=fio, FERRY=ferry, FERRY_VARIANTS="again:", FIO_VARIANTS="fio7:--randseed=7",
+               VARIANT_ROWS="write rand 4KiB QD1 buffered")
+    cmd = ["bash", str(ROOT / "bench" / "vs-fio.sh"), "--dir", str(tmp_path), "--size", "8m", "--runtime", "1",
+           "--rounds", "1", "--rows", rows, "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    j = json.loads(out.read_text())
+    assert j["variant_rows"] == ["write rand 4KiB QD1 buffered"]
+    assert list(j["raw"]["read rand 4KiB QD1 buffered"][0]) == ["fio", "ferry"]
+    assert set(j["raw"]["write rand 4KiB QD1 buffered"][0]) == {"fio", "ferry", "again", "fio7"}
+    assert {s["row"] + "/" + s["variant"] for s in j["summary"]} == {
+        "read rand 4KiB QD1 buffered/ferry", "write rand 4KiB QD1 buffered/ferry",
+        "write rand 4KiB QD1 buffered/again", "write rand 4KiB QD1 buffered/fio7"}
+    for row in j["raw"].values():
+        for tool, got in row[0].items():
+            assert got["lat"]["lat_mean_ns"] > 0 and got["lat"]["clat_p50_ns"] > 0, (tool, got)
+            assert got["before"]["dirty_kb"] >= 0, (tool, got)
+    assert not (tmp_path / "v.json.partial").exists()
+    env["VARIANT_ROWS"] = "read seq 1MiB QD32 direct"
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode != 0 and "VARIANT_ROWS names rows not run" in p.stderr, p.stdout + p.stderr
