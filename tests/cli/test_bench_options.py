@@ -1,6 +1,9 @@
 """ferry bench: every option parses, as --opt=value and as --opt value, and takes effect."""
+import ctypes
 import json
 import os
+import platform
+import subprocess
 
 from _bench import check, finish, run, scratch, write_random
 
@@ -23,8 +26,44 @@ def job(args, equals):
     return json.loads(out)["jobs"][0]
 
 
+def dirty_pages(path):
+    """The file's pages dirty or under writeback (cachestat(2), Linux 6.5); None where unknown."""
+    if platform.machine() not in ("x86_64", "aarch64"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    rng, cs = (ctypes.c_uint64 * 2)(0, 0), (ctypes.c_uint64 * 5)()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        r = libc.syscall(ctypes.c_long(451), fd, rng, cs, 0)
+    finally:
+        os.close(fd)
+    return cs[1] + cs[2] if r == 0 else None
+
+
+def direct_writes_back_dirty_pages(d):
+    """An O_DIRECT run writes the file's dirty pages back first, as fio's invalidate=1: else each
+    read of a dirty block waits, in an io_uring worker, for the block's write."""
+    path = os.path.join(d, "dirty")
+    write_random(path, 8 * MiB)
+    fs = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True).stdout.strip()
+    n = dirty_pages(path)
+    if fs == "tmpfs" or not n:
+        print(f"skipped: O_DIRECT writes back dirty pages: {fs or 'this'} file system, "
+              f"{'cachestat(2) unavailable' if n is None else f'{n} dirty pages after a buffered write'}")
+        return
+    rc, out, err = run("--filename", path, "--rw", "randread", "--bs", "4k", "--io_size", "4k", "--direct", "1",
+                       "--output-format=json")
+    if rc != 0:
+        print(f"skipped: O_DIRECT writes back dirty pages: --direct 1: {err.strip()}")
+        return
+    cold = json.loads(out)["jobs"][0]["ferry"]["cold_cache"]
+    check("written back" in cold and dirty_pages(path) == 0, "--direct 1 writes the file's dirty pages back first",
+          (cold, f"{n} dirty pages before, {dirty_pages(path)} after"))
+
+
 def main():
     d = scratch()
+    direct_writes_back_dirty_pages(d)
     data = os.path.join(d, "data")
     write_random(data, 8 * MiB)
     base = [("filename", data), ("io_size", "256k")]
