@@ -544,7 +544,8 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 	return 0;
 }
 
-/* Drops the file's cached pages, or all caches with --cold=system as root; says which in done. */
+/* Drops the file's cached pages, or all caches with --cold=system as root; without --cold, writes
+ * an O_DIRECT run's dirty pages back. Says what it did in done. */
 static int make_cold(const struct bench_job_opts *o, char *done, size_t len)
 {
 	const char *why = NULL;
@@ -556,7 +557,7 @@ static int make_cold(const struct bench_job_opts *o, char *done, size_t len)
 		 * once, so io_uring hands it to a worker that writes the page first. On a file just
 		 * written buffered, that halved a 4 KiB QD1 read (docs/PERFORMANCE.md, tenth session).
 		 */
-		int fd = o->direct ? open(o->filename, O_RDONLY) : -1;
+		int fd = o->direct ? open(o->filename, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
 		if (fd >= 0) {
 			if (!sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
 						       SYNC_FILE_RANGE_WAIT_AFTER))

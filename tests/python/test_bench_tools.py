@@ -72,15 +72,21 @@ def test_bad_input_is_named(tmp_path):
     assert p.returncode == 1 and "no rounds of 'nope'" in p.stderr
 
 
-def test_vsfio_runs_fio_variants_and_notes_where_jobs_ran(tmp_path):
-    """bench/vs-fio.sh with FIO_VARIANTS and --where: every tool's run is in the JSON, each with
-    the CPUs its busiest thread was seen on."""
+def fio_and_ferry():
+    """fio's and ferry's paths for a test that runs bench/vs-fio.sh, or the test is skipped."""
     fio = shutil.which("fio")
     ferry = os.environ.get("FERRY_CLI") or str(ROOT / "build" / "ferry")
     if not fio:
         pytest.skip("fio is not installed (scripts/setup.sh installs it)")
     if not os.access(ferry, os.X_OK):
         pytest.skip(f"{ferry} not built (cmake --build build, or set FERRY_CLI)")
+    return fio, ferry
+
+
+def test_vsfio_runs_fio_variants_and_notes_where_jobs_ran(tmp_path):
+    """bench/vs-fio.sh with FIO_VARIANTS and --where: every tool's run is in the JSON, each with
+    the CPUs its busiest thread was seen on."""
+    fio, ferry = fio_and_ferry()
     out = tmp_path / "v.json"
     env = dict(os.environ, FIO=fio, FERRY=ferry, FIO_VARIANTS="fio-thread:--thread")
     p = subprocess.run(["bash", str(ROOT / "bench" / "vs-fio.sh"), "--dir", str(tmp_path), "--size", "8m",
@@ -102,12 +108,7 @@ def test_vsfio_runs_fio_variants_and_notes_where_jobs_ran(tmp_path):
 def test_vsfio_variant_rows_limit_variants_and_runs_note_latency(tmp_path):
     """VARIANT_ROWS runs the variants on the named rows only; each run records its latency and the
     dirty page cache before it; a row that is not run is refused."""
-    fio = shutil.which("fio")
-    ferry = os.environ.get("FERRY_CLI") or str(ROOT / "build" / "ferry")
-    if not fio:
-        pytest.skip("fio is not installed (scripts/setup.sh installs it)")
-    if not os.access(ferry, os.X_OK):
-        pytest.skip(f"{ferry} not built (cmake --build build, or set FERRY_CLI)")
+    fio, ferry = fio_and_ferry()
     out = tmp_path / "v.json"
     rows = "read rand 4KiB QD1 buffered,write rand 4KiB QD1 buffered"
     env = dict(os.environ, FIO=fio, FERRY=ferry, FERRY_VARIANTS="again:", FIO_VARIANTS="fio7:--randseed=7",
