@@ -534,13 +534,10 @@ def main():
               if fc and rnear else "")
     c_load = (f"C loader {fig.get('c_load_cold', 0) / ceil['read']:.2f}x the ceiling at the start "
               f"({ceil['read']:.2f} GB/s), next to which it ran" if ceil.get("read") else "")
-    if paired is not None:
-        ratio("load cold vs disk raw read", paired, 0.95,
-              note=f"median of {a.cold_rounds} rounds, each the ceiling and the load seconds apart; " + "; ".join(
-                  x for x in (single, c_load) if x))
-    else:
-        ratio("load cold vs disk raw read", fc / rnear if fc and rnear else None, 0.95,
-              note="; ".join(x for x in (single, c_load) if x))
+    # the paired rounds when they ran, else the one load against the ceiling just before
+    value, how = ((paired, f"median of {a.cold_rounds} rounds, each the ceiling and the load seconds apart")
+                  if paired is not None else (fc / rnear if fc and rnear else None, ""))
+    ratio("load cold vs disk raw read", value, 0.95, note="; ".join(x for x in (how, single, c_load) if x))
     # save_file against the ceiling measured just before it (the one at the start if that failed);
     # the C save ran right after the first ceiling, so it is compared with that one
     wnear = fig.get("write_near") or ceil.get("write")
