@@ -7,7 +7,7 @@
 
 #include "commands.h"
 #include "ferry/ferry.h"
-#include "ferry/sys.h"
+#include "ferry_tools.h"
 
 static void usage(FILE *out)
 {

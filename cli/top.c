@@ -17,7 +17,7 @@
 
 #include "commands.h"
 #include "ferry/ferry.h"
-#include "ferry/sys.h"
+#include "ferry_tools.h"
 
 #define MAX_CLIENTS 16
 #define REQ_MAX 8192

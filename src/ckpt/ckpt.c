@@ -10,9 +10,9 @@
 #include <unistd.h>
 
 #include "ckpt/save.h"
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/ckpt.h"
-#include "format/json.h"
+#include "base/json.h"
 
 /* Where the newest pruned step's shards wait to be written over by the next save (recycle=1) */
 #define RECYCLE_DIR "recycle"

@@ -15,9 +15,9 @@
 #include <unistd.h>
 
 #include "ckpt/save.h"
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/gpu.h"
-#include "format/json.h"
+#include "base/json.h"
 #include "format/safetensors.h"
 
 #define VIEW_ALIGN 256 /* cudaMalloc's alignment, so views keep every dtype aligned */

@@ -22,12 +22,12 @@
 #include <unistd.h>
 
 #include "ckpt/save.h"
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/gpu.h"
-#include "format/json.h"
+#include "base/json.h"
 #include "format/safetensors.h"
 #include "gpu/shim.h"
-#include "io/io.h"
+#include "engine/export.h"
 
 /*
  * Writes in flight: 8 x 16 MiB (the engine cuts each into chunk_size pieces for its workers).
@@ -39,6 +39,8 @@
 #define CHUNK (16u << 20)
 #define MAX_INFLIGHT 8
 #define MAX_INFLIGHT_CAP 64
+
+enum { PREALLOC_AUTO, PREALLOC_ON, PREALLOC_OFF }; /* the save_prealloc knob */
 
 struct wtensor {
 	char *name;
@@ -127,7 +129,7 @@ struct job {
 	uint64_t pinned_new;
 	size_t chunk, inflight;
 	int hold, snapshot_done; /* hold: the writer starts once the snapshot is taken */
-	int prealloc_mode, prealloc; /* FERRY__PREALLOC_*; whether this save's file was fallocated */
+	int prealloc_mode, prealloc; /* PREALLOC_*; whether this save's file was fallocated */
 	int recycled; /* 1: this save writes over j->reuse's blocks */
 };
 
@@ -516,8 +518,8 @@ static int want_prealloc(int fd, int mode)
 	/* tmpfs has no extents to convert nor locks to spare: fallocate there only allocates and
 	 * zeroes the file's memory before the writes fill it (0.3 s per 2.2 GB on the build machine,
 	 * on the writer's path). */
-	return mode == FERRY__PREALLOC_ON ||
-	       (mode == FERRY__PREALLOC_AUTO && !(fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC));
+	return mode == PREALLOC_ON ||
+	       (mode == PREALLOC_AUTO && !(fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC));
 }
 
 /*
@@ -948,7 +950,7 @@ static int prealloc_mode(ferry_ctx *ctx)
 	char buf[16] = "";
 	if (ferry_ctx_get(ctx, "save_prealloc", buf, sizeof(buf)) < 0)
 		buf[0] = '\0';
-	return !strcmp(buf, "on") ? FERRY__PREALLOC_ON : !strcmp(buf, "off") ? FERRY__PREALLOC_OFF : FERRY__PREALLOC_AUTO;
+	return !strcmp(buf, "on") ? PREALLOC_ON : !strcmp(buf, "off") ? PREALLOC_OFF : PREALLOC_AUTO;
 }
 
 static uint64_t host_budget(ferry_ctx *ctx)

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "format/megatron.h"
 #include "format/shards.h"
 

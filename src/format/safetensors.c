@@ -6,9 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/gpu.h"
-#include "format/json.h"
+#include "base/json.h"
 #include "format/safetensors.h"
 
 #ifdef FERRY_HAVE_XXHASH

@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "format/shards.h"
 
 /* ------------------------------------------------------------------------------------- CRC-32C */

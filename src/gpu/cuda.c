@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "gpu/shim.h"
 
 #define SYM(name, field, base, group) \

@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "gpu/shim.h"
 
 #define OFF(field) offsetof(struct ferry__cufile_api, field)

@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/gpu.h"
 #include "gpu/shim.h"
 

@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "gpu/shim.h"
 
 #define OFF(field) offsetof(struct ferry__nvml_api, field)

@@ -7,7 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "gpu/shim.h"
 
 struct slot {

@@ -14,11 +14,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/data.h"
 #include "format/shards.h"
 #include "gpu/shim.h"
-#include "io/io.h"
+#include "engine/export.h"
 #include "loader/sampler.h"
 
 int ferry__distributed_from_order(const int64_t *order, uint64_t n, uint32_t num_replicas,
@@ -351,7 +351,7 @@ static size_t group_end(const struct ferry_loader *l, const struct worker *w, si
  */
 static int read_inline(const struct ferry_loader *l, uint32_t file, uint64_t off, uint64_t len, void *dst)
 {
-	int fd = l->ds->files[file]->fd_buf;
+	int fd = ferry__file_fd(l->ds->files[file]);
 	if (!l->inline_cached || !ferry__range_resident(fd, off, len))
 		return 0;
 	uint64_t done = 0;

@@ -8,7 +8,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 #include "ferry/data.h"
 #include "loader/sampler.h"
 

@@ -20,7 +20,7 @@ def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
 
 
-# struct ferry__publish (src/sys/publish.h): 192 bytes, counters at 136.
+# struct ferry__publish (src/engine/publish.h): 192 bytes, counters at 136.
 MAGIC = 0x3159524546
 def publication(pid, name, path, counters):
     head = struct.pack("<QIIiIII", MAGIC, 1, 192, pid, 0, 0, 0) + struct.pack("<Q", time.time_ns())

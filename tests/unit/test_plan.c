@@ -1,6 +1,6 @@
 /* Property tests of the chunk arithmetic: planning of aligned/unaligned pieces and chunk cutting. */
 #include "ferry_test.h"
-#include "io/io.h"
+#include "engine/engine.h"
 
 static void check_plan(uint64_t off, size_t len, uintptr_t addr, uint32_t bs, uint32_t ma,
 		       bool direct, bool wr, size_t slot)

@@ -7,7 +7,7 @@
 
 #include "ferry_test.h"
 #include "ferry/ferry.h"
-#include "io/io.h"
+#include "engine/engine.h"
 
 #define SIZE (8u << 20)
 

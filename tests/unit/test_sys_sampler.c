@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 
 #include "ferry_test.h"
-#include "ferry/sys.h"
-#include "sys/publish.h"
+#include "ferry_tools.h"
+#include "engine/publish.h"
 
 static char procdir[512], sysdir[512], rundir[512];
 

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 #define FERRY__REPORT_SCHEMA 1
 

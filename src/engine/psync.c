@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "io/io.h"
+#include "engine/engine.h"
 
 struct ferry__ring {
 	unsigned depth;

@@ -9,8 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "sys/publish.h"
-#include "sys/sys.h"
+#include "engine/publish.h"
+#include "base/base.h"
 
 const char *ferry__publish_dir(void)
 {

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "gpu/shim.h"
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 #define OK FERRY_VERDICT_OK
 #define WARN FERRY_VERDICT_WARN

@@ -6,14 +6,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 
 /* Probes format into fixed buffers on purpose (sysfs names are short; an absurd one is cut, and a
  * cut path fails to open, which is reported): GCC's truncation warning is noise here. */
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wformat-truncation"
 #endif
-#include "ferry/sys.h"
+#include "ferry_tools.h"
 
 /*
  * The roots probes read below. Each is overridden by an environment variable so that tests can

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "gpu/shim.h"
-#include "io/io.h"
-#include "sys/publish.h"
+#include "engine/engine.h"
+#include "engine/publish.h"
 
 struct gpu_dev {
 	bool ready;
@@ -270,7 +270,7 @@ static bool record(struct ferry__ioq *q, struct gpu_dev *gd, struct ferry__chunk
 	return true;
 }
 
-/* For copy units (src/io/units.c): the device current and the queue's GPU state ready for c. */
+/* For copy units (src/engine/units.c): the device current and the queue's GPU state ready for c. */
 bool ferry__gpu_use(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	return use_dev(q, c->dev, c) != NULL;

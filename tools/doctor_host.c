@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "gpu/shim.h"
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 #define OK FERRY_VERDICT_OK
 #define WARN FERRY_VERDICT_WARN

@@ -6,8 +6,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "io/io.h"
-#include "sys/publish.h"
+#include "engine/engine.h"
+#include "engine/publish.h"
 
 struct ferry_req {
 	struct ferry__group g;

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "gpu/shim.h"
-#include "io/io.h"
+#include "engine/engine.h"
 
 #ifndef STATX_DIOALIGN
 #define STATX_DIOALIGN 0x00002000U
@@ -197,4 +197,9 @@ int ferry_file_path_info(ferry_file *f, char *buf, size_t len)
 		n = snprintf(buf, len, "%s: buffered (%s), backend %s%s%s", f->path, f->direct_note, backend,
 			     f->slot >= 0 ? ", registered file" : "", gds);
 	return n;
+}
+
+int ferry__file_fd(const ferry_file *f)
+{
+	return f->fd_buf;
 }

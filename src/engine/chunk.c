@@ -6,7 +6,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "io/io.h"
+#include "engine/engine.h"
 
 #define MAX_RETRIES 1000 /* consecutive EINTR/EAGAIN before giving up on a chunk */
 

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 /* mountinfo escapes space, tab, newline and backslash as \ooo (fs/proc_namespace.c, mangle()). */
 static void unescape(const char *in, char *out, size_t len)

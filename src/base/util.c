@@ -9,7 +9,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 
 int ferry__log_level;
 

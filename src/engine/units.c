@@ -21,7 +21,7 @@
 #include <sys/stat.h>
 
 #include "gpu/shim.h"
-#include "io/io.h"
+#include "engine/engine.h"
 
 #define MAX_PIECES 64 /* chunks per unit */
 

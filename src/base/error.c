@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "base/base.h"
 
 #define DETAIL_MAX 1024
 static _Thread_local char detail[DETAIL_MAX];

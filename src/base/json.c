@@ -1,7 +1,7 @@
 /* Strict JSON pull parser (see json.h). */
 #include <string.h>
 
-#include "format/json.h"
+#include "base/json.h"
 
 int ferry__json_fail(struct ferry__json *j, size_t pos, const char *why)
 {

@@ -5,7 +5,7 @@
 #include <string.h>
 #include <sys/utsname.h>
 
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 int ferry_doctor_run(const char *const *paths, size_t n, ferry_report **out)
 {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io/io.h"
+#include "engine/engine.h"
 
 #ifdef FERRY_HAVE_LIBURING
 #include <liburing.h>

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "gpu/shim.h"
-#include "sys/publish.h"
-#include "sys/sys.h"
+#include "engine/publish.h"
+#include "tools/sys.h"
 
 #define MAX_ROWS 256
 #define MAX_METRICS 16

@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "io/io.h"
-#include "sys/publish.h"
+#include "engine/engine.h"
+#include "engine/publish.h"
 
 enum knob_type { K_SIZE, K_UINT, K_ENUM };
 
@@ -687,7 +687,7 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-/* Defined in src/io/engine.c: accounts one finished chunk of an entry. */
+/* Defined in src/engine/engine.c: accounts one finished chunk of an entry. */
 void ferry__entry_chunk_done(ferry_ctx *ctx, struct ferry__entry *e, uint64_t chunk_off,
 			     size_t chunk_len, int64_t result);
 

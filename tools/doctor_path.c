@@ -9,7 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 #define OK FERRY_VERDICT_OK
 #define WARN FERRY_VERDICT_WARN

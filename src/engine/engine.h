@@ -1,4 +1,5 @@
-/* Internal I/O engine: files, chunks, backends, queues and workers (never installed). */
+/* The engine's own declarations: context, files, chunks, backends, queues and workers. Private to
+ * src/engine/ (the layers above see engine/export.h). */
 #ifndef FERRY_IO_IO_H
 #define FERRY_IO_IO_H
 
@@ -9,7 +10,8 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#include "core/internal.h"
+#include "base/base.h"
+#include "engine/export.h"
 
 /* ------------------------------------------------------------------------------- configuration */
 
@@ -31,7 +33,7 @@ struct ferry__config {
 	uint64_t device_budget;
 	uint64_t log_level;
 	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
-	uint64_t publish;  /* publish live counters for `ferry top` (src/sys/publish.h) */
+	uint64_t publish;  /* publish live counters for `ferry top` (src/engine/publish.h) */
 	uint64_t memory;   /* 0 auto: ask CUDA what each buffer is; 1 host: every buffer is host memory */
 	uint64_t cached_depth; /* slots a worker gives to page-cache-resident chunks at once */
 	uint64_t cached_io;    /* FERRY__CACHED_IO_*: who copies resident chunks into GPU slots */
@@ -136,7 +138,7 @@ struct ferry__chunk {
 	bool cached;     /* read from the page cache because the data was resident (direct=auto) */
 	bool gpu_busy;   /* an asynchronous copy (or cuFile stream op) is in flight */
 	size_t copy_off; /* offset in the slot of the caller's first byte (reads) */
-	/* a piece of a copy unit (src/io/units.c): where the unit lies, and this chunk's place in it */
+	/* a piece of a copy unit (src/engine/units.c): where the unit lies, and this chunk's place in it */
 	bool in_unit;
 	bool unit_ready;   /* the unit's previous round is copied: its memory may be written */
 	unsigned unit_idx, unit_np;
@@ -188,8 +190,6 @@ static inline void ferry__chunk_set(struct ferry__chunk *c, struct ferry_file *f
 	c->path = path;
 }
 
-/* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
-bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* Plans c (c->f, buf, len, off, is_write set) and counts it. Returns true if it needs a slot. */
 bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c, size_t slot_size);
 /* Fills op with the next transfer of c. */
@@ -280,7 +280,7 @@ struct ferry__ioq {
 	pthread_t owner;
 	uint64_t files_gen;    /* ctx->files_gen when the table was last brought up to date */
 	uint64_t *files_seen;  /* reg_id per file slot in the ring's table (owner rings) */
-	/* GPU state, made at the first chunk for device memory (src/io/gpu_io.c) */
+	/* GPU state, made at the first chunk for device memory (src/engine/gpu_io.c) */
 	struct ferry__ioq_gpu *gpu;
 	struct ferry__chunk *gpu_head, *gpu_tail; /* chunks with copies in flight, in issue order */
 	struct ferry__chunk *gds_batch;           /* gds-batch chunks prepared, not yet submitted */
@@ -427,7 +427,7 @@ struct ferry_ctx {
 	atomic_uint_fast64_t stats[FERRY_STAT__COUNT];
 	struct ferry__publish_counters *pub; /* NULL unless publish=1 */
 	const char *_Atomic pub_path;         /* the path name last published (a static string) */
-	/* copy units (src/io/units.c): a few large pinned buffers per device that the workers fill
+	/* copy units (src/engine/units.c): a few large pinned buffers per device that the workers fill
 	 * together, each copied to the GPU in one piece on one stream */
 	pthread_mutex_t units_mu;
 	struct ferry__units *units[FERRY__MAX_GPUS];

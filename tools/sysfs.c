@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "sys/sys.h"
+#include "tools/sys.h"
 
 static const struct {
 	const char *env;

@@ -1,0 +1,20 @@
+/*
+ * What the engine offers the layers above it (formats, checkpoints, the loader, the tools), beside
+ * the public API. Everything else in src/engine/ is the engine's own: the build gives the upper
+ * layers this header only (CMakeLists.txt, FERRY_EXPORTS_engine).
+ */
+#ifndef FERRY_ENGINE_EXPORT_H
+#define FERRY_ENGINE_EXPORT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/base.h"
+#include "ferry/ferry.h"
+
+/* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
+bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
+/* The buffered descriptor of an open file (always open; the file keeps it). */
+int ferry__file_fd(const ferry_file *f);
+
+#endif
