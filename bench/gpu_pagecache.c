@@ -141,7 +141,7 @@ static void design_a(const char *path, size_t size, void *dev, const char *threa
 	qsort(c, 3, sizeof(double), cmp);
 	printf("TABLE A ferry threads=%s chunk=%s direct=%s | %.1f GB/s | %.2f cores\n", threads, chunk,
 	       direct, size / t[1] / 1e9, c[1] / t[1]);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	ferry_ctx_destroy(ctx);
 }
 

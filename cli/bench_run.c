@@ -389,7 +389,7 @@ static void *job_main(void *arg)
 	ferry_queue_destroy(j->q);
 	if (j->index == 0 && j->file)
 		ferry_file_path_info(j->file, sh->res->path_info, sizeof(sh->res->path_info));
-	ferry_file_close(j->file);
+	ferry_file_destroy(j->file);
 	if (j->dev_mem)
 		ferry_gpu_free(j->dev_mem);
 	if (j->cold_fd >= 0)
@@ -487,7 +487,7 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 				    bench_rw_writes(o->rw) ? "writing" : "reading", ferry_strerror(err),
 				    detail());
 		int64_t size = ferry_file_size(f);
-		ferry_file_close(f);
+		ferry_file_destroy(f);
 		if (size < 0)
 			return err1("cannot get the size of %s: %s (%s)", o->filename,
 				    ferry_strerror((int)size), detail());
@@ -535,12 +535,12 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 				bench_fmt_size(sz, sizeof(sz), regions_end(o)));
 		}
 		if (lay_out(f, o, regions_end(o))) {
-			ferry_file_close(f);
+			ferry_file_destroy(f);
 			unlink(o->filename);
 			return 1;
 		}
 	}
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	return 0;
 }
 

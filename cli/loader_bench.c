@@ -66,7 +66,7 @@ static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_
 				;
 			busy += step_ns;
 		}
-		ferry_loader_release(l, b);
+		ferry_loader_batch_destroy(b);
 		if (now_ns() >= end)
 			break;
 	}
@@ -170,7 +170,7 @@ int ferry_cmd_loader_bench(int argc, char **argv)
 		rc = one_run(ds, vals, seconds, step_ns, &fed);
 	}
 	if (rc) {
-		ferry_dataset_close(ds);
+		ferry_dataset_destroy(ds);
 		ferry_ctx_destroy(ctx);
 		return rc == -2 ? 2 : 1;
 	}
@@ -197,7 +197,7 @@ int ferry_cmd_loader_bench(int argc, char **argv)
 			printf("TABLE %s GPU wait at %.0f%% of peak | %.3f%% | step %.1f us, wait p99 %.0f us, %.0f samples/s\n",
 			       name, frac * 100, fed.wait_share * 100, step_ns / 1e3, fed.wait_p99, fed.samples_per_s);
 	}
-	ferry_dataset_close(ds);
+	ferry_dataset_destroy(ds);
 	ferry_ctx_destroy(ctx);
 	return 0;
 }

@@ -28,7 +28,7 @@ typedef struct ferry_ckpt ferry_ckpt;
 /* Opens (creates) the checkpoint directory dir for rank of world ranks. Returns 0 or an error. */
 FERRY_API FERRY_WUR int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_ckpt **out);
 /* Waits for a save in flight, then frees. NULL is accepted. */
-FERRY_API void ferry_ckpt_close(ferry_ckpt *ck);
+FERRY_API void ferry_ckpt_destroy(ferry_ckpt *ck);
 /*
  * Options: keep (steps kept by pruning, 0 keeps all; default 2), busy (wait|refuse: what a save
  * does while another is in flight; default wait), checksum (0|1; default 1 when built with libxxhash, else 0), run (an id shared

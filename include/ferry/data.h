@@ -91,7 +91,7 @@ typedef struct ferry_dataset ferry_dataset;
  * FERRY_ECORRUPT.
  */
 FERRY_API FERRY_WUR int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out);
-FERRY_API void ferry_dataset_close(ferry_dataset *ds);
+FERRY_API void ferry_dataset_destroy(ferry_dataset *ds);
 /* Samples (Megatron: sequences). */
 FERRY_API uint64_t ferry_dataset_count(const ferry_dataset *ds);
 /* Element type (enum ferry_elem). */
@@ -199,7 +199,7 @@ FERRY_API uint64_t ferry_loader_batches_per_epoch(const ferry_loader *l);
  */
 FERRY_API FERRY_WUR int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out);
 /* Hands a batch's buffers back to the pipeline. NULL is accepted. */
-FERRY_API void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b);
+FERRY_API void ferry_loader_batch_destroy(ferry_loader_batch *b);
 /*
  * Zero-copy hand-over for loaders on a CUDA device. ferry_loader_take gives the caller the device
  * memory holding held batch b's data (ferry_loader_batch_bytes(b) at ferry_loader_buffer_data)
@@ -207,7 +207,7 @@ FERRY_API void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b);
  * offsets and indices first: b must not be used afterwards. Returns 0 or -EINVAL (host loader or
  * batch not held; b is released all the same).
  *
- * ferry_loader_buffer_free gives the memory back once the work queued on `stream` (the caller's
+ * ferry_loader_buffer_destroy gives the memory back once the work queued on `stream` (the caller's
  * CUstream, 0 for the default stream) up to this call is done: the next upload into it waits on
  * the GPU, nobody waits on the host. Like memory from a stream-ordered allocator, it may be used
  * on `stream` (or on streams ordered before this call) only. Any thread may call it, also after
@@ -217,7 +217,7 @@ FERRY_API void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b);
 typedef struct ferry_loader_buffer ferry_loader_buffer;
 FERRY_API FERRY_WUR int ferry_loader_take(ferry_loader *l, ferry_loader_batch *b, ferry_loader_buffer **out);
 FERRY_API void *ferry_loader_buffer_data(const ferry_loader_buffer *buf);
-FERRY_API int ferry_loader_buffer_free(ferry_loader_buffer *buf, uintptr_t stream);
+FERRY_API int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, uintptr_t stream);
 
 /* The batch's data: a host pointer (device -1) or a CUDA device address. */
 FERRY_API void *ferry_loader_batch_data(const ferry_loader_batch *b);

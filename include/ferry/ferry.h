@@ -149,7 +149,7 @@ typedef struct ferry_file ferry_file;
  */
 FERRY_API FERRY_WUR int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out);
 /* Closes both descriptors. No request on the file may be in flight. */
-FERRY_API void ferry_file_close(ferry_file *f);
+FERRY_API void ferry_file_destroy(ferry_file *f);
 /* Current size in bytes (fstat), or a negative error. */
 FERRY_API int64_t ferry_file_size(ferry_file *f);
 /* Logical block size that O_DIRECT offsets and lengths must respect (512 or 4096 typically). */
@@ -215,7 +215,7 @@ FERRY_API int ferry_req_done(const ferry_req *r);
  */
 FERRY_API ssize_t ferry_req_wait(ferry_req *r, int64_t timeout_ns);
 /* Frees a finished request; a request still running is waited first. NULL is accepted. */
-FERRY_API void ferry_req_free(ferry_req *r);
+FERRY_API void ferry_req_destroy(ferry_req *r);
 
 /* ---------------------------------------------------------------------------------------- batches */
 

@@ -59,7 +59,7 @@ FERRY_API FERRY_WUR int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st
 FERRY_API FERRY_WUR int ferry_st_parse(const void *buf, size_t len, uint64_t file_size,
 				       const char *name, ferry_st **out);
 /* NULL is accepted. */
-FERRY_API void ferry_st_close(ferry_st *st);
+FERRY_API void ferry_st_destroy(ferry_st *st);
 
 FERRY_API const char *ferry_st_path(const ferry_st *st);
 /* The open file (NULL for ferry_st_parse results), for ferry_pread and batches. */

@@ -143,7 +143,7 @@ static PyObject *mod_st_open(PyObject *mod, PyObject *args)
 		return raise_ferry(r, name);
 	StObject *self = PyObject_New(StObject, &StType);
 	if (!self) {
-		ferry_st_close(st);
+		ferry_st_destroy(st);
 		return NULL;
 	}
 	self->st = st;
@@ -154,7 +154,7 @@ static PyObject *mod_st_open(PyObject *mod, PyObject *args)
 
 static void st_dealloc(StObject *self)
 {
-	ferry_st_close(self->st);
+	ferry_st_destroy(self->st);
 	Py_XDECREF(self->ctx);
 	PyObject_Free(self);
 }
@@ -162,7 +162,7 @@ static void st_dealloc(StObject *self)
 static PyObject *st_close(StObject *self, PyObject *unused)
 {
 	BUSY_CHECK(self, "this safetensors file");
-	ferry_st_close(self->st);
+	ferry_st_destroy(self->st);
 	self->st = NULL;
 	Py_RETURN_NONE;
 }
@@ -570,7 +570,7 @@ static void writer_dealloc(WriterObject *self)
 	/* Both wait for a save in flight: its pinned snapshot and thread belong to the handle. */
 	Py_BEGIN_ALLOW_THREADS
 	ferry_st_writer_destroy(self->w);
-	ferry_ckpt_close(self->ck);
+	ferry_ckpt_destroy(self->ck);
 	Py_END_ALLOW_THREADS
 	Py_XDECREF(self->ctx);
 	PyObject_Free(self);

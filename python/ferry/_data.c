@@ -40,7 +40,7 @@ struct dshare {
 static void dshare_put(struct dshare *d)
 {
 	if (d && atomic_fetch_sub(&d->refs, 1) == 1) {
-		ferry_dataset_close(d->ds);
+		ferry_dataset_destroy(d->ds);
 		ferry_ctx_destroy(d->ctx);
 		free(d);
 	}
@@ -633,7 +633,7 @@ static PyObject *ld_next(LoaderObject *self, PyObject *unused)
 		Py_RETURN_NONE;
 	BatchObject *o = PyObject_New(BatchObject, &BatchType);
 	if (!o) {
-		ferry_loader_release(l, b);
+		ferry_loader_batch_destroy(b);
 		return NULL;
 	}
 	o->h = self->h;
@@ -741,7 +741,7 @@ static int bt_check(BatchObject *self)
 static void bt_release_(BatchObject *self)
 {
 	if (self->b) {
-		ferry_loader_release(self->h->l, self->b);
+		ferry_loader_batch_destroy(self->b);
 		self->b = NULL;
 	}
 }
@@ -816,7 +816,7 @@ static void taken_delete(dl_managed *m)
 {
 	struct taken *t = (struct taken *)m;
 	/* any thread, GIL or not; an error cannot be reported here (the memory is freed instead) */
-	(void)ferry_loader_buffer_free(t->buf, t->stream);
+	(void)ferry_loader_buffer_destroy(t->buf, t->stream);
 	free(t);
 }
 

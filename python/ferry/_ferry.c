@@ -770,7 +770,7 @@ static int file_check(FileObject *self)
 static void file_dealloc(FileObject *self)
 {
 	/* Requests hold a reference to their file, so nothing is in flight here. */
-	ferry_file_close(self->f);
+	ferry_file_destroy(self->f);
 	Py_XDECREF(self->ctx);
 	Py_XDECREF(self->name);
 	Py_XDECREF(self->mode);
@@ -784,7 +784,7 @@ static PyObject *file_close(FileObject *self, PyObject *unused)
 			     "for its futures first)", self->name, self->inflight);
 		return NULL;
 	}
-	ferry_file_close(self->f);
+	ferry_file_destroy(self->f);
 	self->f = NULL;
 	Py_RETURN_NONE;
 }
@@ -855,7 +855,7 @@ static void req_release(RequestObject *r)
 {
 	if (!r->req || !r->finished || r->waiters)
 		return;
-	ferry_req_free(r->req); /* finished: does not block */
+	ferry_req_destroy(r->req); /* finished: does not block */
 	r->req = NULL;
 	fbuf_release(&r->buf);
 	r->file->inflight--;
@@ -987,7 +987,7 @@ static void req_dealloc(RequestObject *r)
 	if (r->req) {
 		/* Dropped while running: the buffer must outlive the transfer, so wait for it. */
 		Py_BEGIN_ALLOW_THREADS
-		ferry_req_free(r->req);
+		ferry_req_destroy(r->req);
 		Py_END_ALLOW_THREADS
 		r->req = NULL;
 		fbuf_release(&r->buf);
@@ -1529,7 +1529,7 @@ static PyObject *mod_open(PyObject *mod, PyObject *args)
 		return raise_ferry(ret, name);
 	self = PyObject_New(FileObject, &FileType);
 	if (!self) {
-		ferry_file_close(f);
+		ferry_file_destroy(f);
 		return NULL;
 	}
 	self->f = f;

@@ -76,7 +76,7 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	return 0;
 }
 
-void ferry_ckpt_close(ferry_ckpt *ck)
+void ferry_ckpt_destroy(ferry_ckpt *ck)
 {
 	if (!ck)
 		return;
@@ -519,7 +519,7 @@ static int verify_shard(ferry_ctx *ctx, const char *path, int require_sums)
 		else if (v < 0)
 			r = v;
 	}
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	return r;
 }
 

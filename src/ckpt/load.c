@@ -71,7 +71,7 @@ void ferry_st_load_destroy(ferry_st_load *ld)
 		return;
 	free_allocs(ld);
 	for (size_t i = 0; i < ld->nfiles; i++)
-		ferry_st_close(ld->files[i]);
+		ferry_st_destroy(ld->files[i]);
 	free(ld->files);
 	free(ld->sel);
 	free(ld->path);

@@ -635,7 +635,7 @@ static void job_free(struct job *j)
 	for (size_t i = 0; i < j->k; i++)
 		ferry__pinned_free(j->w->pool, j->slots[i].buf);
 	free(j->slots);
-	ferry_file_close(j->f);
+	ferry_file_destroy(j->f);
 	if (j->tmp)
 		unlink(j->tmp); /* a no-op once renamed: the name is gone */
 	free(j->tmp);
@@ -758,7 +758,7 @@ static int64_t consume(struct job *j)
 			size_t oc = c + 1 - ninflight;
 			ferry_req *rq = req[inflight_first];
 			ssize_t got = ferry_req_wait(rq, -1);
-			ferry_req_free(rq);
+			ferry_req_destroy(rq);
 			inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 			ninflight--;
 			if (got != (ssize_t)chunk_len(j, oc) && !err)
@@ -773,7 +773,7 @@ static int64_t consume(struct job *j)
 	}
 	while (ninflight) { /* after an error: the buffers stay busy until their writes end */
 		ferry_req_wait(req[inflight_first], -1);
-		ferry_req_free(req[inflight_first]);
+		ferry_req_destroy(req[inflight_first]);
 		inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 		ninflight--;
 	}
@@ -799,7 +799,7 @@ static int64_t consume(struct job *j)
 		if (r)
 			return r;
 	}
-	ferry_file_close(j->f);
+	ferry_file_destroy(j->f);
 	j->f = NULL;
 	if ((j->flags & FERRY_SAVE_EXCL) && access(j->path, F_OK) == 0)
 		return ferry__error(-EEXIST, "%s: exists", j->path);

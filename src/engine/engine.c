@@ -383,7 +383,7 @@ ssize_t ferry_req_wait(ferry_req *r, int64_t timeout_ns)
 	return (ssize_t)r->e.result;
 }
 
-void ferry_req_free(ferry_req *r)
+void ferry_req_destroy(ferry_req *r)
 {
 	if (!r)
 		return;

@@ -108,7 +108,7 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 	return 0;
 }
 
-void ferry_file_close(ferry_file *f)
+void ferry_file_destroy(ferry_file *f)
 {
 	if (!f)
 		return;

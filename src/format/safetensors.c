@@ -483,11 +483,11 @@ static int parse_header(ferry_st *st)
 	return validate(st);
 }
 
-void ferry_st_close(ferry_st *st)
+void ferry_st_destroy(ferry_st *st)
 {
 	if (!st)
 		return;
-	ferry_file_close(st->file);
+	ferry_file_destroy(st->file);
 	free(st->path);
 	free(st->hdr);
 	free(st->t);
@@ -550,7 +550,7 @@ int ferry_st_parse(const void *buf, size_t len, uint64_t file_size, const char *
 		r = parse_header(st);
 	}
 	if (r) {
-		ferry_st_close(st);
+		ferry_st_destroy(st);
 		return r;
 	}
 	*out = st;
@@ -598,7 +598,7 @@ int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out)
 	*out = st;
 	return 0;
 fail:
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	return r;
 }
 

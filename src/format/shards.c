@@ -409,7 +409,7 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out)
 	size_t pl = strlen(path);
 	char *tmp = malloc(pl + 32);
 	if (!tmp) {
-		ferry_dataset_close(ds);
+		ferry_dataset_destroy(ds);
 		return ferry__error(-ENOMEM, "ferry_dataset_open(%s)", path);
 	}
 	if (path_is_dir(path)) {
@@ -433,20 +433,20 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out)
 	}
 	free(tmp);
 	if (err) {
-		ferry_dataset_close(ds);
+		ferry_dataset_destroy(ds);
 		return err;
 	}
 	*out = ds;
 	return 0;
 }
 
-void ferry_dataset_close(ferry_dataset *ds)
+void ferry_dataset_destroy(ferry_dataset *ds)
 {
 	if (!ds)
 		return;
 	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
 		if (ds->files)
-			ferry_file_close(ds->files[s]);
+			ferry_file_destroy(ds->files[s]);
 		if (ds->paths)
 			free(ds->paths[s]);
 	}

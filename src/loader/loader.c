@@ -28,18 +28,19 @@ enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
 
 /*
  * Device memory for one batch. A slot holds one while it fills; ferry_loader_take gives it to the
- * caller (the slot takes another for its next batch), and ferry_loader_buffer_free puts it back in
+ * caller (the slot takes another for its next batch), and ferry_loader_buffer_destroy puts it back in
  * the spare queue with an event recorded on the caller's stream, which the next upload into it
  * waits for on the GPU. Buffers may outlive the loader: each holds a reference to it.
  */
 struct ferry_loader_buffer {
 	struct ferry_loader *l;
 	ferry__CUdeviceptr dev;
-	ferry__CUevent ev; /* recorded by ferry_loader_buffer_free; never recorded: nothing to wait for */
+	ferry__CUevent ev; /* recorded by ferry_loader_buffer_destroy; never recorded: nothing to wait for */
 	struct ferry_loader_buffer *next;
 };
 
 struct ferry_loader_batch {
+	struct ferry_loader *l;
 	int state;
 	int err;
 	uint64_t seq, epoch, step;
@@ -752,6 +753,7 @@ int ferry_loader_start(ferry_loader *l)
 		goto out;
 	for (uint32_t i = 0; i < l->nslots; i++) {
 		struct ferry_loader_batch *s = &l->slots[i];
+		s->l = l;
 		s->offsets = malloc((l->batch_size + 1) * sizeof(uint64_t));
 		s->indices = malloc(l->batch_size * sizeof(int64_t));
 		if (!s->offsets || !s->indices) {
@@ -966,10 +968,11 @@ int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out)
 	return 1;
 }
 
-void ferry_loader_release(ferry_loader *l, ferry_loader_batch *b)
+void ferry_loader_batch_destroy(ferry_loader_batch *b)
 {
-	if (!l || !b)
+	if (!b)
 		return;
+	struct ferry_loader *l = b->l;
 	pthread_mutex_lock(&l->mu);
 	if (b->state == SLOT_HELD) {
 		b->state = SLOT_FREE;
@@ -992,7 +995,7 @@ int ferry_loader_take(ferry_loader *l, ferry_loader_batch *b, ferry_loader_buffe
 	}
 	pthread_mutex_unlock(&l->mu);
 	if (held)
-		ferry_loader_release(l, b);
+		ferry_loader_batch_destroy(b);
 	if (!held || !dev)
 		return ferry__error(-EINVAL, "ferry_loader_take: %s",
 				    !held ? "the batch is not held" : "the loader is not on a CUDA device");
@@ -1004,7 +1007,7 @@ void *ferry_loader_buffer_data(const ferry_loader_buffer *buf)
 	return buf ? (void *)(uintptr_t)buf->dev : NULL;
 }
 
-int ferry_loader_buffer_free(ferry_loader_buffer *buf, uintptr_t stream)
+int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, uintptr_t stream)
 {
 	if (!buf)
 		return 0;
@@ -1014,7 +1017,7 @@ int ferry_loader_buffer_free(ferry_loader_buffer *buf, uintptr_t stream)
 	if (entered) {
 		ferry__CUresult r = l->cu->EventRecord(buf->ev, (ferry__CUstream)stream);
 		if (r)
-			err = ferry__cuda_fail(r, "ferry_loader_buffer_free: cuEventRecord on stream %p",
+			err = ferry__cuda_fail(r, "ferry_loader_buffer_destroy: cuEventRecord on stream %p",
 					       (void *)stream);
 	}
 	pthread_mutex_lock(&l->mu);

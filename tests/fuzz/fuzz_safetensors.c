@@ -22,6 +22,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		for (size_t i = 0; i < ferry_st_metadata_count(st); i++)
 			(void)ferry_st_metadata_get(st, ferry_st_metadata_key(st, i));
 	}
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	return 0;
 }

@@ -108,7 +108,7 @@ static void reads(const char *file, const char *path, const char *direct)
 	}
 	for (int i = 0; i < N; i++) {
 		T_EQ_INT(ferry_req_wait(r[i], -1), lens[i]);
-		ferry_req_free(r[i]);
+		ferry_req_destroy(r[i]);
 		dev_equals(bufs + ((size_t)i << 20), lens[i], offs[i], "concurrent");
 	}
 	ferry_gpu_free(bufs);
@@ -122,7 +122,7 @@ static void reads(const char *file, const char *path, const char *direct)
 	}
 	for (int i = 0; i < NB; i++) {
 		T_EQ_INT(ferry_req_wait(r[i], -1), lens[i]);
-		ferry_req_free(r[i]);
+		ferry_req_destroy(r[i]);
 		dev_equals(bufs + (size_t)i * (7u << 20), lens[i], offs[i], "concurrent, several chunks");
 	}
 	ferry_gpu_free(bufs);
@@ -153,7 +153,7 @@ static void reads(const char *file, const char *path, const char *direct)
 	}
 out:
 	ferry_gpu_free(dev);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	ferry_ctx_destroy(ctx);
 }
 
@@ -197,7 +197,7 @@ static void writes(const char *dir, const char *path)
 	}
 out:
 	ferry_gpu_free(dev);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	unlink(file);
 	ferry_ctx_destroy(ctx);
 	free(back);
@@ -244,7 +244,7 @@ static void big(const char *dir, unsigned gib)
 		}
 	}
 	ferry_gpu_free(dev);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	unlink(file);
 	ferry_ctx_destroy(ctx);
 	free(h);
@@ -304,7 +304,7 @@ int main(int argc, char **argv)
 		T_EQ_INT(ferry_pread(f, dev, 4096, 0), -EINVAL);
 		T_CHECK(strstr(ferry_last_error(), "path=cpu") != NULL);
 		ferry_gpu_free(dev);
-		ferry_file_close(f);
+		ferry_file_destroy(f);
 		unlink(file);
 		ferry_ctx_destroy(ctx);
 	}

@@ -65,7 +65,7 @@ int main(void)
 		T_EQ_INT(dtod_async((unsigned long long)(uintptr_t)copy, (unsigned long long)(uintptr_t)dst, SIZE, stream), 0);
 		T_EQ_INT(stream_sync(stream), 0);
 		T_EQ_INT(ferry_req_wait(r, -1), SIZE);
-		ferry_req_free(r);
+		ferry_req_destroy(r);
 		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dst, SIZE), 0);
 		T_CHECK(memcmp(back, expect, SIZE) == 0); /* landed after the poisoning memset */
 		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, copy, SIZE), 0);
@@ -79,7 +79,7 @@ int main(void)
 	T_EQ_INT(memset_async((unsigned long long)(uintptr_t)dst, 0x00, SIZE, stream), 0); /* after: not written */
 	T_EQ_INT(stream_sync(stream), 0);
 	T_EQ_INT(ferry_req_wait(w, -1), SIZE);
-	ferry_req_free(w);
+	ferry_req_destroy(w);
 	fd = open(path, O_RDONLY);
 	T_ASSERT(fd >= 0 && read(fd, back, SIZE) == (ssize_t)SIZE);
 	close(fd);
@@ -96,7 +96,7 @@ int main(void)
 	ferry_gpu_free(dst);
 	ferry_gpu_free(copy);
 	ferry_gpu_free(ballast);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	ferry_ctx_destroy(ctx);
 	unlink(path);
 	free(expect);

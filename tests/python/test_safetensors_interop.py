@@ -51,7 +51,7 @@ def load_lib():
     sig = {
         "ferry_ctx_create": (I, [ctypes.POINTER(P)]), "ferry_ctx_destroy": (None, [P]),
         "ferry_last_error": (C, []), "ferry_dtype_from_name": (I, [C]), "ferry_dtype_name": (C, [I]),
-        "ferry_st_open": (I, [P, C, ctypes.POINTER(P)]), "ferry_st_close": (None, [P]),
+        "ferry_st_open": (I, [P, C, ctypes.POINTER(P)]), "ferry_st_destroy": (None, [P]),
         "ferry_st_count": (S, [P]), "ferry_st_name": (C, [P, S]), "ferry_st_dtype": (I, [P, S]),
         "ferry_st_shape": (I, [P, S, ctypes.POINTER(U64), I]), "ferry_st_nbytes": (U64, [P, S]),
         "ferry_st_read": (ctypes.c_ssize_t, [P, S, P, S]), "ferry_st_verify": (I, [P, S]),
@@ -100,7 +100,7 @@ def ferry_read_all(path):
         meta = LIB.ferry_st_metadata_get(st, b"who")
         return out, (meta.decode() if meta else None), LIB.ferry_st_data_start(st)
     finally:
-        LIB.ferry_st_close(st)
+        LIB.ferry_st_destroy(st)
 
 
 def test_hf_to_ferry():

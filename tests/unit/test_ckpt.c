@@ -127,7 +127,7 @@ static void test_basic(void)
 	}
 	T_CHECK(tested);
 	free(big);
-	ferry_ckpt_close(ck);
+	ferry_ckpt_destroy(ck);
 }
 
 static ino_t inode_of(const char *path)
@@ -227,7 +227,7 @@ static void test_recycle(void)
 	ferry_st *st;
 	T_EQ_INT(ferry_st_open(ctx, lp, &st), 0); /* step 5's shard, intact */
 	T_EQ_INT(ferry_st_verify(st, 0), 1);
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	unlink(lp);
 	/* One open elsewhere (a reader still loading the pruned step) is left alone too. */
 	if (leases) {
@@ -265,7 +265,7 @@ static void test_recycle(void)
 	save_step(ck, 1, 0);
 	T_EQ_INT(ferry_ckpt_latest(dir), 1);
 	T_EQ_INT(check_content(dir, 1, 1), 0);
-	ferry_ckpt_close(ck);
+	ferry_ckpt_destroy(ck);
 }
 
 struct rank_arg {
@@ -294,7 +294,7 @@ static void *rank_main(void *p)
 		a->result = ferry_ckpt_wait(ck, -1);
 	if (a->result)
 		fprintf(stderr, "rank %d: %s\n", a->rank, ferry_last_error());
-	ferry_ckpt_close(ck);
+	ferry_ckpt_destroy(ck);
 	for (int i = 0; i < NT; i++)
 		free(b[i]);
 	return NULL;
@@ -330,7 +330,7 @@ static void test_ranks(void)
 	T_EQ_INT(add_all(ck, bufs0, 0), 0);
 	T_EQ_INT(ferry_ckpt_save(ck, 12), -ETIMEDOUT);
 	T_EQ_INT(ferry_ckpt_latest(dir), 11);
-	ferry_ckpt_close(ck);
+	ferry_ckpt_destroy(ck);
 }
 
 static uint64_t now_ns(void)

@@ -259,7 +259,7 @@ static void mem_kinds_and_copies(void)
 
 /*
  * The loader on a (fake) CUDA device, its device memory taken by the consumer (ferry_loader_take)
- * and given back (ferry_loader_buffer_free): each taken buffer holds its batch's bytes, slots get
+ * and given back (ferry_loader_buffer_destroy): each taken buffer holds its batch's bytes, slots get
  * other memory while the consumer keeps some (75 batches through 3 slots in at most 8 buffers), a buffer freed after the loader is destroyed is freed then (ASan checks
  * the loader's remains). A host loader refuses, and takes the batch back all the same.
  */
@@ -320,7 +320,7 @@ static void loader_take(void)
 		if (batches == 0)
 			kept = buf; /* kept past the loader's end */
 		else {
-			T_EQ_INT(ferry_loader_buffer_free(queue[batches % 3], 0), 0);
+			T_EQ_INT(ferry_loader_buffer_destroy(queue[batches % 3], 0), 0);
 			queue[batches % 3] = buf;
 		}
 		/* memory reused: at most the 3 slots' plus the 5 buffers the consumer holds here */
@@ -336,11 +336,11 @@ static void loader_take(void)
 	T_CHECK(once);
 	T_EQ_INT(total, N);
 	for (int i = 0; i < 3; i++)
-		T_EQ_INT(ferry_loader_buffer_free(queue[i], 0), 0);
+		T_EQ_INT(ferry_loader_buffer_destroy(queue[i], 0), 0);
 	ferry_loader_destroy(l);
 	T_EQ_INT(fake_ranges(2), 1); /* the kept buffer */
 	T_EQ_INT(ferry_gpu_memcpy_dtoh(got, ferry_loader_buffer_data(kept), 8), 0);
-	T_EQ_INT(ferry_loader_buffer_free(kept, 0), 0);
+	T_EQ_INT(ferry_loader_buffer_destroy(kept, 0), 0);
 	T_EQ_INT(fake_ranges(2), 0);
 
 	T_ASSERT(ferry_loader_create(ds, &lh) == 0);
@@ -349,9 +349,9 @@ static void loader_take(void)
 	HAS(ferry_last_error(), "not on a CUDA device");
 	T_CHECK(buf == NULL);
 	T_EQ_INT(ferry_loader_next(lh, &b), 1); /* the refused batch was handed back */
-	ferry_loader_release(lh, b);
+	ferry_loader_batch_destroy(b);
 	ferry_loader_destroy(lh);
-	ferry_dataset_close(ds);
+	ferry_dataset_destroy(ds);
 	ferry_ctx_destroy(ctx);
 }
 

@@ -95,7 +95,7 @@ static void write_whole(ferry_ctx *ctx, const char *path)
 	T_EQ_INT(ferry_pwrite(f, buf, FILE_SIZE, 0), FILE_SIZE);
 	T_EQ_INT(ferry_file_size(f), FILE_SIZE);
 	T_EQ_INT(ferry_file_sync(f, 0), 0);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	ferry_free_aligned(base, blen);
 }
 
@@ -144,7 +144,7 @@ static void async_reads(ferry_file *f, int n)
 		ssize_t r = ferry_req_wait(reqs[i], -1);
 		T_CHECK(ferry_req_done(reqs[i]));
 		check_read("async", bufs[i], lens[i], offs[i], r);
-		ferry_req_free(reqs[i]);
+		ferry_req_destroy(reqs[i]);
 		ferry_free_aligned(bases[i], blens[i]);
 	}
 }
@@ -256,7 +256,7 @@ static void random_writes(ferry_ctx *ctx, ferry_file *f, int rounds)
 			ferry_req *r;
 			T_ASSERT(ferry_pwrite_async(f, buf, len, off, &r) == 0);
 			T_EQ_INT(ferry_req_wait(r, -1), len);
-			ferry_req_free(r);
+			ferry_req_destroy(r);
 			break;
 		}
 		default:
@@ -297,8 +297,8 @@ static void errors(ferry_ctx *ctx, const char *dir)
 	T_CHECK(sr == NULL);
 	T_CHECK(strstr(ferry_last_error(), "host memory") != NULL);
 	T_EQ_INT(ferry_pread_stream(f, buf, sizeof(buf), 0, NULL, NULL), -EINVAL);
-	ferry_file_close(f);
-	ferry_file_close(NULL);
+	ferry_file_destroy(f);
+	ferry_file_destroy(NULL);
 }
 
 /*
@@ -326,7 +326,7 @@ static void *qthread_main(void *arg)
 	int64_t res;
 
 	if (t->close_file)
-		ferry_file_close(t->close_file);
+		ferry_file_destroy(t->close_file);
 	if (ferry_file_open(t->ctx, t->open_path, FERRY_O_RDONLY, &t->opened))
 		t->opened = NULL;
 	t->read_ret = ferry_queue_read(t->q, t->opened, buf, sizeof(buf), 0, NULL);
@@ -374,7 +374,7 @@ static void queue_threads(ferry_ctx *ctx, const char *dir)
 		T_CHECK(memcmp(buf, fill, LEN) == 0);
 		prev = t.opened;
 	}
-	ferry_file_close(prev);
+	ferry_file_destroy(prev);
 	ferry_queue_destroy(q);
 	for (int k = 0; k < 2; k++)
 		unlink(path[k]);
@@ -409,7 +409,7 @@ static void run(const char *dir, const char *direct, const char *chunk)
 	if (getenv("FERRY_FAULT_INJECT"))
 		T_CHECK(ferry_ctx_stat(ctx, FERRY_STAT_RETRIES) > 0);
 	errors(ctx, dir);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	unlink(path);
 	ferry_ctx_destroy(ctx);
 }

@@ -84,7 +84,7 @@ static uint64_t drain(ferry_loader *l, uint64_t seq_len, int64_t *out, uint64_t 
 			out[k++] = ix[s];
 		}
 		T_EQ_INT(o[ferry_loader_batch_samples(bt)], ferry_loader_batch_bytes(bt));
-		ferry_loader_release(l, bt);
+		ferry_loader_batch_destroy(bt);
 		b++;
 	}
 	if (!max)
@@ -153,11 +153,11 @@ static int rank_main(const char *rank, const char *ds_path)
 	while (ferry_loader_next(l, &b) == 1) {
 		memcpy(ix + k, ferry_loader_batch_indices(b), ferry_loader_batch_samples(b) * 8);
 		k += ferry_loader_batch_samples(b);
-		ferry_loader_release(l, b);
+		ferry_loader_batch_destroy(b);
 	}
 	ssize_t wr = write(1, ix, k * 8);
 	ferry_loader_destroy(l);
-	ferry_dataset_close(d2);
+	ferry_dataset_destroy(d2);
 	ferry_ctx_destroy(ctx);
 	free(ix);
 	return wr == (ssize_t)(per * 8) && k == per ? 0 : 1;
@@ -329,7 +329,7 @@ int main(int argc, char **argv)
 		T_EQ_INT(ferry_loader_next(l, &c), 1); /* prefetch + threads slots */
 		ferry_loader_batch *d;
 		T_EQ_INT(ferry_loader_next(l, &d), FERRY_EBUSY);
-		ferry_loader_release(l, a);
+		ferry_loader_batch_destroy(a);
 		T_EQ_INT(ferry_loader_next(l, &d), 1);
 		T_EQ_INT(ferry_loader_batch_step(d), 3);
 		ferry_loader_destroy(l); /* with batches held */
@@ -357,7 +357,7 @@ int main(int argc, char **argv)
 		ferry_loader_batch *b;
 		int r;
 		while ((r = ferry_loader_next(l, &b)) == 1)
-			ferry_loader_release(l, b);
+			ferry_loader_batch_destroy(b);
 		T_EQ_INT(r, FERRY_ECORRUPT);
 		T_CHECK(strstr(ferry_last_error(), "shard-00002.fsh") && strstr(ferry_last_error(), "sample "));
 		if (t_failures)
@@ -366,7 +366,7 @@ int main(int argc, char **argv)
 		free(ix);
 	}
 
-	ferry_dataset_close(ds);
+	ferry_dataset_destroy(ds);
 	ferry_ctx_destroy(ctx);
 	free(stream);
 	free(soff);

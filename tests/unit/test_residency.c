@@ -23,7 +23,7 @@ static void read_all(const char *path, const char *direct, uint64_t *cached, uin
 	T_EQ_INT(ferry_pread(f, buf, SIZE, 0), SIZE);
 	*cached = ferry_ctx_stat(ctx, FERRY_STAT_CACHED_CHUNKS);
 	*direct_chunks = ferry_ctx_stat(ctx, FERRY_STAT_DIRECT_CHUNKS);
-	ferry_file_close(f);
+	ferry_file_destroy(f);
 	ferry_ctx_destroy(ctx);
 	ferry_free_aligned(buf, SIZE);
 }

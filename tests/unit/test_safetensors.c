@@ -45,7 +45,7 @@ static int open_err(const char *hdr, size_t data_len, const char *want)
 			ferry_last_error(), want);
 		t_failures++;
 	}
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	return r;
 }
 
@@ -108,7 +108,7 @@ static void test_bad_input(void)
 	T_EQ_INT(ferry_st_open(ctx, p, &st), 0);
 	if (st) {
 		T_EQ_STR(ferry_st_name(st, 0), "a");
-		ferry_st_close(st);
+		ferry_st_destroy(st);
 	}
 }
 
@@ -199,7 +199,7 @@ static void test_roundtrip(void)
 	}
 	T_EQ_INT(ferry_st_read_slice(st, (size_t)i, 1, 2, 6, part, sizeof(part)), -EINVAL);
 	T_EQ_INT(ferry_st_read_slice(st, (size_t)i, 3, 0, 1, part, sizeof(part)), -EINVAL);
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 
 	/* The loader: everything, a subset, a slice, and verified. */
 	ferry_st_load *ld;
@@ -243,7 +243,7 @@ static void test_roundtrip(void)
 		bad += ferry_st_verify(st, k) == FERRY_EVERIFY;
 	T_EQ_INT(bad, 1);
 	T_CHECK(strstr(ferry_last_error(), "xxh3") != NULL);
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	T_ASSERT(ferry_st_load_open(ctx, p, &ld) == 0);
 	T_EQ_INT(ferry_st_load_run(ld, -1, FERRY_LOAD_VERIFY, 0), FERRY_EVERIFY);
 	ferry_st_load_destroy(ld);
@@ -392,7 +392,7 @@ static void test_prealloc(void)
 	T_ASSERT(ferry_st_open(ctx, p, &st0) == 0);
 	T_EQ_INT(ferry_st_read(st0, 0, got, nb), nb);
 	T_CHECK(!memcmp(got, a, nb));
-	ferry_st_close(st0);
+	ferry_st_destroy(st0);
 	/* Where the save's time went: JSON with the bytes, the slots, and every phase. */
 	char js[2048];
 	int jl = ferry_st_writer_stats(w, js, sizeof(js));
@@ -436,7 +436,7 @@ static void test_prealloc(void)
 		T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
 		T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
 		T_CHECK(!memcmp(got, k % 2 ? a : b, nb));
-		ferry_st_close(st);
+		ferry_st_destroy(st);
 	}
 
 	/* No space: an error before any data is written; the last good file stays, no temporary. */
@@ -453,7 +453,7 @@ static void test_prealloc(void)
 	T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
 	T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
 	T_CHECK(!memcmp(got, b, nb)); /* what the last good save (k = 2) wrote */
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 
 	ferry_st_writer_destroy(w);
 	unlink(p);
@@ -496,7 +496,7 @@ static void test_reserve(void)
 	T_ASSERT(got && ferry_st_open(ctx, p, &st) == 0);
 	T_EQ_INT(ferry_st_read(st, 0, got, nb), nb);
 	T_CHECK(!memcmp(got, a, nb));
-	ferry_st_close(st);
+	ferry_st_destroy(st);
 	free(got);
 	ferry_st_writer_destroy(w);
 

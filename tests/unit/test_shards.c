@@ -78,7 +78,7 @@ static void check_read(const char *path, uint64_t n, const char *format, int key
 	T_EQ_INT(ferry_dataset_locate(ds, n, NULL, NULL), -EINVAL);
 	T_CHECK(ferry_dataset_shard_path(ds, ferry_dataset_shards(ds)) == NULL);
 	T_EQ_INT(ferry_dataset_verify(ds), 0);
-	ferry_dataset_close(ds);
+	ferry_dataset_destroy(ds);
 }
 
 static void expect_corrupt(const char *path, const char *must1, const char *must2)
@@ -91,7 +91,7 @@ static void expect_corrupt(const char *path, const char *must1, const char *must
 			ssize_t r = ferry_dataset_read(ds, i, buf, sizeof(buf));
 			err = r < 0 ? (int)r : 0;
 		}
-		ferry_dataset_close(ds);
+		ferry_dataset_destroy(ds);
 	}
 	T_EQ_INT(err, FERRY_ECORRUPT);
 	const char *msg = ferry_last_error();
@@ -148,7 +148,7 @@ int main(void)
 	T_ASSERT(ferry_dataset_open(ctx, p, &ds) == 0);
 	T_CHECK(ferry_dataset_shards(ds) > 3);
 	uint32_t nshards = ferry_dataset_shards(ds);
-	ferry_dataset_close(ds);
+	ferry_dataset_destroy(ds);
 	snprintf(p, sizeof(p), "%s/nokeys", dir);
 	T_ASSERT(write_ds(p, FERRY_WRITE_FERRY, 50, 0, 0) == 0);
 	check_read(p, 50, "ferry", 0);
@@ -190,7 +190,7 @@ int main(void)
 	flip_byte(shard, 10);
 	T_EQ_INT(ferry_dataset_verify(ds), FERRY_ECORRUPT);
 	T_CHECK(strstr(ferry_last_error(), "checksum") && strstr(ferry_last_error(), "sample "));
-	ferry_dataset_close(ds);
+	ferry_dataset_destroy(ds);
 
 	/* Megatron: bad magic, truncated index, truncated .bin */
 	snprintf(p, sizeof(p), "%s/mega", dir);
