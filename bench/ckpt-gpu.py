@@ -251,7 +251,7 @@ def cold_rounds(a, torch, dev, fst, path, shm_path, gb, ceil_file):
     rounds, each the disk's read ceiling (caches dropped first) and ferry's cold load of `path` (caches
     dropped first) with the default context and each one --cold-variants names, the order rotated so that none
     always runs first. The disk's read rate moved by up to 18% between measurements minutes apart
-    (sixth and seventh sessions); within a round they are seconds apart. Prints a row per round and
+    (2026-11-24); within a round they are seconds apart. Prints a row per round and
     one per variant; returns {variant: median of its rounds' ratios to their round's ceiling}."""
     import ferry
     variants = {"default": None}
@@ -297,9 +297,9 @@ def cold_rounds(a, torch, dev, fst, path, shm_path, gb, ceil_file):
 def h2d_ceilings(torch, nbytes, reps=3):
     """The warm loads' ceiling: GB/s of one pinned host-to-device copy of nbytes (median of reps)
     into device memory allocated just before, as a load's is (timed_load empties torch's cache
-    first), and into memory copied into before. bench/probe-alloc-overlap.py measured the first
-    at 48.9 GB/s and the second at 54.5 on the GPU machine: the copy engine's first writes into new
-    memory cost about a tenth, whoever copies (a memset first does not help)."""
+    first), and into memory copied into before: 48.9 GB/s and 54.5 for 8 GiB on the GPU machine
+    (docs/PAGECACHE.md, third round). The copy engine's first writes into new memory cost about a
+    tenth, whoever copies (a memset first does not help)."""
     src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
     fresh, again = [], []
     for _ in range(reps):
@@ -431,7 +431,7 @@ def main():
     os.sync()
     table("torch.save cold disk", f"{gb / (time.perf_counter() - t0):.2f} GB/s", "with os.sync()")
     if fst is not None:
-        # The write ceiling again, here: the fifth session's run had save_file at 0.46-0.57x of the
+        # The write ceiling again, here: a run on 2026-11-23 had save_file at 0.46-0.57x of the
         # ceiling measured at the start, while bench/ckpt-save.py (a ceiling beside each save) had
         # the same call at 0.86-0.97x; after the peers' 17 GB of writes the virtio disk may not be
         # what it was at the start. The target uses this one; the first is printed beside it.
@@ -461,7 +461,7 @@ def main():
         shutil.copyfile(paths[k], shm[k])
 
     # The read ceiling again, just before the cold loads, for the same reason as the write's: in
-    # the sixth session every loader read cold at 0.84-0.86x of the ceiling measured at the start.
+    # one run (2026-11-24) every loader read cold at 0.84-0.86x of the ceiling measured at the start.
     # kept for the cold rounds after the loads, instead of laying out 8 GB again there
     rounds = fst is not None and a.cold_rounds > 0
     rnear = ceiling_again(a, ceil_file, "read", ceil.get("read"), "the cold loads", keep=rounds) or ceil.get("read")
@@ -476,7 +476,7 @@ def main():
             if key not in files:
                 continue
             # warm: every loader three times, the median kept (one peer's single warm load ran at
-            # 3.04 GB/s in one session and 4.68 in the next); cold: once each (a cache drop each)
+            # 3.04 GB/s on one VM and 4.68 on the next); cold: once each (a cache drop each)
             runs = [timed_load(torch, dev, fn, files[key], cold) for _ in range(1 if cold else a.warm_loads)]
             err = next((x for x in runs if isinstance(x, str)), None)
             if err:

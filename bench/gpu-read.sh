@@ -59,8 +59,8 @@ SHM_ROUNDS=${SHM_ROUNDS:-3}
 IFS='|' read -r -a shm_cfgs <<<"$SHM_CONFIGS"
 "$FERRY" bench --filename "$SHM" --bs 1g --size $size --api pread -x auto --output-format=json >/dev/null
 # Every run of a round in turn, the order rotated by one each round, so that no setting is always
-# the first run after the untimed read (run 1 of the second session: the first run of a round was
-# 25% slower than the rest, whichever setting it was).
+# the first run after the untimed read (on 2026-11-22 the first run of a round was 25% slower than
+# the rest, whichever setting it was).
 runs=()
 for cfg in "${shm_cfgs[@]}"; do runs+=("ferry|$cfg"); done
 for kc in $KVIKIO_CONFIGS; do runs+=("kvikio|$kc"); done

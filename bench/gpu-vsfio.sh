@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # Issue 2's figures on the GPU machine, for scripts/gpu-check.sh (GPU_BENCHES=gpu-vsfio): fio and
 # ferry bench side by side (bench/vs-fio.sh), every row on the machine's disk (DISK_ROWS: a
-# subset, or none) and on /dev/shm (SHM_ROWS: a subset, or none). PROBE=1 first runs the buffered
-# random-read probe (bench/probe-buffered-rand.sh: each tool with each generator of random offsets,
-# bytes read from storage per byte delivered). FERRY_VARIANTS and FIO_VARIANTS (bench/vs-fio.sh) add
-# settings of each tool; WHERE=1 notes where each run's job ran (vs-fio.sh --where).
+# subset, or none) and on /dev/shm (SHM_ROWS: a subset, or none). FERRY_VARIANTS and FIO_VARIANTS
+# (bench/vs-fio.sh) add settings of each tool; WHERE=1 notes where each run's job ran (vs-fio.sh
+# --where).
 # fio comes from .deb/fio (scripts/stage-device.sh builds it; the GPU machine has none) or $FIO.
 # Prints TABLE rows; about 8 minutes with the defaults (ROUNDS=3 on the disk, SHM_ROUNDS=4,
 # RUNTIME=2 seconds a run): give it a device call of its own.
@@ -23,13 +22,6 @@ SHM_ROWS=${SHM_ROWS-}
 WHERE_ARG=
 [ "${WHERE:-0}" != 0 ] && WHERE_ARG=--where
 status=0
-
-# the probe's row is settled (docs/PERFORMANCE.md, fourth session): off unless PROBE=1
-if [ "${PROBE:-0}" != 0 ]; then
-	FIO=$FIO FERRY=$FERRY ROUNDS=2 RUNTIME=$RUNTIME bash bench/probe-buffered-rand.sh "$DISK" >"$LOG/probe-buffered-rand.log" 2>&1 || status=1
-	# "PROBE round | variant | GB/s IOPS | storage/app | cached"
-	sed -n 's/^PROBE /TABLE probe disk buffered rand 4k QD64 /p' "$LOG/probe-buffered-rand.log"
-fi
 
 summary() { # json, where
 	python3 - "$1" "$2" <<'PY'
@@ -54,7 +46,7 @@ vsfio() { # name (disk, shm), dir, rounds, rows, label: one vs-fio.sh run and it
 }
 # DISK_ROWS: the disk rows (default: every row; none: no disk rows)
 [ "${DISK_ROWS-}" != none ] && vsfio disk "$DISK" "$ROUNDS" "${DISK_ROWS-}" disk
-# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x in the fifth session
+# 4 rounds: single rounds of a /dev/shm QD64 row ran 0.63-1.43x fio's (2026-11-23)
 [ "$SHM_ROWS" != none ] && vsfio shm /dev/shm "${SHM_ROUNDS:-4}" "$SHM_ROWS" /dev/shm
 rm -rf "$DISK"
 exit $status

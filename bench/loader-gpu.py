@@ -318,7 +318,7 @@ def with_gpu_step(peer, step_s, seconds, hz):
     """GPU wait %: the share of the stream's span in which no step ran (it waited for data).
     Python's collector is frozen first (gc.freeze(), as training loops do, e.g. Megatron's
     --manual-gc): with torch imported a full collection pauses the loop 60-80 ms, 1.5-2% of a
-    4 s run, whatever feeds it (bench/probe-loader-wait.py)."""
+    4 s run, whatever feeds it (docs/DATA.md)."""
     gc.collect()
     gc.freeze()
     it = peer.batches()

@@ -143,8 +143,10 @@ if [ ${#peers[@]} -gt 0 ]; then
 	fi
 fi
 # GPU_BENCHES: which bench/NAME.sh to run (names or globs, space-separated; "none" for none), so
-# that a long benchmark can have a device call of its own. The default is the three that measure the
-# issues' figures; bench/gpu-tune.sh (the sweep behind the defaults) runs only when named.
+# that a long benchmark can have a device call of its own. One per capability of docs/PERFORMANCE.md:
+# gpu-vsfio (the engine vs fio), gpu-read (GPU data paths), gpu-py-overhead (Python call overhead),
+# gpu-ckpt (checkpoints and weights; gpu-ckpt-save and gpu-ckpt-async measure one target each in a
+# shorter call) and gpu-loader (the loader). The default: gpu-read, gpu-ckpt and gpu-loader.
 benches=()
 for pat in ${GPU_BENCHES:-gpu-read gpu-ckpt gpu-loader}; do
 	benches+=(bench/$pat.sh)
