@@ -83,7 +83,7 @@ def ceiling(ferry, f, rw, runtime, size, quarters=True):
     before a read, the file fsynced at the end of a write (--end_fsync): what a save or a load must
     do. Otherwise the former definition: every job over the whole file from offset 0 for `runtime`
     seconds, no fsync; on the GPU machine's virtio disk it read 16-25% above the quarters' writes
-    (bench/write-ceilings.sh, docs/CHECKPOINTS.md), the jobs writing the same blocks at once.
+    (fio alone, 2026-11-23; docs/CHECKPOINTS.md), the jobs writing the same blocks at once.
     Returns (GB/s or None, the command or why it failed)."""
     cmd = [ferry, "bench", f"--rw={rw}", "--direct=1", "--bs=4m", "--iodepth=16", "--numjobs=4",
            f"--filename={f}", "--output-format=json"]
