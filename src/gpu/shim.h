@@ -222,36 +222,6 @@ enum {
  */
 int ferry__mem_kind(const void *ptr, int *device);
 
-/* ------------------------------------------------------------------------- pinned slot pool */
-
-/*
- * Page-aligned host memory for bounce slots, page-locked with cuMemHostRegister (portable, so
- * every context can use it) when CUDA is usable, plain aligned memory otherwise (the O_DIRECT
- * bounce path uses the same slots). Freed slots are kept for reuse since registration costs
- * milliseconds per GiB; a slot of the same size is reused first. Thread-safe.
- */
-struct ferry__pinned_pool;
-/*
- * budget: bytes the pool may hold (in use and cached) at once, 0 for no limit. device: the CUDA
- * device whose context registers the memory, or -1 for plain memory even when a GPU exists.
- * Returns 0 or -ENOMEM.
- */
-int ferry__pinned_pool_create(uint64_t budget, int device, struct ferry__pinned_pool **out);
-/* Unregisters and frees every slot, including ones not given back. NULL is accepted. */
-void ferry__pinned_pool_destroy(struct ferry__pinned_pool *pool);
-/*
- * A slot of at least size bytes (rounded up to the page size), page aligned. *is_pinned is 1
- * when it is page-locked for the GPU. Returns 0, FERRY_EBUDGET (the budget would be exceeded even
- * after dropping cached slots) or -ENOMEM.
- */
-int ferry__pinned_alloc(struct ferry__pinned_pool *pool, size_t size, void **out, int *is_pinned);
-/* Gives a slot back to the pool (kept for reuse). NULL is accepted. */
-void ferry__pinned_free(struct ferry__pinned_pool *pool, void *ptr);
-/* Bytes held by the pool (in use + cached). */
-uint64_t ferry__pinned_held(struct ferry__pinned_pool *pool);
-/* Why slots are not pinned ("" when they are or no slot was made yet). */
-const char *ferry__pinned_unpinned_reason(struct ferry__pinned_pool *pool);
-
 /* ------------------------------------------------------------------------------- cuFile ABI */
 
 #if defined(FERRY__ABI_REAL_TYPES) && defined(CUFILEOP_BASE_ERR)

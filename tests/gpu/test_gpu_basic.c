@@ -14,6 +14,7 @@
 #include "ferry/ferry.h"
 #include "ferry/gpu.h"
 #include "ferry_test.h"
+#include "gpu/ring.h"
 #include "gpu/shim.h"
 
 #define MiB (1024u * 1024u)

@@ -15,6 +15,7 @@
 #include "ferry/ferry.h"
 #include "ferry/gpu.h"
 #include "ferry_test.h"
+#include "gpu/ring.h"
 #include "gpu/shim.h"
 
 #define HAS(hay, needle) has_((hay), (needle), #hay, __FILE__, __LINE__)
@@ -320,7 +321,7 @@ static void loader_take(void)
 		if (batches == 0)
 			kept = buf; /* kept past the loader's end */
 		else {
-			T_EQ_INT(ferry_loader_buffer_destroy(queue[batches % 3], 0), 0);
+			T_EQ_INT(ferry_loader_buffer_destroy(queue[batches % 3], NULL), 0);
 			queue[batches % 3] = buf;
 		}
 		/* memory reused: at most the 3 slots' plus the 5 buffers the consumer holds here */
@@ -336,11 +337,11 @@ static void loader_take(void)
 	T_CHECK(once);
 	T_EQ_INT(total, N);
 	for (int i = 0; i < 3; i++)
-		T_EQ_INT(ferry_loader_buffer_destroy(queue[i], 0), 0);
+		T_EQ_INT(ferry_loader_buffer_destroy(queue[i], NULL), 0);
 	ferry_loader_destroy(l);
 	T_EQ_INT(fake_ranges(2), 1); /* the kept buffer */
 	T_EQ_INT(ferry_gpu_memcpy_dtoh(got, ferry_loader_buffer_data(kept), 8), 0);
-	T_EQ_INT(ferry_loader_buffer_destroy(kept, 0), 0);
+	T_EQ_INT(ferry_loader_buffer_destroy(kept, NULL), 0);
 	T_EQ_INT(fake_ranges(2), 0);
 
 	T_ASSERT(ferry_loader_create(ds, &lh) == 0);

@@ -1,0 +1,307 @@
+/* The pinned copy ring (gpu/ring.h). */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "base/base.h"
+#include "gpu/ring.h"
+#include "gpu/shim.h"
+
+struct ferry__ring_gpu {
+	int dev;
+	unsigned flags;
+	ferry__CUstream stream;
+	ferry__CUevent *ev;
+	unsigned nev;
+	/* the in-flight queue: a circular buffer of ticket numbers, nev long */
+	unsigned *queue;
+	unsigned head, count;
+};
+
+/* The driver API with dev current on this thread, or NULL with the failure in *err. */
+static const struct ferry__cuda_api *device_err(int dev, int *err)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	*err = cu ? ferry__cuda_set_device(dev) : ferry__cuda_require();
+	return *err ? NULL : cu;
+}
+
+/* In functions that return an int: `USE(dev);` leaves cu set, or returns the failure. */
+#define USE(dev)                                                                \
+	int use_err_;                                                           \
+	const struct ferry__cuda_api *cu = device_err((dev), &use_err_);        \
+	if (!cu)                                                                \
+		return use_err_
+
+/* The CUDA error a call returned, as ferry's code. */
+#define CU_CALL(r, ...) ((r) == FERRY__CUDA_SUCCESS ? 0 : ferry__cuda_fail((r), __VA_ARGS__))
+
+int ferry__ring_reserve(struct ferry__ring_gpu *r, unsigned n)
+{
+	if (n <= r->nev)
+		return 0;
+	if (r->count)
+		return ferry__error(-EBUSY, "copy ring: %u tickets in flight while growing", r->count);
+	USE(r->dev);
+	ferry__CUevent *ev = realloc(r->ev, n * sizeof(*ev));
+	if (!ev)
+		return ferry__error(-ENOMEM, "copy ring: %u events", n);
+	r->ev = ev;
+	unsigned *q = realloc(r->queue, n * sizeof(*q));
+	if (!q)
+		return ferry__error(-ENOMEM, "copy ring: %u tickets", n);
+	r->queue = q;
+	r->head = 0;
+	/* spin: no BLOCKING_SYNC, so a synchronize polls; else the waiting thread sleeps */
+	unsigned flags = FERRY__CU_EVENT_DISABLE_TIMING | (r->flags & FERRY__RING_SPIN ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC);
+	while (r->nev < n) {
+		ferry__CUresult e = cu->EventCreate(&r->ev[r->nev], flags);
+		if (e)
+			return ferry__cuda_fail(e, "cuEventCreate on device %d", r->dev);
+		r->nev++;
+	}
+	return 0;
+}
+
+int ferry__ring_create(int dev, unsigned ntickets, unsigned flags, struct ferry__ring_gpu **out)
+{
+	struct ferry__ring_gpu *r;
+	int err;
+
+	*out = NULL;
+	USE(dev);
+	if (!(r = calloc(1, sizeof(*r))))
+		return ferry__error(-ENOMEM, "copy ring");
+	r->dev = dev;
+	r->flags = flags;
+	ferry__CUresult e = cu->StreamCreate(&r->stream, FERRY__CU_STREAM_NON_BLOCKING);
+	if (e) {
+		free(r);
+		return ferry__cuda_fail(e, "cuStreamCreate on device %d", dev);
+	}
+	if ((err = ferry__ring_reserve(r, ntickets ? ntickets : 1))) {
+		ferry__ring_destroy(r);
+		return err;
+	}
+	*out = r;
+	return 0;
+}
+
+void ferry__ring_destroy(struct ferry__ring_gpu *r)
+{
+	int err;
+	const struct ferry__cuda_api *cu;
+	if (!r)
+		return;
+	if ((cu = device_err(r->dev, &err))) {
+		/* the stream's copies may still write into memory the caller frees next */
+		cu->StreamSynchronize(r->stream);
+		for (unsigned i = 0; i < r->nev; i++)
+			cu->EventDestroy(r->ev[i]);
+		cu->StreamDestroy(r->stream);
+	}
+	free(r->ev);
+	free(r->queue);
+	free(r);
+}
+
+int ferry__ring_device(const struct ferry__ring_gpu *r)
+{
+	return r->dev;
+}
+
+void *ferry__ring_stream(const struct ferry__ring_gpu *r)
+{
+	return r->stream;
+}
+
+int ferry__ring_h2d(struct ferry__ring_gpu *r, uint64_t dst, const void *src, size_t n, bool pinned)
+{
+	USE(r->dev);
+	if (!pinned)
+		return CU_CALL(cu->MemcpyHtoD((ferry__CUdeviceptr)dst, src, n), "cuMemcpyHtoD of %zu bytes", n);
+	return CU_CALL(cu->MemcpyHtoDAsync((ferry__CUdeviceptr)dst, src, n, r->stream),
+		       "cuMemcpyHtoDAsync of %zu bytes", n);
+}
+
+int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n, bool pinned)
+{
+	USE(r->dev);
+	if (!pinned)
+		return CU_CALL(cu->MemcpyDtoH(dst, (ferry__CUdeviceptr)src, n), "cuMemcpyDtoH of %zu bytes", n);
+	return CU_CALL(cu->MemcpyDtoHAsync(dst, (ferry__CUdeviceptr)src, n, r->stream),
+		       "cuMemcpyDtoHAsync of %zu bytes", n);
+}
+
+int ferry__ring_after(struct ferry__ring_gpu *r, void *event)
+{
+	USE(r->dev);
+	return CU_CALL(cu->StreamWaitEvent(r->stream, (ferry__CUevent)event, 0), "cuStreamWaitEvent");
+}
+
+static int record_on(struct ferry__ring_gpu *r, unsigned t, ferry__CUstream s)
+{
+	USE(r->dev);
+	if (t >= r->nev)
+		return ferry__error(-EINVAL, "copy ring: ticket %u of %u", t, r->nev);
+	return CU_CALL(cu->EventRecord(r->ev[t], s), "cuEventRecord");
+}
+
+int ferry__ring_record(struct ferry__ring_gpu *r, unsigned t)
+{
+	return record_on(r, t, r->stream);
+}
+
+int ferry__ring_record_on(struct ferry__ring_gpu *r, unsigned t, const struct ferry__ring_gpu *on)
+{
+	return record_on(r, t, on->stream);
+}
+
+static int event_state(ferry__CUresult e)
+{
+	if (e == FERRY__CUDA_ERROR_NOT_READY)
+		return 0;
+	return e ? ferry__cuda_fail(e, "a copy on the GPU") : 1;
+}
+
+int ferry__ring_query(struct ferry__ring_gpu *r, unsigned t)
+{
+	USE(r->dev);
+	return event_state(cu->EventQuery(r->ev[t]));
+}
+
+int ferry__ring_sync(struct ferry__ring_gpu *r, unsigned t)
+{
+	USE(r->dev);
+	return CU_CALL(cu->EventSynchronize(r->ev[t]), "a copy on the GPU");
+}
+
+int ferry__ring_drain(struct ferry__ring_gpu *r)
+{
+	USE(r->dev);
+	return CU_CALL(cu->StreamSynchronize(r->stream), "cuStreamSynchronize");
+}
+
+int ferry__ring_mark(struct ferry__ring_gpu *r, unsigned t, const struct ferry__ring_gpu *on)
+{
+	int err = record_on(r, t, on ? on->stream : r->stream);
+	if (err)
+		return err;
+	r->queue[(r->head + r->count) % r->nev] = t;
+	r->count++;
+	return 0;
+}
+
+unsigned ferry__ring_pending(const struct ferry__ring_gpu *r)
+{
+	return r->count;
+}
+
+int ferry__ring_next(struct ferry__ring_gpu *r, bool block, unsigned *t)
+{
+	if (!r->count)
+		return 0;
+	USE(r->dev);
+	unsigned oldest = r->queue[r->head];
+	ferry__CUresult e = block ? cu->EventSynchronize(r->ev[oldest]) : cu->EventQuery(r->ev[oldest]);
+	if (e == FERRY__CUDA_ERROR_NOT_READY)
+		return 0;
+	r->head = (r->head + 1) % r->nev;
+	r->count--;
+	*t = oldest;
+	return e ? ferry__cuda_fail(e, "a copy on the GPU") : 1;
+}
+
+/* ----------------------------------------------------------------------------------- fences */
+
+struct fence {
+	int dev;
+	ferry__CUevent ev;
+};
+
+int ferry__fence_create(int dev, void **out)
+{
+	struct fence *f;
+	*out = NULL;
+	USE(dev);
+	if (!(f = calloc(1, sizeof(*f))))
+		return ferry__error(-ENOMEM, "fence");
+	f->dev = dev;
+	ferry__CUresult e = cu->EventCreate(&f->ev, FERRY__CU_EVENT_DISABLE_TIMING);
+	if (e) {
+		free(f);
+		return ferry__cuda_fail(e, "cuEventCreate on device %d", dev);
+	}
+	*out = f;
+	return 0;
+}
+
+void ferry__fence_destroy(void *fence)
+{
+	struct fence *f = fence;
+	const struct ferry__cuda_api *cu;
+	int err;
+	if (!f)
+		return;
+	if ((cu = device_err(f->dev, &err))) {
+		cu->EventSynchronize(f->ev);
+		cu->EventDestroy(f->ev);
+	}
+	free(f);
+}
+
+int ferry__fence_record(void *fence, void *stream)
+{
+	struct fence *f = fence;
+	USE(f->dev);
+	return CU_CALL(cu->EventRecord(f->ev, (ferry__CUstream)stream), "cuEventRecord on stream %p", stream);
+}
+
+int ferry__fence_query(void *fence)
+{
+	struct fence *f = fence;
+	USE(f->dev);
+	return event_state(cu->EventQuery(f->ev));
+}
+
+int ferry__fence_sync(void *fence)
+{
+	struct fence *f = fence;
+	USE(f->dev);
+	return CU_CALL(cu->EventSynchronize(f->ev), "waiting for a fence");
+}
+
+int ferry__ring_after_fence(struct ferry__ring_gpu *r, void *fence)
+{
+	return ferry__ring_after(r, ((struct fence *)fence)->ev);
+}
+
+/* ---------------------------------------------------------------------------- device memory */
+
+int ferry__gpu_alloc(int dev, size_t n, uint64_t *out)
+{
+	ferry__CUdeviceptr p = 0;
+	USE(dev);
+	ferry__CUresult e = cu->MemAlloc(&p, n);
+	if (e)
+		return ferry__cuda_fail(e, "cuMemAlloc of %zu bytes on device %d", n, dev);
+	*out = (uint64_t)p;
+	return 0;
+}
+
+void ferry__gpu_release(int dev, uint64_t ptr)
+{
+	int err;
+	const struct ferry__cuda_api *cu = device_err(dev, &err);
+	if (cu && ptr)
+		cu->MemFree((ferry__CUdeviceptr)ptr);
+}
+
+int ferry__gpu_enter(int dev, void **prev)
+{
+	return ferry__cuda_enter_device(dev, (ferry__CUcontext *)prev);
+}
+
+void ferry__gpu_leave(void *prev)
+{
+	ferry__cuda_leave_device((ferry__CUcontext)prev);
+}

@@ -1,0 +1,128 @@
+/*
+ * The pinned copy ring: the one way bytes move between host memory and a GPU inside ferry (the
+ * engine's bounce path and copy units, the checkpoint writer, the loader). DESIGN.md decision 4.
+ *
+ * A ring is one CUDA stream on one device and a set of tickets: one event per place its user tracks
+ * (a chunk, a slot, a batch), numbered 0..n-1. Copies queued on the ring run in order on its stream;
+ * host memory that is not pinned is copied synchronously instead (a copy from pageable memory with
+ * the async call would be synchronous anyway, and slower: the caller says which it has), so a user
+ * never writes a second path. Tickets say when a copy is over:
+ *   - ferry__ring_record(r, t) records ticket t after everything queued so far, and
+ *     ferry__ring_query / ferry__ring_sync ask about it: any thread may do these.
+ *   - ferry__ring_mark(r, t) records t and also puts it at the back of the ring's in-flight queue;
+ *     ferry__ring_next hands back finished tickets from its front, oldest first. The queue is the
+ *     owning thread's (a worker's ring): no locks.
+ * Every call makes the ring's device current on the calling thread; a caller's thread that must
+ * keep its own context (the checkpoint writer runs on the user's thread) brackets its calls with
+ * ferry__gpu_enter / ferry__gpu_leave.
+ *
+ * Without a GPU every call that needs one returns FERRY_ENOGPU with the reason.
+ */
+#ifndef FERRY_GPU_RING_H
+#define FERRY_GPU_RING_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct ferry__ring_gpu;
+
+/* ferry__ring_create flags */
+#define FERRY__RING_SPIN 1u /* a thread waiting on a ticket spins instead of sleeping (lower latency,
+			     * a core busy: the engine's gpu_sync=spin) */
+
+/* A ring on device dev with ntickets tickets. Returns 0 or a negative code (FERRY_ENOGPU, -ENOMEM,
+ * a CUDA failure) with ferry_last_error() set. */
+int ferry__ring_create(int dev, unsigned ntickets, unsigned flags, struct ferry__ring_gpu **out);
+/* Waits for everything queued, then frees the stream and events. NULL is accepted. */
+void ferry__ring_destroy(struct ferry__ring_gpu *r);
+/* At least n tickets (existing tickets keep their numbers; the queue must be empty). */
+int ferry__ring_reserve(struct ferry__ring_gpu *r, unsigned n);
+int ferry__ring_device(const struct ferry__ring_gpu *r);
+/* The ring's stream (a CUstream), for work that must be ordered with its copies (cuFile's stream
+ * API). */
+void *ferry__ring_stream(const struct ferry__ring_gpu *r);
+
+/* Copies n bytes to device address dst from host memory src (async when pinned, else synchronous
+ * before returning), queued after everything before it on the ring. */
+int ferry__ring_h2d(struct ferry__ring_gpu *r, uint64_t dst, const void *src, size_t n, bool pinned);
+/* Copies n bytes from device address src to host memory dst, likewise. */
+int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n, bool pinned);
+/* Work queued on the ring from now on waits (on the GPU) for a CUevent recorded on another stream
+ * (the start event of a stream-ordered request), or for a fence. */
+int ferry__ring_after(struct ferry__ring_gpu *r, void *event);
+int ferry__ring_after_fence(struct ferry__ring_gpu *r, void *fence);
+
+/* Records ticket t after everything queued so far. */
+int ferry__ring_record(struct ferry__ring_gpu *r, unsigned t);
+/* Records ticket t after everything queued so far on another ring's stream (a copy unit's copy,
+ * done on the device's unit ring, that ticket t of this ring must wait for). */
+int ferry__ring_record_on(struct ferry__ring_gpu *r, unsigned t, const struct ferry__ring_gpu *on);
+/* 1 when ticket t's work is done (or t was never recorded), 0 while it runs, or a negative code
+ * when the GPU reported a failure for it. */
+int ferry__ring_query(struct ferry__ring_gpu *r, unsigned t);
+/* Waits for ticket t's work. 0 or a negative code. */
+int ferry__ring_sync(struct ferry__ring_gpu *r, unsigned t);
+/* Waits for everything queued on the ring. */
+int ferry__ring_drain(struct ferry__ring_gpu *r);
+
+/* Records ticket t (as ferry__ring_record, or on `on`'s stream when on is not NULL) and queues it. */
+int ferry__ring_mark(struct ferry__ring_gpu *r, unsigned t, const struct ferry__ring_gpu *on);
+/* Tickets in the in-flight queue. */
+unsigned ferry__ring_pending(const struct ferry__ring_gpu *r);
+/*
+ * The oldest queued ticket, when it is done: returns 1 with *t set and the ticket dequeued; 0 when
+ * the oldest is still running or nothing is queued; with block, waits for the oldest instead. A
+ * failed copy is dequeued too: it returns a negative code with *t set.
+ */
+int ferry__ring_next(struct ferry__ring_gpu *r, bool block, unsigned *t);
+
+/* A fence: an event recorded on a stream that is not a ring's (the caller's stream), which a ring
+ * can wait for (ferry__ring_after) and the host can query. */
+int ferry__fence_create(int dev, void **out);
+void ferry__fence_destroy(void *fence);
+int ferry__fence_record(void *fence, void *stream);
+/* 1 done (or never recorded), 0 running, negative on failure. */
+int ferry__fence_query(void *fence);
+int ferry__fence_sync(void *fence);
+
+/* Device memory for the features (loaders' batch buffers). */
+int ferry__gpu_alloc(int dev, size_t n, uint64_t *out);
+void ferry__gpu_release(int dev, uint64_t ptr);
+
+/* Makes dev current on the calling thread, keeping the context that was current in *prev for
+ * ferry__gpu_leave to put back. */
+int ferry__gpu_enter(int dev, void **prev);
+void ferry__gpu_leave(void *prev);
+
+/* ------------------------------------------------------------------------- pinned slot pool */
+
+/*
+ * Page-aligned host memory for bounce slots, page-locked with cuMemHostRegister (portable, so
+ * every context can use it) when CUDA is usable, plain aligned memory otherwise (the O_DIRECT
+ * bounce path uses the same slots). Freed slots are kept for reuse since registration costs
+ * milliseconds per GiB; a slot of the same size is reused first. Thread-safe.
+ */
+struct ferry__pinned_pool;
+/*
+ * budget: bytes the pool may hold (in use and cached) at once, 0 for no limit. device: the CUDA
+ * device whose context registers the memory, or -1 for plain memory even when a GPU exists.
+ * Returns 0 or -ENOMEM.
+ */
+int ferry__pinned_pool_create(uint64_t budget, int device, struct ferry__pinned_pool **out);
+/* Unregisters and frees every slot, including ones not given back. NULL is accepted. */
+void ferry__pinned_pool_destroy(struct ferry__pinned_pool *pool);
+/*
+ * A slot of at least size bytes (rounded up to the page size), page aligned. *is_pinned is 1
+ * when it is page-locked for the GPU. Returns 0, FERRY_EBUDGET (the budget would be exceeded even
+ * after dropping cached slots) or -ENOMEM.
+ */
+int ferry__pinned_alloc(struct ferry__pinned_pool *pool, size_t size, void **out, int *is_pinned);
+/* Gives a slot back to the pool (kept for reuse). NULL is accepted. */
+void ferry__pinned_free(struct ferry__pinned_pool *pool, void *ptr);
+/* Bytes held by the pool (in use + cached). */
+uint64_t ferry__pinned_held(struct ferry__pinned_pool *pool);
+/* Why slots are not pinned ("" when they are or no slot was made yet). */
+const char *ferry__pinned_unpinned_reason(struct ferry__pinned_pool *pool);
+
+#endif
