@@ -24,9 +24,11 @@
 #include "ckpt/save.h"
 #include "base/base.h"
 #include "ferry/gpu.h"
+#include "base/byteorder.h"
 #include "base/json.h"
+#include "base/sbuf.h"
 #include "format/safetensors.h"
-#include "gpu/shim.h"
+#include "gpu/ring.h"
 #include "engine/export.h"
 
 /*
@@ -60,7 +62,7 @@ struct jtensor {
 enum { S_FREE, S_READY };
 
 /*
- * Where a save's time goes (ferry_st_writer_stats). The caller's phases are what an asynchronous
+ * Where a save's time goes (ferry_st_writer_phase_ns). The caller's phases are what an asynchronous
  * save blocks for; the writer's run on its thread. Seconds are summed over the save.
  */
 #define PHASES(X)                                                                                  \
@@ -90,6 +92,9 @@ enum { S_FREE, S_READY };
 enum { PHASES(PH_ENUM) PH__COUNT, PH__FIRST_WRITER = PH_W_LAYOUT };
 #define PH_NAME(e, s) s,
 static const char *const ph_names[] = {PHASES(PH_NAME)};
+_Static_assert(PH__COUNT == FERRY_SAVE_PHASE__COUNT && PH_CKPT_PREPARE == FERRY_PHASE_CKPT_PREPARE &&
+		       PH_W_LAYOUT == FERRY_PHASE_WRITER_LAYOUT && PH_W_TOTAL == FERRY_PHASE_WRITER_TOTAL,
+	       "enum ferry_save_phase (safetensors.h) lists PHASES in order");
 
 struct save_stats {
 	uint64_t ns[PH__COUNT];
@@ -100,8 +105,8 @@ struct save_stats {
 struct slot {
 	char *buf;
 	int state;
-	int has_ev;
-	ferry__CUevent ev;
+	int pinned;
+	int copied; /* a device-to-host copy into buf is on the ring: its ticket is the slot's index */
 };
 
 struct job {
@@ -120,7 +125,7 @@ struct job {
 	size_t k, nchunks;
 	int64_t err;
 	int cuda_dev;
-	ferry__CUstream stream;
+	struct ferry__ring_gpu *ring;
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	ferry__save_hook hook;
@@ -140,12 +145,10 @@ struct ferry_st_writer {
 	char **mk, **mv;
 	size_t nm, mcap;
 	/* Kept from save to save, for the device of the last one (-1: host memory): the pinned slots,
-	 * and the stream and an event per slot for device-to-host copies. */
+	 * and the copy ring (a ticket per slot) for device-to-host copies. */
 	struct ferry__pinned_pool *pool;
 	int pool_dev;
-	ferry__CUstream stream;
-	ferry__CUevent *ev;
-	size_t nev, evcap;
+	struct ferry__ring_gpu *ring;
 	/* the save in flight */
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -276,63 +279,6 @@ int ferry_st_writer_metadata(ferry_st_writer *w, const char *key, const char *va
 
 /* ------------------------------------------------------------------------------------- header */
 
-struct sb {
-	char *p;
-	size_t len, cap;
-	int oom;
-};
-
-static void sb_put(struct sb *b, const char *s, size_t n)
-{
-	if (b->oom)
-		return;
-	if (b->len + n + 1 > b->cap) {
-		size_t c = b->cap ? b->cap : 4096;
-		while (c < b->len + n + 1)
-			c *= 2;
-		char *q = realloc(b->p, c);
-		if (!q) {
-			b->oom = 1;
-			return;
-		}
-		b->p = q;
-		b->cap = c;
-	}
-	memcpy(b->p + b->len, s, n);
-	b->len += n;
-	b->p[b->len] = '\0';
-}
-
-static void sb_str(struct sb *b, const char *s)
-{
-	sb_put(b, s, strlen(s));
-}
-
-static void sb_json_body(struct sb *b, const char *s)
-{
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		char e[8];
-		if (c == '"' || c == '\\') {
-			e[0] = '\\';
-			e[1] = (char)c;
-			sb_put(b, e, 2);
-		} else if (c < 0x20) {
-			snprintf(e, sizeof(e), "\\u%04x", c);
-			sb_put(b, e, 6);
-		} else {
-			sb_put(b, (const char *)&c, 1);
-		}
-	}
-}
-
-static void sb_json(struct sb *b, const char *s)
-{
-	sb_put(b, "\"", 1);
-	sb_json_body(b, s);
-	sb_put(b, "\"", 1);
-}
-
 static const ferry_st_writer *sort_w;
 static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -353,7 +299,7 @@ static int cmp_name(const void *a, const void *b)
 /* Builds the header of job j (order, offsets, checksum placeholders). */
 static int build_header(ferry_st_writer *w, struct job *j)
 {
-	struct sb b = {0};
+	struct ferry__sbuf b = {0};
 	char num[64];
 	size_t *byname = malloc((w->n ? w->n : 1) * sizeof(size_t));
 	j->order = malloc((w->n ? w->n : 1) * sizeof(size_t));
@@ -379,76 +325,75 @@ static int build_header(ferry_st_writer *w, struct job *j)
 	j->n = w->n;
 
 	int sums = j->flags & FERRY_SAVE_CHECKSUM;
-	sb_str(&b, "{");
+	ferry__sbuf_puts(&b, "{");
 	int first = 1;
 	if (w->nm || (sums && w->n)) {
-		sb_str(&b, "\"__metadata__\":{");
+		ferry__sbuf_puts(&b, "\"__metadata__\":{");
 		for (size_t i = 0; i < w->nm; i++) {
 			if (i)
-				sb_str(&b, ",");
-			sb_json(&b, w->mk[i]);
-			sb_str(&b, ":");
-			sb_json(&b, w->mv[i]);
+				ferry__sbuf_puts(&b, ",");
+			ferry__sbuf_json(&b, w->mk[i]);
+			ferry__sbuf_puts(&b, ":");
+			ferry__sbuf_json(&b, w->mv[i]);
 		}
 		for (size_t i = 0; sums && i < w->n; i++) {
 			struct wtensor *t = &w->t[j->order[i]];
 			if (i || w->nm)
-				sb_str(&b, ",");
-			sb_str(&b, "\"" FERRY_ST_CHECKSUM_PREFIX);
-			sb_json_body(&b, t->name);
-			sb_str(&b, "\":\"");
+				ferry__sbuf_puts(&b, ",");
+			ferry__sbuf_puts(&b, "\"" FERRY_ST_CHECKSUM_PREFIX);
+			ferry__sbuf_json_body(&b, t->name);
+			ferry__sbuf_puts(&b, "\":\"");
 			j->jt[i].sum_pos = b.len;
-			sb_str(&b, "0000000000000000\"");
+			ferry__sbuf_puts(&b, "0000000000000000\"");
 		}
-		sb_str(&b, "}");
+		ferry__sbuf_puts(&b, "}");
 		first = 0;
 	}
 	uint64_t off = 0;
 	for (size_t i = 0; i < w->n; i++) {
 		struct wtensor *t = &w->t[j->order[i]];
 		if (!first)
-			sb_str(&b, ",");
+			ferry__sbuf_puts(&b, ",");
 		first = 0;
-		sb_json(&b, t->name);
-		sb_str(&b, ":{\"dtype\":\"");
-		sb_str(&b, ferry_dtype_name(t->dtype));
-		sb_str(&b, "\",\"shape\":[");
+		ferry__sbuf_json(&b, t->name);
+		ferry__sbuf_puts(&b, ":{\"dtype\":\"");
+		ferry__sbuf_puts(&b, ferry_dtype_name(t->dtype));
+		ferry__sbuf_puts(&b, "\",\"shape\":[");
 		for (int d = 0; d < t->ndim; d++) {
 			snprintf(num, sizeof(num), "%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
-			sb_str(&b, num);
+			ferry__sbuf_puts(&b, num);
 		}
 		snprintf(num, sizeof(num), "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
 			 (unsigned long long)(off + t->nbytes));
-		sb_str(&b, num);
+		ferry__sbuf_puts(&b, num);
 		j->jt[i].begin = off;
 		j->jt[i].end = off + t->nbytes;
 		off += t->nbytes;
 	}
-	sb_str(&b, "}");
+	ferry__sbuf_puts(&b, "}");
 	if (b.oom) {
-		free(b.p);
+		ferry__sbuf_free(&b);
 		return ferry__error(-ENOMEM, "safetensors writer: header");
 	}
 	if (b.len > FERRY__ST_MAX_HEADER - FERRY__ST_ALIGN) {
-		free(b.p);
+		ferry__sbuf_free(&b);
 		return ferry__error(-E2BIG, "safetensors writer: header of %zu bytes exceeds the format's limit", b.len);
 	}
 	j->total = off;
 	j->data_start = (8 + b.len + FERRY__ST_ALIGN - 1) / FERRY__ST_ALIGN * FERRY__ST_ALIGN;
 	j->hdr = ferry_alloc_aligned((size_t)j->data_start);
 	if (!j->hdr) {
-		free(b.p);
+		ferry__sbuf_free(&b);
 		return ferry__error(-ENOMEM, "safetensors writer: header");
 	}
 	uint64_t hl = j->data_start - 8;
-	for (int i = 0; i < 8; i++)
-		j->hdr[i] = (char)(hl >> (8 * i));
-	memcpy(j->hdr + 8, b.p, b.len);
+	ferry__wr64((uint8_t *)j->hdr, hl);
+	memcpy(j->hdr + 8, b.data, b.len);
 	memset(j->hdr + 8 + b.len, ' ', (size_t)(hl - b.len));
 	for (size_t i = 0; i < w->n; i++)
 		if (j->jt[i].sum_pos)
 			j->jt[i].sum_pos += 8;
-	free(b.p);
+	ferry__sbuf_free(&b);
 	return 0;
 }
 
@@ -670,7 +615,6 @@ static int64_t consume(struct job *j)
 	ferry_req *req[MAX_INFLIGHT_CAP];
 	size_t inflight_first = 0, ninflight = 0, ti = 0;
 	size_t q = j->k > 1 ? j->k - 1 : 1;
-	const struct ferry__cuda_api *cu = NULL;
 	int64_t err = 0;
 	uint64_t t = ferry__now_ns();
 
@@ -678,12 +622,6 @@ static int64_t consume(struct job *j)
 		q = j->inflight;
 	if ((j->flags & FERRY_SAVE_CHECKSUM) && !h)
 		err = ferry__error(-ENOMEM, "%s: checksum state", j->path);
-	if (!err && j->cuda_dev >= 0) {
-		int r = ferry__cuda_set_device(j->cuda_dev);
-		if (r)
-			err = r;
-		cu = ferry__cuda();
-	}
 	/* The file is made here, not by the caller: an asynchronous save returns once the snapshot
 	 * is taken, and laying out a file of the state's size (fallocate; on tmpfs that allocates
 	 * its memory) is the writer's work. Its errors are reported like a write's. */
@@ -720,11 +658,12 @@ static int64_t consume(struct job *j)
 		lap(j, PH_W_READY_WAIT, &t);
 		if (err)
 			break;
-		if (s->has_ev) {
-			ferry__CUresult cr = cu->EventSynchronize(s->ev);
+		if (s->copied) {
+			int cr = ferry__ring_sync(j->ring, (unsigned)(c % j->k));
 			lap(j, PH_W_EVENT_WAIT, &t);
 			if (cr) {
-				err = ferry__cuda_fail(cr, "%s: device-to-host copy of chunk %zu", j->path, c);
+				ferry__error_append("%s: device-to-host copy of chunk %zu", j->path, c);
+				err = cr;
 				break;
 			}
 		}
@@ -846,13 +785,12 @@ static void *writer_thread(void *arg)
 /* The caller's part: copy every tensor into the ring of slots, in file order. */
 static int produce(ferry_st_writer *w, struct job *j)
 {
-	const struct ferry__cuda_api *cu = j->cuda_dev >= 0 ? ferry__cuda() : NULL;
-	ferry__CUcontext prev = NULL;
+	void *prev = NULL;
 	size_t ti = 0;
 	int r = 0;
 
 	uint64_t tp = ferry__now_ns();
-	if (cu && (r = ferry__cuda_enter_device(j->cuda_dev, &prev)))
+	if (j->ring && (r = ferry__gpu_enter(j->cuda_dev, &prev)))
 		return r;
 	for (size_t c = 0; c < j->nchunks && !r; c++) {
 		struct slot *s = &j->slots[c % j->k];
@@ -866,7 +804,7 @@ static int produce(ferry_st_writer *w, struct job *j)
 		if (r)
 			break;
 		uint64_t a = (uint64_t)c * j->chunk, b = a + chunk_len(j, c);
-		s->has_ev = 0;
+		s->copied = 0;
 		while (ti < j->n) {
 			struct jtensor *jt = &j->jt[ti];
 			struct wtensor *t = &w->t[j->order[ti]];
@@ -876,15 +814,14 @@ static int produce(ferry_st_writer *w, struct job *j)
 			if (hi > lo) {
 				const char *src = (const char *)t->data + (lo - jt->begin);
 				if (t->dev >= 0) {
-					ferry__CUresult cr = cu->MemcpyDtoHAsync(s->buf + (lo - a),
-										 (ferry__CUdeviceptr)(uintptr_t)src,
-										 (size_t)(hi - lo), j->stream);
-					if (cr) {
-						r = ferry__cuda_fail(cr, "%s: copying tensor \"%s\" from the device",
-								     j->path, t->name);
+					r = ferry__ring_d2h(j->ring, s->buf + (lo - a), (uint64_t)(uintptr_t)src,
+							    (size_t)(hi - lo), s->pinned);
+					if (r) {
+						ferry__error_append("%s: copying tensor \"%s\" from the device",
+								    j->path, t->name);
 						break;
 					}
-					s->has_ev = 1;
+					s->copied = 1;
 				} else {
 					memcpy(s->buf + (lo - a), src, (size_t)(hi - lo));
 				}
@@ -893,11 +830,8 @@ static int produce(ferry_st_writer *w, struct job *j)
 				break;
 			ti++;
 		}
-		if (!r && s->has_ev) {
-			ferry__CUresult cr = cu->EventRecord(s->ev, j->stream);
-			if (cr)
-				r = ferry__cuda_fail(cr, "%s: cuEventRecord", j->path);
-		}
+		if (!r && s->copied && (r = ferry__ring_record(j->ring, (unsigned)(c % j->k))))
+			ferry__error_append("%s", j->path);
 		if (r)
 			break;
 		pthread_mutex_lock(&j->mu);
@@ -907,14 +841,14 @@ static int produce(ferry_st_writer *w, struct job *j)
 	}
 	lap(j, PH_CALL_COPY, &tp);
 	/* The snapshot is complete only when the last copy has landed. */
-	if (!r && cu && j->stream) {
-		ferry__CUresult cr = cu->StreamSynchronize(j->stream);
+	if (!r && j->ring) {
+		r = ferry__ring_drain(j->ring);
 		lap(j, PH_CALL_SYNC, &tp);
-		if (cr)
-			r = ferry__cuda_fail(cr, "%s: cuStreamSynchronize", j->path);
+		if (r)
+			ferry__error_append("%s", j->path);
 	}
-	if (cu)
-		ferry__cuda_leave_device(prev);
+	if (j->ring)
+		ferry__gpu_leave(prev);
 	if (r)
 		job_fail(j, r);
 	pthread_mutex_lock(&j->mu);
@@ -965,27 +899,21 @@ static size_t save_chunk(void)
 
 static void release_device(ferry_st_writer *w)
 {
-	const struct ferry__cuda_api *cu = w->pool_dev >= 0 && (w->stream || w->nev) ? ferry__cuda() : NULL;
-	ferry__CUcontext prev = NULL;
-	if (cu && ferry__cuda_enter_device(w->pool_dev, &prev) == 0) {
-		for (size_t i = 0; i < w->nev; i++)
-			cu->EventDestroy(w->ev[i]);
-		if (w->stream)
-			cu->StreamDestroy(w->stream);
-		ferry__cuda_leave_device(prev);
+	void *prev = NULL;
+	if (w->ring && ferry__gpu_enter(w->pool_dev, &prev) == 0) {
+		ferry__ring_destroy(w->ring);
+		ferry__gpu_leave(prev);
 	}
-	free(w->ev);
-	w->ev = NULL;
-	w->nev = w->evcap = 0;
-	w->stream = NULL;
+	w->ring = NULL;
 	ferry__pinned_pool_destroy(w->pool);
 	w->pool = NULL;
 	w->pool_dev = -2;
 }
 
-/* The pool (and for a device, the stream) of device dev (-1: host memory). */
+/* The pool (and for a device, the copy ring) of device dev (-1: host memory). */
 static int use_device(ferry_st_writer *w, int dev)
 {
+	void *prev = NULL;
 	int r;
 	if (w->pool_dev == dev && w->pool)
 		return 0;
@@ -995,41 +923,27 @@ static int use_device(ferry_st_writer *w, int dev)
 	w->pool_dev = dev;
 	if (dev < 0)
 		return 0;
-	const struct ferry__cuda_api *cu = ferry__cuda();
-	ferry__CUcontext prev = NULL;
-	if (!cu)
-		return ferry__error(FERRY_ENOGPU, "safetensors writer: device %d: %s", dev, ferry__cuda_unavailable_reason());
-	if ((r = ferry__cuda_enter_device(dev, &prev)))
+	if ((r = ferry__gpu_enter(dev, &prev))) {
+		ferry__error_append("safetensors writer: device %d", dev);
 		return r;
-	r = cu->StreamCreate(&w->stream, FERRY__CU_STREAM_NON_BLOCKING);
-	ferry__cuda_leave_device(prev);
-	if (r) {
-		w->stream = NULL;
-		return ferry__cuda_fail(r, "safetensors writer: cuStreamCreate");
 	}
-	return 0;
+	/* the writer thread waits for one slot's copy at a time, right before writing it: spin */
+	r = ferry__ring_create(dev, 1, FERRY__RING_SPIN, &w->ring);
+	ferry__gpu_leave(prev);
+	return r;
 }
 
-/* At least n events on the writer's device (made once, reused by every later save). */
-static int have_events(ferry_st_writer *w, size_t n)
+/* At least n tickets on the writer's ring (made once, reused by every later save). */
+static int have_tickets(ferry_st_writer *w, size_t n)
 {
-	if (w->pool_dev < 0 || n <= w->nev)
-		return 0;
-	const struct ferry__cuda_api *cu = ferry__cuda();
-	ferry__CUcontext prev = NULL;
+	void *prev = NULL;
 	int r;
-	if (ferry__grow((void **)&w->ev, &w->evcap, n, sizeof(*w->ev)))
-		return ferry__error(-ENOMEM, "safetensors writer: events");
-	if ((r = ferry__cuda_enter_device(w->pool_dev, &prev)))
+	if (!w->ring)
+		return 0;
+	if ((r = ferry__gpu_enter(w->pool_dev, &prev)))
 		return r;
-	while (w->nev < n && !r) {
-		r = cu->EventCreate(&w->ev[w->nev], FERRY__CU_EVENT_DISABLE_TIMING);
-		if (r)
-			r = ferry__cuda_fail(r, "safetensors writer: cuEventCreate");
-		else
-			w->nev++;
-	}
-	ferry__cuda_leave_device(prev);
+	r = ferry__ring_reserve(w->ring, (unsigned)n);
+	ferry__gpu_leave(prev);
 	return r;
 }
 
@@ -1044,7 +958,7 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 		}
 	if ((r = use_device(w, j->cuda_dev)))
 		return r;
-	j->stream = w->stream;
+	j->ring = w->ring;
 	j->nchunks = (size_t)((j->total + j->chunk - 1) / j->chunk);
 	uint64_t budget = host_budget(w->ctx);
 	/* A synchronous save needs only a few slots in flight; a snapshot wants the whole state. */
@@ -1063,6 +977,7 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : j->chunk;
 		uint64_t held = ferry__pinned_held(w->pool);
 		r = ferry__pinned_alloc(w->pool, sz, (void **)&j->slots[i].buf, &pinned);
+		j->slots[i].pinned = pinned;
 		if (!r && ferry__pinned_held(w->pool) > held)
 			j->pinned_new += sz;
 		if (r == FERRY_EBUDGET && i > 0)
@@ -1073,9 +988,8 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	}
 	if (r == FERRY_EBUDGET && j->k > 0)
 		r = 0;
-	if (!r && j->cuda_dev >= 0 && !(r = have_events(w, j->k)))
-		for (size_t i = 0; i < j->k; i++)
-			j->slots[i].ev = w->ev[i];
+	if (!r && j->cuda_dev >= 0)
+		r = have_tickets(w, j->k);
 	return r;
 }
 
@@ -1116,7 +1030,7 @@ int64_t ferry_st_writer_reserve(ferry_st_writer *w, uint64_t bytes, int device)
 		ferry__pinned_free(w->pool, p[i]);
 	free(p);
 	if (!r)
-		r = have_events(w, k);
+		r = have_tickets(w, k);
 	return r ? r : (int64_t)ferry__pinned_held(w->pool);
 }
 
@@ -1134,8 +1048,6 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	pthread_mutex_lock(&w->mu);
 	memset(&w->stats, 0, sizeof(w->stats));
 	pthread_mutex_unlock(&w->mu);
-	if ((flags & FERRY_SAVE_CHECKSUM) && !ferry__have_xxh3())
-		return ferry__error(-ENOTSUP, "%s: checksums: ferry was built without libxxhash", path);
 	if ((flags & FERRY_SAVE_EXCL) && access(path, F_OK) == 0)
 		return ferry__error(-EEXIST, "%s: exists", path);
 
@@ -1219,30 +1131,45 @@ void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns)
 	pthread_mutex_unlock(&w->mu);
 }
 
-int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len)
+static struct save_stats last_stats(const ferry_st_writer *w)
 {
-	struct save_stats st;
-	pthread_mutex_lock(&w->mu);
-	st = w->stats;
-	pthread_mutex_unlock(&w->mu);
-	size_t n = 0;
-#define PUT(...)                                                                              \
-	do {                                                                                  \
-		int k_ = snprintf(buf ? buf + n : NULL, buf && n < len ? len - n : 0, __VA_ARGS__); \
-		if (k_ < 0)                                                                       \
-			return ferry__error(-EINVAL, "ferry_st_writer_stats: snprintf");          \
-		n += (size_t)k_;                                                                \
-	} while (0)
-	PUT("{\"bytes\":%llu,\"slots\":%llu,\"pinned_new_bytes\":%llu,\"fallocated\":%d,\"recycled\":%d",
-	    (unsigned long long)st.bytes, (unsigned long long)st.slots, (unsigned long long)st.pinned_new, st.prealloc,
-	    st.recycled);
-	for (int i = 0; i < PH__COUNT; i++)
-		PUT(",\"%s\":%.6f", ph_names[i], (double)st.ns[i] * 1e-9);
-	PUT("}");
-#undef PUT
-	if (buf && len && n >= len)
-		buf[len - 1] = '\0';
-	return (int)n;
+	ferry_st_writer *mw = (ferry_st_writer *)w;
+	pthread_mutex_lock(&mw->mu);
+	struct save_stats st = mw->stats;
+	pthread_mutex_unlock(&mw->mu);
+	return st;
+}
+
+uint64_t ferry_st_writer_stat(const ferry_st_writer *w, enum ferry_save_stat which)
+{
+	if (!w)
+		return 0;
+	struct save_stats st = last_stats(w);
+	switch (which) {
+	case FERRY_SAVE_STAT_BYTES: return st.bytes;
+	case FERRY_SAVE_STAT_SLOTS: return st.slots;
+	case FERRY_SAVE_STAT_PINNED_NEW_BYTES: return st.pinned_new;
+	case FERRY_SAVE_STAT_FALLOCATED: return (uint64_t)st.prealloc;
+	case FERRY_SAVE_STAT_RECYCLED: return (uint64_t)st.recycled;
+	default: return 0;
+	}
+}
+
+uint64_t ferry_st_writer_phase_ns(const ferry_st_writer *w, enum ferry_save_phase which)
+{
+	return w && (unsigned)which < PH__COUNT ? last_stats(w).ns[which] : 0;
+}
+
+const char *ferry_save_stat_name(enum ferry_save_stat which)
+{
+	static const char *const names[FERRY_SAVE_STAT__COUNT] = {"bytes", "slots", "pinned_new_bytes",
+								   "fallocated", "recycled"};
+	return (unsigned)which < FERRY_SAVE_STAT__COUNT ? names[which] : NULL;
+}
+
+const char *ferry_save_phase_name(enum ferry_save_phase which)
+{
+	return (unsigned)which < PH__COUNT ? ph_names[which] : NULL;
 }
 
 int64_t ferry_st_writer_save(ferry_st_writer *w, const char *path, int flags)

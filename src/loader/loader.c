@@ -17,7 +17,7 @@
 #include "base/base.h"
 #include "ferry/data.h"
 #include "format/shards.h"
-#include "gpu/shim.h"
+#include "gpu/ring.h"
 #include "engine/export.h"
 #include "loader/sampler.h"
 
@@ -34,8 +34,8 @@ enum { SLOT_FREE, SLOT_FILLING, SLOT_READY, SLOT_HELD };
  */
 struct ferry_loader_buffer {
 	struct ferry_loader *l;
-	ferry__CUdeviceptr dev;
-	ferry__CUevent ev; /* recorded by ferry_loader_buffer_destroy; never recorded: nothing to wait for */
+	uint64_t dev;
+	void *fence; /* recorded by ferry_loader_buffer_destroy; never recorded: nothing to wait for */
 	struct ferry_loader_buffer *next;
 };
 
@@ -49,7 +49,7 @@ struct ferry_loader_batch {
 	void *host;
 	int pinned;
 	struct ferry_loader_buffer *buf; /* device loaders: the batch's device memory */
-	ferry__CUevent event;
+	struct ferry__ring_gpu *ring; /* the ring that uploaded it (ticket: the slot's index) */
 	uint64_t *offsets; /* [batch_size + 1] */
 	int64_t *indices;  /* [batch_size] */
 };
@@ -65,7 +65,7 @@ struct worker {
 	pthread_t tid;
 	int started;
 	ferry_batch *batch;
-	ferry__CUstream stream;
+	struct ferry__ring_gpu *ring; /* device loaders: this worker's uploads, a ticket per slot */
 	int64_t *epoch_idx; /* this rank's indices of cached_epoch */
 	uint64_t cached_epoch;
 	int64_t *order;
@@ -106,7 +106,7 @@ struct ferry_loader {
 	long refs;
 	int destroyed;
 	struct ferry__pinned_pool *pool;
-	const struct ferry__cuda_api *cu;
+	int gpu; /* started on a device: its buffers and rings exist */
 	/* metrics */
 	uint64_t *waits, nwaits, waits_cap;
 	uint64_t t_start, bytes, samples, reads, merged, inline_reads;
@@ -552,14 +552,13 @@ static int buf_new(struct ferry_loader *l, struct ferry_loader_buffer **out)
 	struct ferry_loader_buffer *b = calloc(1, sizeof(*b));
 	if (!b)
 		return ferry__error(-ENOMEM, "loader: device buffer");
-	ferry__CUresult r = l->cu->MemAlloc(&b->dev, l->slot_bytes);
-	if (!r)
-		r = l->cu->EventCreate(&b->ev, FERRY__CU_EVENT_DISABLE_TIMING);
+	int r = ferry__gpu_alloc(l->device, l->slot_bytes, &b->dev);
+	if (!r && (r = ferry__fence_create(l->device, &b->fence)))
+		ferry__gpu_release(l->device, b->dev);
 	if (r) {
-		if (b->dev)
-			l->cu->MemFree(b->dev);
 		free(b);
-		return ferry__cuda_fail(r, "loader: cuMemAlloc of %zu bytes on device %d", l->slot_bytes, l->device);
+		ferry__error_append("loader: a batch buffer");
+		return r;
 	}
 	b->l = l;
 	*out = b;
@@ -569,9 +568,8 @@ static int buf_new(struct ferry_loader *l, struct ferry_loader_buffer **out)
 /* Frees b once the work its event follows is done (in the device's context). */
 static void buf_destroy(struct ferry_loader *l, struct ferry_loader_buffer *b)
 {
-	l->cu->EventSynchronize(b->ev);
-	l->cu->EventDestroy(b->ev);
-	l->cu->MemFree(b->dev);
+	ferry__fence_destroy(b->fence); /* waits for it first */
+	ferry__gpu_release(l->device, b->dev);
 	free(b);
 }
 
@@ -585,7 +583,7 @@ static int slot_buffer(struct worker *w, struct ferry_loader_batch *s)
 	struct ferry_loader *l = w->l;
 	pthread_mutex_lock(&l->mu);
 	struct ferry_loader_buffer *b = l->spare;
-	if (b && l->nbufs < 2 * l->nslots + 4 && l->cu->EventQuery(b->ev) != 0)
+	if (b && l->nbufs < 2 * l->nslots + 4 && ferry__fence_query(b->fence) != 1)
 		b = NULL;
 	if (b) {
 		l->spare = b->next;
@@ -597,9 +595,11 @@ static int slot_buffer(struct worker *w, struct ferry_loader_batch *s)
 	}
 	pthread_mutex_unlock(&l->mu);
 	if (b) {
-		ferry__CUresult r = l->cu->StreamWaitEvent(w->stream, b->ev, 0);
 		s->buf = b;
-		return r ? ferry__cuda_fail(r, "loader: cuStreamWaitEvent") : 0;
+		int r = ferry__ring_after_fence(w->ring, b->fence);
+		if (r)
+			ferry__error_append("loader: waiting for a batch buffer's release");
+		return r;
 	}
 	int err = buf_new(l, &s->buf);
 	if (err) {
@@ -615,14 +615,9 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 	struct ferry_loader *l = w->l;
 	int err = 0;
-	if (l->device >= 0) {
-		err = ferry__cuda_set_device(l->device);
-		if (!err) {
-			ferry__CUresult r = l->cu->StreamCreate(&w->stream, FERRY__CU_STREAM_NON_BLOCKING);
-			if (r)
-				err = ferry__cuda_fail(r, "loader: cuStreamCreate");
-		}
-	}
+	/* the consumer waits for a batch right before using it: spin, as a step's wait is short */
+	if (l->device >= 0 && (err = ferry__ring_create(l->device, l->nslots, FERRY__RING_SPIN, &w->ring)))
+		ferry__error_append("loader: worker's copy ring");
 	pthread_mutex_lock(&l->mu);
 	while (!err && !l->stop && !l->failed && l->next_claim < l->end_seq) {
 		struct ferry_loader_batch *s = &l->slots[l->next_claim % l->nslots];
@@ -637,12 +632,12 @@ static void *worker_main(void *arg)
 		if (!e && l->device >= 0 && !s->buf)
 			e = slot_buffer(w, s);
 		if (!e && l->device >= 0) {
-			ferry__CUresult r = l->cu->MemcpyHtoDAsync(s->buf->dev, s->host, s->bytes, w->stream);
-			if (!r)
-				r = l->cu->EventRecord(s->event, w->stream);
-			if (r)
-				e = ferry__cuda_fail(r, "loader: cuMemcpyHtoDAsync of batch %" PRIu64 " (%zu bytes)",
-						     s->step, s->bytes);
+			e = ferry__ring_h2d(w->ring, s->buf->dev, s->host, s->bytes, s->pinned);
+			if (!e)
+				e = ferry__ring_record(w->ring, (unsigned)(s - l->slots));
+			if (e)
+				ferry__error_append("loader: upload of batch %" PRIu64 " (%zu bytes)", s->step, s->bytes);
+			s->ring = w->ring;
 		}
 		w->cpu_ns = thread_cpu_ns();
 		pthread_mutex_lock(&l->mu);
@@ -732,15 +727,12 @@ int ferry_loader_start(ferry_loader *l)
 	if (err)
 		return err;
 	set_end(l);
-	ferry__CUcontext prev = NULL;
+	void *prev = NULL;
 	int entered = 0;
 	if (l->device >= 0) {
-		if ((err = ferry__cuda_require()))
+		if ((err = ferry__gpu_enter(l->device, &prev)))
 			return err;
-		l->cu = ferry__cuda();
-		if ((err = ferry__cuda_enter_device(l->device, &prev)))
-			return err;
-		entered = 1;
+		entered = l->gpu = 1;
 	}
 	l->nslots = l->prefetch + l->threads;
 	l->slots = calloc(l->nslots, sizeof(*l->slots));
@@ -768,11 +760,6 @@ int ferry_loader_start(ferry_loader *l)
 			if ((err = buf_new(l, &s->buf)))
 				goto out;
 			l->nbufs++;
-			ferry__CUresult r = l->cu->EventCreate(&s->event, FERRY__CU_EVENT_DISABLE_TIMING);
-			if (r) {
-				err = ferry__cuda_fail(r, "loader: cuEventCreate");
-				goto out;
-			}
 		}
 	}
 	for (uint32_t t = 0; t < l->threads; t++) {
@@ -802,7 +789,7 @@ int ferry_loader_start(ferry_loader *l)
 	}
 out:
 	if (entered)
-		ferry__cuda_leave_device(prev);
+		ferry__gpu_leave(prev);
 	if (err)
 		l->started = 1, l->failed = 1, l->err = err,
 		snprintf(l->errmsg, sizeof(l->errmsg), "%s", ferry_last_error());
@@ -819,16 +806,14 @@ void ferry_loader_destroy(ferry_loader *l)
 	l->stop = 1;
 	pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
-	ferry__CUcontext prev = NULL;
-	int entered = l->cu && !ferry__cuda_enter_device(l->device, &prev);
+	void *prev = NULL;
+	int entered = l->gpu && !ferry__gpu_enter(l->device, &prev);
 	for (uint32_t t = 0; l->workers && t < l->threads; t++) {
 		struct worker *w = &l->workers[t];
 		if (w->started)
 			pthread_join(w->tid, NULL);
-		if (w->stream && entered) {
-			l->cu->StreamSynchronize(w->stream);
-			l->cu->StreamDestroy(w->stream);
-		}
+		if (entered)
+			ferry__ring_destroy(w->ring);
 		ferry_batch_destroy(w->batch);
 		free(w->epoch_idx);
 		free(w->order);
@@ -840,8 +825,6 @@ void ferry_loader_destroy(ferry_loader *l)
 	}
 	for (uint32_t i = 0; l->slots && i < l->nslots; i++) {
 		struct ferry_loader_batch *s = &l->slots[i];
-		if (entered && s->event)
-			l->cu->EventDestroy(s->event);
 		if (entered && s->buf)
 			buf_destroy(l, s->buf);
 		free(s->offsets);
@@ -862,7 +845,7 @@ void ferry_loader_destroy(ferry_loader *l)
 		spare = next;
 	}
 	if (entered)
-		ferry__cuda_leave_device(prev);
+		ferry__gpu_leave(prev);
 	ferry__pinned_pool_destroy(l->pool);
 	free(l->slots);
 	free(l->workers);
@@ -940,14 +923,16 @@ int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out)
 	}
 	pthread_mutex_unlock(&l->mu);
 	if (l->device >= 0) {
-		ferry__CUcontext prev;
-		int err = ferry__cuda_enter_device(l->device, &prev);
+		void *prev;
+		int err = ferry__gpu_enter(l->device, &prev);
 		if (err)
 			return err;
-		ferry__CUresult r = l->cu->EventSynchronize(s->event);
-		ferry__cuda_leave_device(prev);
-		if (r)
-			return ferry__cuda_fail(r, "ferry_loader_next: cuEventSynchronize");
+		err = ferry__ring_sync(s->ring, (unsigned)(s - l->slots));
+		ferry__gpu_leave(prev);
+		if (err) {
+			ferry__error_append("ferry_loader_next: batch %" PRIu64 "'s upload", s->step);
+			return err;
+		}
 	}
 	uint64_t wait = ferry__now_ns() - t0;
 	pthread_mutex_lock(&l->mu);
@@ -1007,19 +992,15 @@ void *ferry_loader_buffer_data(const ferry_loader_buffer *buf)
 	return buf ? (void *)(uintptr_t)buf->dev : NULL;
 }
 
-int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, uintptr_t stream)
+int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, void *stream)
 {
 	if (!buf)
 		return 0;
 	struct ferry_loader *l = buf->l;
-	ferry__CUcontext prev;
-	int err = ferry__cuda_enter_device(l->device, &prev), entered = !err;
-	if (entered) {
-		ferry__CUresult r = l->cu->EventRecord(buf->ev, (ferry__CUstream)stream);
-		if (r)
-			err = ferry__cuda_fail(r, "ferry_loader_buffer_destroy: cuEventRecord on stream %p",
-					       (void *)stream);
-	}
+	void *prev;
+	int err = ferry__gpu_enter(l->device, &prev), entered = !err;
+	if (entered && (err = ferry__fence_record(buf->fence, stream)))
+		ferry__error_append("ferry_loader_buffer_destroy");
 	pthread_mutex_lock(&l->mu);
 	if (!err && !l->destroyed) {
 		if (l->spare_tail)
@@ -1036,7 +1017,7 @@ int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, uintptr_t stream)
 	else if (buf)
 		free(buf); /* no context to free device memory in: it stays with the process */
 	if (entered)
-		ferry__cuda_leave_device(prev);
+		ferry__gpu_leave(prev);
 	if (last)
 		loader_free(l);
 	return err;
@@ -1137,10 +1118,10 @@ static int cmp_u64(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-double ferry_loader_metric(ferry_loader *l, const char *name)
+int ferry_loader_metric(ferry_loader *l, const char *name, double *out)
 {
-	if (!l || !name)
-		return -1;
+	if (!l || !name || !out)
+		return -EINVAL;
 	pthread_mutex_lock(&l->mu);
 	uint64_t n = l->nwaits, total = 0, max = 0;
 	for (uint64_t i = 0; i < n; i++) {
@@ -1194,7 +1175,10 @@ double ferry_loader_metric(ferry_loader *l, const char *name)
 			r += (double)l->workers[t].cpu_ns;
 	}
 	pthread_mutex_unlock(&l->mu);
-	return r;
+	if (r < 0) /* every metric is >= 0: the name matched none */
+		return ferry__error(FERRY_EBADOPT, "ferry_loader_metric: unknown metric \"%s\"", name);
+	*out = r;
+	return 0;
 }
 
 uint64_t ferry_loader_waits(ferry_loader *l, uint64_t *out, uint64_t len)
