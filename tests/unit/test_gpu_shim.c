@@ -14,6 +14,7 @@
 #include "ferry/data.h"
 #include "ferry/ferry.h"
 #include "ferry/gpu.h"
+#include "ferry/safetensors.h"
 #include "ferry_test.h"
 #include "gpu/ring.h"
 #include "gpu/shim.h"
@@ -259,6 +260,60 @@ static void mem_kinds_and_copies(void)
 }
 
 /*
+ * The safetensors writer saving device tensors through its copy ring (a ticket per slot): a
+ * 40 MiB device tensor spans three 16 MiB slots, so slots are reused after their copies; a host
+ * tensor sits beside it. Synchronous and asynchronous saves, read back and compared byte for byte.
+ */
+static void writer_device(void)
+{
+	enum { BIG = 40 << 20, SMALL = 4096 };
+	char path[600];
+	ferry_ctx *ctx;
+	ferry_st_writer *w;
+	ferry_st *st;
+	void *dbig = NULL;
+	uint8_t *big = malloc(BIG), *back = malloc(BIG), host[SMALL];
+	uint64_t shape_big[1] = {BIG}, shape_small[1] = {SMALL};
+
+	T_ASSERT(big && back);
+	for (size_t i = 0; i < BIG; i++)
+		big[i] = (uint8_t)(i * 7 + (i >> 20));
+	for (size_t i = 0; i < SMALL; i++)
+		host[i] = (uint8_t)(255 - i);
+	T_EQ_INT(ferry_gpu_malloc(1, BIG, &dbig), 0);
+	T_EQ_INT(ferry_gpu_memcpy_htod(dbig, big, BIG), 0);
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+	T_ASSERT(ferry_st_writer_add(w, "big", FERRY_DT_U8, 1, shape_big, dbig, BIG) >= 0);
+	T_ASSERT(ferry_st_writer_add(w, "small", FERRY_DT_U8, 1, shape_small, host, SMALL) >= 0);
+	for (int async = 0; async < 2; async++) {
+		snprintf(path, sizeof(path), "%s/writer_device_%d.safetensors", t_tmpdir(), async);
+		unlink(path);
+		if (async) {
+			T_EQ_INT(ferry_st_writer_save_async(w, path, 0), 0);
+			T_ASSERT(ferry_st_writer_wait(w, -1) > BIG);
+		} else {
+			T_ASSERT(ferry_st_writer_save(w, path, 0) > BIG);
+		}
+		T_ASSERT(ferry_st_open(ctx, path, &st) == 0);
+		int ib = ferry_st_find(st, "big"), is = ferry_st_find(st, "small");
+		T_ASSERT(ib >= 0 && is >= 0);
+		memset(back, 0, BIG);
+		T_EQ_INT(ferry_st_read(st, (size_t)ib, back, BIG), BIG);
+		T_CHECK(memcmp(back, big, BIG) == 0);
+		T_EQ_INT(ferry_st_read(st, (size_t)is, back, SMALL), SMALL);
+		T_CHECK(memcmp(back, host, SMALL) == 0);
+		ferry_st_destroy(st);
+		unlink(path);
+	}
+	ferry_st_writer_destroy(w);
+	ferry_ctx_destroy(ctx);
+	T_EQ_INT(ferry_gpu_free(dbig), 0);
+	free(big);
+	free(back);
+}
+
+/*
  * The loader on a (fake) CUDA device, its device memory taken by the consumer (ferry_loader_take)
  * and given back (ferry_loader_buffer_destroy): each taken buffer holds its batch's bytes, slots get
  * other memory while the consumer keeps some (75 batches through 3 slots in at most 8 buffers), a buffer freed after the loader is destroyed is freed then (ASan checks
@@ -389,6 +444,7 @@ static int sc_fake(void)
 	T_EQ_INT(ferry__cuda_fail(201, "x"), FERRY_ECUDA);
 	mem_kinds_and_copies();
 	loader_take();
+	writer_device();
 
 	/* GDS without libcufile: refused, with the reason */
 	fd = open(t_tmpdir(), O_RDONLY | O_DIRECTORY);
