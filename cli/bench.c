@@ -529,10 +529,6 @@ int ferry_cmd_bench(int argc, char **argv)
 				 BENCH_VERIFY_HEADER, jo->bs);
 			goto done;
 		}
-		if (!bench_verify_available(jo->verify)) {
-			rc = bad("--verify=xxh3 is not available: this ferry was built without libxxhash; use --verify=crc32c");
-			goto done;
-		}
 		if (jo->offset % jo->bs && bench_rw_reads(jo->rw) && bench_rw_writes(jo->rw)) {
 			rc = bad("--verify with --rw randrw needs --offset to be a multiple of --bs");
 			goto done;

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "base/base.h"
+#include "base/sbuf.h"
 
 /* Probes format into fixed buffers on purpose (sysfs names are short; an absurd one is cut, and a
  * cut path fails to open, which is reported): GCC's truncation warning is noise here. */
@@ -54,20 +55,6 @@ const char *ferry__sys_reason(char *buf, size_t len, const char *path, int err);
 int ferry__sys_bracketed(const char *text, char *out, size_t len);
 /* Number of online CPUs from <sys>/devices/system/cpu/online ("0-3,8-11"); 0 if unknown. */
 int ferry__sys_online_cpus(void);
-
-/* ------------------------------------------------------------------------------ string builder */
-
-struct ferry__sbuf {
-	char *data;
-	size_t len, cap;
-	int oom;
-};
-void ferry__sbuf_printf(struct ferry__sbuf *b, const char *fmt, ...) FERRY__PRINTF(2, 3);
-void ferry__sbuf_vprintf(struct ferry__sbuf *b, const char *fmt, va_list ap);
-void ferry__sbuf_put(struct ferry__sbuf *b, const char *s, size_t n);
-/* Appends s as a JSON string literal, quotes included (NULL becomes null). */
-void ferry__sbuf_json(struct ferry__sbuf *b, const char *s);
-void ferry__sbuf_free(struct ferry__sbuf *b);
 
 /* ------------------------------------------------------------------------------------- report */
 

@@ -12,9 +12,9 @@ int ferry__json_fail(struct ferry__json *j, size_t pos, const char *why)
 	return -1;
 }
 
-/* Length of the valid UTF-8 sequence at s (RFC 3629: no overlongs, surrogates or > U+10FFFF), 0 if invalid. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
+size_t ferry__utf8_seq(const char *str, size_t n)
 {
+	const unsigned char *s = (const unsigned char *)str;
 	unsigned char c = s[0];
 	if (c < 0x80)
 		return 1;
@@ -45,7 +45,7 @@ int ferry__utf8_valid(const char *str, size_t len)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	for (size_t i = 0; i < len;) {
-		size_t k = s[i] < 0x80 ? 1 : utf8_seq(s + i, len - i);
+		size_t k = s[i] < 0x80 ? 1 : ferry__utf8_seq((const char *)s + i, len - i);
 		if (!k)
 			return 0;
 		i += k;
@@ -64,7 +64,7 @@ int ferry__json_init(struct ferry__json *j, char *buf, size_t len)
 			i++;
 			continue;
 		}
-		size_t k = utf8_seq(s + i, len - i);
+		size_t k = ferry__utf8_seq((const char *)s + i, len - i);
 		if (!k)
 			return ferry__json_fail(j, i, "invalid UTF-8");
 		i += k;

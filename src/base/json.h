@@ -47,6 +47,11 @@ int ferry__json_uint(struct ferry__json *j, uint64_t *out);
 int ferry__json_skip(struct ferry__json *j);
 /* Only whitespace may remain. Returns 0 or -1. */
 int ferry__json_end(struct ferry__json *j);
+/*
+ * Length of the valid UTF-8 sequence at s, of the n bytes there (RFC 3629: no overlongs,
+ * surrogates or code points above U+10FFFF), or 0 if none starts there.
+ */
+size_t ferry__utf8_seq(const char *s, size_t n);
 /* 1 if s[0..len) is valid UTF-8 (RFC 3629), else 0. */
 int ferry__utf8_valid(const char *s, size_t len);
 /* Records an error of the caller's own (a schema error) at pos; returns -1. */

@@ -64,7 +64,7 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	ck->world = world;
 	ck->keep = 2;
 	ck->recycle = 1;
-	ck->checksum = ferry_xxh3("", 0, &(uint64_t){0}) == 0; /* -ENOTSUP without libxxhash */
+	ck->checksum = 1;
 	ck->timeout_ms = 600000;
 	int r = ferry_st_writer_create(ctx, &ck->w);
 	if (r) {

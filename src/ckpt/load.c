@@ -471,8 +471,7 @@ static int read_verified(ferry_st_load *ld, struct lsel *s, void *dst, int on_de
 		return ferry__error(FERRY_ECORRUPT, "%s: __metadata__ \"%s\" is not 16 hex digits", ferry_st_path(st), key);
 	struct ferry__xxh3 *h = ferry__xxh3_create();
 	if (!h)
-		return ferry__error(ferry__have_xxh3() ? -ENOMEM : -ENOTSUP, "%s: checksums unavailable%s",
-				    ferry_st_path(st), ferry__have_xxh3() ? "" : " (built without libxxhash)");
+		return ferry__error(-ENOMEM, "%s: verify: out of memory", ferry_st_path(st));
 	int r = 0;
 	for (uint64_t done = 0; done < nb && !r;) {
 		size_t n = nb - done < cap ? (size_t)(nb - done) : cap;

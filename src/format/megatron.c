@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "base/base.h"
+#include "base/byteorder.h"
 #include "format/megatron.h"
 #include "format/shards.h"
 
@@ -46,20 +47,6 @@ int ferry_elem_from_name(const char *name)
 			    "int64, float32, float64, bytes)", name ? name : "(null)");
 }
 
-static uint64_t rd64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static void wr64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++, v >>= 8)
-		p[i] = (uint8_t)v;
-}
-
 #define CORRUPT(...) ferry__error(FERRY_ECORRUPT, __VA_ARGS__)
 
 int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name,
@@ -71,14 +58,14 @@ int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name
 			       FERRY__MEGATRON_HEADER);
 	if (memcmp(buf, FERRY__MEGATRON_MAGIC, 9))
 		return CORRUPT("%s: not a Megatron index (magic is not MMIDIDX\\0\\0)", name);
-	uint64_t version = rd64(buf + 9);
+	uint64_t version = ferry__rd64(buf + 9);
 	if (version != 1)
 		return CORRUPT("%s: Megatron index version %llu, only version 1 exists", name,
 			       (unsigned long long)version);
 	int dtype = buf[17];
 	if (dtype < FERRY_ELEM_UINT8 || dtype > FERRY_ELEM_UINT16)
 		return CORRUPT("%s: unknown dtype code %d", name, dtype);
-	uint64_t S = rd64(buf + 18), D = rd64(buf + 26);
+	uint64_t S = ferry__rd64(buf + 18), D = ferry__rd64(buf + 26);
 	uint64_t avail = len - FERRY__MEGATRON_HEADER;
 	if (S > avail / 12 || D > (avail - S * 12) / 8)
 		return CORRUPT("%s: %llu sequences and %llu documents need more than the index's %zu bytes "
@@ -102,9 +89,8 @@ int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name
 	const uint8_t *sizes = buf + FERRY__MEGATRON_HEADER, *ptrs = sizes + S * 4, *docs = ptrs + S * 8;
 	uint64_t end = 0;
 	for (uint64_t i = 0; i < S; i++) {
-		int32_t sz;
-		memcpy(&sz, sizes + i * 4, 4);
-		int64_t ptr = (int64_t)rd64(ptrs + i * 8);
+		int32_t sz = (int32_t)ferry__rd32(sizes + i * 4);
+		int64_t ptr = (int64_t)ferry__rd64(ptrs + i * 8);
 		if (sz < 0 || ptr < 0 || (uint64_t)ptr > (UINT64_MAX >> 1) - (uint64_t)sz * esize) {
 			ferry__index_free(out);
 			return CORRUPT("%s: sequence %llu: size %d, pointer %lld out of range", name,
@@ -118,7 +104,7 @@ int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name
 	}
 	out->file_bytes[0] = end;
 	for (uint64_t d = 0; d < D; d++) {
-		int64_t v = (int64_t)rd64(docs + d * 8);
+		int64_t v = (int64_t)ferry__rd64(docs + d * 8);
 		if (v < 0 || (uint64_t)v > S || (d && v < out->doc_idx[d - 1])) {
 			ferry__index_free(out);
 			return CORRUPT("%s: document index %llu is %lld: out of order or past the %llu "
@@ -171,21 +157,20 @@ int ferry__megatron_build_index(int dtype, uint64_t n, const uint64_t *len, cons
 	if (!b)
 		return ferry__error(-ENOMEM, "Megatron index of %llu sequences", (unsigned long long)n);
 	memcpy(b, FERRY__MEGATRON_MAGIC, 9);
-	wr64(b + 9, 1);
+	ferry__wr64(b + 9, 1);
 	b[17] = (uint8_t)dtype;
-	wr64(b + 18, n);
-	wr64(b + 26, docs);
+	ferry__wr64(b + 18, n);
+	ferry__wr64(b + 26, docs);
 	uint8_t *sizes = b + FERRY__MEGATRON_HEADER, *ptrs = sizes + n * 4, *d = ptrs + n * 8;
 	for (uint64_t i = 0; i < n; i++) {
-		int32_t sz = (int32_t)(len[i] / esize);
-		memcpy(sizes + i * 4, &sz, 4);
-		wr64(ptrs + i * 8, off[i]);
+		ferry__wr32(sizes + i * 4, (uint32_t)(len[i] / esize));
+		ferry__wr64(ptrs + i * 8, off[i]);
 	}
 	uint64_t k = 0;
-	wr64(d + 8 * k++, 0);
+	ferry__wr64(d + 8 * k++, 0);
 	for (uint64_t i = 0; i < n; i++)
 		if (doc_end[i])
-			wr64(d + 8 * k++, i + 1);
+			ferry__wr64(d + 8 * k++, i + 1);
 	*out = b;
 	*out_len = total;
 	return 0;

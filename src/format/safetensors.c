@@ -7,13 +7,10 @@
 #include <string.h>
 
 #include "base/base.h"
+#include "base/byteorder.h"
 #include "ferry/gpu.h"
 #include "base/json.h"
 #include "format/safetensors.h"
-
-#ifdef FERRY_HAVE_XXHASH
-#include <xxhash.h>
-#endif
 
 static const struct {
 	const char *name;
@@ -107,72 +104,13 @@ const char *ferry__st_printable(const char *name, size_t len, char *buf, size_t 
 
 /* ------------------------------------------------------------------------------------ checksums */
 
-#ifdef FERRY_HAVE_XXHASH
-struct ferry__xxh3 {
-	XXH3_state_t *s;
-};
-struct ferry__xxh3 *ferry__xxh3_create(void)
-{
-	struct ferry__xxh3 *h = malloc(sizeof(*h));
-	if (!h)
-		return NULL;
-	h->s = XXH3_createState();
-	if (!h->s) {
-		free(h);
-		return NULL;
-	}
-	XXH3_64bits_reset(h->s);
-	return h;
-}
-void ferry__xxh3_reset(struct ferry__xxh3 *h)
-{
-	XXH3_64bits_reset(h->s);
-}
-void ferry__xxh3_update(struct ferry__xxh3 *h, const void *p, size_t len)
-{
-	XXH3_64bits_update(h->s, p, len);
-}
-uint64_t ferry__xxh3_digest(struct ferry__xxh3 *h)
-{
-	return XXH3_64bits_digest(h->s);
-}
-void ferry__xxh3_destroy(struct ferry__xxh3 *h)
-{
-	if (h) {
-		XXH3_freeState(h->s);
-		free(h);
-	}
-}
-int ferry__have_xxh3(void)
-{
-	return 1;
-}
 int ferry_xxh3(const void *buf, size_t len, uint64_t *out)
 {
-	*out = XXH3_64bits(buf, len);
+	if ((!buf && len) || !out)
+		return ferry__error(-EINVAL, "ferry_xxh3: NULL argument");
+	*out = ferry__xxh3_64(buf, len);
 	return 0;
 }
-#else
-struct ferry__xxh3 *ferry__xxh3_create(void)
-{
-	return NULL;
-}
-void ferry__xxh3_reset(struct ferry__xxh3 *h) {}
-void ferry__xxh3_update(struct ferry__xxh3 *h, const void *p, size_t len) {}
-uint64_t ferry__xxh3_digest(struct ferry__xxh3 *h)
-{
-	return 0;
-}
-void ferry__xxh3_destroy(struct ferry__xxh3 *h) {}
-int ferry__have_xxh3(void)
-{
-	return 0;
-}
-int ferry_xxh3(const void *buf, size_t len, uint64_t *out)
-{
-	return ferry__error(-ENOTSUP, "xxh3: ferry was built without libxxhash (install libxxhash-dev and rebuild)");
-}
-#endif
 
 int ferry__hex64(const char *s, uint64_t *out)
 {
@@ -516,9 +454,7 @@ static int check_prefix(ferry_st *st, const unsigned char *p, size_t have)
 	if (st->file_size < 8 || have < 8)
 		return ferry__error(FERRY_ECORRUPT, "%s: safetensors byte 0: file of %llu bytes is shorter than the 8-byte header length",
 				    st->path, (unsigned long long)st->file_size);
-	uint64_t n = 0;
-	for (int i = 7; i >= 0; i--)
-		n = n << 8 | p[i];
+	uint64_t n = ferry__rd64(p);
 	if (n > FERRY__ST_MAX_HEADER)
 		return ferry__error(FERRY_ECORRUPT, "%s: safetensors byte 0: header length %llu exceeds the limit of %llu bytes",
 				    st->path, (unsigned long long)n, FERRY__ST_MAX_HEADER);
@@ -832,8 +768,6 @@ int ferry_st_verify(ferry_st *st, size_t i)
 		return 0;
 	if (ferry__hex64(v, &want))
 		return ferry__error(FERRY_ECORRUPT, "%s: __metadata__ \"%s\": \"%.32s\" is not 16 hex digits", st->path, key, v);
-	if (!ferry__have_xxh3())
-		return ferry__error(-ENOTSUP, "%s: checksums: ferry was built without libxxhash", st->path);
 	struct ferry__xxh3 *h = ferry__xxh3_create();
 	uint64_t nb = ferry_st_nbytes(st, i), off = ferry_st_offset(st, i);
 	size_t cap = nb < (16u << 20) ? (size_t)nb + 1 : (16u << 20);

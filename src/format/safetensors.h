@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "base/xxh.h" /* the checksum stored under FERRY_ST_CHECKSUM_PREFIX */
 #include "ferry/safetensors.h"
 
 #define FERRY__ST_MAX_HEADER 100000000ull
@@ -21,14 +22,6 @@ const char *ferry__st_printable(const char *name, size_t len, char *buf, size_t 
 int ferry__st_slice_shape(const ferry_st *st, size_t i, int dim, uint64_t start, uint64_t stop,
 			  uint64_t *nbytes);
 
-/* Streaming xxh3-64; create returns NULL without xxhash (or out of memory). */
-struct ferry__xxh3;
-struct ferry__xxh3 *ferry__xxh3_create(void);
-void ferry__xxh3_reset(struct ferry__xxh3 *h);
-void ferry__xxh3_update(struct ferry__xxh3 *h, const void *p, size_t len);
-uint64_t ferry__xxh3_digest(struct ferry__xxh3 *h);
-void ferry__xxh3_destroy(struct ferry__xxh3 *h);
-int ferry__have_xxh3(void);
 
 /* Parses "0123456789abcdef" (exactly 16 lower- or upper-case hex digits). 0 or -1. */
 int ferry__hex64(const char *s, uint64_t *out);

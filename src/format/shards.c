@@ -13,91 +13,9 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/byteorder.h"
+#include "base/crc32c.h"
 #include "format/shards.h"
-
-/* ------------------------------------------------------------------------------------- CRC-32C */
-
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-
-static void crc_init(void)
-{
-	for (uint32_t i = 0; i < 256; i++) {
-		uint32_t c = i;
-		for (int k = 0; k < 8; k++)
-			c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
-		crc_table[0][i] = c;
-	}
-	for (uint32_t i = 0; i < 256; i++)
-		for (int t = 1; t < 8; t++)
-			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t c, const uint8_t *p, size_t n)
-{
-	uint64_t c64 = c;
-	while (n && ((uintptr_t)p & 7)) {
-		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
-		n--;
-	}
-	for (; n >= 8; n -= 8, p += 8) {
-		uint64_t v;
-		memcpy(&v, p, 8);
-		c64 = __builtin_ia32_crc32di(c64, v);
-	}
-	while (n--)
-		c64 = __builtin_ia32_crc32qi((uint32_t)c64, *p++);
-	return (uint32_t)c64;
-}
-#endif
-
-uint32_t ferry__crc32c(uint32_t crc, const void *buf, size_t len)
-{
-	const uint8_t *p = buf;
-	uint32_t c = ~crc;
-#if defined(__x86_64__)
-	if (__builtin_cpu_supports("sse4.2"))
-		return ~crc_hw(c, p, len);
-#endif
-	pthread_once(&crc_once, crc_init);
-	for (; len >= 8; len -= 8, p += 8) {
-		uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
-		c = crc_table[7][lo & 0xff] ^ crc_table[6][(lo >> 8) & 0xff] ^ crc_table[5][(lo >> 16) & 0xff] ^
-		    crc_table[4][lo >> 24] ^ crc_table[3][p[4]] ^ crc_table[2][p[5]] ^ crc_table[1][p[6]] ^
-		    crc_table[0][p[7]];
-	}
-	while (len--)
-		c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
-	return ~c;
-}
-
-/* ------------------------------------------------------------------------------------- helpers */
-
-static uint64_t rd64(const uint8_t *p)
-{
-	uint64_t v = 0;
-	for (int i = 7; i >= 0; i--)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static uint32_t rd32(const uint8_t *p)
-{
-	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static void wr64(uint8_t *p, uint64_t v)
-{
-	for (int i = 0; i < 8; i++, v >>= 8)
-		p[i] = (uint8_t)v;
-}
-
-static void wr32(uint8_t *p, uint32_t v)
-{
-	for (int i = 0; i < 4; i++, v >>= 8)
-		p[i] = (uint8_t)v;
-}
 
 void ferry__index_free(struct ferry__index *x)
 {
@@ -138,10 +56,10 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 			       FERRY__IDX_HEADER + 8);
 	if (memcmp(buf, FERRY__IDX_MAGIC, 8))
 		return CORRUPT("%s: not a ferry index (bad magic)", name);
-	uint32_t version = rd32(buf + 8), flags = rd32(buf + 12), dtype = rd32(buf + 16);
-	uint32_t nshards = rd32(buf + 20);
-	uint64_t n = rd64(buf + 24), bytes = rd64(buf + 32), file_len = rd64(buf + 40);
-	uint64_t keys_len = rd64(buf + 48);
+	uint32_t version = ferry__rd32(buf + 8), flags = ferry__rd32(buf + 12), dtype = ferry__rd32(buf + 16);
+	uint32_t nshards = ferry__rd32(buf + 20);
+	uint64_t n = ferry__rd64(buf + 24), bytes = ferry__rd64(buf + 32), file_len = ferry__rd64(buf + 40);
+	uint64_t keys_len = ferry__rd64(buf + 48);
 	if (version != FERRY__IDX_VERSION)
 		return CORRUPT("%s: index version %u, this reader knows version %d", name, version,
 			       FERRY__IDX_VERSION);
@@ -151,7 +69,7 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 	if (memcmp(buf + len - 4, FERRY__IDX_END, 4))
 		return CORRUPT("%s: bad end marker (truncated index)", name);
 	if (check_crc) {
-		uint32_t want = rd32(buf + len - 8), got = ferry__crc32c(0, buf, len - 8);
+		uint32_t want = ferry__rd32(buf + len - 8), got = ferry__crc32c(0, buf, len - 8);
 		if (want != got)
 			return CORRUPT("%s: index checksum mismatch (crc32c %08x, stored %08x)", name, got,
 				       want);
@@ -160,7 +78,7 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 		return CORRUPT("%s: unknown flags 0x%x", name, flags);
 	if (!ferry_elem_size((int)dtype) || dtype > FERRY_ELEM_UINT16)
 		return CORRUPT("%s: unknown dtype code %u", name, dtype);
-	if (rd32(buf + 56) || rd32(buf + 60))
+	if (ferry__rd32(buf + 56) || ferry__rd32(buf + 60))
 		return CORRUPT("%s: reserved header fields are not zero", name);
 	int keys = flags & FERRY__IDX_FLAG_KEYS;
 	if (!keys && keys_len)
@@ -203,10 +121,10 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 	const uint8_t *p = buf + FERRY__IDX_HEADER;
 	uint64_t next = 0;
 	for (uint32_t s = 0; s < nshards; s++, p += FERRY__IDX_SHARD_ENTRY) {
-		uint64_t sb = rd64(p), first = rd64(p + 8), cnt = rd64(p + 16);
+		uint64_t sb = ferry__rd64(p), first = ferry__rd64(p + 8), cnt = ferry__rd64(p + 16);
 		if (first != next || cnt > n - next)
 			goto bad_shard;
-		if (rd64(p + 24))
+		if (ferry__rd64(p + 24))
 			goto bad_shard;
 		out->file_bytes[s] = sb;
 		out->file_first[s] = first;
@@ -228,11 +146,11 @@ bad_shard:
 	for (uint32_t s = 0; s < nshards; s++) {
 		uint64_t end = 0;
 		for (uint64_t i = out->file_first[s]; i < out->file_first[s + 1]; i++, p += 16) {
-			uint64_t off = rd64(p);
-			uint32_t l = rd32(p + 8);
+			uint64_t off = ferry__rd64(p);
+			uint32_t l = ferry__rd32(p + 8);
 			out->off[i] = off;
 			out->len[i] = l;
-			out->crc[i] = rd32(p + 12);
+			out->crc[i] = ferry__rd32(p + 12);
 			uint64_t sb = out->file_bytes[s];
 			if (off < end || off > sb || l > sb - off) {
 				ferry__index_free(out); /* it clears out: the message uses sb */
@@ -262,7 +180,7 @@ bad_shard:
 		if (!out->key_off || !out->keys)
 			goto nomem;
 		for (uint64_t i = 0; i <= n; i++, p += 8) {
-			out->key_off[i] = rd64(p);
+			out->key_off[i] = ferry__rd64(p);
 			if (out->key_off[i] > keys_len || (i && out->key_off[i] < out->key_off[i - 1]) ||
 			    (i == 0 && out->key_off[0]) || (i == n && out->key_off[n] != keys_len)) {
 				ferry__index_free(out);
@@ -841,31 +759,31 @@ static int build_ferry_index(ferry_dataset_writer *w, uint8_t **out, size_t *out
 	for (uint64_t i = 0; i < w->n; i++)
 		bytes += w->len[i];
 	memcpy(b, FERRY__IDX_MAGIC, 8);
-	wr32(b + 8, FERRY__IDX_VERSION);
-	wr32(b + 12, w->has_keys ? FERRY__IDX_FLAG_KEYS : 0);
-	wr32(b + 16, (uint32_t)w->dtype);
-	wr32(b + 20, w->nshards);
-	wr64(b + 24, w->n);
-	wr64(b + 32, bytes);
-	wr64(b + 40, len);
-	wr64(b + 48, keys_len);
+	ferry__wr32(b + 8, FERRY__IDX_VERSION);
+	ferry__wr32(b + 12, w->has_keys ? FERRY__IDX_FLAG_KEYS : 0);
+	ferry__wr32(b + 16, (uint32_t)w->dtype);
+	ferry__wr32(b + 20, w->nshards);
+	ferry__wr64(b + 24, w->n);
+	ferry__wr64(b + 32, bytes);
+	ferry__wr64(b + 40, len);
+	ferry__wr64(b + 48, keys_len);
 	uint8_t *p = b + FERRY__IDX_HEADER;
 	for (uint32_t s = 0; s < w->nshards; s++, p += FERRY__IDX_SHARD_ENTRY) {
-		wr64(p, w->shard_bytes[s]);
-		wr64(p + 8, w->shard_first[s]);
-		wr64(p + 16, w->shard_first[s + 1] - w->shard_first[s]);
+		ferry__wr64(p, w->shard_bytes[s]);
+		ferry__wr64(p + 8, w->shard_first[s]);
+		ferry__wr64(p + 16, w->shard_first[s + 1] - w->shard_first[s]);
 	}
 	for (uint64_t i = 0; i < w->n; i++, p += FERRY__IDX_SAMPLE_ENTRY) {
-		wr64(p, w->off[i]);
-		wr32(p + 8, (uint32_t)w->len[i]);
-		wr32(p + 12, w->crc[i]);
+		ferry__wr64(p, w->off[i]);
+		ferry__wr32(p + 8, (uint32_t)w->len[i]);
+		ferry__wr32(p + 12, w->crc[i]);
 	}
 	if (w->has_keys) {
 		for (uint64_t i = 0; i <= w->n; i++, p += 8)
-			wr64(p, w->key_off[i]);
+			ferry__wr64(p, w->key_off[i]);
 		memcpy(p, w->keys, keys_len);
 	}
-	wr32(b + len - 8, ferry__crc32c(0, b, len - 8));
+	ferry__wr32(b + len - 8, ferry__crc32c(0, b, len - 8));
 	memcpy(b + len - 4, FERRY__IDX_END, 4);
 	*out = b;
 	*out_len = len;

@@ -54,8 +54,6 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name,
 				struct ferry__index *out);
 
-uint32_t ferry__crc32c(uint32_t crc, const void *buf, size_t len);
-
 /* The dataset handle (data.h). */
 struct ferry_dataset {
 	ferry_ctx *ctx;

@@ -165,7 +165,6 @@ def test_views_share_one_allocation(tmp_path):
     assert len({t.untyped_storage().data_ptr() for t in got.values()}) == len(got)
 
 
-@pytest.mark.skipif(not fst.have_checksums(), reason="ferry was built without libxxhash")
 def test_checksum_mismatch_names_file_and_tensor(tmp_path):
     p, sd = full_file(tmp_path)
     q = tmp_path / "sums.safetensors"

@@ -1,6 +1,7 @@
 /* Ferry shards and Megatron .bin/.idx: write, read back, keys, checksums, corrupt indexes and
  * truncated shards rejected with the shard and the sample named. */
 #include "ferry_test.h"
+#include "base/crc32c.h"
 #include "ferry/data.h"
 #include "format/shards.h"
 

@@ -1,0 +1,50 @@
+/* XXH3-64 from xxhash.h, header-only (xxh.h). */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "base/xxh.h"
+
+struct ferry__xxh3 {
+	XXH3_state_t *s;
+};
+
+uint64_t ferry__xxh3_64(const void *buf, size_t len)
+{
+	return XXH3_64bits(buf, len);
+}
+
+struct ferry__xxh3 *ferry__xxh3_create(void)
+{
+	struct ferry__xxh3 *h = malloc(sizeof(*h));
+	if (!h)
+		return NULL;
+	if (!(h->s = XXH3_createState())) {
+		free(h);
+		return NULL;
+	}
+	XXH3_64bits_reset(h->s);
+	return h;
+}
+
+void ferry__xxh3_reset(struct ferry__xxh3 *h)
+{
+	XXH3_64bits_reset(h->s);
+}
+
+void ferry__xxh3_update(struct ferry__xxh3 *h, const void *p, size_t len)
+{
+	XXH3_64bits_update(h->s, p, len);
+}
+
+uint64_t ferry__xxh3_digest(struct ferry__xxh3 *h)
+{
+	return XXH3_64bits_digest(h->s);
+}
+
+void ferry__xxh3_destroy(struct ferry__xxh3 *h)
+{
+	if (h) {
+		XXH3_freeState(h->s);
+		free(h);
+	}
+}
