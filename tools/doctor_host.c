@@ -11,6 +11,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "base/json.h"
 #include "gpu/shim.h"
 #include "tools/sys.h"
 
@@ -210,53 +211,20 @@ void ferry__doctor_io_uring(ferry_report *r)
 
 /* ------------------------------------------------------------------------------------- GDS */
 
-/* cufile.json is JSON with // and block comments: blank them (outside strings) in place. */
-static void strip_comments(char *s)
+/* cufile.json's properties.<key> in text (comments stripped): 1/0, or -1 if missing, not a
+ * boolean, or the file is not JSON. The parser decodes in place, so each lookup reads a copy. */
+static int cufile_bool(const char *text, size_t n, const char *key)
 {
-	int in_str = 0;
-	for (char *p = s; *p; p++) {
-		if (in_str) {
-			if (*p == '\\' && p[1])
-				p++;
-			else if (*p == '"')
-				in_str = 0;
-		} else if (*p == '"') {
-			in_str = 1;
-		} else if (p[0] == '/' && p[1] == '/') {
-			while (*p && *p != '\n')
-				*p++ = ' ';
-			if (!*p)
-				break;
-		} else if (p[0] == '/' && p[1] == '*') {
-			char *e = strstr(p + 2, "*/");
-			char *stop = e ? e + 2 : p + strlen(p);
-			while (p < stop)
-				*p++ = ' ';
-			p--;
-		}
+	const char *const keys[] = {"properties", key, NULL};
+	char *copy = malloc(n ? n : 1);
+	int v = -1;
+	if (copy) {
+		memcpy(copy, text, n);
+		if (ferry__json_find_bool(copy, n, keys, &v) != 1)
+			v = -1;
 	}
-}
-
-/* The boolean after "key": 1/0, or -1 if the key is missing or not a boolean. */
-static int json_bool(const char *s, const char *key)
-{
-	char quoted[96];
-	snprintf(quoted, sizeof(quoted), "\"%s\"", key);
-	const char *p = strstr(s, quoted);
-	if (!p)
-		return -1;
-	p += strlen(quoted);
-	while (isspace((unsigned char)*p))
-		p++;
-	if (*p++ != ':')
-		return -1;
-	while (isspace((unsigned char)*p))
-		p++;
-	if (!strncmp(p, "true", 4))
-		return 1;
-	if (!strncmp(p, "false", 5))
-		return 0;
-	return -1;
+	free(copy);
+	return v;
 }
 
 struct gds_state {
@@ -330,8 +298,8 @@ static void check_config(ferry_report *r, struct gds_state *g)
 		free(text);
 		return;
 	}
-	strip_comments(text);
-	int c = json_bool(text, "allow_compat_mode"), p = json_bool(text, "use_pci_p2pdma");
+	ferry__jsonc_strip(text, (size_t)n);
+	int c = cufile_bool(text, (size_t)n, "allow_compat_mode"), p = cufile_bool(text, (size_t)n, "use_pci_p2pdma");
 	free(text);
 	g->compat = c != 0;
 	g->p2pdma = p == 1;

@@ -390,3 +390,101 @@ int ferry__json_end(struct ferry__json *j)
 		return ferry__json_fail(j, j->pos, "trailing characters after JSON");
 	return 0;
 }
+
+int ferry__json_bool(struct ferry__json *j, int *out)
+{
+	switch (ferry__json_peek(j)) {
+	case 't':
+		*out = 1;
+		return literal(j, "true");
+	case 'f':
+		*out = 0;
+		return literal(j, "false");
+	default:
+		if (j->err)
+			return -1;
+		return ferry__json_fail(j, j->pos, "expected true or false");
+	}
+}
+
+/* Blanks from p up to (not including) end. */
+static void blank(char *p, const char *end)
+{
+	while (p < end)
+		*p++ = ' ';
+}
+
+void ferry__jsonc_strip(char *buf, size_t len)
+{
+	char *end = buf + len;
+	for (char *p = buf; p < end; p++) {
+		if (*p == '"') {
+			for (p++; p < end && *p != '"'; p++)
+				if (*p == '\\' && p + 1 < end)
+					p++;
+		} else if (*p == '/' && p + 1 < end && p[1] == '/') {
+			char *nl = memchr(p, '\n', (size_t)(end - p));
+			blank(p, nl ? nl : end);
+			p = nl ? nl : end - 1;
+		} else if (*p == '/' && p + 1 < end && p[1] == '*') {
+			char *q = p + 2;
+			while (q + 1 < end && !(q[0] == '*' && q[1] == '/'))
+				q++;
+			q = q + 1 < end ? q + 2 : end; /* an unterminated comment runs to the end */
+			blank(p, q);
+			p = q - 1;
+		}
+	}
+	/* Now without comments: a ',' whose next non-space character closes its container goes. */
+	for (char *p = buf; p < end; p++) {
+		if (*p == '"') {
+			for (p++; p < end && *p != '"'; p++)
+				if (*p == '\\' && p + 1 < end)
+					p++;
+		} else if (*p == ',') {
+			char *q = p + 1;
+			while (q < end && (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r'))
+				q++;
+			if (q < end && (*q == '}' || *q == ']'))
+				*p = ' ';
+		}
+	}
+}
+
+int ferry__json_find_bool(char *buf, size_t len, const char *const *keys, int *out)
+{
+	struct ferry__json j;
+	int depth = 1, done = 0, found = 0; /* depth: objects open along the path */
+	if (ferry__json_init(&j, buf, len) || ferry__json_object_begin(&j))
+		return -1;
+	while (depth) {
+		char *k;
+		size_t klen, kpos;
+		int r = ferry__json_object_next(&j, &k, &klen, &kpos);
+		if (r < 0)
+			return -1;
+		if (r == 0) { /* back in the parent: the path's first occurrence is behind us */
+			depth--;
+			done = 1;
+			continue;
+		}
+		const char *want = keys[depth - 1];
+		if (done || klen != strlen(want) || memcmp(k, want, klen)) {
+			if (ferry__json_skip(&j))
+				return -1;
+		} else if (!keys[depth]) {
+			if (ferry__json_bool(&j, out))
+				return -1;
+			found = done = 1;
+		} else if (ferry__json_peek(&j) == '{') {
+			if (ferry__json_object_begin(&j))
+				return -1;
+			depth++;
+		} else {
+			done = 1;
+			if (ferry__json_skip(&j))
+				return -1;
+		}
+	}
+	return ferry__json_end(&j) ? -1 : found;
+}

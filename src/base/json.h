@@ -43,6 +43,8 @@ int ferry__json_array_next(struct ferry__json *j);
 int ferry__json_string(struct ferry__json *j, char **s, size_t *len);
 /* A non-negative integer without fraction or exponent that fits in 64 bits. Returns 0 or -1. */
 int ferry__json_uint(struct ferry__json *j, uint64_t *out);
+/* true or false. Returns 0 (*out 1 or 0) or -1. */
+int ferry__json_bool(struct ferry__json *j, int *out);
 /* Skips any value (depth-limited). Returns 0 or -1. */
 int ferry__json_skip(struct ferry__json *j);
 /* Only whitespace may remain. Returns 0 or -1. */
@@ -54,6 +56,19 @@ int ferry__json_end(struct ferry__json *j);
 size_t ferry__utf8_seq(const char *s, size_t n);
 /* 1 if s[0..len) is valid UTF-8 (RFC 3629), else 0. */
 int ferry__utf8_valid(const char *s, size_t len);
+/*
+ * Configuration files written as JSON with comments (cuFile's cufile.json: // and block comments,
+ * and trailing commas before '}' or ']', which cuFile's own reader accepts): blanks the comments
+ * and those commas in place, outside strings, so that the strict parser reads the rest.
+ */
+void ferry__jsonc_strip(char *buf, size_t len);
+/*
+ * The boolean at a path of object keys (NULL-terminated: {"properties", "use_pci_p2pdma", NULL})
+ * in the JSON document buf (parsed whole, in place, so modified): 1 with *out set, 0 when the
+ * path is absent (the first occurrence of each key counts), -1 when buf is not one JSON object or
+ * the value is not a boolean.
+ */
+int ferry__json_find_bool(char *buf, size_t len, const char *const *keys, int *out);
 /* Records an error of the caller's own (a schema error) at pos; returns -1. */
 int ferry__json_fail(struct ferry__json *j, size_t pos, const char *why);
 

@@ -397,61 +397,6 @@ static int build_header(ferry_st_writer *w, struct job *j)
 	return 0;
 }
 
-/* ----------------------------------------------------------------------------------- durability */
-
-int ferry__fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return ferry__error(-errno, "open(%s) for fsync: %s", dir, strerror(errno));
-	int r = fsync(fd) ? -errno : 0;
-	close(fd);
-	return r ? ferry__error(r, "fsync(%s): %s", dir, strerror(-r)) : 0;
-}
-
-int ferry__fsync_parent(const char *path)
-{
-	char dir[PATH_MAX];
-	const char *slash = strrchr(path, '/');
-	if (!slash)
-		return ferry__fsync_dir(".");
-	size_t n = slash == path ? 1 : (size_t)(slash - path);
-	if (n >= sizeof(dir))
-		return ferry__error(-ENAMETOOLONG, "%s: path too long", path);
-	memcpy(dir, path, n);
-	dir[n] = '\0';
-	return ferry__fsync_dir(dir);
-}
-
-int ferry__write_durable(const char *path, const char *text, size_t len)
-{
-	char tmp[PATH_MAX];
-	if (snprintf(tmp, sizeof(tmp), "%s.tmp-%d-%lu", path, (int)getpid(),
-		     __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED)) >= (int)sizeof(tmp))
-		return ferry__error(-ENAMETOOLONG, "%s: path too long", path);
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
-	int r = 0;
-	for (size_t done = 0; done < len && !r;) {
-		ssize_t n = write(fd, text + done, len - done);
-		if (n < 0 && errno != EINTR)
-			r = ferry__error(-errno, "write(%s): %s", tmp, strerror(errno));
-		else if (n > 0)
-			done += (size_t)n;
-	}
-	if (!r && fsync(fd))
-		r = ferry__error(-errno, "fsync(%s): %s", tmp, strerror(errno));
-	close(fd);
-	if (!r && rename(tmp, path))
-		r = ferry__error(-errno, "rename(%s, %s): %s", tmp, path, strerror(errno));
-	if (r) {
-		unlink(tmp);
-		return r;
-	}
-	return ferry__fsync_parent(path);
-}
-
 /* ------------------------------------------------------------------------------------- pipeline */
 
 int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len) = fallocate;

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include "base/durable.h" /* ferry__fsync_dir, ferry__fsync_parent, ferry__write_durable */
 #include "ferry/safetensors.h"
 
 /*
@@ -19,12 +20,6 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns);
 /* fallocate(2), through a pointer so that tests can play a file system that refuses it. */
 extern int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len);
-/* fsync of a directory. Returns 0 or -errno (with detail). */
-int ferry__fsync_dir(const char *dir);
-/* fsync of the directory holding path. */
-int ferry__fsync_parent(const char *path);
-/* Writes text durably to path: temporary file, fsync, rename, parent fsync. */
-int ferry__write_durable(const char *path, const char *text, size_t len);
 /* A shard file named by an index or manifest must be a plain name in its directory (no separator,
  * no "." or "..", no NUL inside): 0, or FERRY_ECORRUPT naming the index and the byte. */
 int ferry__check_shard_name(const char *index, const char *name, size_t len, size_t pos);

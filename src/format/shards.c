@@ -15,6 +15,7 @@
 #include "base/base.h"
 #include "base/byteorder.h"
 #include "base/crc32c.h"
+#include "base/durable.h"
 #include "format/shards.h"
 
 void ferry__index_free(struct ferry__index *x)
@@ -491,16 +492,6 @@ struct ferry_dataset_writer {
 	int *fds;
 };
 
-static int fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd < 0)
-		return ferry__error(-errno, "open(%s) to sync the directory", dir);
-	int r = fsync(fd) < 0 ? -errno : 0;
-	close(fd);
-	return r ? ferry__error(r, "fsync(%s)", dir) : 0;
-}
-
 /* The directory a writer's files go to, and the index's final path. */
 static void writer_paths(const struct ferry_dataset_writer *w, char *dir, char *idx, size_t len)
 {
@@ -545,7 +536,7 @@ int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, int kind, int 
 	}
 	/* An index left from an earlier dataset at this path must not describe the new data files. */
 	if (unlink(idx) == 0) {
-		int err = fsync_dir(dir);
+		int err = ferry__fsync_dir(dir);
 		if (err) {
 			ferry_dataset_writer_destroy(w);
 			return err;
@@ -719,32 +710,6 @@ int ferry_dataset_writer_put(ferry_dataset_writer *w, uint64_t i, const void *da
 	return 0;
 }
 
-static int write_all_sync(const char *path, const uint8_t *buf, size_t len)
-{
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return ferry__error(-errno, "open(%s)", path);
-	size_t done = 0;
-	while (done < len) {
-		ssize_t r = write(fd, buf + done, len - done);
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r < 0) {
-			int e = -errno;
-			close(fd);
-			return ferry__error(e, "write(%s)", path);
-		}
-		done += (size_t)r;
-	}
-	if (fsync(fd) < 0) {
-		int e = -errno;
-		close(fd);
-		return ferry__error(e, "fsync(%s)", path);
-	}
-	close(fd);
-	return 0;
-}
-
 static int build_ferry_index(ferry_dataset_writer *w, uint8_t **out, size_t *out_len)
 {
 	uint64_t keys_len = w->has_keys ? w->keys_len : 0;
@@ -797,7 +762,7 @@ int ferry_dataset_writer_finish(ferry_dataset_writer *w)
 {
 	if (!w || !w->laid_out)
 		return ferry__error(-EINVAL, "ferry_dataset_writer_finish before layout");
-	char dir[PATH_MAX], idx[PATH_MAX], tmp[PATH_MAX + 8];
+	char dir[PATH_MAX], idx[PATH_MAX];
 	writer_paths(w, dir, idx, sizeof(dir));
 	for (uint32_t s = 0; s < w->nshards; s++) {
 		if (fsync(w->fds[s]) < 0)
@@ -805,7 +770,7 @@ int ferry_dataset_writer_finish(ferry_dataset_writer *w)
 		close(w->fds[s]);
 		w->fds[s] = -1;
 	}
-	int err = fsync_dir(dir);
+	int err = ferry__fsync_dir(dir);
 	if (err)
 		return err;
 	uint8_t *buf;
@@ -816,12 +781,7 @@ int ferry_dataset_writer_finish(ferry_dataset_writer *w)
 		err = ferry__megatron_build_index(w->dtype, w->n, w->len, w->off, w->doc_end, &buf, &len);
 	if (err)
 		return err;
-	snprintf(tmp, sizeof(tmp), "%s.tmp", idx);
-	err = write_all_sync(tmp, buf, len);
+	err = ferry__write_durable(idx, (const char *)buf, len);
 	free(buf);
-	if (err)
-		return err;
-	if (rename(tmp, idx) < 0)
-		return ferry__error(-errno, "rename(%s, %s)", tmp, idx);
-	return fsync_dir(dir);
+	return err;
 }

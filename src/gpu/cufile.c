@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/json.h"
 #include "gpu/shim.h"
 
 #define OFF(field) offsetof(struct ferry__cufile_api, field)
@@ -137,31 +138,26 @@ static int have_nvidia_fs(void)
 	return access("/proc/driver/nvidia-fs/version", F_OK) == 0;
 }
 
-/* cufile.json's use_pci_p2pdma (DMA without nvidia-fs on kernels >= 6.2), read once: a plain text
- * search is enough to know whether native DMA is possible at all. */
+/* cufile.json's properties.use_pci_p2pdma (DMA without nvidia-fs on kernels >= 6.2). A file that
+ * cannot be read or parsed counts as cuFile's default, false. */
 static int p2pdma_enabled(void)
 {
+	static const char *const keys[] = {"properties", "use_pci_p2pdma", NULL};
 	const char *path = getenv("CUFILE_ENV_PATH_JSON");
-	char buf[65536];
-	FILE *f = fopen(path && *path ? path : "/etc/cufile.json", "r");
-	size_t n;
+	size_t cap = 256 * 1024, n;
+	char *buf = malloc(cap);
+	FILE *f = buf ? fopen(path && *path ? path : "/etc/cufile.json", "r") : NULL;
+	int on = 0;
 
-	if (!f)
-		return 0;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	for (char *p = strstr(buf, "\"use_pci_p2pdma\""); p; p = strstr(p + 1, "\"use_pci_p2pdma\"")) {
-		char *line = p;
-		while (line > buf && line[-1] != '\n')
-			line--;
-		if (strstr(line, "//") && strstr(line, "//") < p)
-			continue; /* commented out */
-		char *colon = strchr(p, ':');
-		if (colon && strncmp(colon + 1 + strspn(colon + 1, " \t"), "true", 4) == 0)
-			return 1;
+	if (f) {
+		n = fread(buf, 1, cap, f);
+		fclose(f);
+		ferry__jsonc_strip(buf, n);
+		if (ferry__json_find_bool(buf, n, keys, &on) != 1)
+			on = 0;
 	}
-	return 0;
+	free(buf);
+	return on;
 }
 
 int ferry__gds_native_possible(char *why, size_t len)

@@ -1,0 +1,391 @@
+/* src/base: the string builder and JSON string writer, sizes, CRC-32C, byte order, xxh3, the
+ * JSON-with-comments reader, and the durable-file module. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/resource.h>
+
+#include "ferry_test.h"
+#include "base/base.h"
+#include "base/byteorder.h"
+#include "base/crc32c.h"
+#include "base/durable.h"
+#include "base/json.h"
+#include "base/sbuf.h"
+#include "base/xxh.h"
+#include "ferry/safetensors.h"
+
+/* ---------------------------------------------------------------------------------- sbuf, JSON */
+
+static void json_is(const char *in, const char *want)
+{
+	struct ferry__sbuf b = {0};
+	ferry__sbuf_json(&b, in);
+	T_CHECK(!b.oom);
+	T_EQ_STR(b.data, want);
+	T_EQ_INT(b.len, strlen(want));
+	ferry__sbuf_free(&b);
+}
+
+static void test_json_strings(void)
+{
+	json_is("plain", "\"plain\"");
+	json_is("", "\"\"");
+	json_is(NULL, "null");
+	json_is("a\"b\\c", "\"a\\\"b\\\\c\"");
+	json_is("\n\t\r", "\"\\n\\t\\r\"");
+	json_is("\x01\x1f\x7f", "\"\\u0001\\u001f\\u007f\"");
+	json_is("/", "\"/\"");
+	/* valid UTF-8 passes through: é (2 bytes), € (3), U+1F600 (4) */
+	json_is("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "\"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\"");
+	/* invalid UTF-8 becomes U+FFFD per byte: a Latin-1 byte, a lone continuation, an overlong,
+	 * a surrogate, a sequence cut by the end of the string */
+	json_is("\xe9t\xe9", "\"\\ufffdt\\ufffd\"");
+	json_is("\x80", "\"\\ufffd\"");
+	json_is("\xc0\xaf", "\"\\ufffd\\ufffd\"");
+	json_is("\xed\xa0\x80", "\"\\ufffd\\ufffd\\ufffd\"");
+	json_is("a\xe2\x82", "\"a\\ufffd\\ufffd\"");
+
+	/* What the writer writes, the strict parser reads back to the same bytes. */
+	const char *back = "q\"\\\n\x01 \xc3\xa9";
+	struct ferry__sbuf b = {0};
+	ferry__sbuf_json(&b, back);
+	struct ferry__json j;
+	char *s;
+	size_t len;
+	T_ASSERT(ferry__json_init(&j, b.data, b.len) == 0);
+	T_EQ_INT(ferry__json_string(&j, &s, &len), 0);
+	T_EQ_INT(len, strlen(back));
+	T_CHECK(len == strlen(back) && !memcmp(s, back, len));
+	ferry__sbuf_free(&b);
+}
+
+static void test_sbuf(void)
+{
+	struct ferry__sbuf b = {0};
+	ferry__sbuf_puts(&b, "x=");
+	ferry__sbuf_printf(&b, "%d,%s", 42, "y");
+	ferry__sbuf_put(&b, "abc", 2);
+	T_EQ_STR(b.data, "x=42,yab");
+	T_EQ_INT(b.len, 8);
+	/* growth past the first allocation keeps every byte */
+	for (int i = 0; i < 1000; i++)
+		ferry__sbuf_printf(&b, "%03d", i % 1000);
+	T_EQ_INT(b.len, 8 + 3000);
+	T_CHECK(!memcmp(b.data + 8 + 3 * 999, "999", 3) && b.data[b.len] == '\0');
+	T_CHECK(!b.oom);
+
+	/* A length that cannot be allocated sets oom; later appends do nothing; the text is kept. */
+	size_t len = b.len;
+	ferry__sbuf_put(&b, "z", SIZE_MAX / 2);
+	T_CHECK(b.oom);
+	ferry__sbuf_puts(&b, "more");
+	ferry__sbuf_printf(&b, "%d", 7);
+	ferry__sbuf_json(&b, "s");
+	T_EQ_INT(b.len, len);
+	ferry__sbuf_free(&b);
+	T_CHECK(!b.oom && !b.data && !b.len);
+	ferry__sbuf_puts(&b, "again");
+	T_EQ_STR(b.data, "again");
+	ferry__sbuf_free(&b);
+}
+
+/* ----------------------------------------------------------------------------------------- sizes */
+
+static void test_sizes(void)
+{
+	static const struct {
+		const char *s;
+		uint64_t v;
+	} ok[] = {
+		{"0", 0},	   {"123", 123},	{"4k", 4096},		{"4K", 4096},
+		{"4kb", 4096},	   {"4KiB", 4096},	{"1m", 1 << 20},	{"1MiB", 1 << 20},
+		{"2g", 2ull << 30}, {"1.5g", 3ull << 29}, {"1t", 1ull << 40},
+	};
+	static const char *bad[] = {"", "-1", " 4k", "4x", "k", "4kk", "4 k", "1e30t", "nan", NULL};
+	for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+		uint64_t v = 7;
+		T_EQ_INT(ferry__parse_size(ok[i].s, &v), 0);
+		if (v != ok[i].v)
+			fprintf(stderr, "parse_size(\"%s\") = %llu, want %llu\n", ok[i].s, (unsigned long long)v,
+				(unsigned long long)ok[i].v);
+		T_CHECK(v == ok[i].v);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		uint64_t v;
+		if (ferry__parse_size(bad[i], &v) != FERRY_EBADOPT) {
+			fprintf(stderr, "parse_size(\"%s\") accepted\n", bad[i] ? bad[i] : "NULL");
+			t_failures++;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------------------ CRC-32C, xxh3 */
+
+/* Bit at a time, from the definition (reflected polynomial 0x82F63B78). */
+static uint32_t crc_ref(const uint8_t *p, size_t n)
+{
+	uint32_t c = ~0u;
+	while (n--) {
+		c ^= *p++;
+		for (int k = 0; k < 8; k++)
+			c = c & 1 ? (c >> 1) ^ 0x82f63b78u : c >> 1;
+	}
+	return ~c;
+}
+
+static void test_crc32c(void)
+{
+	uint8_t b[64];
+	T_EQ_INT(ferry__crc32c(0, "123456789", 9), 0xe3069283u);
+	T_EQ_INT(ferry__crc32c(0, "", 0), 0);
+	/* RFC 3720, B.4 */
+	memset(b, 0, 32);
+	T_EQ_INT(ferry__crc32c(0, b, 32), 0x8a9136aau);
+	memset(b, 0xff, 32);
+	T_EQ_INT(ferry__crc32c(0, b, 32), 0x62a8ab43u);
+	for (int i = 0; i < 32; i++)
+		b[i] = (uint8_t)i;
+	T_EQ_INT(ferry__crc32c(0, b, 32), 0x46dd794eu);
+	/* every alignment and length up to 64, and continuation across any split */
+	uint64_t seed = 0x1234;
+	for (int i = 0; i < 64; i++)
+		b[i] = (uint8_t)t_rand(&seed);
+	for (size_t off = 0; off < 8; off++)
+		for (size_t n = 0; off + n <= 64; n++) {
+			uint32_t want = crc_ref(b + off, n);
+			T_EQ_INT(ferry__crc32c(0, b + off, n), want);
+			size_t cut = n / 3;
+			T_EQ_INT(ferry__crc32c(ferry__crc32c(0, b + off, cut), b + off + cut, n - cut), want);
+		}
+}
+
+static void test_xxh3(void)
+{
+	/* XXH3_64bits of the empty input, seed 0 (xxhash's own sanity vector) */
+	T_EQ_INT(ferry__xxh3_64("", 0), 0x2d06800538d394c2ull);
+	uint8_t buf[5000];
+	uint64_t seed = 99;
+	for (size_t i = 0; i < sizeof(buf); i++)
+		buf[i] = (uint8_t)t_rand(&seed);
+	struct ferry__xxh3 *h = ferry__xxh3_create();
+	T_ASSERT(h);
+	/* streaming in uneven pieces equals one shot, for short, medium and long inputs */
+	size_t lens[] = {0, 3, 16, 17, 128, 129, 240, 241, 1024, 5000};
+	for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+		ferry__xxh3_reset(h);
+		for (size_t done = 0; done < lens[k];) {
+			size_t n = lens[k] - done < 77 ? lens[k] - done : 77;
+			ferry__xxh3_update(h, buf + done, n);
+			done += n;
+		}
+		T_CHECK(ferry__xxh3_digest(h) == ferry__xxh3_64(buf, lens[k]));
+	}
+	ferry__xxh3_destroy(h);
+	ferry__xxh3_destroy(NULL);
+	uint64_t pub = 0;
+	T_EQ_INT(ferry_xxh3(buf, 100, &pub), 0);
+	T_CHECK(pub == ferry__xxh3_64(buf, 100));
+}
+
+/* ------------------------------------------------------------------------------------ byte order */
+
+static void test_byteorder(void)
+{
+	uint8_t b[9] = {0};
+	ferry__wr64(b + 1, 0x0102030405060708ull);
+	T_EQ_INT(b[1], 0x08);
+	T_EQ_INT(b[8], 0x01);
+	T_CHECK(ferry__rd64(b + 1) == 0x0102030405060708ull);
+	ferry__wr32(b, 0xa1b2c3d4u);
+	T_EQ_INT(b[0], 0xd4);
+	T_EQ_INT(b[3], 0xa1);
+	T_EQ_INT(ferry__rd32(b), 0xa1b2c3d4u);
+	ferry__wr64(b, UINT64_MAX);
+	T_CHECK(ferry__rd64(b) == UINT64_MAX);
+}
+
+/* ------------------------------------------------------------------------- JSON with comments */
+
+static int cufile_bool(const char *text, const char *key)
+{
+	const char *const keys[] = {"properties", key, NULL};
+	char *buf = strdup(text);
+	size_t n = strlen(buf);
+	int v = -2;
+	ferry__jsonc_strip(buf, n);
+	int r = ferry__json_find_bool(buf, n, keys, &v);
+	free(buf);
+	return r == 1 ? v : r == 0 ? -1 : -2;
+}
+
+static void test_jsonc(void)
+{
+	const char *doc =
+		"{\n"
+		"  // \"properties\": { \"use_pci_p2pdma\": true },\n"
+		"  \"logging\": { \"dir\": \"/var/log // not a comment\", \"level\": \"ERROR\" },\n"
+		"  /* block \"use_pci_p2pdma\": true\n  over lines */\n"
+		"  \"properties\": {\n"
+		"    \"text\": \"a /* not */ b, }\",\n"
+		"    \"allow_compat_mode\": false, // trailing comment\n"
+		"    \"list\": [ 1, 2, ],\n"
+		"    \"use_pci_p2pdma\": true,\n"
+		"  },\n"
+		"}\n";
+	T_EQ_INT(cufile_bool(doc, "use_pci_p2pdma"), 1);
+	T_EQ_INT(cufile_bool(doc, "allow_compat_mode"), 0);
+	T_EQ_INT(cufile_bool(doc, "absent"), -1);
+	T_EQ_INT(cufile_bool(doc, "text"), -2); /* not a boolean */
+	/* the strings survive stripping intact */
+	char *buf = strdup(doc);
+	ferry__jsonc_strip(buf, strlen(buf));
+	T_CHECK(strstr(buf, "\"/var/log // not a comment\"") != NULL);
+	T_CHECK(strstr(buf, "\"a /* not */ b, }\"") != NULL);
+	T_CHECK(strstr(buf, "block") == NULL);
+	free(buf);
+	T_EQ_INT(cufile_bool("{ \"properties\": { \"use_pci_p2pdma\": false } }", "use_pci_p2pdma"), 0);
+	T_EQ_INT(cufile_bool("{ \"properties\": 3 }", "use_pci_p2pdma"), -1);
+	T_EQ_INT(cufile_bool("not json", "use_pci_p2pdma"), -2);
+	T_EQ_INT(cufile_bool("{ \"properties\": { \"use_pci_p2pdma\": true } /* unterminated", "use_pci_p2pdma"), -2);
+}
+
+/* --------------------------------------------------------------------------------------- durable */
+
+static char dir[2048];
+
+static int count_entries(const char *d)
+{
+	DIR *dp = opendir(d);
+	int n = 0;
+	if (!dp)
+		return -1;
+	for (struct dirent *e; (e = readdir(dp));)
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(dp);
+	return n;
+}
+
+static void slurp_is(const char *path, const char *want)
+{
+	char buf[256] = "";
+	int fd = open(path, O_RDONLY);
+	T_CHECK(fd >= 0);
+	if (fd < 0)
+		return;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	buf[n > 0 ? n : 0] = '\0';
+	T_EQ_STR(buf, want);
+}
+
+static void test_durable(void)
+{
+	char p[4400], q[4200];
+	snprintf(dir, sizeof(dir), "%s/test_base-%d", t_tmpdir(), (int)getpid());
+	T_ASSERT(mkdir(dir, 0755) == 0);
+	int dfd = ferry__dir_open(dir, 0);
+	T_ASSERT(dfd >= 0);
+
+	/* exclusive create refuses an existing name, and a planted symlink without touching its target */
+	int fd = ferry__create_excl(dfd, "a", 0, 0644);
+	T_CHECK(fd >= 0);
+	close(fd);
+	T_EQ_INT(ferry__create_excl(dfd, "a", 0, 0644), -EEXIST);
+	snprintf(p, sizeof(p), "%s/victim", dir);
+	snprintf(q, sizeof(q), "%s/planted", dir);
+	T_ASSERT(symlink(p, q) == 0);
+	T_EQ_INT(ferry__create_excl(dfd, "planted", 0, 0644), -EEXIST);
+	T_EQ_INT(access(p, F_OK), -1);
+	T_EQ_INT(ferry__create_excl(dfd, "x/y", 0, 0644), -EINVAL);
+
+	/* a whole-file write replaces, leaves nothing beside it; NOREPLACE refuses to replace */
+	T_EQ_INT(ferry__durable_write(dfd, "m", "one", 3, 0644, 0), 0);
+	T_EQ_INT(ferry__durable_write(dfd, "m", "two", 3, 0644, 0), 0);
+	snprintf(p, sizeof(p), "%s/m", dir);
+	slurp_is(p, "two");
+	T_EQ_INT(ferry__durable_write(dfd, "m", "three", 5, 0644, FERRY__DURABLE_NOREPLACE), -EEXIST);
+	slurp_is(p, "two");
+	T_EQ_INT(ferry__durable_write(dfd, "n", "new", 3, 0644, FERRY__DURABLE_NOREPLACE), 0);
+	T_EQ_INT(count_entries(dir), 4); /* a, planted, m, n */
+	/* renaming onto the planted symlink replaces the link, never writes through it */
+	T_EQ_INT(ferry__durable_write(dfd, "planted", "p", 1, 0644, 0), 0);
+	snprintf(p, sizeof(p), "%s/victim", dir);
+	T_EQ_INT(access(p, F_OK), -1);
+
+	/* temporaries have unpredictable names; abort removes the one it made and nothing else */
+	struct ferry__tmpfile t1, t2;
+	T_EQ_INT(ferry__tmp_create(dfd, "m", 0644, 0, &t1), 0);
+	T_EQ_INT(ferry__tmp_create(dfd, "m", 0644, 0, &t2), 0);
+	T_CHECK(strncmp(t1.name, "m.tmp-", 6) == 0 && strlen(t1.name) == 6 + 16);
+	T_CHECK(strcmp(t1.name, t2.name) != 0);
+	ferry__tmp_abort(&t1);
+	ferry__tmp_abort(&t1);
+	T_EQ_INT(write(t2.fd, "four", 4), 4);
+	T_EQ_INT(ferry__tmp_commit(&t2, 0), 0);
+	ferry__tmp_abort(&t2); /* after commit: the final name is not its to remove */
+	snprintf(p, sizeof(p), "%s/m", dir);
+	slurp_is(p, "four");
+	T_EQ_INT(count_entries(dir), 4);
+
+	/* a write that fails (file size limit: EFBIG) leaves no temporary behind */
+	struct rlimit old, small = {.rlim_cur = 2, .rlim_max = RLIM_INFINITY};
+	getrlimit(RLIMIT_FSIZE, &old);
+	small.rlim_max = old.rlim_max;
+	signal(SIGXFSZ, SIG_IGN);
+	T_ASSERT(setrlimit(RLIMIT_FSIZE, &small) == 0);
+	int r = ferry__durable_write(dfd, "big", "0123456789", 10, 0644, 0);
+	setrlimit(RLIMIT_FSIZE, &old);
+	T_EQ_INT(r, -EFBIG);
+	T_CHECK(strstr(ferry_last_error(), "big.tmp-") != NULL);
+	T_EQ_INT(count_entries(dir), 4);
+
+	/* writes go through the descriptor: renaming the directory does not redirect them */
+	snprintf(q, sizeof(q), "%s.moved", dir);
+	T_ASSERT(rename(dir, q) == 0);
+	T_ASSERT(mkdir(dir, 0755) == 0);
+	T_EQ_INT(ferry__durable_write(dfd, "after", "x", 1, 0644, 0), 0);
+	T_EQ_INT(count_entries(dir), 0);
+	snprintf(p, sizeof(p), "%s/after", q);
+	slurp_is(p, "x");
+	close(dfd);
+
+	/* directories: a symlinked one is refused unless followed on purpose */
+	snprintf(p, sizeof(p), "%s/link", dir);
+	T_ASSERT(symlink(q, p) == 0);
+	int e = ferry__dir_open(p, 0);
+	T_CHECK(e < 0);
+	if (e >= 0)
+		close(e);
+	e = ferry__dir_open(p, FERRY__DIR_FOLLOW);
+	T_CHECK(e >= 0);
+	if (e >= 0)
+		close(e);
+	/* the path forms: write_durable through a followed directory, fsync_dir, fsync_parent */
+	snprintf(p, sizeof(p), "%s/link/manifest.json", dir);
+	T_EQ_INT(ferry__write_durable(p, "{}", 2), 0);
+	snprintf(p, sizeof(p), "%s/manifest.json", q);
+	slurp_is(p, "{}");
+	T_EQ_INT(ferry__fsync_dir(q), 0);
+	T_EQ_INT(ferry__fsync_parent(p), 0);
+	snprintf(p, sizeof(p), "%s/nonexistent/f", dir);
+	T_EQ_INT(ferry__write_durable(p, "x", 1), -ENOENT);
+
+	char cmd[9000];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, q);
+	T_CHECK(system(cmd) == 0);
+}
+
+int main(void)
+{
+	test_json_strings();
+	test_sbuf();
+	test_sizes();
+	test_crc32c();
+	test_xxh3();
+	test_byteorder();
+	test_jsonc();
+	test_durable();
+	return t_result();
+}
