@@ -35,10 +35,13 @@ FERRY_API void ferry_ckpt_destroy(ferry_ckpt *ck);
  * by the ranks of one run; markers of another run are ignored), timeout_ms (how long rank 0 waits
  * for the other ranks' markers; default 600000), recycle (0|1, default 1: pruning moves the newest
  * pruned step to DIR/recycle, and each rank's next save writes over its shard there instead of
- * making a new file, unless the file has other links or another process has it open).
+ * making a new file, unless the file has other links or another process has it open). The
+ * writer's knobs (ferry_st_writer_set: save_prealloc, ...) are passed on to the checkpoint's writer.
  * Returns 0 or FERRY_EBADOPT.
  */
 FERRY_API FERRY_WUR int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value);
+/* The checkpoint's own knob names, NULL-terminated (ferry_ckpt_set also takes the writer's). */
+FERRY_API const char *const *ferry_ckpt_keys(void);
 /* Adds a tensor / metadata string to the next save (as ferry_st_writer_add / _metadata). */
 FERRY_API FERRY_WUR int ferry_ckpt_add(ferry_ckpt *ck, const char *name, int dtype, int ndim,
 				       const uint64_t *shape, const void *data, size_t nbytes);

@@ -186,6 +186,8 @@ FERRY_API FERRY_WUR int ferry_loader_create(ferry_dataset *ds, ferry_loader **ou
 FERRY_API void ferry_loader_destroy(ferry_loader *l);
 /* Returns 0, FERRY_EBADOPT (detail names key and value) or FERRY_EBUSY once started. */
 FERRY_API FERRY_WUR int ferry_loader_set(ferry_loader *l, const char *key, const char *value);
+/* The loader's knob names, NULL-terminated (state is not one: it is where to resume). */
+FERRY_API const char *const *ferry_loader_keys(void);
 /* Starts the pipeline threads (otherwise the first next does). Returns 0 or an error (ENOGPU, ...). */
 FERRY_API FERRY_WUR int ferry_loader_start(ferry_loader *l);
 /* Samples per epoch for this rank, and batches per epoch. */

@@ -81,13 +81,14 @@ FERRY_API void ferry_ctx_destroy(ferry_ctx *ctx);
  * direct=auto reads data already in the page cache through it and the rest with O_DIRECT:
  *   threads, chunk_size, queue_depth, slots, direct (auto|on|off), backend (auto|psync|io_uring),
  *   sqpoll (0|1), register (0|1: registered files and buffers with io_uring), path, device,
- *   host_budget, device_budget, log_level, gpu_sync (block|spin: how a worker waits for a copy),
+ *   host_budget, device_budget, log_level (process-wide: every context sets and reads the one
+ *   level of the process), gpu_sync (block|spin: how a worker waits for a copy),
  *   publish (0|1: live counters for `ferry top`), memory (auto|host: host skips asking CUDA what
- *   each buffer is, for small host I/O at high rates on machines with a GPU), save_prealloc
- *   (auto|on|off: safetensors saves lay out their file with fallocate (on), ftruncate (off), or
- *   fallocate except on tmpfs (auto)).
- * Sizes take suffixes k, m, g (powers of 1024). Keys that shape the workers (threads, backend,
- * queue_depth, slots, sqpoll, register) fail with FERRY_EBUSY once the workers have started.
+ *   each buffer is, for small host I/O at high rates on machines with a GPU), cached_depth,
+ *   cached_io, copy_unit, copy_units, uring_no_coop, uring_defer (0|1: io_uring setup flags).
+ * Sizes take suffixes k, m, g (powers of 1024). Keys that shape the workers or their rings
+ * (threads, backend, queue_depth, slots, sqpoll, register, gpu_sync, publish, copy_unit,
+ * copy_units, uring_no_coop, uring_defer) fail with FERRY_EBUSY once the workers have started.
  * Returns 0, FERRY_EBADOPT (unknown key or bad value) or FERRY_EBUSY.
  */
 FERRY_API FERRY_WUR int ferry_ctx_set(ferry_ctx *ctx, const char *key, const char *value);

@@ -116,6 +116,15 @@ FERRY_API FERRY_WUR int ferry_st_writer_create(ferry_ctx *ctx, ferry_st_writer *
 /* NULL is accepted. Waits for an asynchronous save in flight first. */
 FERRY_API void ferry_st_writer_destroy(ferry_st_writer *w);
 /*
+ * Sets a writer knob by name (docs/CONFIG.md): save_prealloc (auto|on|off: the temporary file laid
+ * out with fallocate, ftruncate, or fallocate except on tmpfs), save_chunk_mib (MiB per piece, 16),
+ * save_inflight (pieces being written, 8), save_hold (0|1). Each starts at its FERRY_<KEY>
+ * environment variable when set. Not while a save is in flight. Returns 0, FERRY_EBADOPT or FERRY_EBUSY.
+ */
+FERRY_API FERRY_WUR int ferry_st_writer_set(ferry_st_writer *w, const char *key, const char *value);
+/* The writer's knob names, NULL-terminated. */
+FERRY_API const char *const *ferry_st_writer_keys(void);
+/*
  * Adds a tensor. data is host or device memory of nbytes (which must match dtype and shape) and
  * must stay valid and unchanged until the save returns (ferry_st_writer_save) or the snapshot is
  * taken (ferry_st_writer_save_async returns). Returns its index, -EINVAL (bad name, dtype, shape

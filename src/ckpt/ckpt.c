@@ -11,6 +11,7 @@
 
 #include "ckpt/save.h"
 #include "base/base.h"
+#include "base/knob.h"
 #include "ferry/ckpt.h"
 #include "base/json.h"
 
@@ -28,6 +29,32 @@ struct ferry_ckpt {
 	/* the step being saved (read by the writer thread's hook) */
 	int64_t step;
 };
+
+static const char *const busy_choices[] = {"wait", "refuse", NULL};
+
+/*
+ * Only the speed knobs take the environment: what a checkpoint keeps, checks and calls its run is
+ * the program's to say (docs/CONFIG.md).
+ */
+static const struct ferry__knob ckpt_rows[] = {
+	{.name = "keep", .type = FERRY__KNOB_UINT, FERRY__KNOB_AT(struct ferry_ckpt, keep), .def = 2,
+	 .max = INT32_MAX, .doc = "committed steps kept by pruning (0: all)"},
+	{.name = "busy", .type = FERRY__KNOB_ENUM, FERRY__KNOB_AT(struct ferry_ckpt, refuse), .max = 1,
+	 .choices = busy_choices, .doc = "what a save does while another is in flight"},
+	{.name = "checksum", .type = FERRY__KNOB_BOOL, FERRY__KNOB_AT(struct ferry_ckpt, checksum), .def = 1,
+	 .max = 1, .doc = "xxh3 checksum of every tensor in the shard's header"},
+	{.name = "recycle", .type = FERRY__KNOB_BOOL, FERRY__KNOB_AT(struct ferry_ckpt, recycle), .def = 1,
+	 .max = 1, .env = "FERRY_CKPT_RECYCLE", .doc = "a save writes over the newest pruned step's shard"},
+	{.name = "timeout_ms", .type = FERRY__KNOB_UINT, FERRY__KNOB_AT(struct ferry_ckpt, timeout_ms),
+	 .def = 600000, .max = INT64_MAX, .env = "FERRY_CKPT_TIMEOUT_MS",
+	 .doc = "how long rank 0 waits for the other ranks' markers"},
+	{.name = "run", .type = FERRY__KNOB_TEXT, FERRY__KNOB_AT(struct ferry_ckpt, run),
+	 .doc = "an id shared by the ranks of one run"},
+};
+
+static const char *ckpt_keys[sizeof(ckpt_rows) / sizeof(ckpt_rows[0]) + 1];
+static const struct ferry__knobs ckpt_knobs = {"checkpoint", ckpt_rows, sizeof(ckpt_rows) / sizeof(ckpt_rows[0]),
+					       ckpt_keys};
 
 int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len)
 {
@@ -62,11 +89,9 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	ck->ctx = ctx;
 	ck->rank = rank;
 	ck->world = world;
-	ck->keep = 2;
-	ck->recycle = 1;
-	ck->checksum = 1;
-	ck->timeout_ms = 600000;
-	int r = ferry_st_writer_create(ctx, &ck->w);
+	int r = ferry__knobs_init(&ckpt_knobs, ck);
+	if (!r)
+		r = ferry_st_writer_create(ctx, &ck->w);
 	if (r) {
 		free(ck->dir);
 		free(ck);
@@ -85,26 +110,18 @@ void ferry_ckpt_destroy(ferry_ckpt *ck)
 	free(ck);
 }
 
+const char *const *ferry_ckpt_keys(void)
+{
+	return ferry__knobs_keys(&ckpt_knobs);
+}
+
 int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value)
 {
-	char *end;
-	long long v = strtoll(value, &end, 10);
-	int num = *value && !*end;
-	if (!strcmp(key, "keep") && num && v >= 0 && v <= INT32_MAX)
-		ck->keep = (int)v;
-	else if (!strcmp(key, "busy") && (!strcmp(value, "wait") || !strcmp(value, "refuse")))
-		ck->refuse = !strcmp(value, "refuse");
-	else if (!strcmp(key, "checksum") && num && (v == 0 || v == 1))
-		ck->checksum = (int)v;
-	else if (!strcmp(key, "recycle") && num && (v == 0 || v == 1))
-		ck->recycle = (int)v;
-	else if (!strcmp(key, "timeout_ms") && num && v >= 0)
-		ck->timeout_ms = v;
-	else if (!strcmp(key, "run") && strlen(value) < sizeof(ck->run) && !strpbrk(value, "\"\\\n"))
-		snprintf(ck->run, sizeof(ck->run), "%s", value);
-	else
-		return ferry__error(FERRY_EBADOPT, "ckpt: bad option %s=%s", key, value);
-	return 0;
+	if (!ck || !key)
+		return ferry__error(-EINVAL, "ferry_ckpt_set: NULL checkpoint or key");
+	if (!ferry__knobs_find(&ckpt_knobs, key) && ferry__knobs_find(&ferry__st_writer_knobs, key))
+		return ferry_st_writer_set(ck->w, key, value); /* its saves are the writer's */
+	return ferry__knobs_set(&ckpt_knobs, ck, key, value, "ferry_ckpt_set");
 }
 
 int ferry_ckpt_add(ferry_ckpt *ck, const char *name, int dtype, int ndim, const uint64_t *shape,

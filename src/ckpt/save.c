@@ -23,6 +23,7 @@
 
 #include "ckpt/save.h"
 #include "base/base.h"
+#include "base/knob.h"
 #include "ferry/gpu.h"
 #include "base/byteorder.h"
 #include "base/json.h"
@@ -43,6 +44,7 @@
 #define MAX_INFLIGHT_CAP 64
 
 enum { PREALLOC_AUTO, PREALLOC_ON, PREALLOC_OFF }; /* the save_prealloc knob */
+struct writer_knobs { uint64_t prealloc, chunk_mib, inflight, hold; }; /* ferry__st_writer_knobs */
 
 struct wtensor {
 	char *name;
@@ -158,6 +160,7 @@ struct ferry_st_writer {
 	pthread_t thr;
 	struct job *job;
 	struct save_stats stats; /* of the last save, under mu */
+	struct writer_knobs knobs;
 };
 
 static unsigned long save_seq;
@@ -167,6 +170,11 @@ int ferry_st_writer_create(ferry_ctx *ctx, ferry_st_writer **out)
 	ferry_st_writer *w = calloc(1, sizeof(*w));
 	if (!w)
 		return ferry__error(-ENOMEM, "safetensors writer: out of memory");
+	int r = ferry__knobs_init(&ferry__st_writer_knobs, &w->knobs);
+	if (r) {
+		free(w);
+		return r;
+	}
 	w->ctx = ctx;
 	w->pool_dev = -2;
 	w->joined = 1;
@@ -279,20 +287,19 @@ int ferry_st_writer_metadata(ferry_st_writer *w, const char *key, const char *va
 
 /* ------------------------------------------------------------------------------------- header */
 
-static const ferry_st_writer *sort_w;
-static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* The reference writer's order: decreasing dtype (alignment), then name. */
-static int cmp_layout(const void *a, const void *b)
+/* The reference writer's order: decreasing dtype (alignment), then name. arg: the writer. */
+static int cmp_layout(const void *a, const void *b, void *arg)
 {
+	const ferry_st_writer *sort_w = arg;
 	const struct wtensor *x = &sort_w->t[*(const size_t *)a], *y = &sort_w->t[*(const size_t *)b];
 	if (x->dtype != y->dtype)
 		return x->dtype > y->dtype ? -1 : 1;
 	return strcmp(x->name, y->name);
 }
 
-static int cmp_name(const void *a, const void *b)
+static int cmp_name(const void *a, const void *b, void *arg)
 {
+	const ferry_st_writer *sort_w = arg;
 	return strcmp(sort_w->t[*(const size_t *)a].name, sort_w->t[*(const size_t *)b].name);
 }
 
@@ -310,11 +317,8 @@ static int build_header(ferry_st_writer *w, struct job *j)
 	}
 	for (size_t i = 0; i < w->n; i++)
 		j->order[i] = byname[i] = i;
-	pthread_mutex_lock(&sort_lock);
-	sort_w = w;
-	qsort(j->order, w->n, sizeof(size_t), cmp_layout);
-	qsort(byname, w->n, sizeof(size_t), cmp_name);
-	pthread_mutex_unlock(&sort_lock);
+	qsort_r(j->order, w->n, sizeof(size_t), cmp_layout, w);
+	qsort_r(byname, w->n, sizeof(size_t), cmp_name, w);
 	for (size_t i = 1; i < w->n; i++)
 		if (!strcmp(w->t[byname[i - 1]].name, w->t[byname[i]].name)) {
 			int r = ferry__error(-EEXIST, "safetensors writer: tensor \"%s\" added twice", w->t[byname[i]].name);
@@ -803,43 +807,55 @@ static int produce(ferry_st_writer *w, struct job *j)
 	return r;
 }
 
-/* The pipeline's shape from the environment, for measurements on other machines without a rebuild:
- * FERRY_SAVE_CHUNK_MIB (16), FERRY_SAVE_INFLIGHT (8). Not knobs of the context: no user needs them. */
-static size_t knob_env(const char *name, size_t def, size_t lo, size_t hi)
+static const char *const prealloc_choices[] = {"auto", "on", "off", NULL}; /* PREALLOC_* */
+
+#define WRITER(n, f, t, d, lo, hi, ...)                                                           \
+	{.name = n, .type = FERRY__KNOB_##t, FERRY__KNOB_AT(struct writer_knobs, f), .def = d, .min = lo, \
+	 .max = hi, __VA_ARGS__}
+/* The pipeline's shape (CHUNK, MAX_INFLIGHT above say why) is a knob for measurements on other
+ * machines without a rebuild; save_hold is for measurements only. */
+static const struct ferry__knob writer_rows[] = {
+	WRITER("save_prealloc", prealloc, ENUM, PREALLOC_AUTO, 0, 2, .choices = prealloc_choices,
+	       .flags = FERRY__KNOB_NUMBERED, .env = "FERRY_SAVE_PREALLOC",
+	       .doc = "how a save lays out its temporary file: fallocate (on), ftruncate (off), auto"),
+	WRITER("save_chunk_mib", chunk_mib, UINT, CHUNK >> 20, 1, 1024, .env = "FERRY_SAVE_CHUNK_MIB",
+	       .doc = "MiB of one piece of the data section (a pinned slot, one write)"),
+	WRITER("save_inflight", inflight, UINT, MAX_INFLIGHT, 1, MAX_INFLIGHT_CAP, .env = "FERRY_SAVE_INFLIGHT",
+	       .doc = "pieces being written at once"),
+	WRITER("save_hold", hold, BOOL, 0, 0, 1, .env = "FERRY_SAVE_HOLD",
+	       .doc = "an asynchronous save writes only once its snapshot is taken (measurements)"),
+};
+#undef WRITER
+
+static const char *writer_keys[sizeof(writer_rows) / sizeof(writer_rows[0]) + 1];
+const struct ferry__knobs ferry__st_writer_knobs = {"safetensors writer", writer_rows,
+						    sizeof(writer_rows) / sizeof(writer_rows[0]), writer_keys};
+
+const char *const *ferry_st_writer_keys(void)
 {
-	const char *v = getenv(name);
-	char *end;
-	if (!v || !*v)
-		return def;
-	unsigned long long x = strtoull(v, &end, 10);
-	return *end || x < lo || x > hi ? def : (size_t)x;
+	return ferry__knobs_keys(&ferry__st_writer_knobs);
 }
 
-static uint64_t ctx_knob(ferry_ctx *ctx, const char *key)
+int ferry_st_writer_set(ferry_st_writer *w, const char *key, const char *value)
 {
-	char buf[64];
-	uint64_t v = 0;
-	if (ferry_ctx_get(ctx, key, buf, sizeof(buf)) > 0)
-		(void)ferry__parse_size(buf, &v);
-	return v;
-}
-
-static int prealloc_mode(ferry_ctx *ctx)
-{
-	char buf[16] = "";
-	if (ferry_ctx_get(ctx, "save_prealloc", buf, sizeof(buf)) < 0)
-		buf[0] = '\0';
-	return !strcmp(buf, "on") ? PREALLOC_ON : !strcmp(buf, "off") ? PREALLOC_OFF : PREALLOC_AUTO;
+	if (!w || !key)
+		return ferry__error(-EINVAL, "ferry_st_writer_set: NULL writer or key");
+	pthread_mutex_lock(&w->mu);
+	int busy = w->running;
+	pthread_mutex_unlock(&w->mu);
+	if (busy)
+		return ferry__error(FERRY_EBUSY, "ferry_st_writer_set(%s): a save is in flight", key);
+	return ferry__knobs_set(&ferry__st_writer_knobs, &w->knobs, key, value, "ferry_st_writer_set");
 }
 
 static uint64_t host_budget(ferry_ctx *ctx)
 {
-	return ctx_knob(ctx, "host_budget");
+	return ferry__ctx_host_budget(ctx);
 }
 
-static size_t save_chunk(void)
+static size_t save_chunk(const ferry_st_writer *w)
 {
-	return knob_env("FERRY_SAVE_CHUNK_MIB", 16, 1, 1024) << 20;
+	return (size_t)w->knobs.chunk_mib << 20;
 }
 
 static void release_device(ferry_st_writer *w)
@@ -951,7 +967,7 @@ int64_t ferry_st_writer_reserve(ferry_st_writer *w, uint64_t bytes, int device)
 	int r = use_device(w, device);
 	if (r)
 		return r;
-	size_t chunk = save_chunk(), n = (size_t)((bytes + chunk - 1) / chunk), k = 0;
+	size_t chunk = save_chunk(w), n = (size_t)((bytes + chunk - 1) / chunk), k = 0;
 	if (n == 1) /* as job_setup sizes the one slot of a save that fits in one */
 		chunk = (size_t)((bytes + 4095) / 4096 * 4096);
 	uint64_t budget = host_budget(w->ctx);
@@ -1005,9 +1021,9 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	j->hook = hook;
 	j->arg = arg;
 	j->cuda_dev = -1;
-	j->chunk = save_chunk();
-	j->inflight = knob_env("FERRY_SAVE_INFLIGHT", MAX_INFLIGHT, 1, MAX_INFLIGHT_CAP);
-	j->prealloc_mode = prealloc_mode(w->ctx);
+	j->chunk = save_chunk(w);
+	j->inflight = (size_t)w->knobs.inflight;
+	j->prealloc_mode = (int)w->knobs.prealloc;
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
@@ -1031,10 +1047,10 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 		job_free(j);
 		return r;
 	}
-	/* FERRY_SAVE_HOLD=1 (measurements): an asynchronous save whose slots hold the whole state
+	/* save_hold=1 (FERRY_SAVE_HOLD, measurements): an asynchronous save whose slots hold the whole state
 	 * starts writing only once the snapshot is taken, so that the writes cannot slow the copies
 	 * the caller waits for. Never with fewer slots: the snapshot then needs written slots back. */
-	j->hold = async && j->k >= j->nchunks && knob_env("FERRY_SAVE_HOLD", 0, 0, 1);
+	j->hold = async && j->k >= j->nchunks && w->knobs.hold;
 	pthread_mutex_lock(&w->mu);
 	w->running = 1;
 	w->joined = 0;

@@ -12,6 +12,8 @@
  * the save's result; the hook's return replaces it. Called on the writer's thread.
  */
 typedef int64_t (*ferry__save_hook)(void *arg, int64_t result);
+/* The writer's knob table (base/knob.h), which ferry_ckpt_set passes the writer's keys on to. */
+extern const struct ferry__knobs ferry__st_writer_knobs;
 /* reuse: NULL, or a pruned file that the writer thread renames to the temporary name and writes
  * over (when it exists, is a plain file with one link, and no other process has it open). */
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,

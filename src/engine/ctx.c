@@ -1,5 +1,4 @@
-/* The context: knobs (declared as data rows), the worker pool, the file table and statistics. */
-#include <ctype.h>
+/* The context: knobs (rows of the knob engine, base/knob.h), the worker pool, the file table and statistics. */
 #include <sched.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -8,74 +7,96 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/knob.h"
 #include "engine/engine.h"
 #include "engine/publish.h"
-
-enum knob_type { K_SIZE, K_UINT, K_ENUM };
-
-struct knob {
-	const char *name;
-	enum knob_type type;
-	size_t offset;
-	uint64_t def, min, max;
-	const char *const *choices; /* K_ENUM: index is the stored value */
-	bool shapes_workers;        /* cannot change once workers run */
-};
 
 static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
 static const char *const gpu_sync_choices[] = {"block", "spin", NULL};
 static const char *const memory_choices[] = {"auto", "host", NULL};
 static const char *const cached_io_choices[] = {"thread", "ring", NULL};
-static const char *const save_prealloc_choices[] = {"auto", "on", "off", NULL};
 static const char *const path_choices[] = {"auto", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",
 					   "pagecache-gpu", "gds-async", "gds-batch", NULL};
 
-#define CFG(field) offsetof(struct ferry__config, field)
 #define KiB (1ull << 10)
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
+static uint64_t default_threads(void);
+
+/* A row of the context's table: name, the config field, type, default, range; the rest named. */
+#define CTX(n, f, t, d, lo, hi, ...)                                                                 \
+	{.name = n, .type = FERRY__KNOB_##t, FERRY__KNOB_AT(struct ferry__config, f), .def = d,     \
+	 .min = lo, .max = hi, __VA_ARGS__}
+#define NUM FERRY__KNOB_NUMBERED
+#define FIXED FERRY__KNOB_FIXED
+
 /*
- * Defaults: docs/CONFIG.md records the measurements behind each one (bench/gpu-tune.sh,
- * bench/gpu-read.sh, bench/gpu-threads-disk.sh on the GPU machine). threads (3/4 of the CPUs, 4 to
- * 16; default_threads below): 12 of 16 cores read tmpfs into GPU memory fastest with copy units,
- * 8 fell to 40-43 GB/s; 1 MiB chunks beat 256k to 16m. 16 chunks in flight with a slot each per
- * worker matched fio's disk read and write ceilings. gpu_sync=spin: blocking event waits cost half
- * the throughput to and from the GPU, the wake-up latency idling the copy pipeline.
+ * Defaults: docs/CONFIG.md records the measurements behind each one. threads (3/4 of the CPUs,
+ * 4 to 16; default_threads below): 12 of 16 cores read tmpfs into GPU memory fastest with copy
+ * units, 8 fell to 40-43 GB/s; 1 MiB chunks beat 256k to 16m. 16 chunks in flight with a slot each
+ * per worker matched fio's disk read and write ceilings. gpu_sync=spin: blocking event waits cost
+ * half the throughput to and from the GPU, the wake-up latency idling the copy pipeline.
  * cached_depth=4: more page-cache chunks in flight per worker fell from 44 to 23 GB/s, while disk
  * chunks need the full depth 16. copy_unit=8m x copy_units=4: resident reads into GPU memory in
- * few large copies (docs/PAGECACHE.md).
+ * few large copies (docs/PAGECACHE.md). FIXED: shapes the workers or their rings, so it cannot
+ * change once they run.
  */
-static const struct knob knobs[] = {
-	{"threads", K_UINT, CFG(threads), 8, 1, 256, NULL, true}, /* replaced by default_threads() */
-	{"chunk_size", K_SIZE, CFG(chunk_size), 1 * MiB, 4 * KiB, 1 * GiB, NULL, false},
-	{"queue_depth", K_UINT, CFG(queue_depth), 16, 1, 4096, NULL, true},
-	{"slots", K_UINT, CFG(slots), 16, 1, 1024, NULL, true},
-	{"direct", K_ENUM, CFG(direct), FERRY__DIRECT_AUTO, 0, 2, direct_choices, false},
-	{"backend", K_ENUM, CFG(backend), FERRY__BACKEND_AUTO, 0, 2, backend_choices, true},
-	{"sqpoll", K_UINT, CFG(sqpoll), 0, 0, 1, NULL, true},
-	{"register", K_UINT, CFG(reg), 1, 0, 1, NULL, true},
-	{"path", K_ENUM, CFG(path), 0, 0, 7, path_choices, false},
-	{"device", K_UINT, CFG(device), 0, 0, 1024, NULL, false},
-	{"host_budget", K_SIZE, CFG(host_budget), 4 * GiB, 0, UINT64_MAX, NULL, false},
-	{"device_budget", K_SIZE, CFG(device_budget), 1 * GiB, 0, UINT64_MAX, NULL, false},
-	{"log_level", K_UINT, CFG(log_level), 0, 0, 4, NULL, false},
-	{"gpu_sync", K_ENUM, CFG(gpu_sync), 1, 0, 1, gpu_sync_choices, true},
-	{"publish", K_UINT, CFG(publish), 0, 0, 1, NULL, true},
-	{"memory", K_ENUM, CFG(memory), 0, 0, 1, memory_choices, false},
-	{"cached_depth", K_UINT, CFG(cached_depth), 4, 1, 1024, NULL, false},
-	{"cached_io", K_ENUM, CFG(cached_io), FERRY__CACHED_IO_THREAD, 0, 1, cached_io_choices, false},
-	{"copy_unit", K_SIZE, CFG(copy_unit), 8 * MiB, 0, 1 * GiB, NULL, true},
-	{"copy_units", K_UINT, CFG(copy_units), 4, 1, 64, NULL, true},
-	{"save_prealloc", K_ENUM, CFG(save_prealloc), FERRY__PREALLOC_AUTO, 0, 2, save_prealloc_choices, false},
+static const struct ferry__knob ctx_rows[] = {
+	CTX("threads", threads, UINT, 8, 1, 256, .env = "FERRY_THREADS", .flags = FIXED,
+	    .def_fn = default_threads, .doc = "worker threads of the context"),
+	CTX("chunk_size", chunk_size, SIZE, 1 * MiB, 4 * KiB, 1 * GiB, .align = 4 * KiB,
+	    .env = "FERRY_CHUNK_SIZE", .doc = "bytes of one I/O a request is cut into"),
+	CTX("queue_depth", queue_depth, UINT, 16, 1, 4096, .env = "FERRY_QUEUE_DEPTH", .flags = FIXED,
+	    .doc = "I/Os in flight per worker"),
+	CTX("slots", slots, UINT, 16, 1, 1024, .env = "FERRY_SLOTS", .flags = FIXED,
+	    .doc = "bounce slots (aligned, pinned when a GPU is used) per worker"),
+	CTX("direct", direct, ENUM, FERRY__DIRECT_AUTO, 0, 2, .choices = direct_choices,
+	    .env = "FERRY_DIRECT", .flags = NUM, .doc = "O_DIRECT: auto reads page-cache-resident data buffered"),
+	CTX("backend", backend, ENUM, FERRY__BACKEND_AUTO, 0, 2, .choices = backend_choices,
+	    .env = "FERRY_BACKEND", .flags = NUM | FIXED, .doc = "the I/O backend of the workers and queues"),
+	CTX("sqpoll", sqpoll, BOOL, 0, 0, 1, .env = "FERRY_SQPOLL", .flags = FIXED,
+	    .doc = "io_uring submission-queue polling thread"),
+	CTX("register", reg, BOOL, 1, 0, 1, .env = "FERRY_REGISTER", .flags = FIXED,
+	    .doc = "registered files and buffers with io_uring"),
+	CTX("path", path, ENUM, 0, 0, 7, .choices = path_choices, .env = "FERRY_PATH",
+	    .flags = FERRY__KNOB_NUMBERED_FROM_1, .doc = "transfer mode to and from GPU memory (gdsio's -x)"),
+	CTX("device", device, UINT, 0, 0, 1024, .env = "FERRY_DEVICE", .doc = "CUDA device of the context"),
+	CTX("host_budget", host_budget, SIZE, 4 * GiB, 0, UINT64_MAX, .env = "FERRY_HOST_BUDGET",
+	    .doc = "pinned host memory the context and its writers may hold"),
+	CTX("device_budget", device_budget, SIZE, 1 * GiB, 0, UINT64_MAX, .env = "FERRY_DEVICE_BUDGET",
+	    .doc = "device staging memory the context may hold"),
+	/* process-wide: the log is the process's stderr, so one level for every context */
+	{.name = "log_level", .type = FERRY__KNOB_UINT, .width = sizeof(ferry__log_level), .max = 4,
+	 .global = &ferry__log_level, .env = "FERRY_LOG_LEVEL",
+	 .doc = "process-wide diagnostics on stderr (0: none)"},
+	CTX("gpu_sync", gpu_sync, ENUM, 1, 0, 1, .choices = gpu_sync_choices, .env = "FERRY_GPU_SYNC",
+	    .flags = NUM | FIXED, .doc = "how a worker waits for a copy: block or spin"),
+	CTX("publish", publish, BOOL, 0, 0, 1, .env = "FERRY_PUBLISH", .flags = FIXED,
+	    .doc = "publish live counters for ferry top"),
+	CTX("memory", memory, ENUM, 0, 0, 1, .choices = memory_choices, .env = "FERRY_MEMORY", .flags = NUM,
+	    .doc = "host: every buffer is host memory (CUDA is not asked)"),
+	CTX("cached_depth", cached_depth, UINT, 4, 1, 1024, .env = "FERRY_CACHED_DEPTH",
+	    .doc = "page-cache-resident chunks in flight per worker"),
+	CTX("cached_io", cached_io, ENUM, FERRY__CACHED_IO_THREAD, 0, 1, .choices = cached_io_choices,
+	    .env = "FERRY_CACHED_IO", .flags = NUM, .doc = "who reads resident chunks into GPU slots"),
+	CTX("copy_unit", copy_unit, SIZE, 8 * MiB, 0, 1 * GiB, .env = "FERRY_COPY_UNIT", .flags = FIXED,
+	    .doc = "bytes of a copy unit for resident reads into GPU memory (< 2 chunks: off)"),
+	CTX("copy_units", copy_units, UINT, 4, 1, 64, .env = "FERRY_COPY_UNITS", .flags = FIXED,
+	    .doc = "copy units per device"),
+	CTX("uring_no_coop", uring_no_coop, BOOL, 0, 0, 1, .env = "FERRY_URING_NO_COOP", .flags = FIXED,
+	    .doc = "worker rings without IORING_SETUP_COOP_TASKRUN (for comparison)"),
+	CTX("uring_defer", uring_defer, BOOL, 1, 0, 1, .env = "FERRY_URING_DEFER", .flags = FIXED,
+	    .doc = "queue rings with IORING_SETUP_DEFER_TASKRUN (0: off, for comparison)"),
 };
-#define NKNOBS (sizeof(knobs) / sizeof(knobs[0]))
+#undef CTX
+#undef NUM
+#undef FIXED
 
-static const char *const knob_names[NKNOBS + 1] = {
-	"threads", "chunk_size", "queue_depth", "slots", "direct", "backend", "sqpoll",
-	"register", "path", "device", "host_budget", "device_budget", "log_level", "gpu_sync", "publish", "memory", "cached_depth",
-	"cached_io", "copy_unit", "copy_units", "save_prealloc", NULL};
+static const char *ctx_keys[sizeof(ctx_rows) / sizeof(ctx_rows[0]) + 1];
+static const struct ferry__knobs ctx_knobs = {"context", ctx_rows, sizeof(ctx_rows) / sizeof(ctx_rows[0]),
+					      ctx_keys};
 
 /*
  * threads: three quarters of the CPUs this process may run on, 4 to 16. On the GPU machine (16
@@ -98,113 +119,18 @@ static uint64_t default_threads(void)
 
 const char *const *ferry_ctx_keys(void)
 {
-	return knob_names;
-}
-
-static const struct knob *find_knob(const char *key)
-{
-	for (size_t i = 0; i < NKNOBS; i++)
-		if (!strcmp(knobs[i].name, key))
-			return &knobs[i];
-	return NULL;
-}
-
-static uint64_t *knob_ptr(struct ferry__config *cfg, const struct knob *k)
-{
-	return (uint64_t *)((char *)cfg + k->offset);
-}
-
-static int parse_knob(const struct knob *k, const char *value, uint64_t *out)
-{
-	uint64_t v;
-
-	if (k->type == K_ENUM) {
-		for (uint64_t i = 0; k->choices[i]; i++)
-			if (!strcmp(k->choices[i], value)) {
-				*out = i;
-				return 0;
-			}
-		/* also accept the numeric index (gdsio's -x numbers for `path`) */
-		if (isdigit((unsigned char)value[0]) && !value[1] && (uint64_t)(value[0] - '0') <= k->max) {
-			*out = (uint64_t)(value[0] - '0') + (k->choices == path_choices ? 1 : 0);
-			return *out <= k->max ? 0 : FERRY_EBADOPT;
-		}
-		return FERRY_EBADOPT;
-	}
-	if (k->type == K_SIZE) {
-		if (ferry__parse_size(value, &v))
-			return FERRY_EBADOPT;
-	} else {
-		char *end;
-		if (!isdigit((unsigned char)value[0]))
-			return FERRY_EBADOPT;
-		errno = 0;
-		v = strtoull(value, &end, 10);
-		if (errno || *end)
-			return FERRY_EBADOPT;
-	}
-	if (v < k->min || v > k->max)
-		return FERRY_EBADOPT;
-	if (!strcmp(k->name, "chunk_size") && v % (4 * KiB))
-		return FERRY_EBADOPT;
-	*out = v;
-	return 0;
-}
-
-static void describe_knob(const struct knob *k, char *buf, size_t len)
-{
-	if (k->type == K_ENUM) {
-		size_t n = 0;
-		n += (size_t)snprintf(buf + n, len - n, "one of");
-		for (size_t i = 0; k->choices[i] && n < len; i++)
-			n += (size_t)snprintf(buf + n, len - n, "%s %s", i ? "," : "", k->choices[i]);
-	} else if (k->type == K_SIZE) {
-		snprintf(buf, len, "a size from %" PRIu64 " to %" PRIu64 " bytes (suffixes k, m, g)%s",
-			 k->min, k->max, !strcmp(k->name, "chunk_size") ? ", a multiple of 4k" : "");
-	} else {
-		snprintf(buf, len, "an integer from %" PRIu64 " to %" PRIu64, k->min, k->max);
-	}
-}
-
-static int set_knob(ferry_ctx *ctx, const char *key, const char *value, const char *origin)
-{
-	const struct knob *k = find_knob(key);
-	char expect[160];
-	uint64_t v;
-
-	if (!k)
-		return ferry__error(FERRY_EBADOPT, "%s: unknown knob '%s'", origin, key);
-	if (!value || parse_knob(k, value, &v)) {
-		describe_knob(k, expect, sizeof(expect));
-		return ferry__error(FERRY_EBADOPT, "%s: %s='%s' is not valid; expected %s", origin, key,
-				    value ? value : "(null)", expect);
-	}
-	pthread_mutex_lock(&ctx->mu);
-	if (k->shapes_workers && (ctx->started || ctx->backend) && *knob_ptr(&ctx->cfg, k) != v) {
-		pthread_mutex_unlock(&ctx->mu);
-		return ferry__error(FERRY_EBUSY, "%s: %s cannot change once I/O has started",
-				    origin, key);
-	}
-	*knob_ptr(&ctx->cfg, k) = v;
-	pthread_mutex_unlock(&ctx->mu);
-	if (!strcmp(key, "log_level"))
-		ferry__log_level = (int)v;
-	return 0;
+	return ferry__knobs_keys(&ctx_knobs);
 }
 
 int ferry_ctx_create(ferry_ctx **out)
 {
 	ferry_ctx *ctx = calloc(1, sizeof(*ctx));
 	pthread_condattr_t ca;
-	char env[64];
 	int ret;
 
 	*out = NULL;
 	if (!ctx)
 		return ferry__error(-ENOMEM, "allocating a context");
-	for (size_t i = 0; i < NKNOBS; i++)
-		*knob_ptr(&ctx->cfg, &knobs[i]) = knobs[i].def;
-	ctx->cfg.threads = default_threads();
 	pthread_mutex_init(&ctx->mu, NULL);
 	pthread_mutex_init(&ctx->slot_mu, NULL);
 	pthread_mutex_init(&ctx->units_mu, NULL);
@@ -212,17 +138,9 @@ int ferry_ctx_create(ferry_ctx **out)
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&ctx->work_cv, &ca);
 	pthread_condattr_destroy(&ca);
-	for (size_t i = 0; i < NKNOBS; i++) {
-		size_t j;
-		memcpy(env, "FERRY_", 6);
-		for (j = 0; knobs[i].name[j] && j + 7 < sizeof(env); j++)
-			env[6 + j] = (char)toupper((unsigned char)knobs[i].name[j]);
-		env[6 + j] = '\0';
-		const char *v = getenv(env);
-		if (v && (ret = set_knob(ctx, knobs[i].name, v, env)) < 0) {
-			ferry_ctx_destroy(ctx);
-			return ret;
-		}
+	if ((ret = ferry__knobs_init(&ctx_knobs, &ctx->cfg)) < 0) {
+		ferry_ctx_destroy(ctx);
+		return ret;
 	}
 	*out = ctx;
 	return 0;
@@ -256,22 +174,35 @@ void ferry__publish_stat(struct ferry__publish_counters *pub, enum ferry_stat s,
 
 int ferry_ctx_set(ferry_ctx *ctx, const char *key, const char *value)
 {
+	const struct ferry__knob *k;
+	uint64_t v;
+	int ret;
+
 	if (!ctx || !key)
 		return ferry__error(-EINVAL, "ferry_ctx_set: NULL context or key");
-	return set_knob(ctx, key, value, "ferry_ctx_set");
+	if ((ret = ferry__knobs_parse(&ctx_knobs, key, value, "ferry_ctx_set", &k, &v)))
+		return ret;
+	pthread_mutex_lock(&ctx->mu);
+	if ((k->flags & FERRY__KNOB_FIXED) && (ctx->started || ctx->backend) &&
+	    ferry__knob_load(k, &ctx->cfg) != v) {
+		pthread_mutex_unlock(&ctx->mu);
+		return ferry__error(FERRY_EBUSY, "ferry_ctx_set: %s cannot change once I/O has started", key);
+	}
+	ferry__knob_store(k, &ctx->cfg, v, value);
+	pthread_mutex_unlock(&ctx->mu);
+	return 0;
 }
 
 int ferry_ctx_get(const ferry_ctx *ctx, const char *key, char *buf, size_t len)
 {
-	const struct knob *k = key ? find_knob(key) : NULL;
-	uint64_t v;
+	if (!ctx)
+		return ferry__error(-EINVAL, "ferry_ctx_get: NULL context");
+	return ferry__knobs_get(&ctx_knobs, &ctx->cfg, key, buf, len, "ferry_ctx_get");
+}
 
-	if (!k)
-		return ferry__error(FERRY_EBADOPT, "ferry_ctx_get: unknown knob '%s'", key ? key : "(null)");
-	v = *knob_ptr((struct ferry__config *)&ctx->cfg, k);
-	if (k->type == K_ENUM)
-		return snprintf(buf, len, "%s", k->choices[v]);
-	return snprintf(buf, len, "%" PRIu64, v);
+uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx)
+{
+	return ctx->cfg.host_budget;
 }
 
 size_t ferry__slot_size(const ferry_ctx *ctx)

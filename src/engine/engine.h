@@ -31,7 +31,6 @@ struct ferry__config {
 	uint64_t device;
 	uint64_t host_budget;
 	uint64_t device_budget;
-	uint64_t log_level;
 	uint64_t gpu_sync; /* 0: block (the waiting worker sleeps), 1: spin */
 	uint64_t publish;  /* publish live counters for `ferry top` (src/engine/publish.h) */
 	uint64_t memory;   /* 0 auto: ask CUDA what each buffer is; 1 host: every buffer is host memory */
@@ -39,10 +38,9 @@ struct ferry__config {
 	uint64_t cached_io;    /* FERRY__CACHED_IO_*: who copies resident chunks into GPU slots */
 	uint64_t copy_unit;    /* bytes of a copy unit (resident reads into GPU memory); < 2 chunks: off */
 	uint64_t copy_units;   /* copy units per device */
-	uint64_t save_prealloc; /* FERRY__PREALLOC_*: how safetensors saves lay out their temporary file */
+	uint64_t uring_no_coop; /* worker rings without IORING_SETUP_COOP_TASKRUN */
+	uint64_t uring_defer;   /* queue rings with IORING_SETUP_DEFER_TASKRUN */
 };
-
-enum { FERRY__PREALLOC_AUTO, FERRY__PREALLOC_ON, FERRY__PREALLOC_OFF };
 
 enum { FERRY__CACHED_IO_THREAD, FERRY__CACHED_IO_RING };
 
@@ -211,6 +209,8 @@ struct ferry__ring_opts {
 	const struct iovec *bufs; /* slots to register as fixed buffers (reg only) */
 	unsigned nbufs;
 	bool owner_only; /* used only by the thread that creates it (ferry_queue) */
+	bool no_coop;    /* the uring_no_coop knob */
+	bool no_defer;   /* the uring_defer knob, off */
 };
 
 struct ferry__backend_ops {

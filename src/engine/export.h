@@ -16,5 +16,7 @@
 bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* The buffered descriptor of an open file (always open; the file keeps it). */
 int ferry__file_fd(const ferry_file *f);
+/* The context's host_budget knob: pinned host memory its users may hold (0: no limit). */
+uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx);
 
 #endif

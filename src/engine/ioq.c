@@ -44,6 +44,8 @@ int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsign
 	o.bufs = flags & FERRY__IOQ_REG_BUFS ? iov : NULL;
 	o.nbufs = flags & FERRY__IOQ_REG_BUFS ? nslots : 0;
 	o.owner_only = flags & FERRY__IOQ_OWNER;
+	o.no_coop = ctx->cfg.uring_no_coop;
+	o.no_defer = !ctx->cfg.uring_defer;
 	q->owner_only = o.owner_only;
 	q->owner = pthread_self();
 	ret = q->ops->ring_init(&q->ring, depth, &o);

@@ -79,7 +79,7 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 	}
 	/* COOP_TASKRUN (5.19) avoids interrupting the submitter for completion work; retry without
 	 * it on older kernels, liburing's habit for optional setup flags. */
-	if (!getenv("FERRY_URING_NO_COOP")) /* diagnosis: bench/probe-buffered-rand.sh */
+	if (!o->no_coop) /* the uring_no_coop knob, for comparison */
 		p.flags |= IORING_SETUP_COOP_TASKRUN;
 	/*
 	 * A ring only its creating thread touches (a ferry_queue) defers completion work to that
@@ -87,10 +87,9 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 	 * fio 3.33 does: on /dev/shm, where every I/O goes to io-wq and its completion comes back
 	 * as task work, it took ferry bench's 4 KiB QD64 rows from 0.80-1.09x fio to 1.02-1.34x,
 	 * with less CPU per GB than fio (docs/PERFORMANCE.md, sixth session). TASKRUN_FLAG lets a
-	 * peek see that completions wait to be run. FERRY_URING_DEFER=0 leaves it off (diagnosis).
+	 * peek see that completions wait to be run. uring_defer=0 leaves it off (for comparison).
 	 */
-	const char *dt = getenv("FERRY_URING_DEFER");
-	bool defer = o->owner_only && !o->sqpoll && !(dt && *dt == '0');
+	bool defer = o->owner_only && !o->sqpoll && !o->no_defer;
 	r->owner_only = o->owner_only;
 	if (defer)
 		p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN | IORING_SETUP_TASKRUN_FLAG;

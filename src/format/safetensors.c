@@ -305,11 +305,9 @@ static int name_cmp(const char *a, size_t al, const char *b, size_t bl)
 	return al < bl ? -1 : al > bl;
 }
 
-static const ferry_st *sort_st; /* qsort has no context argument; guarded by sort_lock */
-static pthread_mutex_t sort_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static int cmp_by_name(const void *a, const void *b)
+static int cmp_by_name(const void *a, const void *b, void *arg)
 {
+	const ferry_st *sort_st = arg;
 	const struct st_tensor *x = &sort_st->t[*(const size_t *)a], *y = &sort_st->t[*(const size_t *)b];
 	return name_cmp(x->name, x->name_len, y->name, y->name_len);
 }
@@ -362,11 +360,8 @@ static int validate(ferry_st *st)
 		return ferry__error(-ENOMEM, "%s: safetensors index", st->path);
 	for (size_t i = 0; i < st->n; i++)
 		st->by_name[i] = i;
-	pthread_mutex_lock(&sort_lock);
-	sort_st = st;
 	if (st->n > 1)
-		qsort(st->by_name, st->n, sizeof(*st->by_name), cmp_by_name);
-	pthread_mutex_unlock(&sort_lock);
+		qsort_r(st->by_name, st->n, sizeof(*st->by_name), cmp_by_name, st);
 	for (size_t i = 1; i < st->n; i++) {
 		struct st_tensor *a = &st->t[st->by_name[i - 1]], *b = &st->t[st->by_name[i]];
 		if (!name_cmp(a->name, a->name_len, b->name, b->name_len))

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "base/base.h"
+#include "base/knob.h"
 #include "ferry/data.h"
 #include "format/shards.h"
 #include "gpu/ring.h"
@@ -122,6 +123,68 @@ static const char *const metric_names[] = {
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
 
+/* The device knob: cpu or -1 (host memory), N, cuda:N or cuda (device 0). */
+static int parse_device(const char *text, uint64_t *out)
+{
+	char *end;
+
+	if (!strcmp(text, "cpu") || !strcmp(text, "-1")) {
+		*out = (uint64_t)-1;
+		return 0;
+	}
+	if (!strncmp(text, "cuda:", 5))
+		text += 5;
+	else if (!strcmp(text, "cuda"))
+		text = "0";
+	if (!*text || *text == '-')
+		return FERRY_EBADOPT;
+	errno = 0;
+	*out = strtoull(text, &end, 0);
+	return errno || *end ? FERRY_EBADOPT : 0;
+}
+
+static const char *const order_choices[] = {"sequential", "shuffle", "block", NULL}; /* ferry_order */
+
+/* A row of the loader's table: integers in C syntax (strtoull's base 0), as the loader has taken. */
+#define LOADER(n, t, d, lo, hi, ...)                                                                     \
+	{.name = #n, .type = FERRY__KNOB_##t, FERRY__KNOB_AT(struct ferry_loader, n), .def = d, .min = lo, \
+	 .max = hi, .flags = FERRY__KNOB_C_INT, __VA_ARGS__}
+
+/*
+ * The knobs of what a rank reads (batch_size to drop_last_batch, device) have no environment
+ * variable: the environment must not change which samples a program sees. The pipeline's shape
+ * has one (docs/CONFIG.md).
+ */
+static const struct ferry__knob loader_rows[] = {
+	LOADER(batch_size, UINT, 1, 1, UINT32_MAX, .doc = "samples per batch"),
+	LOADER(seq_len, UINT, 0, 0, UINT64_MAX, .doc = "0: one sample per dataset sample; N: windows of N tokens"),
+	LOADER(world_size, UINT, 1, 1, UINT32_MAX, .doc = "ranks the samples are split across"),
+	LOADER(rank, UINT, 0, 0, UINT32_MAX, .doc = "this rank"),
+	LOADER(seed, UINT, 0, 0, UINT64_MAX, .doc = "seed of shuffle and block orders"),
+	LOADER(epoch, UINT, 0, 0, UINT64_MAX, .doc = "first epoch"),
+	LOADER(epochs, UINT, 0, 0, UINT64_MAX, .doc = "epochs to run (0: until destroyed)"),
+	{.name = "order", .type = FERRY__KNOB_ENUM, FERRY__KNOB_AT(struct ferry_loader, order),
+	 .max = 2, .choices = order_choices, .doc = "sample order"},
+	LOADER(block, UINT, 256, 1, UINT64_MAX, .doc = "samples per block of the block order"),
+	LOADER(drop_last, BOOL, 0, 0, 1, .doc = "the sampler's drop_last"),
+	LOADER(drop_last_batch, BOOL, 0, 0, 1, .doc = "drop a short last batch"),
+	{.name = "device", .type = FERRY__KNOB_UINT, FERRY__KNOB_AT(struct ferry_loader, device),
+	 .def = (uint64_t)-1, .min = (uint64_t)-1, .max = 1024, .flags = FERRY__KNOB_SIGNED,
+	 .parse = parse_device, .expect = "cpu, -1, N, cuda:N or cuda (N from 0 to 1024)",
+	 .doc = "where batches go: -1 host memory, N CUDA device N"},
+	LOADER(prefetch, UINT, 4, 1, UINT32_MAX, .env = "FERRY_LOADER_PREFETCH", .doc = "batches kept ready"),
+	LOADER(threads, UINT, 1, 1, UINT32_MAX, .env = "FERRY_LOADER_THREADS", .doc = "pipeline threads"),
+	LOADER(merge_gap, UINT, 0, 0, UINT64_MAX, .env = "FERRY_LOADER_MERGE_GAP",
+	       .doc = "bytes between two reads that are still merged into one"),
+	LOADER(inline_cached, BOOL, 1, 0, 1, .env = "FERRY_LOADER_INLINE_CACHED",
+	       .doc = "page-cache-resident reads done by the pipeline thread itself"),
+};
+#undef LOADER
+
+static const char *loader_keys[sizeof(loader_rows) / sizeof(loader_rows[0]) + 1];
+static const struct ferry__knobs loader_knobs = {"loader", loader_rows,
+						 sizeof(loader_rows) / sizeof(loader_rows[0]), loader_keys};
+
 int ferry_loader_create(ferry_dataset *ds, ferry_loader **out)
 {
 	if (!ds || !out)
@@ -130,13 +193,11 @@ int ferry_loader_create(ferry_dataset *ds, ferry_loader **out)
 	if (!l)
 		return ferry__error(-ENOMEM, "ferry_loader_create");
 	l->ds = ds;
-	l->batch_size = 1;
-	l->world_size = 1;
-	l->threads = 1;
-	l->prefetch = 4;
-	l->block = 256;
-	l->device = -1;
-	l->inline_cached = 1;
+	int err = ferry__knobs_init(&loader_knobs, l);
+	if (err) {
+		free(l);
+		return err;
+	}
 	l->pos_epoch = UINT64_MAX;
 	l->refs = 1;
 	pthread_mutex_init(&l->mu, NULL);
@@ -150,25 +211,12 @@ static const char *order_name(int o)
 	return o == FERRY_ORDER_SHUFFLE ? "shuffle" : o == FERRY_ORDER_BLOCK ? "block" : "sequential";
 }
 
-static int parse_u64(const char *key, const char *v, uint64_t *out)
-{
-	char *end;
-	errno = 0;
-	if (!v || !*v || *v == '-')
-		goto bad;
-	unsigned long long x = strtoull(v, &end, 0);
-	if (errno || *end)
-		goto bad;
-	*out = x;
-	return 0;
-bad:
-	return ferry__error(FERRY_EBADOPT, "loader knob %s: '%s' is not a non-negative integer", key,
-			    v ? v : "(null)");
-}
-
 static int set_state(struct ferry_loader *l, const char *v);
 
-static int below(uint64_t v, uint64_t min) { return v < min; }
+const char *const *ferry_loader_keys(void)
+{
+	return ferry__knobs_keys(&loader_knobs);
+}
 
 int ferry_loader_set(ferry_loader *l, const char *key, const char *value)
 {
@@ -176,93 +224,9 @@ int ferry_loader_set(ferry_loader *l, const char *key, const char *value)
 		return ferry__error(-EINVAL, "ferry_loader_set: NULL argument");
 	if (l->started)
 		return ferry__error(FERRY_EBUSY, "ferry_loader_set(%s): the loader has started", key);
-	uint64_t v = 0;
-	if (!strcmp(key, "order")) {
-		if (!strcmp(value, "sequential"))
-			l->order = FERRY_ORDER_SEQUENTIAL;
-		else if (!strcmp(value, "shuffle"))
-			l->order = FERRY_ORDER_SHUFFLE;
-		else if (!strcmp(value, "block"))
-			l->order = FERRY_ORDER_BLOCK;
-		else
-			return ferry__error(FERRY_EBADOPT, "loader knob order: '%s' (sequential|shuffle|block)",
-					    value);
-		return 0;
-	}
-	if (!strcmp(key, "state"))
+	if (!strcmp(key, "state")) /* not a knob: where to resume */
 		return set_state(l, value);
-	if (!strcmp(key, "device")) {
-		if (!strcmp(value, "cpu") || !strcmp(value, "-1")) {
-			l->device = -1;
-			return 0;
-		}
-		if (!strncmp(value, "cuda:", 5))
-			value += 5;
-		else if (!strcmp(value, "cuda"))
-			value = "0";
-		if (parse_u64(key, value, &v) || v > 1024)
-			return ferry__error(FERRY_EBADOPT, "loader knob device: '%s' (cpu, -1, N, cuda:N)", value);
-		l->device = (int)v;
-		return 0;
-	}
-	int err = parse_u64(key, value, &v);
-	if (err)
-		return err;
-#define U32(name, min)                                                                        \
-	if (!strcmp(key, #name)) {                                                             \
-		if (below(v, (min)) || v > UINT32_MAX)                                               \
-			return ferry__error(FERRY_EBADOPT, "loader knob " #name ": %s out of range", value); \
-		l->name = (uint32_t)v;                                                         \
-		return 0;                                                                      \
-	}
-	U32(batch_size, 1)
-	U32(world_size, 1)
-	U32(rank, 0)
-	U32(threads, 1)
-	U32(prefetch, 1)
-#undef U32
-	if (!strcmp(key, "seq_len")) {
-		l->seq_len = v;
-		return 0;
-	}
-	if (!strcmp(key, "seed")) {
-		l->seed = v;
-		return 0;
-	}
-	if (!strcmp(key, "epoch")) {
-		l->epoch = v;
-		return 0;
-	}
-	if (!strcmp(key, "epochs")) {
-		l->epochs = v;
-		return 0;
-	}
-	if (!strcmp(key, "block")) {
-		if (!v)
-			return ferry__error(FERRY_EBADOPT, "loader knob block: 0");
-		l->block = v;
-		return 0;
-	}
-	if (!strcmp(key, "merge_gap")) {
-		l->merge_gap = v;
-		return 0;
-	}
-	if (!strcmp(key, "inline_cached")) {
-		if (v > 1)
-			return ferry__error(FERRY_EBADOPT, "loader knob inline_cached: '%s' (0|1)", value);
-		l->inline_cached = (int)v;
-		return 0;
-	}
-	if (!strcmp(key, "drop_last") || !strcmp(key, "drop_last_batch")) {
-		if (v > 1)
-			return ferry__error(FERRY_EBADOPT, "loader knob %s: '%s' (0|1)", key, value);
-		if (key[9])
-			l->drop_last_batch = (int)v;
-		else
-			l->drop_last = (int)v;
-		return 0;
-	}
-	return ferry__error(FERRY_EBADOPT, "unknown loader knob '%s'", key);
+	return ferry__knobs_set(&loader_knobs, l, key, value, "ferry_loader_set");
 }
 
 /* ----------------------------------------------------------------------------------- planning */

@@ -366,9 +366,7 @@ static void test_prealloc(void)
 	ferry__save_fallocate = fa_stub;
 	fa_calls = 0;
 	fa_errno = 0;
-	char pv[8];
-	T_CHECK(ferry_ctx_get(ctx, "save_prealloc", pv, sizeof(pv)) > 0);
-	T_EQ_STR(pv, "auto");
+	/* save_prealloc is the writer's knob now, auto by default (test_knobs checks the default) */
 	struct statfs sf;
 	T_ASSERT(statfs(sub, &sf) == 0);
 	int64_t sizea = ferry_st_writer_save(w, p, 0);
@@ -377,7 +375,7 @@ static void test_prealloc(void)
 	char js0[2048];
 	T_CHECK(ferry_st_writer_stats(w, js0, sizeof(js0)) > 0);
 	T_CHECK(strstr(js0, sf.f_type == TMPFS_MAGIC ? "\"fallocated\":0" : "\"fallocated\":1") != NULL);
-	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "off"), 0);
+	T_EQ_INT(ferry_st_writer_set(w, "save_prealloc", "off"), 0);
 	T_EQ_INT(ferry_st_writer_reset(w), 0);
 	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
 	fa_calls = 0;
@@ -409,7 +407,7 @@ static void test_prealloc(void)
 	char small[16];
 	T_EQ_INT(ferry_st_writer_stats(w, small, sizeof(small)), jl); /* truncated, NUL-terminated */
 	T_EQ_INT(strlen(small), sizeof(small) - 1);
-	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "on"), 0);
+	T_EQ_INT(ferry_st_writer_set(w, "save_prealloc", "on"), 0);
 	T_EQ_INT(ferry_st_writer_reset(w), 0);
 	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, a, nb) >= 0);
 	int64_t size = ferry_st_writer_save(w, p, 0);
@@ -447,7 +445,7 @@ static void test_prealloc(void)
 	T_CHECK(strstr(ferry_last_error(), "fallocate") != NULL);
 	ferry__save_fallocate = real;
 	fa_errno = 0;
-	T_EQ_INT(ferry_ctx_set(ctx, "save_prealloc", "auto"), 0);
+	T_EQ_INT(ferry_st_writer_set(w, "save_prealloc", "auto"), 0);
 	T_EQ_INT(leftover_tmp(sub), 0);
 	ferry_st *st = NULL;
 	T_ASSERT(ferry_st_open(ctx, p, &st) == 0);
