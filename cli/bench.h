@@ -43,7 +43,6 @@ enum bench_verify { BENCH_VERIFY_NONE, BENCH_VERIFY_XXH3, BENCH_VERIFY_CRC32C };
 #define BENCH_VERIFY_HEADER 40
 
 const char *bench_verify_name(enum bench_verify v);
-uint32_t bench_crc32c(uint32_t crc, const void *buf, size_t len);
 /* Fills a block of len bytes for file offset off: pattern from (seed, off), then the header. */
 void bench_verify_fill(enum bench_verify v, void *block, size_t len, uint64_t off, uint64_t seed);
 /*

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "ferry_tools.h"
 
 char *bench_fmt_size(char *buf, size_t len, uint64_t bytes)
 {
@@ -127,20 +128,6 @@ static void indent(struct bench_json *j)
 		fputs("  ", j->out);
 }
 
-static void put_str(FILE *out, const char *s)
-{
-	fputc('"', out);
-	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(out, "\\%c", *p);
-		else if (*p < 0x20)
-			fprintf(out, "\\u%04x", *p);
-		else
-			fputc(*p, out);
-	}
-	fputc('"', out);
-}
-
 static void member(struct bench_json *j, const char *key)
 {
 	if (!j->first)
@@ -149,7 +136,7 @@ static void member(struct bench_json *j, const char *key)
 	j->first = 0;
 	indent(j);
 	if (key) {
-		put_str(j->out, key);
+		ferry_tools_json_string(j->out, key);
 		fputs(" : ", j->out);
 	}
 }
@@ -205,7 +192,7 @@ void bench_json_close_arr(struct bench_json *j)
 void bench_json_str(struct bench_json *j, const char *key, const char *val)
 {
 	member(j, key);
-	put_str(j->out, val);
+	ferry_tools_json_string(j->out, val);
 }
 
 void bench_json_u64(struct bench_json *j, const char *key, uint64_t val)

@@ -1,15 +1,11 @@
 /* ferry bench --verify: checksummed blocks that carry their own file offset. */
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
-#if defined(__x86_64__)
-#include <nmmintrin.h>
-#endif
-
 #include "bench.h"
 #include "ferry/safetensors.h"
+#include "ferry_tools.h"
 
 /*
  * Block header, little-endian as written by the host (layout documented in docs/BENCH.md):
@@ -31,89 +27,12 @@ const char *bench_verify_name(enum bench_verify v)
 	}
 }
 
-/* crc32c (Castagnoli, reflected 0x82F63B78): SSE4.2 where the CPU has it, else slicing-by-8. */
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-static int crc_hw;
-
-static void crc_init(void)
-{
-	for (uint32_t i = 0; i < 256; i++) {
-		uint32_t c = i;
-		for (int k = 0; k < 8; k++)
-			c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-		crc_table[0][i] = c;
-	}
-	for (uint32_t i = 0; i < 256; i++)
-		for (int t = 1; t < 8; t++)
-			crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-#if defined(__x86_64__)
-	__builtin_cpu_init();
-	crc_hw = __builtin_cpu_supports("sse4.2");
-#endif
-}
-
-static uint32_t crc_sw(uint32_t crc, const uint8_t *p, size_t len)
-{
-	while (len && ((uintptr_t)p & 7)) {
-		crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
-		len--;
-	}
-	while (len >= 8) {
-		uint64_t w;
-		memcpy(&w, p, 8);
-		w ^= crc;
-		crc = crc_table[7][w & 0xff] ^ crc_table[6][(w >> 8) & 0xff] ^
-		      crc_table[5][(w >> 16) & 0xff] ^ crc_table[4][(w >> 24) & 0xff] ^
-		      crc_table[3][(w >> 32) & 0xff] ^ crc_table[2][(w >> 40) & 0xff] ^
-		      crc_table[1][(w >> 48) & 0xff] ^ crc_table[0][w >> 56];
-		p += 8;
-		len -= 8;
-	}
-	while (len--)
-		crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xff];
-	return crc;
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static uint32_t crc_sse42(uint32_t crc, const uint8_t *p, size_t len)
-{
-	uint64_t c = crc;
-	while (len && ((uintptr_t)p & 7)) {
-		c = _mm_crc32_u8((uint32_t)c, *p++);
-		len--;
-	}
-	while (len >= 8) {
-		uint64_t w;
-		memcpy(&w, p, 8);
-		c = _mm_crc32_u64(c, w);
-		p += 8;
-		len -= 8;
-	}
-	while (len--)
-		c = _mm_crc32_u8((uint32_t)c, *p++);
-	return (uint32_t)c;
-}
-#endif
-
-/* Standard crc32c: pass 0 to start; crc32c("123456789") == 0xE3069283. */
-uint32_t bench_crc32c(uint32_t crc, const void *buf, size_t len)
-{
-	pthread_once(&crc_once, crc_init);
-	crc = ~crc;
-#if defined(__x86_64__)
-	if (crc_hw)
-		return ~crc_sse42(crc, buf, len);
-#endif
-	return ~crc_sw(crc, buf, len);
-}
-
 static uint64_t checksum(enum bench_verify v, const void *block, size_t len)
 {
 	uint64_t h;
 	if (v == BENCH_VERIFY_XXH3) /* fails only on a NULL argument */
 		return ferry_xxh3(block, len, &h) ? 0 : h;
-	return bench_crc32c(0, block, len);
+	return ferry_tools_crc32c(0, block, len);
 }
 
 static uint64_t splitmix64(uint64_t *s)

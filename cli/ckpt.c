@@ -13,6 +13,7 @@
 #include "ferry/ckpt.h"
 #include "ferry/gpu.h"
 #include "ferry/safetensors.h"
+#include "ferry_tools.h"
 
 static void usage(FILE *out)
 {
@@ -28,21 +29,6 @@ static void usage(FILE *out)
 		"  --save-only (the durable saves alone: no asynchronous saves, no loads), --saves N (default 2;\n"
 		"  the third and later each into a new file after the previous one is deleted and synced; the\n"
 		"  best of the second and later is reported), --phases (a PHASES line per save: where its time went)\n");
-}
-
-static void json_str(const char *s)
-{
-	putchar('"');
-	for (; *s; s++) {
-		unsigned char c = (unsigned char)*s;
-		if (c == '"' || c == '\\')
-			printf("\\%c", c);
-		else if (c < 0x20)
-			printf("\\u%04x", c);
-		else
-			putchar(c);
-	}
-	putchar('"');
 }
 
 /* A checkpoint directory (with `latest`) resolves to its latest step. */
@@ -101,13 +87,13 @@ static int cmd_inspect(int argc, char **argv)
 		ferry_st *st = ferry_st_load_file(ld, f);
 		if (json) {
 			printf("%s{\"path\":", f ? "," : "");
-			json_str(ferry_st_path(st));
+			ferry_tools_json_string(stdout, ferry_st_path(st));
 			printf(",\"data_start\":%" PRIu64 ",\"metadata\":{", ferry_st_data_start(st));
 			for (size_t m = 0; m < ferry_st_metadata_count(st); m++) {
 				printf("%s", m ? "," : "");
-				json_str(ferry_st_metadata_key(st, m));
+				ferry_tools_json_string(stdout, ferry_st_metadata_key(st, m));
 				putchar(':');
-				json_str(ferry_st_metadata_value(st, m));
+				ferry_tools_json_string(stdout, ferry_st_metadata_value(st, m));
 			}
 			printf("},\"tensors\":[");
 		} else {
@@ -120,7 +106,7 @@ static int cmd_inspect(int argc, char **argv)
 			int nd = ferry_st_shape(st, i, dims, FERRY_ST_MAX_DIMS);
 			if (json) {
 				printf("%s{\"name\":", i ? "," : "");
-				json_str(ferry_st_name(st, i));
+				ferry_tools_json_string(stdout, ferry_st_name(st, i));
 				printf(",\"dtype\":\"%s\",\"shape\":[", ferry_dtype_name(ferry_st_dtype(st, i)));
 				for (int d = 0; d < nd; d++)
 					printf("%s%" PRIu64, d ? "," : "", dims[d]);

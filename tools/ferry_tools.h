@@ -11,6 +11,8 @@
 #define FERRY_SYS_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
 
 #include "ferry/ferry.h"
 
@@ -97,6 +99,17 @@ FERRY_API const char *ferry_sampler_note(const ferry_sampler *s, size_t i);
 FERRY_API FERRY_WUR int ferry_sampler_json(ferry_sampler *s, const char **out);
 /* The last sample in Prometheus' text exposition format 0.0.4; *out owned by the sampler. */
 FERRY_API FERRY_WUR int ferry_sampler_prometheus(ferry_sampler *s, const char **out);
+
+/* -------------------------------------------------------------------- the library's utilities */
+
+/*
+ * Writes s to out as a JSON string literal, quotes included, escaped as everything ferry writes:
+ * valid UTF-8 as is, '"', '\\' and control characters escaped, a byte that is not UTF-8 as
+ * \ufffd; NULL as null. Returns 0, -ENOMEM, or -EIO when out reports an error.
+ */
+FERRY_API int ferry_tools_json_string(FILE *out, const char *s);
+/* The CRC-32C that ferry's shard format stores (crc 0 to start; "123456789" gives 0xE3069283). */
+FERRY_API uint32_t ferry_tools_crc32c(uint32_t crc, const void *buf, size_t len);
 
 #ifdef __cplusplus
 }

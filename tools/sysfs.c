@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "base/crc32c.h"
 #include "tools/sys.h"
 
 static const struct {
@@ -157,4 +158,20 @@ int ferry__sys_online_cpus(void)
 			return 0;
 	}
 	return count;
+}
+
+/* --------------------------------------------------------------------- the library's utilities */
+
+int ferry_tools_json_string(FILE *out, const char *s)
+{
+	struct ferry__sbuf b = {0};
+	ferry__sbuf_json(&b, s);
+	int r = b.oom ? -ENOMEM : fwrite(b.data, 1, b.len, out) == b.len ? 0 : -EIO;
+	ferry__sbuf_free(&b);
+	return r;
+}
+
+uint32_t ferry_tools_crc32c(uint32_t crc, const void *buf, size_t len)
+{
+	return ferry__crc32c(crc, buf, len);
 }

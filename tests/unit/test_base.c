@@ -15,6 +15,7 @@
 #include "base/sbuf.h"
 #include "base/xxh.h"
 #include "ferry/safetensors.h"
+#include "ferry_tools.h"
 
 /* ---------------------------------------------------------------------------------- sbuf, JSON */
 
@@ -187,6 +188,21 @@ static void test_xxh3(void)
 	uint64_t pub = 0;
 	T_EQ_INT(ferry_xxh3(buf, 100, &pub), 0);
 	T_CHECK(pub == ferry__xxh3_64(buf, 100));
+}
+
+/* The CLI's door to the same escaping and CRC (tools/ferry_tools.h). */
+static void test_tools_helpers(void)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	T_ASSERT(f);
+	T_EQ_INT(ferry_tools_json_string(f, "a\"\xe9\xc3\xa9\n"), 0);
+	T_EQ_INT(ferry_tools_json_string(f, NULL), 0);
+	fclose(f);
+	T_EQ_STR(text, "\"a\\\"\\ufffd\xc3\xa9\\n\"null");
+	free(text);
+	T_EQ_INT(ferry_tools_crc32c(0, "123456789", 9), 0xe3069283u);
 }
 
 /* ------------------------------------------------------------------------------------ byte order */
@@ -385,6 +401,7 @@ int main(void)
 	test_crc32c();
 	test_xxh3();
 	test_byteorder();
+	test_tools_helpers();
 	test_jsonc();
 	test_durable();
 	return t_result();
