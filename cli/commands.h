@@ -3,20 +3,17 @@
 #ifndef FERRY_CLI_COMMANDS_H
 #define FERRY_CLI_COMMANDS_H
 
-struct ferry_cli_command {
-	const char *name;
-	const char *summary;
-	int (*run)(int argc, char **argv); /* argv[0] is the subcommand's name */
-};
+#include "opts.h"
 
 /* Defined in cli/main.c: the table, NULL-name terminated. */
 extern const struct ferry_cli_command ferry_cli_commands[];
 
-int ferry_cmd_bench(int argc, char **argv);  /* cli/bench.c */
-int ferry_cmd_doctor(int argc, char **argv); /* cli/doctor.c */
+int ferry_cmd_bench(int argc, char **argv);        /* cli/bench.c */
+int ferry_cmd_doctor(int argc, char **argv);       /* cli/doctor.c */
 int ferry_cmd_pack(int argc, char **argv);         /* cli/pack.c */
 int ferry_cmd_loader_bench(int argc, char **argv); /* cli/loader_bench.c */
-int ferry_cmd_top(int argc, char **argv);    /* cli/top.c */
-int ferry_cmd_ckpt(int argc, char **argv);   /* cli/ckpt.c */
+int ferry_cmd_top(int argc, char **argv);          /* cli/top.c */
+int ferry_cmd_ckpt(int argc, char **argv);         /* cli/ckpt.c */
+int ferry_cmd_ckpt_bench(int argc, char **argv);   /* cli/ckpt_bench.c: ferry ckpt bench */
 
 #endif

@@ -1,5 +1,5 @@
 /* ferry doctor: check the machine and the storage under the given paths. */
-#include <getopt.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,23 +9,37 @@
 #include "ferry/ferry.h"
 #include "ferry_tools.h"
 
-static void usage(FILE *out)
-{
-	fprintf(out,
-		"usage: ferry doctor [--json] [--no-color] [--verbose] [--root DIR] [PATH ...]\n"
-		"\n"
-		"Checks the machine, and the storage under each PATH, against the tuning checklist\n"
-		"(docs/DOCTOR.md). Never changes the machine; the O_DIRECT check creates and removes one\n"
-		"4 KiB temporary file in a writable directory PATH.\n"
-		"\n"
-		"  --json       one JSON object: schema_version, host, checks[]\n"
-		"  --no-color   no colour even on a terminal (NO_COLOR does the same)\n"
-		"  --verbose    show expected value and source for every check, not only problems\n"
-		"  --root DIR   read a fixture tree: DIR/sys, DIR/proc, DIR/run, DIR/etc stand for\n"
-		"               /sys, /proc, /run, /etc (PATHs are then resolved through DIR/proc/self/mountinfo)\n"
-		"\n"
-		"exit status: 0 nothing failed, 1 a check failed, 2 usage error\n");
-}
+struct doctor_opts {
+	int json, no_color, verbose;
+	const char *root;
+};
+
+#define DO(f) offsetof(struct doctor_opts, f)
+
+static const struct cli_opt rows[] = {
+	{.name = "json", .letter = 'j', .kind = CLI_FLAG, .off = DO(json),
+	 .help = "one JSON object: schema_version, host, checks[]"},
+	{.name = "no-color", .letter = 'C', .kind = CLI_FLAG, .off = DO(no_color),
+	 .help = "no colour even on a terminal (NO_COLOR does the same)"},
+	{.name = "no-colour", .kind = CLI_FLAG, .off = DO(no_color), .flags = CLI_HIDDEN},
+	{.name = "verbose", .letter = 'v', .kind = CLI_FLAG, .off = DO(verbose),
+	 .help = "show expected value and source for every check, not only problems"},
+	{.name = "root", .letter = 'r', .kind = CLI_STR, .off = DO(root), .arg = "DIR",
+	 .help = "read a fixture tree: DIR/sys, DIR/proc, DIR/run, DIR/etc stand for /sys, /proc, /run,\n"
+		 "/etc (PATHs are then resolved through DIR/proc/self/mountinfo)"},
+	{.name = NULL},
+};
+
+static const struct cli_cmd cmd = {
+	.name = "doctor",
+	.synopsis = "ferry doctor [--json] [--no-color] [--verbose] [--root DIR] [PATH ...]",
+	.about = "Checks the machine, and the storage under each PATH, against the tuning checklist\n"
+		 "(docs/DOCTOR.md). Never changes the machine; the O_DIRECT check creates and removes one\n"
+		 "4 KiB temporary file in a writable directory PATH.",
+	.opts = rows,
+	.footer = "exit status: 0 nothing failed, 1 a check failed, 2 usage error",
+	.max_args = -1,
+};
 
 static const char *color_of(const char *verdict)
 {
@@ -86,35 +100,22 @@ static void print_table(ferry_report *r, int color, int verbose)
 
 int ferry_cmd_doctor(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"json", no_argument, NULL, 'j'},	{"no-color", no_argument, NULL, 'C'},
-		{"no-colour", no_argument, NULL, 'C'},	{"verbose", no_argument, NULL, 'v'},
-		{"root", required_argument, NULL, 'r'}, {"help", no_argument, NULL, 'h'},
-		{NULL, 0, NULL, 0},
-	};
-	int json = 0, color = isatty(STDOUT_FILENO), verbose = 0, c;
+	struct doctor_opts o = {0};
+	struct cli_args a = {0};
+	int rc = cli_parse(&cmd, &o, argc, argv, &a);
+	if (rc != CLI_CONTINUE)
+		return rc;
+	int json = o.json, verbose = o.verbose, color = isatty(STDOUT_FILENO) && !o.no_color;
 	const char *nc = getenv("NO_COLOR");
 	if (nc && *nc)
 		color = 0;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "jCvr:h", opts, NULL)) != -1) {
-		switch (c) {
-		case 'j': json = 1; break;
-		case 'C': color = 0; break;
-		case 'v': verbose = 1; break;
-		case 'r':
-			if (set_root("FERRY_SYSFS_ROOT", optarg, "sys") || set_root("FERRY_PROCFS_ROOT", optarg, "proc") ||
-			    set_root("FERRY_RUN_ROOT", optarg, "run") || set_root("FERRY_ETC_ROOT", optarg, "etc")) {
-				perror("ferry doctor: setenv");
-				return 2;
-			}
-			break;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
-		}
+	if (o.root && (set_root("FERRY_SYSFS_ROOT", o.root, "sys") || set_root("FERRY_PROCFS_ROOT", o.root, "proc") ||
+		       set_root("FERRY_RUN_ROOT", o.root, "run") || set_root("FERRY_ETC_ROOT", o.root, "etc"))) {
+		perror("ferry doctor: setenv");
+		return 2;
 	}
 	ferry_report *r = NULL;
-	int err = ferry_doctor_run((const char *const *)(argv + optind), (size_t)(argc - optind), &r);
+	int err = ferry_doctor_run((const char *const *)a.argv, (size_t)a.argc, &r);
 	if (err) {
 		fprintf(stderr, "ferry doctor: %s (%s)\n", ferry_strerror(err), ferry_last_error());
 		return 1;

@@ -5,6 +5,7 @@
  * is the GPU-starvation figure: the share of time the "GPU" waited for data.
  */
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,11 @@ struct run {
 	double steps, reads, wait_share, proc_cpu_s, inline_reads;
 };
 
-static const char *knobs[] = {"batch_size", "seq_len", "order", "block", "threads", "prefetch", "device",
-			      "world_size", "rank", "seed", "merge_gap", "epoch", "inline_cached", NULL};
+/* The loader's knobs this command passes on (ferry_loader_set validates them); --batch-size sets
+ * batch_size. The options struct holds their values in this order. */
+static const char *const knobs[] = {"batch_size", "seq_len", "order", "block", "threads", "prefetch", "device",
+				    "world_size", "rank", "seed", "merge_gap", "epoch", "inline_cached", NULL};
+enum { NKNOBS = sizeof(knobs) / sizeof(knobs[0]) - 1 };
 
 /* CPU seconds of the whole process: pipeline threads, the engine's workers, io_uring's io-wq
  * threads (they count as the process's), and this consumer. */
@@ -39,7 +43,14 @@ static double proc_cpu_s(void)
 	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
-static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_t step_ns, struct run *r)
+/* The names asked for are ferry_loader_metric_names(): none is unknown. */
+static double metric(ferry_loader *l, const char *name)
+{
+	double v = 0;
+	return ferry_loader_metric(l, name, &v) < 0 ? 0 : v;
+}
+
+static int one_run(ferry_dataset *ds, const char *const *vals, double seconds, uint64_t step_ns, struct run *r)
 {
 	ferry_loader *l;
 	if (ferry_loader_create(ds, &l))
@@ -78,83 +89,76 @@ static int one_run(ferry_dataset *ds, const char **vals, double seconds, uint64_
 	double el = (double)(now_ns() - t0) / 1e9;
 	r->proc_cpu_s = proc_cpu_s() - c0;
 	r->seconds = el;
-	r->inline_reads = ferry_loader_metric(l, "inline_reads");
-	r->samples_per_s = ferry_loader_metric(l, "samples_per_s");
-	r->bytes_per_s = ferry_loader_metric(l, "bytes_per_s");
-	r->wait_total = ferry_loader_metric(l, "wait_total_ns") / 1e9;
-	r->wait_p50 = ferry_loader_metric(l, "wait_p50_ns") / 1e3;
-	r->wait_p99 = ferry_loader_metric(l, "wait_p99_ns") / 1e3;
-	r->wait_max = ferry_loader_metric(l, "wait_max_ns") / 1e3;
-	r->cpu_s = ferry_loader_metric(l, "cpu_ns") / 1e9;
-	r->steps = ferry_loader_metric(l, "steps");
-	r->reads = ferry_loader_metric(l, "reads");
+	r->inline_reads = metric(l, "inline_reads");
+	r->samples_per_s = metric(l, "samples_per_s");
+	r->bytes_per_s = metric(l, "bytes_per_s");
+	r->wait_total = metric(l, "wait_total_ns") / 1e9;
+	r->wait_p50 = metric(l, "wait_p50_ns") / 1e3;
+	r->wait_p99 = metric(l, "wait_p99_ns") / 1e3;
+	r->wait_max = metric(l, "wait_max_ns") / 1e3;
+	r->cpu_s = metric(l, "cpu_ns") / 1e9;
+	r->steps = metric(l, "steps");
+	r->reads = metric(l, "reads");
 	r->wait_share = el > 0 ? r->wait_total / el : 0;
 	(void)busy;
 	ferry_loader_destroy(l);
 	return 0;
 }
 
-static void usage(FILE *f)
-{
-	fprintf(f, "usage: ferry loader-bench DATASET [options]\n"
-		   "  --batch-size N  --seq-len N (token windows; 0: whole samples)  --order sequential|shuffle|block\n"
-		   "  --block N  --threads N  --prefetch N  --device cpu|N  --world-size N --rank N --seed N\n"
-		   "  --merge-gap BYTES  --inline-cached 0|1  --seconds S (per run, default 10)\n"
-		   "  --step-fraction F  also run with a synthetic step needing F of the peak rate (e.g. 0.8)\n"
-		   "  --name NAME        label of the TABLE lines   --json  one JSON object\n");
-}
+struct lb_opts {
+	const char *knob[NKNOBS]; /* NULL: the loader's default */
+	double seconds, frac;
+	const char *name;
+	int json;
+};
+
+#define LB(f) offsetof(struct lb_opts, f)
+#define KNOB(nm, i, a, h) {.name = nm, .kind = CLI_STR, .off = LB(knob[i]), .arg = a, .help = h}
+
+static const struct cli_opt rows[] = {
+	KNOB("batch-size", 0, "N", "samples per batch (default 1)"),
+	KNOB("seq-len", 1, "N", "token windows of N over the concatenated samples (default 0: whole samples)"),
+	KNOB("order", 2, "sequential|shuffle|block", "the sample order (default sequential)"),
+	KNOB("block", 3, "N", "samples per block of --order block (default 256)"),
+	KNOB("threads", 4, "N", "pipeline threads (default 1)"),
+	KNOB("prefetch", 5, "N", "batches kept ready (default 4)"),
+	KNOB("device", 6, "cpu|N", "host memory, or CUDA device N"),
+	KNOB("world-size", 7, "N", "ranks sharing the dataset (default 1)"),
+	KNOB("rank", 8, "N", "this rank (default 0)"),
+	KNOB("seed", 9, "N", "seed of the shuffles (default 0)"),
+	KNOB("merge-gap", 10, "BYTES", "reads this close are merged into one (default 0)"),
+	KNOB("epoch", 11, "N", "first epoch (default 0)"),
+	KNOB("inline-cached", 12, "0|1", "read page-cache-resident samples inline (docs/CONFIG.md)"),
+	{.name = "seconds", .kind = CLI_TIME, .off = LB(seconds), .arg = "S", .help = "per run (default 10)"},
+	{.name = "step-fraction", .kind = CLI_DOUBLE, .off = LB(frac), .arg = "F", .max = 10,
+	 .help = "also run with a synthetic step needing F of the peak rate (e.g. 0.8)"},
+	{.name = "name", .kind = CLI_STR, .off = LB(name), .arg = "NAME", .help = "label of the TABLE lines (default ferry)"},
+	{.name = "json", .kind = CLI_FLAG, .off = LB(json), .help = "one JSON object"},
+	{.name = NULL},
+};
+
+static const struct cli_cmd cmd = {
+	.name = "loader-bench",
+	.synopsis = "ferry loader-bench DATASET [options]",
+	.about = "Runs the loader over DATASET for --seconds and reports samples/s, bytes/s, CPU time and how\n"
+		 "long the consumer waited per step. docs/DATA.md describes the loader's knobs.",
+	.opts = rows,
+	.max_args = 1,
+};
 
 int ferry_cmd_loader_bench(int argc, char **argv)
 {
-	const char *vals[sizeof(knobs) / sizeof(knobs[0])] = {0};
-	const char *path = NULL, *name = "ferry";
-	double seconds = 10, frac = 0;
-	int json = 0;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-			usage(stdout);
-			return 0;
-		}
-		if (!strcmp(a, "--json")) {
-			json = 1;
-			continue;
-		}
-		if (strncmp(a, "--", 2)) {
-			path = a;
-			continue;
-		}
-		if (i + 1 >= argc) {
-			fprintf(stderr, "ferry loader-bench: %s needs a value\n", a);
-			return 2;
-		}
-		const char *v = argv[++i];
-		char key[64];
-		snprintf(key, sizeof(key), "%s", a + 2);
-		for (char *c = key; *c; c++)
-			if (*c == '-')
-				*c = '_';
-		int found = 0;
-		for (int k = 0; knobs[k]; k++)
-			if (!strcmp(key, knobs[k]))
-				vals[k] = v, found = 1;
-		if (found)
-			continue;
-		if (!strcmp(key, "seconds"))
-			seconds = atof(v);
-		else if (!strcmp(key, "step_fraction"))
-			frac = atof(v);
-		else if (!strcmp(key, "name"))
-			name = v;
-		else {
-			fprintf(stderr, "ferry loader-bench: unknown option %s\n", a);
-			return 2;
-		}
-	}
-	if (!path || seconds <= 0 || frac < 0 || frac >= 10) {
-		usage(stderr);
-		return 2;
-	}
+	struct lb_opts o = {.seconds = 10, .name = "ferry"};
+	struct cli_args a = {0};
+	int rc = cli_parse(&cmd, &o, argc, argv, &a);
+	if (rc != CLI_CONTINUE)
+		return rc;
+	if (!a.argc)
+		return cli_usage_error(&cmd, &a, "no DATASET given");
+	const char *path = a.argv[0], *name = o.name;
+	const char *const *vals = o.knob;
+	double seconds = o.seconds, frac = o.frac;
+	int json = o.json;
 	ferry_ctx *ctx;
 	ferry_dataset *ds;
 	if (ferry_ctx_create(&ctx) || ferry_dataset_open(ctx, path, &ds)) {
@@ -162,7 +166,7 @@ int ferry_cmd_loader_bench(int argc, char **argv)
 		return 1;
 	}
 	struct run peak, fed = {0};
-	int rc = one_run(ds, vals, seconds, 0, &peak);
+	rc = one_run(ds, vals, seconds, 0, &peak);
 	uint64_t step_ns = 0;
 	if (!rc && frac > 0 && peak.steps > 0) {
 		double steps_per_s = peak.steps / peak.seconds;

@@ -28,8 +28,7 @@ const struct ferry_cli_command ferry_cli_commands[] = {
 static void usage(FILE *out)
 {
 	fprintf(out, "usage: ferry <command> [options]\n\ncommands:\n");
-	for (const struct ferry_cli_command *c = ferry_cli_commands; c->name; c++)
-		fprintf(out, "  %-10s %s\n", c->name, c->summary);
+	cli_list_commands(out, ferry_cli_commands);
 	fprintf(out, "\n'ferry <command> --help' describes a command's options.\n");
 }
 
@@ -45,9 +44,5 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "--version"))
 		return cmd_version(0, NULL);
-	for (const struct ferry_cli_command *c = ferry_cli_commands; c->name; c++)
-		if (!strcmp(argv[1], c->name))
-			return c->run(argc - 1, argv + 1);
-	fprintf(stderr, "ferry: unknown command '%s' (try 'ferry --help')\n", argv[1]);
-	return 2;
+	return cli_dispatch("ferry", ferry_cli_commands, argc, argv);
 }

@@ -9,6 +9,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,27 +52,6 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_size(const char *s, uint64_t *out)
-{
-	char *end;
-	double v = strtod(s, &end);
-	if (end == s || v < 0)
-		return -1;
-	uint64_t m = 1;
-	switch (*end) {
-	case 'k': case 'K': m = 1ull << 10; end++; break;
-	case 'm': case 'M': m = 1ull << 20; end++; break;
-	case 'g': case 'G': m = 1ull << 30; end++; break;
-	case 't': case 'T': m = 1ull << 40; end++; break;
-	}
-	if (*end == 'i' || *end == 'b' || *end == 'B')
-		end++;
-	if (*end)
-		return -1;
-	*out = (uint64_t)(v * (double)m);
-	return 0;
 }
 
 static int add_src(struct pack *p, const char *path)
@@ -144,9 +124,9 @@ static int walk(struct pack *p, const char *dir)
 static int npy_dtype(const char *descr)
 {
 	static const struct { const char *d; int t; } map[] = {
-		{"u1", FERRY_ELEM_UINT8}, {"i1", FERRY_ELEM_INT8}, {"i2", FERRY_ELEM_INT16},
-		{"u2", FERRY_ELEM_UINT16}, {"i4", FERRY_ELEM_INT32}, {"i8", FERRY_ELEM_INT64},
-		{"f4", FERRY_ELEM_FLOAT32}, {"f8", FERRY_ELEM_FLOAT64},
+		{"u1", FERRY_DT_U8}, {"i1", FERRY_DT_I8}, {"i2", FERRY_DT_I16},
+		{"u2", FERRY_DT_U16}, {"i4", FERRY_DT_I32}, {"i8", FERRY_DT_I64},
+		{"f4", FERRY_DT_F32}, {"f8", FERRY_DT_F64},
 	};
 	if ((descr[0] != '<' && descr[0] != '|' && descr[0] != '=') )
 		return -1;
@@ -196,7 +176,7 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	int dt = npy_dtype(d);
 	if (p->dtype >= 0 && p->dtype != dt) {
 		fprintf(stderr, "ferry pack: %s: dtype %s differs from the other inputs' %s\n", path,
-			ferry_elem_name(dt), ferry_elem_name(p->dtype));
+			ferry_dtype_numpy_name(dt), ferry_dtype_numpy_name(p->dtype));
 		return -1;
 	}
 	p->dtype = dt;
@@ -206,7 +186,7 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 		fprintf(stderr, "ferry pack: %s: unsupported shape\n", path);
 		return -1;
 	}
-	uint64_t es = ferry_elem_size(dt), data = start + hl;
+	uint64_t es = (uint64_t)ferry_dtype_bits(dt) / 8, data = start + hl;
 	uint64_t rows = dims == 2 ? a : 1, cols = dims == 2 ? b : a;
 	if (data + rows * cols * es > size) {
 		fprintf(stderr, "ferry pack: %s: truncated .npy (%llu bytes of data expected)\n", path,
@@ -268,9 +248,9 @@ static int scan(struct pack *p)
 		else if (in == IN_JSONL)
 			rc = scan_jsonl(p, (uint32_t)si, s->fd, size);
 		else {
-			if (in == IN_RAW && size % ferry_elem_size(p->dtype)) {
+			if (in == IN_RAW && size % ((uint64_t)ferry_dtype_bits(p->dtype) / 8)) {
 				fprintf(stderr, "ferry pack: %s: %llu bytes is not a whole number of %s\n", s->path,
-					(unsigned long long)size, ferry_elem_name(p->dtype));
+					(unsigned long long)size, ferry_dtype_numpy_name(p->dtype));
 				return -1;
 			}
 			rc = add_sample(p, (uint32_t)si, 0, size);
@@ -342,132 +322,84 @@ static void progress(uint64_t done, uint64_t total, double t0, int final)
 		total / 1048576.0, el > 0 ? done / 1048576.0 / el : 0, final ? "\n" : "");
 }
 
-static void usage(FILE *f)
-{
-	fprintf(f,
-		"usage: ferry pack [options] -o OUT INPUT...\n"
-		"Packs files, directories (walked in name order), JSON Lines (.jsonl: a sample per line) or\n"
-		"token arrays (.npy: 1-D one sample, 2-D a sample per row; raw: --input raw --dtype T) into\n"
-		"ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).\n\n"
-		"  -o, --output PATH      output directory (ferry) or prefix (megatron)\n"
-		"  --format ferry|megatron\n"
-		"  --input auto|files|jsonl|npy|raw   how to read INPUTs (auto: by extension)\n"
-		"  --dtype T              element type (raw inputs; uint16, int32, ...)\n"
-		"  --shard-size SIZE      bytes per shard (default 1g; samples never straddle shards)\n"
-		"  --keys                 store each sample's source (file name, file:line) as its key\n"
-		"  --threads N            copying threads (default: number of CPUs)\n"
-		"  --json                 print the summary as JSON\n"
-		"  -q, --quiet            no progress bar\n");
-}
+struct pack_opts {
+	const char *out, *dtype;
+	int kind, in, keys, json, quiet, threads;
+	uint64_t shard_size;
+};
 
-static int pack_main(int argc, char **argv, char **inputs);
+static const struct cli_choice formats[] = {
+	{"ferry", FERRY_WRITE_FERRY, 0}, {"megatron", FERRY_WRITE_MEGATRON, 0}, {NULL, 0, 0}};
+static const struct cli_choice input_kinds[] = {
+	{"auto", IN_AUTO, 0}, {"files", IN_FILES, 0}, {"jsonl", IN_JSONL, 0},
+	{"npy", IN_NPY, 0},   {"raw", IN_RAW, 0},     {NULL, 0, 0},
+};
+
+#define PO(f) offsetof(struct pack_opts, f)
+
+static const struct cli_opt rows[] = {
+	{.name = "output", .letter = 'o', .kind = CLI_STR, .off = PO(out), .arg = "PATH",
+	 .help = "output directory (ferry) or prefix (megatron)"},
+	{.name = "format", .kind = CLI_CHOICE, .off = PO(kind), .choices = formats, .help = "what to write (default ferry)"},
+	{.name = "input", .kind = CLI_CHOICE, .off = PO(in), .choices = input_kinds,
+	 .help = "how to read INPUTs (default auto: by extension)"},
+	{.name = "dtype", .kind = CLI_STR, .off = PO(dtype), .arg = "T", .help = "element type (raw inputs; uint16, int32, ...)"},
+	{.name = "shard-size", .kind = CLI_SIZE, .off = PO(shard_size), .arg = "SIZE", .min = 1,
+	 .help = "bytes per shard (default 1g; samples never straddle shards)"},
+	{.name = "keys", .kind = CLI_FLAG, .off = PO(keys),
+	 .help = "store each sample's source (file name, file:line) as its key"},
+	{.name = "threads", .kind = CLI_INT, .off = PO(threads), .arg = "N", .min = 1, .max = 1024,
+	 .help = "copying threads (default: number of CPUs)"},
+	{.name = "json", .kind = CLI_FLAG, .off = PO(json), .help = "print the summary as JSON"},
+	{.name = "quiet", .letter = 'q', .kind = CLI_FLAG, .off = PO(quiet), .help = "no progress bar"},
+	{.name = NULL},
+};
+
+static const struct cli_cmd cmd = {
+	.name = "pack",
+	.synopsis = "ferry pack [options] -o OUT INPUT...",
+	.about = "Packs files, directories (walked in name order), JSON Lines (.jsonl: a sample per line) or\n"
+		 "token arrays (.npy: 1-D one sample, 2-D a sample per row; raw: --input raw --dtype T) into\n"
+		 "ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).",
+	.opts = rows,
+	.max_args = -1,
+};
+
+static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs);
 
 int ferry_cmd_pack(int argc, char **argv)
 {
-	/* the input list outlives every early return of the option parsing */
-	char **inputs = calloc((size_t)argc + 1, sizeof(char *));
-	if (!inputs) {
-		fprintf(stderr, "ferry pack: out of memory\n");
-		return 1;
-	}
-	int rc = pack_main(argc, argv, inputs);
-	free(inputs);
-	return rc;
-}
-
-static int pack_main(int argc, char **argv, char **inputs)
-{
-	struct pack p = {.dtype = -1};
-	pthread_mutex_init(&p.mu, NULL);
-	const char *out = NULL, *dtype = NULL;
-	int kind = FERRY_WRITE_FERRY, json = 0, quiet = 0;
-	uint64_t shard_size = 0;
-	long threads = sysconf(_SC_NPROCESSORS_ONLN);
-	int ninputs = 0;
-	for (int i = 1; i < argc; i++) {
-		const char *a = argv[i];
-		char *eq = strchr(a, '=');
-		char name[64] = "";
-		const char *val = NULL;
-		if (!strncmp(a, "--", 2) && eq && eq - a < 60) {
-			memcpy(name, a, (size_t)(eq - a));
-			val = eq + 1;
-		} else {
-			snprintf(name, sizeof(name), "%s", a);
-		}
-#define VAL() (val ? val : (i + 1 < argc ? argv[++i] : (fprintf(stderr, "ferry pack: %s needs a value\n", name), (char *)NULL)))
-		if (!strcmp(name, "-h") || !strcmp(name, "--help")) {
-			usage(stdout);
-			return 0;
-		} else if (!strcmp(name, "-o") || !strcmp(name, "--output")) {
-			if (!(out = VAL()))
-				return 2;
-		} else if (!strcmp(name, "--format")) {
-			const char *v = VAL();
-			if (!v)
-				return 2;
-			if (!strcmp(v, "megatron"))
-				kind = FERRY_WRITE_MEGATRON;
-			else if (strcmp(v, "ferry")) {
-				fprintf(stderr, "ferry pack: --format %s: ferry or megatron\n", v);
-				return 2;
-			}
-		} else if (!strcmp(name, "--input")) {
-			const char *v = VAL();
-			static const char *names[] = {"auto", "files", "jsonl", "npy", "raw"};
-			int k = -1;
-			for (int j = 0; v && j < 5; j++)
-				if (!strcmp(v, names[j]))
-					k = j;
-			if (k < 0) {
-				fprintf(stderr, "ferry pack: --input %s: auto, files, jsonl, npy or raw\n", v ? v : "");
-				return 2;
-			}
-			p.in = k;
-		} else if (!strcmp(name, "--dtype")) {
-			if (!(dtype = VAL()))
-				return 2;
-		} else if (!strcmp(name, "--shard-size")) {
-			const char *v = VAL();
-			if (!v || parse_size(v, &shard_size) || !shard_size) {
-				fprintf(stderr, "ferry pack: --shard-size %s: a size like 1g, 256m\n", v ? v : "");
-				return 2;
-			}
-		} else if (!strcmp(name, "--threads")) {
-			const char *v = VAL();
-			if (!v || (threads = strtol(v, NULL, 10)) < 1 || threads > 1024) {
-				fprintf(stderr, "ferry pack: --threads %s: 1..1024\n", v ? v : "");
-				return 2;
-			}
-		} else if (!strcmp(name, "--keys")) {
-			p.keys = 1;
-		} else if (!strcmp(name, "--json")) {
-			json = 1;
-		} else if (!strcmp(name, "-q") || !strcmp(name, "--quiet")) {
-			quiet = 1;
-		} else if (a[0] == '-' && a[1]) {
-			fprintf(stderr, "ferry pack: unknown option %s (try --help)\n", a);
-			return 2;
-		} else {
-			inputs[ninputs++] = argv[i];
-		}
-#undef VAL
-	}
-	if (!out || !ninputs) {
-		fprintf(stderr, "ferry pack: %s\n", !out ? "-o OUT is required" : "no INPUT given");
-		usage(stderr);
-		return 2;
-	}
-	if (dtype) {
-		p.dtype = ferry_elem_from_name(dtype);
-		if (p.dtype < 0) {
+	struct pack_opts o = {.kind = FERRY_WRITE_FERRY, .in = IN_AUTO};
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	o.threads = ncpu < 1 ? 1 : ncpu > 1024 ? 1024 : (int)ncpu;
+	struct cli_args a = {0};
+	int rc = cli_parse(&cmd, &o, argc, argv, &a);
+	if (rc != CLI_CONTINUE)
+		return rc;
+	if (!o.out || !a.argc)
+		return cli_usage_error(&cmd, &a, "%s", !o.out ? "-o OUT is required" : "no INPUT given");
+	int dtype = -1;
+	if (o.dtype) {
+		enum ferry_dtype dt;
+		if (ferry_dtype_from_numpy_name(o.dtype, &dt) < 0) {
 			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
 			return 2;
 		}
-	} else if (p.in == IN_RAW) {
-		fprintf(stderr, "ferry pack: --input raw needs --dtype\n");
-		return 2;
+		dtype = dt;
+	} else if (o.in == IN_RAW) {
+		return cli_usage_error(&cmd, &a, "--input raw needs --dtype");
 	}
+	return pack_run(&o, dtype, a.argv, a.argc);
+}
+
+static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs)
+{
+	struct pack p = {.dtype = dtype, .in = o->in, .keys = o->keys};
+	pthread_mutex_init(&p.mu, NULL);
+	const char *out = o->out;
+	int kind = o->kind, json = o->json, quiet = o->quiet;
+	uint64_t shard_size = o->shard_size;
+	long threads = o->threads;
 	double t0 = now_s();
 	for (int i = 0; i < ninputs; i++) {
 		struct stat st;
@@ -481,7 +413,7 @@ static int pack_main(int argc, char **argv, char **inputs)
 	if (scan(&p))
 		return 1;
 	if (p.dtype < 0)
-		p.dtype = FERRY_ELEM_BYTES;
+		p.dtype = FERRY_DT_BYTES;
 	ferry_ctx *ctx;
 	if (ferry_ctx_create(&ctx)) {
 		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
@@ -555,15 +487,15 @@ static int pack_main(int argc, char **argv, char **inputs)
 	ferry_dataset_writer_destroy(p.w);
 	ferry_ctx_destroy(ctx);
 	const char *fmt = kind == FERRY_WRITE_MEGATRON ? "megatron" : "ferry";
-	int odt = kind == FERRY_WRITE_MEGATRON && p.dtype == FERRY_ELEM_BYTES ? FERRY_ELEM_UINT8 : p.dtype;
+	int odt = kind == FERRY_WRITE_MEGATRON && p.dtype == FERRY_DT_BYTES ? FERRY_DT_U8 : p.dtype;
 	if (json)
 		printf("{\"format\": \"%s\", \"output\": \"%s\", \"samples\": %" PRIu64 ", \"bytes\": %" PRIu64
 		       ", \"shards\": %d, \"dtype\": \"%s\", \"inputs\": %zu, \"seconds\": %.3f, \"bytes_per_s\": %.0f}\n",
-		       fmt, out, p.n, p.bytes, nshards, ferry_elem_name(odt), p.nsrc, el,
+		       fmt, out, p.n, p.bytes, nshards, ferry_dtype_numpy_name(odt), p.nsrc, el,
 		       el > 0 ? p.bytes / el : 0);
 	else
 		printf("packed %" PRIu64 " samples (%.1f MiB, %s) from %zu inputs into %d %s in %.2f s "
-		       "(%.0f MiB/s): %s\n", p.n, p.bytes / 1048576.0, ferry_elem_name(odt), p.nsrc, nshards,
+		       "(%.0f MiB/s): %s\n", p.n, p.bytes / 1048576.0, ferry_dtype_numpy_name(odt), p.nsrc, nshards,
 		       kind == FERRY_WRITE_MEGATRON ? "file (.bin/.idx)" : nshards == 1 ? "shard" : "shards",
 		       el, el > 0 ? p.bytes / 1048576.0 / el : 0, out);
 	for (size_t i = 0; i < p.nsrc; i++) {

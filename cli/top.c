@@ -2,11 +2,12 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,21 +31,35 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
-static void usage(FILE *out)
-{
-	fprintf(out,
-		"usage: ferry top [-i SECONDS] [--count N] [--json] [--prometheus [ADDR]]\n"
-		"\n"
-		"Live view: per block device MB/s, IOPS, latency and queue depth (/proc/diskstats), CPU busy,\n"
-		"iowait and softirq (/proc/stat), per GPU utilisation, memory and PCIe traffic (NVML), and\n"
-		"the ferry processes that publish their counters (docs/DOCTOR.md, 'ferry top').\n"
-		"\n"
-		"  -i, --interval SECONDS  refresh period, fractions allowed (default 1)\n"
-		"  -n, --count N           stop after N samples\n"
-		"      --json              one JSON object per sample per line\n"
-		"      --prometheus [ADDR] serve GET /metrics in Prometheus text format on ADDR\n"
-		"                          (default 127.0.0.1:9464; port 0 picks a free one)\n");
-}
+struct top_opts {
+	double interval;
+	int count, json;
+	const char *prometheus;
+};
+
+#define TO(f) offsetof(struct top_opts, f)
+
+static const struct cli_opt rows[] = {
+	{.name = "interval", .letter = 'i', .kind = CLI_DOUBLE, .off = TO(interval), .arg = "SECONDS", .min = 0.05,
+	 .max = 3600, .help = "refresh period, fractions allowed (default 1)"},
+	{.name = "count", .letter = 'n', .kind = CLI_INT, .off = TO(count), .arg = "N", .min = 1, .max = INT_MAX,
+	 .help = "stop after N samples"},
+	{.name = "json", .kind = CLI_FLAG, .off = TO(json), .help = "one JSON object per sample per line"},
+	{.name = "prometheus", .kind = CLI_STR, .off = TO(prometheus), .arg = "ADDR", .flags = CLI_OPTIONAL,
+	 .implicit = "127.0.0.1:9464",
+	 .help = "serve GET /metrics in Prometheus text format on ADDR\n(default 127.0.0.1:9464; port 0 picks a free one)"},
+	{.name = NULL},
+};
+
+static const struct cli_cmd cmd = {
+	.name = "top",
+	.synopsis = "ferry top [-i SECONDS] [--count N] [--json] [--prometheus [ADDR]]",
+	.about = "Live view: per block device MB/s, IOPS, latency and queue depth (/proc/diskstats), CPU busy,\n"
+		 "iowait and softirq (/proc/stat), per GPU utilisation, memory and PCIe traffic (NVML), and\n"
+		 "the ferry processes that publish their counters (docs/DOCTOR.md, 'ferry top').",
+	.opts = rows,
+	.max_args = 0,
+};
 
 static double now_s(void)
 {
@@ -326,51 +341,15 @@ static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
 
 int ferry_cmd_top(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{"interval", required_argument, NULL, 'i'}, {"count", required_argument, NULL, 'n'},
-		{"json", no_argument, NULL, 'j'},	    {"prometheus", optional_argument, NULL, 'p'},
-		{"help", no_argument, NULL, 'h'},	    {NULL, 0, NULL, 0},
-	};
-	double interval = 1.0;
-	long count = -1;
-	int json = 0, c;
-	const char *prom = NULL;
-	optind = 1;
-	while ((c = getopt_long(argc, argv, "i:n:h", opts, NULL)) != -1) {
-		char *end;
-		switch (c) {
-		case 'i':
-			interval = strtod(optarg, &end);
-			if (*end || !(interval >= 0.05 && interval <= 3600)) {
-				fprintf(stderr, "ferry top: -i takes seconds between 0.05 and 3600, not '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case 'n':
-			count = strtol(optarg, &end, 10);
-			if (*end || count < 1) {
-				fprintf(stderr, "ferry top: --count takes a positive number, not '%s'\n", optarg);
-				return 2;
-			}
-			break;
-		case 'j': json = 1; break;
-		case 'p':
-			/* --prometheus ADDR and --prometheus=ADDR both work; a following option is not an ADDR. */
-			if (optarg)
-				prom = optarg;
-			else if (optind < argc && argv[optind][0] != '-')
-				prom = argv[optind++];
-			else
-				prom = "127.0.0.1:9464";
-			break;
-		case 'h': usage(stdout); return 0;
-		default: usage(stderr); return 2;
-		}
-	}
-	if (optind < argc) {
-		fprintf(stderr, "ferry top: unexpected argument '%s'\n", argv[optind]);
-		return 2;
-	}
+	struct top_opts o = {.interval = 1.0, .count = -1};
+	struct cli_args a = {0};
+	int rc = cli_parse(&cmd, &o, argc, argv, &a);
+	if (rc != CLI_CONTINUE)
+		return rc;
+	double interval = o.interval;
+	long count = o.count;
+	int json = o.json;
+	const char *prom = o.prometheus;
 	int lfd = -1;
 	struct client cl[MAX_CLIENTS];
 	for (int i = 0; i < MAX_CLIENTS; i++)
@@ -379,8 +358,7 @@ int ferry_cmd_top(int argc, char **argv)
 		char shown[64];
 		lfd = listen_on(prom, shown, sizeof(shown));
 		if (lfd == -EINVAL) {
-			fprintf(stderr, "ferry top: --prometheus takes IPv4ADDR:PORT, not '%s'\n", prom);
-			return 2;
+			return cli_usage_error(&cmd, NULL, "--prometheus expects IPv4ADDR:PORT; got '%s'", prom);
 		}
 		if (lfd < 0) {
 			fprintf(stderr, "ferry top: cannot listen on %s: %s\n", prom, strerror(-lfd));
@@ -397,7 +375,8 @@ int ferry_cmd_top(int argc, char **argv)
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
-	int tty = isatty(STDOUT_FILENO), rc = 0;
+	int tty = isatty(STDOUT_FILENO);
+	rc = 0;
 	if (ferry_sampler_sample(s)) {
 		fprintf(stderr, "ferry top: %s\n", ferry_last_error());
 		ferry_sampler_destroy(s);

@@ -1,0 +1,290 @@
+/*
+ * ferry ckpt bench: save and load throughput of a transformer-shaped set of tensors, durable saves,
+ * asynchronous saves and loads into GPU or host memory.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "ferry/ckpt.h"
+#include "ferry/gpu.h"
+#include "ferry/safetensors.h"
+
+struct bench_opts {
+	const char *dir;
+	uint64_t size;
+	int device, host, cold, keep, json, loads, save_only, saves, phases;
+};
+
+#define BO(f) offsetof(struct bench_opts, f)
+
+static const struct cli_opt bench_rows[] = {
+	{.name = "dir", .kind = CLI_STR, .off = BO(dir), .arg = "DIR", .help = "where the file is written (default .)"},
+	{.name = "size", .kind = CLI_SIZE, .off = BO(size), .arg = "SIZE", .min = 1,
+	 .help = "bytes of tensors (default 1g; 8g is a 4B model in bf16)"},
+	{.name = "device", .kind = CLI_INT, .off = BO(device), .arg = "N", .max = 1024,
+	 .help = "tensors in the memory of GPU N (default: GPU 0 if there is one, else host memory)"},
+	{.name = "host", .kind = CLI_FLAG, .off = BO(host), .help = "tensors in host memory"},
+	{.name = "cold", .kind = CLI_FLAG, .off = BO(cold), .help = "drop the file's page cache before each load"},
+	{.name = "loads", .kind = CLI_INT, .off = BO(loads), .arg = "N", .min = 1, .max = 1000000,
+	 .help = "loads (default 3: the first and the best are reported)"},
+	{.name = "keep", .kind = CLI_FLAG, .off = BO(keep), .help = "keep the saved file"},
+	{.name = "json", .kind = CLI_FLAG, .off = BO(json), .help = "one JSON object instead of the TABLE lines"},
+	{.name = "save-only", .kind = CLI_FLAG, .off = BO(save_only),
+	 .help = "the durable saves alone: no asynchronous saves, no loads"},
+	{.name = "saves", .kind = CLI_INT, .off = BO(saves), .arg = "N", .min = 1, .max = 1000000,
+	 .help = "durable saves (default 2; the third and later each into a new file after the previous one\n"
+		 "is deleted and synced; the best of the second and later is reported)"},
+	{.name = "phases", .kind = CLI_FLAG, .off = BO(phases), .help = "a PHASES line per save: where its time went"},
+	{.name = NULL},
+};
+
+static const struct cli_cmd cmd = {
+	.name = "ckpt bench",
+	.synopsis = "ferry ckpt bench [options]",
+	.about = "Saves a Qwen3-4B-shaped set of bf16 tensors (durable, then asynchronous), loads it back, and\n"
+		 "prints TABLE lines: GB/s of each.",
+	.opts = bench_rows,
+	.max_args = 0,
+};
+
+struct btensor {
+	char name[96];
+	uint64_t shape[2];
+	int ndim;
+	size_t bytes;
+	void *p;
+};
+
+/* A Qwen3-4B-like decoder in bf16: hidden 2560, MLP 9728, vocab 151936, 36 layers (~8 GB). */
+static size_t make_set(struct btensor **out, uint64_t target)
+{
+	const uint64_t h = 2560, ffn = 9728, vocab = 151936, kv = 1024;
+	size_t n = 0, cap = 64;
+	struct btensor *t = malloc(cap * sizeof(*t));
+	uint64_t total = 0;
+#define ADD(nm, a, b)                                                                         \
+	do {                                                                                  \
+		if (n == cap)                                                                 \
+			t = realloc(t, (cap *= 2) * sizeof(*t));                              \
+		struct btensor *x = &t[n++];                                                  \
+		snprintf(x->name, sizeof(x->name), "%s", nm);                                 \
+		x->shape[0] = (a);                                                            \
+		x->shape[1] = (b);                                                            \
+		x->ndim = (b) ? 2 : 1;                                                        \
+		x->bytes = (size_t)((a) * ((b) ? (b) : 1) * 2);                               \
+		total += x->bytes;                                                            \
+	} while (0)
+	ADD("model.embed_tokens.weight", vocab, h);
+	char nm[96];
+	for (int l = 0; total < target || l == 0; l++) {
+		static const char *const names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+						    "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+		const uint64_t rows[] = {4096, kv, kv, h, ffn, ffn, h}, cols[] = {h, h, h, 4096, h, h, ffn};
+		for (int k = 0; k < 7; k++) {
+			snprintf(nm, sizeof(nm), "model.layers.%d.%s.weight", l, names[k]);
+			ADD(nm, rows[k], cols[k]);
+		}
+		snprintf(nm, sizeof(nm), "model.layers.%d.input_layernorm.weight", l);
+		ADD(nm, h, 0);
+		snprintf(nm, sizeof(nm), "model.layers.%d.post_attention_layernorm.weight", l);
+		ADD(nm, h, 0);
+	}
+	ADD("model.norm.weight", h, 0);
+#undef ADD
+	*out = t;
+	return n;
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void drop_cache(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	if (fd >= 0) {
+		fdatasync(fd);
+		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		close(fd);
+	}
+}
+
+/* The last save's statistics and seconds per phase, as one JSON object (bench/ckpt-save.py reads it). */
+static void print_phases(ferry_st_writer *w, const char *what, int rep, double gbps)
+{
+	printf("PHASES %s %d %.2f GB/s {", what, rep, gbps);
+	for (int i = 0; i < FERRY_SAVE_STAT__COUNT; i++)
+		printf("%s\"%s\":%llu", i ? "," : "", ferry_save_stat_name(i),
+		       (unsigned long long)ferry_st_writer_stat(w, i));
+	for (int i = 0; i < FERRY_SAVE_PHASE__COUNT; i++)
+		printf(",\"%s\":%.6f", ferry_save_phase_name(i), (double)ferry_st_writer_phase_ns(w, i) * 1e-9);
+	printf("}\n");
+}
+
+int ferry_cmd_ckpt_bench(int argc, char **argv)
+{
+	struct bench_opts o = {.dir = ".", .size = 1ull << 30, .device = -2, .loads = 3, .saves = 2};
+	struct cli_args a = {0};
+	int r = cli_parse(&cmd, &o, argc, argv, &a);
+	if (r != CLI_CONTINUE)
+		return r;
+	const char *dir = o.dir;
+	uint64_t size = o.size;
+	int dev = o.host ? -1 : o.device, cold = o.cold, keep = o.keep, json = o.json, loads = o.loads;
+	int save_only = o.save_only, saves = o.saves, phases = o.phases;
+	char why[256] = "";
+	if (dev == -2)
+		dev = ferry_gpu_available(why, sizeof(why)) ? 0 : -1;
+	ferry_ctx *ctx;
+	r = ferry_ctx_create(&ctx);
+	if (r) {
+		fprintf(stderr, "ferry ckpt bench: %s\n", ferry_last_error());
+		return 1;
+	}
+	struct btensor *t;
+	size_t n = make_set(&t, size);
+	uint64_t total = 0;
+	for (size_t i = 0; i < n && !r; i++) {
+		total += t[i].bytes;
+		if (dev >= 0) {
+			r = ferry_gpu_malloc(dev, t[i].bytes, &t[i].p);
+		} else {
+			t[i].p = ferry_alloc_aligned(t[i].bytes);
+			if (!t[i].p)
+				r = -ENOMEM;
+			else
+				for (size_t b = 0; b < t[i].bytes; b += 4096)
+					((char *)t[i].p)[b] = (char)(i + b);
+		}
+	}
+	char path[4096], path2[4200];
+	snprintf(path, sizeof(path), "%s/ferry-ckpt-bench-%d.safetensors", dir, (int)getpid());
+	snprintf(path2, sizeof(path2), "%s.second", path);
+	ferry_st_writer *w = NULL;
+	ferry_st_load *ld = NULL;
+	int sums = FERRY_SAVE_CHECKSUM;
+	const char *sum_note = "xxh3";
+	double t_save = 0, t_save2 = 0, t_async_block = 0, t_async = 0, t_load = 0, t_load_first = 0;
+	uint64_t st0[FERRY_STAT__COUNT], st1[FERRY_STAT__COUNT];
+	if (!r)
+		r = ferry_st_writer_create(ctx, &w);
+	for (size_t i = 0; i < n && !r; i++) {
+		int k = ferry_st_writer_add(w, t[i].name, FERRY_DT_BF16, t[i].ndim, t[i].shape, t[i].p, t[i].bytes);
+		r = k < 0 ? k : 0;
+	}
+	/* Twice, each into a new file: the first also pins the writer's slots (what one save_file
+	 * costs), the second reuses them (a training job's steady state). A new name each time: a
+	 * rename over an old file would add the file system's freeing of its blocks. */
+	for (int rep = 0; rep < saves && !r; rep++) {
+		if (rep > 1) /* a third save and later: a new file again, the previous one gone */
+			unlink(path2);
+		/* Untimed: the disk quiet first. With ext4's `discard` option the blocks of files deleted
+		 * just before (an earlier run's) are discarded at the next journal commit, which would
+		 * otherwise land inside this save. */
+		sync();
+		double t0 = now_s();
+		int64_t s = ferry_st_writer_save(w, rep ? path2 : path, sums);
+		double d = now_s() - t0;
+		if (!rep)
+			t_save = d;
+		else if (rep == 1 || d < t_save2)
+			t_save2 = d;
+		r = s < 0 ? (int)s : 0;
+		if (phases && !r)
+			print_phases(w, "save", rep, (double)total / 1e9 / d);
+	}
+	unlink(path2);
+	if (save_only) {
+		if (!r)
+			printf("TABLE ferry save (durable, %s) %s | %.2f GB/s | %.2f GB in %.3f s, %zu tensors; "
+			       "later saves (slots kept, best of %d) %.2f GB/s\n", sum_note, dev >= 0 ? "gpu" : "host",
+			       (double)total / 1e9 / t_save, (double)total / 1e9, t_save, n, saves - 1,
+			       t_save2 > 0 ? (double)total / 1e9 / t_save2 : 0.0);
+		else
+			fprintf(stderr, "ferry ckpt bench: %s: %s\n", ferry_strerror(r), ferry_last_error());
+		loads = 0;
+		goto out;
+	}
+	/* Twice: the first also allocates and pins the snapshot's memory, which later saves reuse. */
+	double t_async_first = 0;
+	for (int rep = 0; rep < 2 && !r; rep++) {
+		double t0 = now_s();
+		r = ferry_st_writer_save_async(w, path, sums);
+		t_async_block = now_s() - t0;
+		int64_t s = r ? r : ferry_st_writer_wait(w, -1);
+		t_async = now_s() - t0;
+		r = s < 0 ? (int)s : 0;
+		if (phases && !r)
+			print_phases(w, "async", rep, (double)total / 1e9 / t_async);
+		if (!rep)
+			t_async_first = t_async_block;
+	}
+	if (!r)
+		r = ferry_st_load_open(ctx, path, &ld);
+	/* Each load allocates its memory and reads the whole file as one transfer; the stats of the
+	 * last one say which path the engine took for its chunks. */
+	for (int rep = 0; rep < loads && !r; rep++) {
+		if (cold)
+			drop_cache(path);
+		for (int k = 0; k < FERRY_STAT__COUNT; k++)
+			st0[k] = ferry_ctx_stat(ctx, (enum ferry_stat)k);
+		double t0 = now_s();
+		r = ferry_st_load_run(ld, dev, 0, 0);
+		double d = now_s() - t0;
+		for (int k = 0; k < FERRY_STAT__COUNT; k++)
+			st1[k] = ferry_ctx_stat(ctx, (enum ferry_stat)k) - st0[k];
+		if (!rep)
+			t_load_first = d;
+		if (!rep || d < t_load)
+			t_load = d;
+	}
+	if (r)
+		fprintf(stderr, "ferry ckpt bench: %s: %s\n", ferry_strerror(r), ferry_last_error());
+	double gb = (double)total / 1e9;
+	const char *where = dev >= 0 ? "gpu" : "host";
+	if (!r && json) {
+		printf("{\"bytes\":%" PRIu64 ",\"tensors\":%zu,\"memory\":\"%s\",\"cold\":%d,\"save_s\":%.4f,"
+		       "\"save_second_s\":%.4f,\"checksums\":%d,\"async_blocked_s\":%.4f,\"async_first_blocked_s\":%.4f,"
+		       "\"async_total_s\":%.4f,\"load_s\":%.4f,\"load_first_s\":%.4f,\"loads\":%d,"
+		       "\"load_chunks\":{\"direct\":%" PRIu64 ",\"bounced\":%" PRIu64 ",\"buffered\":%" PRIu64
+		       ",\"cached\":%" PRIu64 ",\"all\":%" PRIu64 "}}\n",
+		       total, n, where, cold, t_save, t_save2, sums != 0, t_async_block, t_async_first, t_async, t_load,
+		       t_load_first, loads, st1[FERRY_STAT_DIRECT_CHUNKS], st1[FERRY_STAT_BOUNCED_CHUNKS],
+		       st1[FERRY_STAT_BUFFERED_CHUNKS], st1[FERRY_STAT_CACHED_CHUNKS], st1[FERRY_STAT_CHUNKS]);
+	} else if (!r) {
+		printf("TABLE ferry save (durable, %s) %s | %.2f GB/s | %.2f GB in %.3f s, %zu tensors; "
+		       "second save (slots kept) %.2f GB/s\n", sum_note, where, gb / t_save, gb, t_save, n, gb / t_save2);
+		printf("TABLE ferry async save blocked %s | %.3f s | %.2f GB/s snapshot; total %.3f s; first save blocked %.3f s\n",
+		       where, t_async_block, gb / t_async_block, t_async, t_async_first);
+		printf("TABLE ferry load %s%s | %.2f GB/s | best of %d, %.3f s; first %.3f s; chunks: %" PRIu64
+		       " direct, %" PRIu64 " bounced, %" PRIu64 " buffered, %" PRIu64 " cached\n",
+		       where, cold ? " cold" : " warm", gb / t_load, loads, t_load, t_load_first,
+		       st1[FERRY_STAT_DIRECT_CHUNKS], st1[FERRY_STAT_BOUNCED_CHUNKS], st1[FERRY_STAT_BUFFERED_CHUNKS],
+		       st1[FERRY_STAT_CACHED_CHUNKS]);
+	}
+out:
+	ferry_st_load_destroy(ld);
+	ferry_st_writer_destroy(w);
+	if (!keep)
+		unlink(path);
+	for (size_t i = 0; i < n; i++) {
+		if (dev >= 0)
+			(void)ferry_gpu_free(t[i].p);
+		else
+			ferry_free_aligned(t[i].p, t[i].bytes);
+	}
+	free(t);
+	ferry_ctx_destroy(ctx);
+	return r ? 1 : 0;
+}
