@@ -43,7 +43,7 @@ FERRY_API FERRY_WUR int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const ch
 /* The checkpoint's own knob names, NULL-terminated (ferry_ckpt_set also takes the writer's). */
 FERRY_API const char *const *ferry_ckpt_keys(void);
 /* Adds a tensor / metadata string to the next save (as ferry_st_writer_add / _metadata). */
-FERRY_API FERRY_WUR int ferry_ckpt_add(ferry_ckpt *ck, const char *name, int dtype, int ndim,
+FERRY_API FERRY_WUR int ferry_ckpt_add(ferry_ckpt *ck, const char *name, enum ferry_dtype dtype, int ndim,
 				       const uint64_t *shape, const void *data, size_t nbytes);
 FERRY_API FERRY_WUR int ferry_ckpt_metadata(ferry_ckpt *ck, const char *key, const char *value);
 /*
@@ -60,8 +60,9 @@ FERRY_API int ferry_ckpt_done(ferry_ckpt *ck);
 FERRY_API int ferry_ckpt_wait(ferry_ckpt *ck, int64_t timeout_ns);
 /* As ferry_st_writer_reserve, for this checkpoint's saves. */
 FERRY_API FERRY_WUR int64_t ferry_ckpt_reserve(ferry_ckpt *ck, uint64_t bytes, int device);
-/* As ferry_st_writer_stats, for the last save (with "ckpt.prepare": latest, the step's mkdir). */
-FERRY_API int ferry_ckpt_stats(ferry_ckpt *ck, char *buf, size_t len);
+/* As ferry_st_writer_stat and _phase_ns, for the last save (FERRY_PHASE_CKPT_PREPARE included). */
+FERRY_API uint64_t ferry_ckpt_stat(const ferry_ckpt *ck, enum ferry_save_stat which);
+FERRY_API uint64_t ferry_ckpt_phase_ns(const ferry_ckpt *ck, enum ferry_save_phase which);
 
 /* The step `latest` names, -ENOENT when there is none, FERRY_ECORRUPT when it is unreadable. */
 FERRY_API FERRY_WUR int64_t ferry_ckpt_latest(const char *dir);
@@ -79,6 +80,22 @@ FERRY_API FERRY_WUR int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64
  * steps older than latest, and DIR/recycle (the shards a save would write over). Returns the number
  * of directories removed or an error. */
 FERRY_API FERRY_WUR int ferry_ckpt_prune(const char *dir, int keep);
+
+/*
+ * The number of ranks that saved a committed step, read from its manifest (which must list as
+ * many shards). Returns it (>= 1), -ENOENT when the step has no manifest (not committed),
+ * FERRY_ECORRUPT for a manifest that breaks the format, or an I/O error.
+ */
+FERRY_API FERRY_WUR int ferry_ckpt_world(const char *dir, int64_t step);
+/*
+ * Where ferry_st_load_run(ld, device, flags, ...) puts entry i when no destination is set for
+ * it, for a caller that allocates the destinations itself and wants the same layout (one read
+ * per file): entries of one file that load whole share a region of *region_len bytes, and entry
+ * i lies at *offset in it; *file is the file. Returns 1 (in the region), 0 (an allocation of its
+ * own: a slice, or FERRY_LOAD_PER_TENSOR) or -EINVAL when there is no entry i.
+ */
+FERRY_API FERRY_WUR int ferry_st_load_place(ferry_st_load *ld, size_t i, int flags, size_t *file,
+					    uint64_t *offset, uint64_t *region_len);
 
 #ifdef __cplusplus
 }

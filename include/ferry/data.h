@@ -17,27 +17,11 @@
 extern "C" {
 #endif
 
-/* ----------------------------------------------------------------------------------- data types */
-
-/* Element types of a dataset's samples, numbered as Megatron's index numbers them (indexed_dataset.py
- * DType codes). Tensors in safetensors files have their own dtypes (safetensors.h, enum ferry_dtype). */
-enum ferry_elem {
-	FERRY_ELEM_BYTES = 0, /* opaque bytes (files, JSON lines): element size 1 */
-	FERRY_ELEM_UINT8 = 1,
-	FERRY_ELEM_INT8 = 2,
-	FERRY_ELEM_INT16 = 3,
-	FERRY_ELEM_INT32 = 4,
-	FERRY_ELEM_INT64 = 5,
-	FERRY_ELEM_FLOAT64 = 6,
-	FERRY_ELEM_FLOAT32 = 7,
-	FERRY_ELEM_UINT16 = 8,
-};
-/* Bytes per element (1 for BYTES), 0 for an unknown code. */
-FERRY_API size_t ferry_elem_size(int dtype);
-/* "uint16", "bytes", ...; "unknown" for an unknown code. NumPy's names where NumPy has one. */
-FERRY_API const char *ferry_elem_name(int dtype);
-/* Code for a name ("uint16", "u2", "int32", "i4", "bytes", ...), or FERRY_EBADOPT. */
-FERRY_API int ferry_elem_from_name(const char *name);
+/*
+ * Samples' element types are enum ferry_dtype (ferry.h): the ones Megatron's index can name
+ * (U8, I8, I16, U16, I32, I64, F32, F64) and FERRY_DT_BYTES; NumPy names them
+ * (ferry_dtype_numpy_name, ferry_dtype_from_numpy_name).
+ */
 
 /* -------------------------------------------------------------------------------------- samplers */
 
@@ -75,7 +59,7 @@ enum ferry_order {
  * FERRY_ORDER_BLOCK permutes the ceil(n / block) blocks with randperm(seed + epoch), then each
  * block's members with randperm(len, seed + epoch + 1 + block index). Returns 0 or -EINVAL.
  */
-FERRY_API FERRY_WUR int ferry_order_indices(uint64_t n, int order, uint64_t block, uint64_t seed,
+FERRY_API FERRY_WUR int ferry_order_indices(uint64_t n, enum ferry_order order, uint64_t block, uint64_t seed,
 					    uint64_t epoch, int64_t *out);
 
 /* --------------------------------------------------------------------------------------- datasets */
@@ -94,8 +78,8 @@ FERRY_API FERRY_WUR int ferry_dataset_open(ferry_ctx *ctx, const char *path, fer
 FERRY_API void ferry_dataset_destroy(ferry_dataset *ds);
 /* Samples (Megatron: sequences). */
 FERRY_API uint64_t ferry_dataset_count(const ferry_dataset *ds);
-/* Element type (enum ferry_elem). */
-FERRY_API int ferry_dataset_dtype(const ferry_dataset *ds);
+/* Element type of the samples. */
+FERRY_API enum ferry_dtype ferry_dataset_dtype(const ferry_dataset *ds);
 /* "ferry" or "megatron". */
 FERRY_API const char *ferry_dataset_format(const ferry_dataset *ds);
 /* Bytes of all samples together. */
@@ -129,8 +113,11 @@ FERRY_API FERRY_WUR int ferry_dataset_verify(ferry_dataset *ds);
 
 typedef struct ferry_dataset_writer ferry_dataset_writer;
 
-#define FERRY_WRITE_FERRY 0    /* shards + ferry.idx in a directory */
-#define FERRY_WRITE_MEGATRON 1 /* prefix.bin + prefix.idx (MMIDIDX version 1) */
+/* What a dataset writer writes. */
+enum ferry_dataset_kind {
+	FERRY_WRITE_FERRY = 0,    /* shards + ferry.idx in a directory */
+	FERRY_WRITE_MEGATRON = 1, /* prefix.bin + prefix.idx (MMIDIDX version 1) */
+};
 
 /*
  * A writer of a packed dataset. The caller first declares every sample's length (and key) with
@@ -140,10 +127,12 @@ typedef struct ferry_dataset_writer ferry_dataset_writer;
  * the index under a temporary name, syncs it and renames it into place (then syncs the directory
  * again). Until finish has returned 0 no index exists, so a crash leaves no half dataset that
  * opens. shard_size: bytes per shard (0: 1 GiB); samples are never split across shards.
+ * Returns 0, -EINVAL, FERRY_EBADOPT (a dtype the format cannot hold; Megatron stores BYTES as U8),
+ * -ENOMEM or -errno.
  */
-FERRY_API FERRY_WUR int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, int kind,
-						    int dtype, uint64_t shard_size,
-						    ferry_dataset_writer **out);
+FERRY_API FERRY_WUR int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path,
+						    enum ferry_dataset_kind kind, enum ferry_dtype dtype,
+						    uint64_t shard_size, ferry_dataset_writer **out);
 /* Aborts an unfinished writer (its files stay; no index is written). */
 FERRY_API void ferry_dataset_writer_destroy(ferry_dataset_writer *w);
 /*
@@ -210,7 +199,7 @@ FERRY_API void ferry_loader_batch_destroy(ferry_loader_batch *b);
  * batch not held; b is released all the same).
  *
  * ferry_loader_buffer_destroy gives the memory back once the work queued on `stream` (the caller's
- * CUstream, 0 for the default stream) up to this call is done: the next upload into it waits on
+ * CUstream or cudaStream_t, NULL for the legacy default stream) up to this call is done: the next upload into it waits on
  * the GPU, nobody waits on the host. Like memory from a stream-ordered allocator, it may be used
  * on `stream` (or on streams ordered before this call) only. Any thread may call it, also after
  * ferry_loader_destroy (the memory is freed then, and the loader's last remains with it). Returns
@@ -219,7 +208,7 @@ FERRY_API void ferry_loader_batch_destroy(ferry_loader_batch *b);
 typedef struct ferry_loader_buffer ferry_loader_buffer;
 FERRY_API FERRY_WUR int ferry_loader_take(ferry_loader *l, ferry_loader_batch *b, ferry_loader_buffer **out);
 FERRY_API void *ferry_loader_buffer_data(const ferry_loader_buffer *buf);
-FERRY_API int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, uintptr_t stream);
+FERRY_API int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, void *stream);
 
 /* The batch's data: a host pointer (device -1) or a CUDA device address. */
 FERRY_API void *ferry_loader_batch_data(const ferry_loader_batch *b);
@@ -250,9 +239,10 @@ FERRY_API FERRY_WUR int ferry_loader_state(const ferry_loader *l, char *buf, siz
  * bytes_per_s, reads (read I/Os submitted), merged (samples read as part of a merged read),
  * cpu_ns (CPU time of the pipeline threads), inline_reads (reads of page-cache-resident data done by
  * the pipeline thread itself), device_buffers (device memory buffers of one batch that exist: in
- * slots, spare, or taken and not yet freed). Unknown names give -1.
+ * slots, spare, or taken and not yet freed). Writes the value to *out and returns 0, or returns
+ * FERRY_EBADOPT (an unknown name, which ferry_last_error() quotes) or -EINVAL.
  */
-FERRY_API double ferry_loader_metric(ferry_loader *l, const char *name);
+FERRY_API FERRY_WUR int ferry_loader_metric(ferry_loader *l, const char *name, double *out);
 /* The metric names, NULL-terminated. */
 FERRY_API const char *const *ferry_loader_metric_names(void);
 /* Per step waits in nanoseconds: copies up to len of them into out; returns the number of steps. */

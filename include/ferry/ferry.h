@@ -62,6 +62,36 @@ FERRY_API const char *ferry_err_name(int err);
 /* Detail of the calling thread's last failure ("" if none): file, offset, backend, call. */
 FERRY_API const char *ferry_last_error(void);
 
+/* ---------------------------------------------------------------------------------- element types */
+
+/*
+ * Element types of tensors and of dataset samples (torch's dtypes), numbered in the safetensors
+ * reference's order (increasing alignment), then BYTES. Files never hold these numbers: each
+ * format maps them to its own spelling or code (safetensors' "BF16", Megatron's dtype byte).
+ */
+enum ferry_dtype {
+	FERRY_DT_INVALID = -1, /* what a getter gives for an index out of range */
+	FERRY_DT_BOOL, FERRY_DT_F4, FERRY_DT_F6_E2M3, FERRY_DT_F6_E3M2, FERRY_DT_U8, FERRY_DT_I8,
+	FERRY_DT_F8_E5M2, FERRY_DT_F8_E4M3, FERRY_DT_F8_E8M0, FERRY_DT_I16, FERRY_DT_U16, FERRY_DT_F16,
+	FERRY_DT_BF16, FERRY_DT_I32, FERRY_DT_U32, FERRY_DT_F32, FERRY_DT_C64, FERRY_DT_F64,
+	FERRY_DT_I64, FERRY_DT_U64,
+	FERRY_DT_BYTES, /* opaque bytes (files, JSON lines) of dataset samples; 8 bits; not a safetensors dtype */
+	FERRY_DT__COUNT
+};
+/* The safetensors spelling ("BF16"; "BYTES" for FERRY_DT_BYTES), or NULL for a value out of range. */
+FERRY_API const char *ferry_dtype_name(enum ferry_dtype dtype);
+/* NumPy's name ("uint16"; "bytes" for FERRY_DT_BYTES), or NULL where NumPy has none (BF16, F8_*, ...). */
+FERRY_API const char *ferry_dtype_numpy_name(enum ferry_dtype dtype);
+/* Bits per element (4, 6, 8, 16, 32 or 64), or 0 for a value out of range. */
+FERRY_API int ferry_dtype_bits(enum ferry_dtype dtype);
+/* The dtype safetensors spells name ("BF16", exactly): 0 with *out, or FERRY_EBADOPT. */
+FERRY_API FERRY_WUR int ferry_dtype_from_name(const char *name, enum ferry_dtype *out);
+/*
+ * The dtype NumPy names name, in any case: "uint16" or "u2", "float32" or "f4", ..., and "bytes"
+ * or "b". Returns 0 with *out, or FERRY_EBADOPT.
+ */
+FERRY_API FERRY_WUR int ferry_dtype_from_numpy_name(const char *name, enum ferry_dtype *out);
+
 /* --------------------------------------------------------------------------------------- context */
 
 typedef struct ferry_ctx ferry_ctx;

@@ -57,7 +57,7 @@ enum ferry_mem_kind {
  * The kind of memory at ptr, and in *device (when not NULL) the CUDA device it belongs to (-1 for
  * host memory). Without a GPU every pointer is FERRY_MEM_HOST: this call never fails.
  */
-FERRY_API int ferry_mem_kind(const void *ptr, int *device);
+FERRY_API enum ferry_mem_kind ferry_mem_kind(const void *ptr, int *device);
 
 /* GPUDirect Storage for one file. */
 #define FERRY_GDS_REFUSED 0 /* cuFile will not take the file: why says so */

@@ -22,20 +22,7 @@
 extern "C" {
 #endif
 
-/* Element types, in the reference implementation's order (increasing alignment). */
-enum ferry_dtype {
-	FERRY_DT_BOOL, FERRY_DT_F4, FERRY_DT_F6_E2M3, FERRY_DT_F6_E3M2, FERRY_DT_U8, FERRY_DT_I8,
-	FERRY_DT_F8_E5M2, FERRY_DT_F8_E4M3, FERRY_DT_F8_E8M0, FERRY_DT_I16, FERRY_DT_U16, FERRY_DT_F16,
-	FERRY_DT_BF16, FERRY_DT_I32, FERRY_DT_U32, FERRY_DT_F32, FERRY_DT_C64, FERRY_DT_F64,
-	FERRY_DT_I64, FERRY_DT_U64,
-	FERRY_DT__COUNT
-};
-/* "BF16", or NULL for a value out of range. */
-FERRY_API const char *ferry_dtype_name(int dtype);
-/* The dtype named name ("BF16"), or FERRY_EBADOPT. */
-FERRY_API int ferry_dtype_from_name(const char *name);
-/* Bits per element (4, 6, 8, 16, 32 or 64), or 0 for a value out of range. */
-FERRY_API int ferry_dtype_bits(int dtype);
+/* Tensors' element types are enum ferry_dtype (ferry.h), every one but FERRY_DT_BYTES. */
 
 /* Tensors have at most this many dimensions here (the format sets no limit; real files use <= 8). */
 #define FERRY_ST_MAX_DIMS 32
@@ -51,27 +38,20 @@ typedef struct ferry_st ferry_st;
  * Returns 0, -errno, FERRY_ECORRUPT (with the rule broken) or -ENOMEM.
  */
 FERRY_API FERRY_WUR int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out);
-/*
- * Validates a file held in memory: buf holds at least its first 8 + header-length bytes (or
- * fewer, then the header is truncated) and file_size is the whole file's size. For the fuzzer and
- * for tools that already hold the bytes. Tensor data cannot be read from the result.
- */
-FERRY_API FERRY_WUR int ferry_st_parse(const void *buf, size_t len, uint64_t file_size,
-				       const char *name, ferry_st **out);
 /* NULL is accepted. */
 FERRY_API void ferry_st_destroy(ferry_st *st);
 
 FERRY_API const char *ferry_st_path(const ferry_st *st);
-/* The open file (NULL for ferry_st_parse results), for ferry_pread and batches. */
+/* The open file, for ferry_pread and batches. */
 FERRY_API ferry_file *ferry_st_file(ferry_st *st);
 /* Byte offset of the data section (8 + header length). */
 FERRY_API uint64_t ferry_st_data_start(const ferry_st *st);
 FERRY_API size_t ferry_st_count(const ferry_st *st);
 /* Index of the tensor named name, or -ENOENT. */
 FERRY_API int ferry_st_find(const ferry_st *st, const char *name);
-/* Tensor i (0 <= i < count, in file order); out-of-range i gives NULL / -1 / 0. */
+/* Tensor i (0 <= i < count, in file order); out-of-range i gives NULL / FERRY_DT_INVALID / -1 / 0. */
 FERRY_API const char *ferry_st_name(const ferry_st *st, size_t i);
-FERRY_API int ferry_st_dtype(const ferry_st *st, size_t i);
+FERRY_API enum ferry_dtype ferry_st_dtype(const ferry_st *st, size_t i);
 /* Number of dimensions; copies up to max of them into dims (which may be NULL). */
 FERRY_API int ferry_st_shape(const ferry_st *st, size_t i, uint64_t *dims, int max);
 /* Absolute file offset of the tensor's first byte, and its length in bytes. */
@@ -130,7 +110,7 @@ FERRY_API const char *const *ferry_st_writer_keys(void);
  * taken (ferry_st_writer_save_async returns). Returns its index, -EINVAL (bad name, dtype, shape
  * or size), -EEXIST (duplicate name) or -ENOMEM.
  */
-FERRY_API FERRY_WUR int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndim,
+FERRY_API FERRY_WUR int ferry_st_writer_add(ferry_st_writer *w, const char *name, enum ferry_dtype dtype, int ndim,
 					    const uint64_t *shape, const void *data, size_t nbytes);
 /* Adds a __metadata__ string. Returns 0, -EINVAL or -ENOMEM. */
 FERRY_API FERRY_WUR int ferry_st_writer_metadata(ferry_st_writer *w, const char *key, const char *value);
@@ -153,13 +133,53 @@ FERRY_API FERRY_WUR int ferry_st_writer_save_async(ferry_st_writer *w, const cha
 FERRY_API int ferry_st_writer_done(const ferry_st_writer *w);
 /* Waits for the save in flight (timeout_ns < 0: forever): its result, or -ETIMEDOUT. 0 if none. */
 FERRY_API int64_t ferry_st_writer_wait(ferry_st_writer *w, int64_t timeout_ns);
+
+/* What the last save did, read with ferry_st_writer_stat (ferry_ckpt_stat for checkpoints). */
+enum ferry_save_stat {
+	FERRY_SAVE_STAT_BYTES,            /* "bytes": bytes of tensors saved */
+	FERRY_SAVE_STAT_SLOTS,            /* "slots": pinned slots it used */
+	FERRY_SAVE_STAT_PINNED_NEW_BYTES, /* "pinned_new_bytes": pinned by it (0: the slots were reused) */
+	FERRY_SAVE_STAT_FALLOCATED,       /* "fallocated": 1 when its file was laid out with fallocate */
+	FERRY_SAVE_STAT_RECYCLED,         /* "recycled": 1 when a checkpoint wrote over a recycled shard */
+	FERRY_SAVE_STAT__COUNT
+};
 /*
- * Where the last save's time went, as a JSON object written to buf (snprintf's rules): "bytes",
- * "slots", "pinned_new_bytes" (pinned by that save; 0 when the slots were reused), and seconds per
- * phase: "call.*" on the caller's thread ("call.total" is what an asynchronous save blocked for),
- * "writer.*" on the writer thread (complete once the save has ended). Returns the length it needs.
+ * Where the last save's time went, read with ferry_st_writer_phase_ns (ferry_ckpt_phase_ns).
+ * "call.*" phases run on the caller's thread ("call.total" is what an asynchronous save blocked
+ * for), "writer.*" on the writer thread (complete once the save has ended).
  */
-FERRY_API int ferry_st_writer_stats(ferry_st_writer *w, char *buf, size_t len);
+enum ferry_save_phase {
+	FERRY_PHASE_CALL_CHECK,         /* "call.check": busy check, join of the previous save, EXCL */
+	FERRY_PHASE_CALL_HEADER,        /* "call.header": layout and header text */
+	FERRY_PHASE_CALL_SLOTS,         /* "call.slots": pinned slots (allocated when new), events */
+	FERRY_PHASE_CALL_START,         /* "call.start": the writer thread's creation */
+	FERRY_PHASE_CALL_COPY,          /* "call.copy": issuing the copies into the slots */
+	FERRY_PHASE_CALL_SLOT_WAIT,     /* "call.slot_wait": waiting for a slot the writer still writes */
+	FERRY_PHASE_CALL_SYNC,          /* "call.sync": waiting for the last device-to-host copy */
+	FERRY_PHASE_CALL_TOTAL,         /* "call.total": the whole call (a synchronous save: to the end) */
+	FERRY_PHASE_CKPT_PREPARE,       /* "ckpt.prepare": checkpoints: latest, the step's mkdir */
+	FERRY_PHASE_WRITER_LAYOUT,      /* "writer.layout": create and lay out the temporary file */
+	FERRY_PHASE_WRITER_OPEN,        /* "writer.open" */
+	FERRY_PHASE_WRITER_READY_WAIT,  /* "writer.ready_wait": waiting for a slot to be filled */
+	FERRY_PHASE_WRITER_EVENT_WAIT,  /* "writer.event_wait": waiting for a slot's device-to-host copy */
+	FERRY_PHASE_WRITER_HASH,        /* "writer.hash" */
+	FERRY_PHASE_WRITER_SUBMIT,      /* "writer.submit" */
+	FERRY_PHASE_WRITER_WRITE_WAIT,  /* "writer.write_wait": waiting for the oldest write in flight */
+	FERRY_PHASE_WRITER_HEADER,      /* "writer.header" */
+	FERRY_PHASE_WRITER_FSYNC,       /* "writer.fsync" */
+	FERRY_PHASE_WRITER_RENAME,      /* "writer.rename" */
+	FERRY_PHASE_WRITER_DIRSYNC,     /* "writer.dirsync" */
+	FERRY_PHASE_WRITER_AFTER,       /* "writer.after": checkpoints: marker, commit, prune */
+	FERRY_PHASE_WRITER_TOTAL,       /* "writer.total" */
+	FERRY_SAVE_PHASE__COUNT
+};
+/* The last save's value of a statistic; 0 for a value out of range. */
+FERRY_API uint64_t ferry_st_writer_stat(const ferry_st_writer *w, enum ferry_save_stat which);
+/* Nanoseconds the last save spent in a phase; 0 for a value out of range. */
+FERRY_API uint64_t ferry_st_writer_phase_ns(const ferry_st_writer *w, enum ferry_save_phase which);
+/* The names quoted above ("pinned_new_bytes", "writer.fsync"), or NULL for a value out of range. */
+FERRY_API const char *ferry_save_stat_name(enum ferry_save_stat which);
+FERRY_API const char *ferry_save_phase_name(enum ferry_save_phase which);
 /*
  * Pins ahead the host memory that an asynchronous save of bytes of tensors on device (-1: host
  * memory) will snapshot into, within host_budget, so that the first save does not pay for it
@@ -198,7 +218,8 @@ FERRY_API FERRY_WUR int ferry_st_load_select_slice(ferry_st_load *ld, const char
 /* The tensors that will load (the selection, or all), in file order across files. */
 FERRY_API size_t ferry_st_load_count(ferry_st_load *ld);
 FERRY_API const char *ferry_st_load_name(ferry_st_load *ld, size_t i);
-FERRY_API int ferry_st_load_dtype(ferry_st_load *ld, size_t i);
+/* FERRY_DT_INVALID for an out-of-range i. */
+FERRY_API enum ferry_dtype ferry_st_load_dtype(ferry_st_load *ld, size_t i);
 /* Shape after slicing. */
 FERRY_API int ferry_st_load_shape(ferry_st_load *ld, size_t i, uint64_t *dims, int max);
 FERRY_API uint64_t ferry_st_load_nbytes(ferry_st_load *ld, size_t i);

@@ -206,7 +206,7 @@ class SaveHandle:
         save allocated: 0 once the slots are reused or were reserved by ``prepare``)."""
         out = dict(self._phases)
         try:
-            out.update(_json.loads(self._ck.stats()))
+            out.update(self._ck.stats())
         except RuntimeError:  # another thread uses the handle: the Python side only
             pass
         return out

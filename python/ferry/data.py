@@ -19,12 +19,14 @@ from . import _ferry
 
 __all__ = ["IndexedDataset", "Loader", "distributed_indices", "order_indices", "write_dataset"]
 
-# element code (Megatron's numbering; 0 = bytes) -> NumPy type name
-_ELEM_NUMPY = {0: "uint8", 1: "uint8", 2: "int8", 3: "int16", 4: "int32", 5: "int64", 6: "float64",
-               7: "float32", 8: "uint16"}
 _ORDERS = {"sequential": _ferry.ORDER_SEQUENTIAL, "shuffle": _ferry.ORDER_SHUFFLE,
            "block": _ferry.ORDER_BLOCK}
 _U64 = 1 << 64
+
+
+def _elem_numpy(name: str) -> str:
+    """The NumPy type of an element type NumPy names so (bytes are read as uint8)."""
+    return "uint8" if name == "bytes" else name
 
 
 def _numpy():
@@ -131,7 +133,7 @@ class IndexedDataset:
         self._ds = _ferry.Dataset(_os.fspath(path), opts)
         self.path = path
         self.format: str = self._ds.format
-        self.dtype = np.dtype(_ELEM_NUMPY[self._ds.dtype])
+        self.dtype = np.dtype(_elem_numpy(self._ds.dtype_name))
         self.itemsize = self.dtype.itemsize
         self.shards: int = self._ds.shards
         self.nbytes: int = self._ds.nbytes
@@ -250,14 +252,15 @@ def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_siz
             np.asarray(first).dtype.name
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     elem = _ferry.elem_from_name(name)
+    elem_name = _ferry.elem_name(elem)
     bufs = []
     for s in samples:
         if isinstance(s, str):
             s = s.encode()
-        if elem == 0 and isinstance(s, (bytes, bytearray, memoryview)):
+        if elem_name == "bytes" and isinstance(s, (bytes, bytearray, memoryview)):
             bufs.append(s)
         else:
-            bufs.append(np.ascontiguousarray(s, dtype=_ELEM_NUMPY[elem]).reshape(-1))
+            bufs.append(np.ascontiguousarray(s, dtype=_elem_numpy(elem_name)).reshape(-1))
     if keys is not None:
         keys = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
     kinds = {"ferry": _ferry.WRITE_FERRY, "megatron": _ferry.WRITE_MEGATRON}

@@ -124,7 +124,7 @@ int ferry_ckpt_set(ferry_ckpt *ck, const char *key, const char *value)
 	return ferry__knobs_set(&ckpt_knobs, ck, key, value, "ferry_ckpt_set");
 }
 
-int ferry_ckpt_add(ferry_ckpt *ck, const char *name, int dtype, int ndim, const uint64_t *shape,
+int ferry_ckpt_add(ferry_ckpt *ck, const char *name, enum ferry_dtype dtype, int ndim, const uint64_t *shape,
 		   const void *data, size_t nbytes)
 {
 	int r = ferry_st_writer_add(ck->w, name, dtype, ndim, shape, data, nbytes);
@@ -152,9 +152,14 @@ int64_t ferry_ckpt_reserve(ferry_ckpt *ck, uint64_t bytes, int device)
 	return ferry_st_writer_reserve(ck->w, bytes, device);
 }
 
-int ferry_ckpt_stats(ferry_ckpt *ck, char *buf, size_t len)
+uint64_t ferry_ckpt_stat(const ferry_ckpt *ck, enum ferry_save_stat which)
 {
-	return ferry_st_writer_stats(ck->w, buf, len);
+	return ck ? ferry_st_writer_stat(ck->w, which) : 0;
+}
+
+uint64_t ferry_ckpt_phase_ns(const ferry_ckpt *ck, enum ferry_save_phase which)
+{
+	return ck ? ferry_st_writer_phase_ns(ck->w, which) : 0;
 }
 
 /* ------------------------------------------------------------------------------------- latest */

@@ -387,10 +387,10 @@ const char *ferry_st_load_name(ferry_st_load *ld, size_t i)
 	return i < ld->nsel ? ferry_st_name(ld->files[ld->sel[i].file], ld->sel[i].idx) : NULL;
 }
 
-int ferry_st_load_dtype(ferry_st_load *ld, size_t i)
+enum ferry_dtype ferry_st_load_dtype(ferry_st_load *ld, size_t i)
 {
 	select_all(ld);
-	return i < ld->nsel ? ferry_st_dtype(ld->files[ld->sel[i].file], ld->sel[i].idx) : -1;
+	return i < ld->nsel ? ferry_st_dtype(ld->files[ld->sel[i].file], ld->sel[i].idx) : FERRY_DT_INVALID;
 }
 
 int ferry_st_load_shape(ferry_st_load *ld, size_t i, uint64_t *dims, int max)

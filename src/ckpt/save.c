@@ -94,8 +94,8 @@ enum { S_FREE, S_READY };
 enum { PHASES(PH_ENUM) PH__COUNT, PH__FIRST_WRITER = PH_W_LAYOUT };
 #define PH_NAME(e, s) s,
 static const char *const ph_names[] = {PHASES(PH_NAME)};
-_Static_assert(PH__COUNT == FERRY_SAVE_PHASE__COUNT && PH_CKPT_PREPARE == FERRY_PHASE_CKPT_PREPARE &&
-		       PH_W_LAYOUT == FERRY_PHASE_WRITER_LAYOUT && PH_W_TOTAL == FERRY_PHASE_WRITER_TOTAL,
+_Static_assert((int)PH__COUNT == (int)FERRY_SAVE_PHASE__COUNT && (int)PH_CKPT_PREPARE == (int)FERRY_PHASE_CKPT_PREPARE &&
+		       (int)PH_W_LAYOUT == (int)FERRY_PHASE_WRITER_LAYOUT && (int)PH_W_TOTAL == (int)FERRY_PHASE_WRITER_TOTAL,
 	       "enum ferry_save_phase (safetensors.h) lists PHASES in order");
 
 struct save_stats {
@@ -219,7 +219,7 @@ int ferry_st_writer_reset(ferry_st_writer *w)
 }
 
 
-int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndim, const uint64_t *shape,
+int ferry_st_writer_add(ferry_st_writer *w, const char *name, enum ferry_dtype dtype, int ndim, const uint64_t *shape,
 			const void *data, size_t nbytes)
 {
 	uint64_t nb;
@@ -229,8 +229,8 @@ int ferry_st_writer_add(ferry_st_writer *w, const char *name, int dtype, int ndi
 	size_t len = strlen(name);
 	if ((why = ferry__st_name_problem(name, len)) || !ferry__utf8_valid(name, len))
 		return ferry__error(-EINVAL, "safetensors writer: tensor \"%.64s\": %s", name, why ? why : "name is not valid UTF-8");
-	if (!ferry_dtype_name(dtype))
-		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": unknown dtype %d", name, dtype);
+	if (!ferry_dtype_name(dtype) || dtype == FERRY_DT_BYTES)
+		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": no safetensors dtype %d", name, (int)dtype);
 	if (ndim < 0 || ndim > FERRY_ST_MAX_DIMS || (ndim && !shape))
 		return ferry__error(-EINVAL, "safetensors writer: tensor \"%s\": %d dimensions", name, ndim);
 	int r = ferry__st_nbytes(dtype, ndim, shape, &nb);

@@ -14,38 +14,9 @@
 
 #include "base/base.h"
 #include "base/byteorder.h"
+#include "format/dtype.h"
 #include "format/megatron.h"
 #include "format/shards.h"
-
-static const struct {
-	const char *name, *alt;
-	size_t size;
-} dtypes[] = {
-	[FERRY_ELEM_BYTES] = {"bytes", "b", 1},     [FERRY_ELEM_UINT8] = {"uint8", "u1", 1},
-	[FERRY_ELEM_INT8] = {"int8", "i1", 1},      [FERRY_ELEM_INT16] = {"int16", "i2", 2},
-	[FERRY_ELEM_INT32] = {"int32", "i4", 4},    [FERRY_ELEM_INT64] = {"int64", "i8", 8},
-	[FERRY_ELEM_FLOAT64] = {"float64", "f8", 8}, [FERRY_ELEM_FLOAT32] = {"float32", "f4", 4},
-	[FERRY_ELEM_UINT16] = {"uint16", "u2", 2},
-};
-
-size_t ferry_elem_size(int dtype)
-{
-	return dtype >= 0 && dtype <= FERRY_ELEM_UINT16 ? dtypes[dtype].size : 0;
-}
-
-const char *ferry_elem_name(int dtype)
-{
-	return dtype >= 0 && dtype <= FERRY_ELEM_UINT16 ? dtypes[dtype].name : "unknown";
-}
-
-int ferry_elem_from_name(const char *name)
-{
-	for (int d = 0; name && d <= FERRY_ELEM_UINT16; d++)
-		if (!strcasecmp(name, dtypes[d].name) || !strcasecmp(name, dtypes[d].alt))
-			return d;
-	return ferry__error(FERRY_EBADOPT, "unknown dtype '%s' (uint8, int8, int16, uint16, int32, "
-			    "int64, float32, float64, bytes)", name ? name : "(null)");
-}
 
 #define CORRUPT(...) ferry__error(FERRY_ECORRUPT, __VA_ARGS__)
 
@@ -62,15 +33,15 @@ int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name
 	if (version != 1)
 		return CORRUPT("%s: Megatron index version %llu, only version 1 exists", name,
 			       (unsigned long long)version);
-	int dtype = buf[17];
-	if (dtype < FERRY_ELEM_UINT8 || dtype > FERRY_ELEM_UINT16)
-		return CORRUPT("%s: unknown dtype code %d", name, dtype);
+	enum ferry_dtype dtype;
+	if (buf[17] == 0 || ferry__dtype_from_megatron_code(buf[17], &dtype)) /* 0 is ferry.idx's bytes */
+		return CORRUPT("%s: unknown dtype code %d", name, buf[17]);
 	uint64_t S = ferry__rd64(buf + 18), D = ferry__rd64(buf + 26);
 	uint64_t avail = len - FERRY__MEGATRON_HEADER;
 	if (S > avail / 12 || D > (avail - S * 12) / 8)
 		return CORRUPT("%s: %llu sequences and %llu documents need more than the index's %zu bytes "
 			       "(truncated index)", name, (unsigned long long)S, (unsigned long long)D, len);
-	size_t esize = ferry_elem_size(dtype);
+	size_t esize = ferry__dtype_size(dtype);
 	out->format = 1;
 	out->dtype = dtype;
 	out->n = S;
@@ -145,20 +116,20 @@ int ferry__megatron_open(struct ferry_dataset *ds, const char *prefix)
 	return err;
 }
 
-int ferry__megatron_build_index(int dtype, uint64_t n, const uint64_t *len, const uint64_t *off,
+int ferry__megatron_build_index(enum ferry_dtype dtype, uint64_t n, const uint64_t *len, const uint64_t *off,
 				const uint8_t *doc_end, uint8_t **out, size_t *out_len)
 {
 	uint64_t docs = 1;
 	for (uint64_t i = 0; i < n; i++)
 		docs += doc_end[i] ? 1 : 0;
-	size_t esize = ferry_elem_size(dtype);
+	size_t esize = ferry__dtype_size(dtype);
 	size_t total = FERRY__MEGATRON_HEADER + n * 12 + docs * 8;
 	uint8_t *b = calloc(1, total);
 	if (!b)
 		return ferry__error(-ENOMEM, "Megatron index of %llu sequences", (unsigned long long)n);
 	memcpy(b, FERRY__MEGATRON_MAGIC, 9);
 	ferry__wr64(b + 9, 1);
-	b[17] = (uint8_t)dtype;
+	b[17] = (uint8_t)ferry__dtype_megatron_code(dtype); /* the writer took only types Megatron codes */
 	ferry__wr64(b + 18, n);
 	ferry__wr64(b + 26, docs);
 	uint8_t *sizes = b + FERRY__MEGATRON_HEADER, *ptrs = sizes + n * 4, *d = ptrs + n * 8;

@@ -10,46 +10,17 @@
 #include "base/byteorder.h"
 #include "ferry/gpu.h"
 #include "base/json.h"
+#include "format/dtype.h"
 #include "format/safetensors.h"
 
-static const struct {
-	const char *name;
-	int bits;
-} dtypes[FERRY_DT__COUNT] = {
-	[FERRY_DT_BOOL] = {"BOOL", 8},	     [FERRY_DT_F4] = {"F4", 4},
-	[FERRY_DT_F6_E2M3] = {"F6_E2M3", 6}, [FERRY_DT_F6_E3M2] = {"F6_E3M2", 6},
-	[FERRY_DT_U8] = {"U8", 8},	     [FERRY_DT_I8] = {"I8", 8},
-	[FERRY_DT_F8_E5M2] = {"F8_E5M2", 8}, [FERRY_DT_F8_E4M3] = {"F8_E4M3", 8},
-	[FERRY_DT_F8_E8M0] = {"F8_E8M0", 8}, [FERRY_DT_I16] = {"I16", 16},
-	[FERRY_DT_U16] = {"U16", 16},	     [FERRY_DT_F16] = {"F16", 16},
-	[FERRY_DT_BF16] = {"BF16", 16},	     [FERRY_DT_I32] = {"I32", 32},
-	[FERRY_DT_U32] = {"U32", 32},	     [FERRY_DT_F32] = {"F32", 32},
-	[FERRY_DT_C64] = {"C64", 64},	     [FERRY_DT_F64] = {"F64", 64},
-	[FERRY_DT_I64] = {"I64", 64},	     [FERRY_DT_U64] = {"U64", 64},
-};
-
-const char *ferry_dtype_name(int dtype)
-{
-	return dtype >= 0 && dtype < FERRY_DT__COUNT ? dtypes[dtype].name : NULL;
-}
-
-int ferry_dtype_bits(int dtype)
-{
-	return dtype >= 0 && dtype < FERRY_DT__COUNT ? dtypes[dtype].bits : 0;
-}
-
+/* The dtype a header's "dtype" string names (not NUL-terminated), or -1. */
 static int dtype_lookup(const char *s, size_t len)
 {
 	for (int i = 0; i < FERRY_DT__COUNT; i++)
-		if (strlen(dtypes[i].name) == len && !memcmp(dtypes[i].name, s, len))
+		if (ferry__dtype_in_safetensors(i) && strlen(ferry_dtype_name(i)) == len &&
+		    !memcmp(ferry_dtype_name(i), s, len))
 			return i;
 	return -1;
-}
-
-int ferry_dtype_from_name(const char *name)
-{
-	int d = name ? dtype_lookup(name, strlen(name)) : -1;
-	return d >= 0 ? d : ferry__error(FERRY_EBADOPT, "unknown dtype \"%s\"", name ? name : "(null)");
 }
 
 const char *ferry__st_name_problem(const char *name, size_t len)
@@ -70,13 +41,13 @@ const char *ferry__st_name_problem(const char *name, size_t len)
 
 int ferry__st_nbytes(int dtype, int ndim, const uint64_t *shape, uint64_t *out)
 {
-	if (dtype < 0 || dtype >= FERRY_DT__COUNT || ndim < 0 || ndim > FERRY_ST_MAX_DIMS)
+	if (!ferry__dtype_in_safetensors(dtype) || ndim < 0 || ndim > FERRY_ST_MAX_DIMS)
 		return -EINVAL;
 	uint64_t n = 1;
 	for (int i = 0; i < ndim; i++)
 		if (__builtin_mul_overflow(n, shape[i], &n))
 			return -EOVERFLOW;
-	if (__builtin_mul_overflow(n, (uint64_t)dtypes[dtype].bits, &n))
+	if (__builtin_mul_overflow(n, (uint64_t)ferry_dtype_bits(dtype), &n))
 		return -EOVERFLOW;
 	if (n % 8)
 		return -EINVAL;
@@ -460,7 +431,7 @@ static int check_prefix(ferry_st *st, const unsigned char *p, size_t have)
 	return 0;
 }
 
-int ferry_st_parse(const void *buf, size_t len, uint64_t file_size, const char *name, ferry_st **out)
+int ferry__st_parse(const void *buf, size_t len, uint64_t file_size, const char *name, ferry_st **out)
 {
 	*out = NULL;
 	ferry_st *st = st_new(name);
@@ -571,9 +542,9 @@ const char *ferry_st_name(const ferry_st *st, size_t i)
 {
 	return i < st->n ? st->t[i].name : NULL;
 }
-int ferry_st_dtype(const ferry_st *st, size_t i)
+enum ferry_dtype ferry_st_dtype(const ferry_st *st, size_t i)
 {
-	return i < st->n ? st->t[i].dtype : -1;
+	return i < st->n ? st->t[i].dtype : FERRY_DT_INVALID;
 }
 int ferry_st_shape(const ferry_st *st, size_t i, uint64_t *dims, int max)
 {
@@ -653,7 +624,7 @@ static int slice_geometry(const ferry_st *st, size_t i, int dim, uint64_t start,
 		return ferry__error(-EINVAL, "%s: tensor \"%s\": slice [%llu, %llu) of dimension %d is out of range",
 				    st->path, t->name, (unsigned long long)start, (unsigned long long)stop, dim);
 	/* Overflow is impossible: every product here divides the tensor's validated bit size. */
-	uint64_t outer = 1, inner = (uint64_t)dtypes[t->dtype].bits;
+	uint64_t outer = 1, inner = (uint64_t)ferry_dtype_bits(t->dtype);
 	for (int k = 0; k < dim; k++)
 		outer *= d[k];
 	for (int k = dim + 1; k < t->ndim; k++)
@@ -661,7 +632,7 @@ static int slice_geometry(const ferry_st *st, size_t i, int dim, uint64_t start,
 	uint64_t piece = (stop - start) * inner, stride = d[dim] * inner, first = start * inner;
 	if (piece % 8 || stride % 8 || first % 8)
 		return ferry__error(-EINVAL, "%s: tensor \"%s\": slice of %s elements does not fall on byte boundaries",
-				    st->path, t->name, dtypes[t->dtype].name);
+				    st->path, t->name, ferry_dtype_name(t->dtype));
 	g->outer = outer;
 	g->piece = piece / 8;
 	g->stride = stride / 8;
@@ -716,7 +687,7 @@ ssize_t ferry_st_read_slice(ferry_st *st, size_t i, int dim, uint64_t start, uin
 	}
 	/* Small rows: read whole spans of rows through host memory and gather. */
 	int dev = -1;
-	int kind = ferry_mem_kind(buf, &dev);
+	enum ferry_mem_kind kind = ferry_mem_kind(buf, &dev);
 	int on_dev = kind == FERRY_MEM_DEVICE;
 	uint64_t rows = GATHER_WINDOW / g.stride;
 	if (rows == 0)

@@ -23,6 +23,13 @@ int ferry__st_slice_shape(const ferry_st *st, size_t i, int dim, uint64_t start,
 			  uint64_t *nbytes);
 
 
+/*
+ * Validates a file held in memory (the fuzzer's entry): buf holds at least its first 8 +
+ * header-length bytes (or fewer, then the header is truncated) and file_size is the whole file's
+ * size. Tensor data cannot be read from the result (ferry_st_file gives NULL).
+ */
+int ferry__st_parse(const void *buf, size_t len, uint64_t file_size, const char *name, ferry_st **out);
+
 /* Parses "0123456789abcdef" (exactly 16 lower- or upper-case hex digits). 0 or -1. */
 int ferry__hex64(const char *s, uint64_t *out);
 

@@ -16,6 +16,7 @@
 #include "base/byteorder.h"
 #include "base/crc32c.h"
 #include "base/durable.h"
+#include "format/dtype.h"
 #include "format/shards.h"
 
 void ferry__index_free(struct ferry__index *x)
@@ -77,7 +78,8 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 	}
 	if (flags & ~FERRY__IDX_FLAG_KEYS)
 		return CORRUPT("%s: unknown flags 0x%x", name, flags);
-	if (!ferry_elem_size((int)dtype) || dtype > FERRY_ELEM_UINT16)
+	enum ferry_dtype dt;
+	if (ferry__dtype_from_megatron_code(dtype, &dt))
 		return CORRUPT("%s: unknown dtype code %u", name, dtype);
 	if (ferry__rd32(buf + 56) || ferry__rd32(buf + 60))
 		return CORRUPT("%s: reserved header fields are not zero", name);
@@ -108,7 +110,7 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 			       (unsigned long long)(len - avail + need), (unsigned long long)len);
 
 	out->format = 0;
-	out->dtype = (int)dtype;
+	out->dtype = dt;
 	out->n = n;
 	out->nfiles = nshards;
 	out->bytes = bytes;
@@ -160,11 +162,11 @@ bad_shard:
 					       name, s, s, (unsigned long long)i, (unsigned long long)off,
 					       (unsigned long long)off + l, (unsigned long long)sb);
 			}
-			if (l % ferry_elem_size((int)dtype)) {
+			if (l % ferry__dtype_size(dt)) {
 				ferry__index_free(out);
 				return CORRUPT("%s: shard %u, sample %llu: %u bytes is not a whole number of "
 					       "%s elements", name, s, (unsigned long long)i, l,
-					       ferry_elem_name((int)dtype));
+					       ferry_dtype_numpy_name(dt));
 			}
 			end = off + l;
 			total += l;
@@ -377,7 +379,7 @@ void ferry_dataset_destroy(ferry_dataset *ds)
 }
 
 uint64_t ferry_dataset_count(const ferry_dataset *ds) { return ds ? ds->x.n : 0; }
-int ferry_dataset_dtype(const ferry_dataset *ds) { return ds ? ds->x.dtype : 0; }
+enum ferry_dtype ferry_dataset_dtype(const ferry_dataset *ds) { return ds ? ds->x.dtype : FERRY_DT_INVALID; }
 const char *ferry_dataset_format(const ferry_dataset *ds) { return ds && ds->x.format ? "megatron" : "ferry"; }
 uint64_t ferry_dataset_bytes(const ferry_dataset *ds) { return ds ? ds->x.bytes : 0; }
 uint32_t ferry_dataset_shards(const ferry_dataset *ds) { return ds ? ds->x.nfiles : 0; }
@@ -478,7 +480,8 @@ int ferry_dataset_verify(ferry_dataset *ds)
 struct ferry_dataset_writer {
 	ferry_ctx *ctx;
 	char *path;
-	int kind, dtype;
+	enum ferry_dataset_kind kind;
+	enum ferry_dtype dtype;
 	uint64_t shard_size;
 	uint64_t n, cap;
 	uint64_t *len, *off;
@@ -509,15 +512,16 @@ static void writer_paths(const struct ferry_dataset_writer *w, char *dir, char *
 	}
 }
 
-int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, int kind, int dtype,
-				uint64_t shard_size, ferry_dataset_writer **out)
+int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, enum ferry_dataset_kind kind,
+				enum ferry_dtype dtype, uint64_t shard_size, ferry_dataset_writer **out)
 {
 	if (!path || !out || (kind != FERRY_WRITE_FERRY && kind != FERRY_WRITE_MEGATRON))
 		return ferry__error(-EINVAL, "ferry_dataset_writer_create: bad argument");
-	if (!ferry_elem_size(dtype))
-		return ferry__error(FERRY_EBADOPT, "ferry_dataset_writer_create: unknown dtype %d", dtype);
-	if (kind == FERRY_WRITE_MEGATRON && dtype == FERRY_ELEM_BYTES)
-		dtype = FERRY_ELEM_UINT8;
+	if (ferry__dtype_megatron_code(dtype) < 0)
+		return ferry__error(FERRY_EBADOPT, "ferry_dataset_writer_create: dtype %s cannot be a dataset's",
+				    ferry_dtype_name(dtype) ? ferry_dtype_name(dtype) : "(unknown)");
+	if (kind == FERRY_WRITE_MEGATRON && dtype == FERRY_DT_BYTES)
+		dtype = FERRY_DT_U8;
 	struct ferry_dataset_writer *w = calloc(1, sizeof(*w));
 	if (!w || !(w->path = strdup(path))) {
 		free(w);
@@ -585,11 +589,11 @@ int64_t ferry_dataset_writer_add(ferry_dataset_writer *w, uint64_t bytes, const 
 	if (w->kind == FERRY_WRITE_FERRY && bytes > UINT32_MAX)
 		return ferry__error(-EFBIG, "sample %llu: %llu bytes, a ferry shard sample holds 4 GiB - 1 at most",
 				    (unsigned long long)w->n, (unsigned long long)bytes);
-	if (bytes % ferry_elem_size(w->dtype))
+	if (bytes % ferry__dtype_size(w->dtype))
 		return ferry__error(-EINVAL, "sample %llu: %llu bytes is not a whole number of %s",
 				    (unsigned long long)w->n, (unsigned long long)bytes,
-				    ferry_elem_name(w->dtype));
-	if (w->kind == FERRY_WRITE_MEGATRON && bytes / ferry_elem_size(w->dtype) > INT32_MAX)
+				    ferry_dtype_numpy_name(w->dtype));
+	if (w->kind == FERRY_WRITE_MEGATRON && bytes / ferry__dtype_size(w->dtype) > INT32_MAX)
 		return ferry__error(-EFBIG, "sample %llu: too many elements for Megatron's int32 sizes",
 				    (unsigned long long)w->n);
 	if (w->n == w->cap) {
@@ -726,7 +730,7 @@ static int build_ferry_index(ferry_dataset_writer *w, uint8_t **out, size_t *out
 	memcpy(b, FERRY__IDX_MAGIC, 8);
 	ferry__wr32(b + 8, FERRY__IDX_VERSION);
 	ferry__wr32(b + 12, w->has_keys ? FERRY__IDX_FLAG_KEYS : 0);
-	ferry__wr32(b + 16, (uint32_t)w->dtype);
+	ferry__wr32(b + 16, (uint32_t)ferry__dtype_megatron_code(w->dtype)); /* Megatron's codes, 0 bytes */
 	ferry__wr32(b + 20, w->nshards);
 	ferry__wr64(b + 24, w->n);
 	ferry__wr64(b + 32, bytes);
@@ -755,7 +759,7 @@ static int build_ferry_index(ferry_dataset_writer *w, uint8_t **out, size_t *out
 	return 0;
 }
 
-int ferry__megatron_build_index(int dtype, uint64_t n, const uint64_t *len, const uint64_t *off,
+int ferry__megatron_build_index(enum ferry_dtype dtype, uint64_t n, const uint64_t *len, const uint64_t *off,
 				const uint8_t *doc_end, uint8_t **out, size_t *out_len);
 
 int ferry_dataset_writer_finish(ferry_dataset_writer *w)

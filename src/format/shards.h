@@ -23,7 +23,7 @@
 
 struct ferry__index {
 	int format; /* 0 ferry, 1 megatron */
-	int dtype;
+	enum ferry_dtype dtype; /* mapped from the index's code */
 	uint64_t n;            /* samples */
 	uint32_t nfiles;       /* shards (1 for Megatron) */
 	uint64_t *file_bytes;  /* [nfiles]: the size each shard must have at least */

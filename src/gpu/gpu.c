@@ -67,7 +67,7 @@ int ferry__mem_kind(const void *ptr, int *device)
 	return kind;
 }
 
-int ferry_mem_kind(const void *ptr, int *device)
+enum ferry_mem_kind ferry_mem_kind(const void *ptr, int *device)
 {
 	return ferry__mem_kind(ptr, device);
 }

@@ -633,7 +633,7 @@ static int setup(struct ferry_loader *l, int with_cum)
 	struct ferry__index *x = &l->ds->x;
 	free(l->cum);
 	l->cum = NULL;
-	l->esize = ferry_elem_size(x->dtype);
+	l->esize = (size_t)ferry_dtype_bits(x->dtype) / 8; /* datasets hold whole-byte types only */
 	if (l->rank >= l->world_size)
 		return ferry__error(FERRY_EBADOPT, "loader: rank %u is not below world_size %u", l->rank,
 				    l->world_size);

@@ -101,7 +101,7 @@ uint64_t ferry_distributed_num_samples(uint64_t n, uint32_t num_replicas, int dr
 	return (n + num_replicas - 1) / num_replicas;
 }
 
-int ferry_order_indices(uint64_t n, int order, uint64_t block, uint64_t seed, uint64_t epoch,
+int ferry_order_indices(uint64_t n, enum ferry_order order, uint64_t block, uint64_t seed, uint64_t epoch,
 			int64_t *out)
 {
 	if (n && !out)
@@ -117,7 +117,7 @@ int ferry_order_indices(uint64_t n, int order, uint64_t block, uint64_t seed, ui
 	case FERRY_ORDER_BLOCK:
 		break;
 	default:
-		return ferry__error(-EINVAL, "ferry_order_indices: unknown order %d", order);
+		return ferry__error(-EINVAL, "ferry_order_indices: unknown order %d", (int)order);
 	}
 	if (!block)
 		return ferry__error(-EINVAL, "ferry_order_indices: block size 0");

@@ -2,12 +2,12 @@
  * The input is a whole file: its size is the file size, so the data-section rules run too. */
 #include <stdint.h>
 #include <string.h>
-#include "ferry/safetensors.h"
+#include "format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	ferry_st *st = NULL;
-	if (ferry_st_parse(data, size, size, "fuzz", &st) == 0) {
+	if (ferry__st_parse(data, size, size, "fuzz", &st) == 0) {
 		size_t n = ferry_st_count(st);
 		uint64_t dims[FERRY_ST_MAX_DIMS], end = ferry_st_data_start(st);
 		for (size_t i = 0; i < n; i++) {

@@ -139,11 +139,7 @@ static ino_t inode_of(const char *path)
 /* "recycled" of the last save's stats: 1, 0, or -1 when absent. */
 static int stat_recycled(ferry_ckpt *ck)
 {
-	char js[4096];
-	if (ferry_ckpt_stats(ck, js, sizeof(js)) < 0)
-		return -1;
-	const char *k = strstr(js, "\"recycled\":");
-	return k ? atoi(k + 11) : -1;
+	return (int)ferry_ckpt_stat(ck, FERRY_SAVE_STAT_RECYCLED);
 }
 
 /* Whether the file system under dir grants write leases (the proof that no one else has a

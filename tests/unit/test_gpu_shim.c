@@ -333,7 +333,7 @@ static void loader_take(void)
 
 	snprintf(dpath, sizeof(dpath), "%s/loader_ds", t_tmpdir());
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	T_ASSERT(ferry_dataset_writer_create(ctx, dpath, FERRY_WRITE_FERRY, FERRY_ELEM_UINT16, 0, &w) == 0);
+	T_ASSERT(ferry_dataset_writer_create(ctx, dpath, FERRY_WRITE_FERRY, FERRY_DT_U16, 0, &w) == 0);
 	for (int i = 0; i < N; i++)
 		T_ASSERT(ferry_dataset_writer_add(w, sizeof(sample), NULL, 0, 1) >= 0);
 	T_ASSERT(ferry_dataset_writer_layout(w) > 0);

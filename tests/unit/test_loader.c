@@ -33,7 +33,7 @@ static int cachestat_works(const char *file)
 static void make_dataset(void)
 {
 	ferry_dataset_writer *w;
-	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_ELEM_UINT16, 32768, &w) == 0);
+	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_DT_U16, 32768, &w) == 0);
 	uint64_t total = 0;
 	soff = malloc((N + 1) * 8);
 	for (uint64_t i = 0; i < N; i++) {
@@ -49,6 +49,13 @@ static void make_dataset(void)
 		T_ASSERT(ferry_dataset_writer_put(w, i, stream + soff[i], slen(i)) == 0);
 	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
 	ferry_dataset_writer_destroy(w);
+}
+
+/* A metric, or -1 when ferry_loader_metric fails. */
+static double metric(ferry_loader *l, const char *name)
+{
+	double v;
+	return ferry_loader_metric(l, name, &v) ? -1 : v;
 }
 
 static ferry_loader *make_loader(ferry_dataset *ds, const char *const *kv)
@@ -274,11 +281,12 @@ int main(int argc, char **argv)
 		T_EQ_INT(drain(l, 64, ix, 0, NULL), items);
 		for (uint64_t i = 0; i < items; i++)
 			T_EQ_INT(ix[i], i);
-		T_CHECK(ferry_loader_metric(l, "reads") < ferry_loader_metric(l, "samples"));
-		T_EQ_INT(ferry_loader_metric(l, "steps"), (items + 7) / 8);
-		T_CHECK(ferry_loader_metric(l, "wait_p99_ns") >= ferry_loader_metric(l, "wait_p50_ns"));
-		T_CHECK(ferry_loader_metric(l, "bytes") == (double)(items * 128));
-		T_EQ_INT(ferry_loader_metric(l, "no_such_metric"), -1);
+		T_CHECK(metric(l, "reads") < metric(l, "samples"));
+		T_EQ_INT(metric(l, "steps"), (items + 7) / 8);
+		T_CHECK(metric(l, "wait_p99_ns") >= metric(l, "wait_p50_ns"));
+		T_CHECK(metric(l, "bytes") == (double)(items * 128));
+		T_EQ_INT(ferry_loader_metric(l, "no_such_metric", &(double){0}), FERRY_EBADOPT);
+		T_CHECK(strstr(ferry_last_error(), "\"no_such_metric\"") != NULL);
 		ferry_loader_destroy(l);
 		free(ix);
 	}
@@ -289,7 +297,7 @@ int main(int argc, char **argv)
 		ferry_loader *l = make_loader(ds, kv);
 		int64_t *ix = malloc(N * 8);
 		T_EQ_INT(drain(l, 0, ix, 0, NULL), N);
-		T_CHECK(ferry_loader_metric(l, "merged") > 0);
+		T_CHECK(metric(l, "merged") > 0);
 		ferry_loader_destroy(l);
 		free(ix);
 	}
@@ -308,7 +316,7 @@ int main(int argc, char **argv)
 			uint64_t items = ferry_loader_samples_per_epoch(l);
 			int64_t *ix = malloc(items * 8);
 			T_EQ_INT(drain(l, c ? 0 : 64, ix, 0, NULL), items);
-			double il = ferry_loader_metric(l, "inline_reads"), reads = ferry_loader_metric(l, "reads");
+			double il = metric(l, "inline_reads"), reads = metric(l, "reads");
 			if (!inl)
 				T_EQ_INT(il, 0);
 			else if (cachestat_works(self))

@@ -1,5 +1,7 @@
 /* Ferry shards and Megatron .bin/.idx: write, read back, keys, checksums, corrupt indexes and
  * truncated shards rejected with the shard and the sample named. */
+#include <fcntl.h>
+
 #include "ferry_test.h"
 #include "base/crc32c.h"
 #include "ferry/data.h"
@@ -19,7 +21,7 @@ static void sample_fill(uint64_t i, uint8_t *b, size_t len)
 static int write_ds(const char *path, int kind, uint64_t n, uint64_t shard_size, int keys)
 {
 	ferry_dataset_writer *w;
-	int err = ferry_dataset_writer_create(ctx, path, kind, FERRY_ELEM_UINT16, shard_size, &w);
+	int err = ferry_dataset_writer_create(ctx, path, kind, FERRY_DT_U16, shard_size, &w);
 	if (err)
 		return err;
 	for (uint64_t i = 0; i < n; i++) {
@@ -48,7 +50,7 @@ static void check_read(const char *path, uint64_t n, const char *format, int key
 	T_ASSERT(err == 0);
 	T_EQ_INT(ferry_dataset_count(ds), n);
 	T_EQ_STR(ferry_dataset_format(ds), format);
-	T_EQ_INT(ferry_dataset_dtype(ds), FERRY_ELEM_UINT16);
+	T_EQ_INT(ferry_dataset_dtype(ds), FERRY_DT_U16);
 	uint8_t buf[1024], want[1024];
 	for (uint64_t i = 0; i < n; i++) {
 		ssize_t r = ferry_dataset_read(ds, i, buf, sizeof(buf));
@@ -131,11 +133,21 @@ int main(void)
 	T_ASSERT(mkdir(dir, 0755) == 0);
 	char p[600], q[700];
 
-	/* dtype names */
-	T_EQ_INT(ferry_elem_from_name("uint16"), FERRY_ELEM_UINT16);
-	T_EQ_INT(ferry_elem_from_name("i4"), FERRY_ELEM_INT32);
-	T_EQ_INT(ferry_elem_size(FERRY_ELEM_FLOAT64), 8);
-	T_EQ_INT(ferry_elem_from_name("complex"), FERRY_EBADOPT);
+	/* dtype names: NumPy's for samples, in any case; safetensors' exactly */
+	enum ferry_dtype dt = FERRY_DT_INVALID;
+	T_EQ_INT(ferry_dtype_from_numpy_name("uint16", &dt), 0);
+	T_EQ_INT(dt, FERRY_DT_U16);
+	T_EQ_INT(ferry_dtype_from_numpy_name("i4", &dt), 0);
+	T_EQ_INT(dt, FERRY_DT_I32);
+	T_EQ_INT(ferry_dtype_from_numpy_name("Bytes", &dt), 0);
+	T_EQ_INT(dt, FERRY_DT_BYTES);
+	T_EQ_INT(ferry_dtype_bits(FERRY_DT_F64), 64);
+	T_EQ_INT(ferry_dtype_from_numpy_name("complex", &dt), FERRY_EBADOPT);
+	T_EQ_INT(ferry_dtype_from_name("uint16", &dt), FERRY_EBADOPT);
+	T_EQ_STR(ferry_dtype_numpy_name(FERRY_DT_U16), "uint16");
+	T_CHECK(ferry_dtype_numpy_name(FERRY_DT_BF16) == NULL && ferry_dtype_name(FERRY_DT__COUNT) == NULL);
+	ferry_dataset_writer *bw;
+	T_EQ_INT(ferry_dataset_writer_create(ctx, dir, FERRY_WRITE_FERRY, FERRY_DT_BF16, 0, &bw), FERRY_EBADOPT);
 	/* CRC-32C check value */
 	T_EQ_INT(ferry__crc32c(0, "123456789", 9), 0xe3069283u);
 
@@ -145,6 +157,12 @@ int main(void)
 	check_read(p, 500, "ferry", 1);
 	snprintf(q, sizeof(q), "%s/ferry.idx", p);
 	check_read(q, 500, "ferry", 1);
+	/* the index stores Megatron's dtype code (8: uint16), not the enum's number */
+	uint8_t code[4];
+	int fd = open(q, O_RDONLY);
+	T_ASSERT(fd >= 0 && pread(fd, code, 4, 16) == 4);
+	close(fd);
+	T_EQ_INT(code[0] | code[1] << 8 | code[2] << 16 | (uint32_t)code[3] << 24, 8);
 	ferry_dataset *ds;
 	T_ASSERT(ferry_dataset_open(ctx, p, &ds) == 0);
 	T_CHECK(ferry_dataset_shards(ds) > 3);
@@ -163,6 +181,10 @@ int main(void)
 	check_read(p, 300, "megatron", 0);
 	snprintf(q, sizeof(q), "%s.idx", p);
 	check_read(q, 300, "megatron", 0);
+	fd = open(q, O_RDONLY);
+	T_ASSERT(fd >= 0 && pread(fd, code, 1, 17) == 1);
+	close(fd);
+	T_EQ_INT(code[0], 8);
 
 	/* a flipped byte in the index: checksum */
 	snprintf(p, sizeof(p), "%s/ds", dir);
@@ -215,7 +237,7 @@ int main(void)
 	/* a crash before finish leaves no index: the directory does not open */
 	snprintf(p, sizeof(p), "%s/unfinished", dir);
 	ferry_dataset_writer *w;
-	T_ASSERT(ferry_dataset_writer_create(ctx, p, FERRY_WRITE_FERRY, FERRY_ELEM_BYTES, 0, &w) == 0);
+	T_ASSERT(ferry_dataset_writer_create(ctx, p, FERRY_WRITE_FERRY, FERRY_DT_BYTES, 0, &w) == 0);
 	T_ASSERT(ferry_dataset_writer_add(w, 10, NULL, 0, 1) == 0);
 	T_ASSERT(ferry_dataset_writer_layout(w) == 1);
 	ferry_dataset_writer_destroy(w);
