@@ -50,7 +50,7 @@ def load_lib():
     P, I, S, U64, C = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_char_p
     sig = {
         "ferry_ctx_create": (I, [ctypes.POINTER(P)]), "ferry_ctx_destroy": (None, [P]),
-        "ferry_last_error": (C, []), "ferry_dtype_from_name": (I, [C]), "ferry_dtype_name": (C, [I]),
+        "ferry_last_error": (C, []), "ferry_dtype_from_name": (I, [C, ctypes.POINTER(I)]), "ferry_dtype_name": (C, [I]),
         "ferry_st_open": (I, [P, C, ctypes.POINTER(P)]), "ferry_st_destroy": (None, [P]),
         "ferry_st_count": (S, [P]), "ferry_st_name": (C, [P, S]), "ferry_st_dtype": (I, [P, S]),
         "ferry_st_shape": (I, [P, S, ctypes.POINTER(U64), I]), "ferry_st_nbytes": (U64, [P, S]),
@@ -67,6 +67,15 @@ def load_lib():
 
 
 LIB = load_lib()
+
+
+def dtype(name):
+    """enum ferry_dtype of a safetensors dtype name."""
+    out = ctypes.c_int()
+    assert LIB.ferry_dtype_from_name(name, ctypes.byref(out)) == 0, name
+    return out.value
+
+
 CTX = ctypes.c_void_p()
 assert LIB.ferry_ctx_create(ctypes.byref(CTX)) == 0
 
@@ -144,7 +153,7 @@ def test_ferry_to_hf():
                 keep.append(buf)
                 dims = (ctypes.c_uint64 * max(len(shape), 1))(*shape)
                 tname = f"{name}.{len(shape)}d.{'x'.join(map(str, shape))}"
-                r = LIB.ferry_st_writer_add(w, tname.encode(), LIB.ferry_dtype_from_name(name.encode()), len(shape),
+                r = LIB.ferry_st_writer_add(w, tname.encode(), dtype(name.encode()), len(shape),
                                             dims, buf, len(data))
                 assert r >= 0, LIB.ferry_last_error().decode()
                 want[tname] = (name, shape, data)
@@ -179,7 +188,7 @@ def test_numpy_values():
     w = ctypes.c_void_p()
     assert LIB.ferry_st_writer_create(CTX, ctypes.byref(w)) == 0
     dims = (ctypes.c_uint64 * 3)(2, 3, 4)
-    assert LIB.ferry_st_writer_add(w, b"a", LIB.ferry_dtype_from_name(b"F32"), 3, dims, a.ctypes.data, a.nbytes) >= 0
+    assert LIB.ferry_st_writer_add(w, b"a", dtype(b"F32"), 3, dims, a.ctypes.data, a.nbytes) >= 0
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "v.safetensors")
         assert LIB.ferry_st_writer_save(w, p.encode(), 0) > 0
