@@ -14,6 +14,7 @@
 #include "base/knob.h"
 #include "ferry/ckpt.h"
 #include "base/json.h"
+#include "base/sbuf.h"
 
 /* Where the newest pruned step's shards wait to be written over by the next save (recycle=1) */
 #define RECYCLE_DIR "recycle"
@@ -270,22 +271,24 @@ static int commit(ferry_ckpt *ck, int64_t step)
 			nanosleep(&ts, NULL);
 		}
 	}
-	size_t cap = 256 + (size_t)ck->world * 96, len = 0;
-	char *m = r ? NULL : malloc(cap);
-	if (!r && !m)
-		r = ferry__error(-ENOMEM, "ckpt: out of memory");
+	struct ferry__sbuf m = {0};
 	if (!r) {
-		len += (size_t)snprintf(m + len, cap - len,
-					"{\"format\":\"ferry-checkpoint-1\",\"step\":%lld,\"world\":%d,\"run\":\"%s\",\"shards\":[",
-					(long long)step, ck->world, ck->run);
+		ferry__sbuf_printf(&m, "{\"format\":\"ferry-checkpoint-1\",\"step\":%lld,\"world\":%d,\"run\":",
+				   (long long)step, ck->world);
+		ferry__sbuf_json(&m, ck->run);
+		ferry__sbuf_puts(&m, ",\"shards\":[");
 		for (int i = 0; i < ck->world; i++)
-			len += (size_t)snprintf(m + len, cap - len, "%s{\"file\":\"rank-%05d-of-%05d.safetensors\",\"bytes\":%llu}",
-						i ? "," : "", i, ck->world, (unsigned long long)bytes[i]);
-		len += (size_t)snprintf(m + len, cap - len, "]}\n");
+			ferry__sbuf_printf(&m, "%s{\"file\":\"rank-%05d-of-%05d.safetensors\",\"bytes\":%llu}",
+					   i ? "," : "", i, ck->world, (unsigned long long)bytes[i]);
+		ferry__sbuf_puts(&m, "]}\n");
+		if (m.oom)
+			r = ferry__error(-ENOMEM, "ckpt: out of memory");
+	}
+	if (!r) {
 		r = ferry_ckpt_step_path(ck->dir, step, sp, sizeof(sp) - 16);
 		if (r >= 0) {
 			snprintf(p, sizeof(p), "%s/manifest.json", sp);
-			r = ferry__write_durable(p, m, len);
+			r = ferry__write_durable(p, m.data, m.len);
 		}
 	}
 	if (!r) {
@@ -294,7 +297,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 		snprintf(p, sizeof(p), "%s/latest", ck->dir);
 		r = ferry__write_durable(p, text, (size_t)n);
 	}
-	free(m);
+	ferry__sbuf_free(&m);
 	free(bytes);
 	if (!r && ck->keep) {
 		int pr = prune(ck->dir, ck->keep, ck->recycle);
@@ -306,7 +309,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 static int64_t after_shard(void *arg, int64_t result)
 {
 	ferry_ckpt *ck = arg;
-	char p[PATH_MAX], text[512];
+	char p[PATH_MAX];
 	if (result < 0)
 		return result;
 	/* The step directory's entry in DIR, durable before this rank's marker says the shard is in.
@@ -316,9 +319,13 @@ static int64_t after_shard(void *arg, int64_t result)
 	if (!r)
 		r = marker_path(ck, ck->step, ck->rank, p, sizeof(p));
 	if (!r) {
-		int n = snprintf(text, sizeof(text), "{\"run\":\"%s\",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n",
-				 ck->run, (long long)ck->step, ck->rank, ck->world, (long long)result);
-		r = ferry__write_durable(p, text, (size_t)n);
+		struct ferry__sbuf text = {0};
+		ferry__sbuf_puts(&text, "{\"run\":");
+		ferry__sbuf_json(&text, ck->run);
+		ferry__sbuf_printf(&text, ",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n", (long long)ck->step,
+				   ck->rank, ck->world, (long long)result);
+		r = text.oom ? ferry__error(-ENOMEM, "ckpt: out of memory") : ferry__write_durable(p, text.data, text.len);
+		ferry__sbuf_free(&text);
 	}
 	if (!r && ck->rank == 0)
 		r = commit(ck, ck->step);
