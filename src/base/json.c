@@ -162,22 +162,31 @@ static int container_next(struct ferry__json *j, char close)
 	return 1;
 }
 
-static int hex4(const char *s, unsigned *out)
+int ferry__hex_digits(const char *s, size_t n, uint64_t *out)
 {
-	unsigned v = 0;
-	for (int i = 0; i < 4; i++) {
+	uint64_t v = 0;
+	for (size_t i = 0; i < n; i++) {
 		char c = s[i];
 		v <<= 4;
 		if (c >= '0' && c <= '9')
-			v |= (unsigned)(c - '0');
+			v |= (uint64_t)(c - '0');
 		else if (c >= 'a' && c <= 'f')
-			v |= (unsigned)(c - 'a' + 10);
+			v |= (uint64_t)(c - 'a' + 10);
 		else if (c >= 'A' && c <= 'F')
-			v |= (unsigned)(c - 'A' + 10);
+			v |= (uint64_t)(c - 'A' + 10);
 		else
 			return -1;
 	}
 	*out = v;
+	return 0;
+}
+
+static int hex4(const char *s, unsigned *out)
+{
+	uint64_t v;
+	if (ferry__hex_digits(s, 4, &v))
+		return -1;
+	*out = (unsigned)v;
 	return 0;
 }
 
@@ -352,9 +361,8 @@ int ferry__json_skip(struct ferry__json *j)
 		j->pos = end;
 		return 0;
 	case 't':
-		return literal(j, "true");
 	case 'f':
-		return literal(j, "false");
+		return ferry__json_bool(j, &r);
 	case 'z':
 		return literal(j, "null");
 	default:

@@ -54,6 +54,8 @@ int ferry__json_end(struct ferry__json *j);
  * surrogates or code points above U+10FFFF), or 0 if none starts there.
  */
 size_t ferry__utf8_seq(const char *s, size_t n);
+/* Exactly n hex digits (either case; n <= 16) at s. Returns 0 or -1 (a byte that is not one). */
+int ferry__hex_digits(const char *s, size_t n, uint64_t *out);
 /* 1 if s[0..len) is valid UTF-8 (RFC 3629), else 0. */
 int ferry__utf8_valid(const char *s, size_t len);
 /*

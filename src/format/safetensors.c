@@ -85,23 +85,7 @@ int ferry_xxh3(const void *buf, size_t len, uint64_t *out)
 
 int ferry__hex64(const char *s, uint64_t *out)
 {
-	uint64_t v = 0;
-	for (int i = 0; i < 16; i++) {
-		char c = s[i];
-		v <<= 4;
-		if (c >= '0' && c <= '9')
-			v |= (uint64_t)(c - '0');
-		else if (c >= 'a' && c <= 'f')
-			v |= (uint64_t)(c - 'a' + 10);
-		else if (c >= 'A' && c <= 'F')
-			v |= (uint64_t)(c - 'A' + 10);
-		else
-			return -1;
-	}
-	if (s[16])
-		return -1;
-	*out = v;
-	return 0;
+	return ferry__hex_digits(s, 16, out) || s[16] ? -1 : 0;
 }
 
 /* --------------------------------------------------------------------------------------- parser */

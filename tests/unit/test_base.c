@@ -236,6 +236,17 @@ static int cufile_bool(const char *text, const char *key)
 	return r == 1 ? v : r == 0 ? -1 : -2;
 }
 
+static void test_hex(void)
+{
+	uint64_t v = 0;
+	T_EQ_INT(ferry__hex_digits("00fF", 4, &v), 0);
+	T_EQ_INT(v, 0xff);
+	T_EQ_INT(ferry__hex_digits("0123456789abcdef", 16, &v), 0);
+	T_CHECK(v == 0x0123456789abcdefull);
+	T_EQ_INT(ferry__hex_digits("12g4", 4, &v), -1);
+	T_EQ_INT(ferry__hex_digits("12", 4, &v), -1); /* the NUL is not a digit: never read past it */
+}
+
 static void test_jsonc(void)
 {
 	const char *doc =
@@ -402,6 +413,7 @@ int main(void)
 	test_xxh3();
 	test_byteorder();
 	test_tools_helpers();
+	test_hex();
 	test_jsonc();
 	test_durable();
 	return t_result();
