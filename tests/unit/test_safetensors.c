@@ -491,11 +491,11 @@ static void test_reserve(void)
 	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
 	T_EQ_INT(ferry_st_writer_stat(w, FERRY_SAVE_STAT_SLOTS), 3);
 	T_EQ_INT(ferry_st_writer_stat(w, FERRY_SAVE_STAT_PINNED_NEW_BYTES), 0);
-	/* FERRY_SAVE_HOLD: the writer starts once the snapshot is taken; the file is the same. */
-	setenv("FERRY_SAVE_HOLD", "1", 1);
+	/* save_hold (FERRY_SAVE_HOLD): the writer starts once the snapshot is taken; the file is the same. */
+	T_EQ_INT(ferry_st_writer_set(w, "save_hold", "1"), 0);
 	T_EQ_INT(ferry_st_writer_save_async(w, p, 0), 0);
 	T_CHECK(ferry_st_writer_wait(w, -1) > (int64_t)nb);
-	unsetenv("FERRY_SAVE_HOLD");
+	T_EQ_INT(ferry_st_writer_set(w, "save_hold", "0"), 0);
 	ferry_st *st = NULL;
 	unsigned char *got = malloc(nb);
 	T_ASSERT(got && ferry_st_open(ctx, p, &st) == 0);
