@@ -34,7 +34,9 @@ static const struct cli_cmd inspect_cmd = {
 	.synopsis = "ferry ckpt inspect PATH [--json]",
 	.about = "Lists the tensors (dtypes, shapes, offsets) and the metadata.\n" PATH_ABOUT,
 	.opts = inspect_rows,
+	.min_args = 1,
 	.max_args = 1,
+	.args = "PATH",
 };
 
 static const struct cli_opt no_rows[] = {{.name = NULL}};
@@ -44,7 +46,9 @@ static const struct cli_cmd verify_cmd = {
 	.synopsis = "ferry ckpt verify PATH",
 	.about = "Checks the structure and every stored checksum; exits 1 if one fails.\n" PATH_ABOUT,
 	.opts = no_rows,
+	.min_args = 1,
 	.max_args = 1,
+	.args = "PATH",
 };
 
 /* A checkpoint directory (with `latest`) resolves to its latest step. */
@@ -79,8 +83,6 @@ static int cmd_inspect(int argc, char **argv)
 	int rc = cli_parse(&inspect_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
-	if (!a.argc)
-		return cli_usage_error(&inspect_cmd, &a, "no PATH given");
 	const char *path = a.argv[0];
 	int json = o.json;
 	ferry_ctx *ctx = NULL;
@@ -144,8 +146,6 @@ static int cmd_verify(int argc, char **argv)
 	int rc = cli_parse(&verify_cmd, NULL, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
-	if (!a.argc)
-		return cli_usage_error(&verify_cmd, &a, "no PATH given");
 	ferry_ctx *ctx = NULL;
 	ferry_st_load *ld = NULL;
 	if (open_load(&ctx, a.argv[0], &ld)) {
@@ -181,18 +181,7 @@ static const struct ferry_cli_command ckpt_commands[] = {
 	{NULL, NULL, NULL},
 };
 
-static void usage(FILE *out)
-{
-	fprintf(out, "usage: ferry ckpt <command> [options]\n\ncommands:\n");
-	cli_list_commands(out, ckpt_commands);
-	fprintf(out, "\n" PATH_ABOUT "\n'ferry ckpt <command> --help' describes a command's options.\n");
-}
-
 int ferry_cmd_ckpt(int argc, char **argv)
 {
-	if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-		usage(argc < 2 ? stderr : stdout);
-		return argc < 2 ? 2 : 0;
-	}
-	return cli_dispatch("ferry ckpt", ckpt_commands, argc, argv);
+	return cli_dispatch("ferry ckpt", ckpt_commands, PATH_ABOUT "\n", argc, argv);
 }

@@ -143,7 +143,9 @@ static const struct cli_cmd cmd = {
 	.about = "Runs the loader over DATASET for --seconds and reports samples/s, bytes/s, CPU time and how\n"
 		 "long the consumer waited per step. docs/DATA.md describes the loader's knobs.",
 	.opts = rows,
+	.min_args = 1,
 	.max_args = 1,
+	.args = "DATASET",
 };
 
 int ferry_cmd_loader_bench(int argc, char **argv)
@@ -153,8 +155,6 @@ int ferry_cmd_loader_bench(int argc, char **argv)
 	int rc = cli_parse(&cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
-	if (!a.argc)
-		return cli_usage_error(&cmd, &a, "no DATASET given");
 	const char *path = a.argv[0], *name = o.name;
 	const char *const *vals = o.knob;
 	double seconds = o.seconds, frac = o.frac;

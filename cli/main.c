@@ -25,24 +25,9 @@ const struct ferry_cli_command ferry_cli_commands[] = {
 	{NULL, NULL, NULL},
 };
 
-static void usage(FILE *out)
-{
-	fprintf(out, "usage: ferry <command> [options]\n\ncommands:\n");
-	cli_list_commands(out, ferry_cli_commands);
-	fprintf(out, "\n'ferry <command> --help' describes a command's options.\n");
-}
-
 int main(int argc, char **argv)
 {
-	if (argc < 2) {
-		usage(stderr);
-		return 2;
-	}
-	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-		usage(stdout);
-		return 0;
-	}
-	if (!strcmp(argv[1], "--version"))
+	if (argc > 1 && !strcmp(argv[1], "--version"))
 		return cmd_version(0, NULL);
-	return cli_dispatch("ferry", ferry_cli_commands, argc, argv);
+	return cli_dispatch("ferry", ferry_cli_commands, NULL, argc, argv);
 }

@@ -349,6 +349,8 @@ int cli_parse(const struct cli_cmd *cmd, void *opts, int argc, char **argv, stru
 				break;
 		}
 	}
+	if (a->argc < cmd->min_args)
+		return cli_usage_error(cmd, a, "no %s given", cmd->args ? cmd->args : "argument");
 	return CLI_CONTINUE;
 }
 
@@ -408,14 +410,25 @@ void cli_help(const struct cli_cmd *cmd, FILE *out)
 		fprintf(out, "\n%s\n", cmd->footer);
 }
 
-void cli_list_commands(FILE *out, const struct ferry_cli_command *cmds)
+static void list_commands(FILE *out, const char *prog, const struct ferry_cli_command *cmds, const char *about)
 {
+	fprintf(out, "usage: %s <command> [options]\n\ncommands:\n", prog);
 	for (const struct ferry_cli_command *c = cmds; c->name; c++)
 		fprintf(out, "  %-10s %s\n", c->name, c->summary);
+	fprintf(out, "\n%s%s'%s <command> --help' describes a command's options.\n", about ? about : "",
+		about ? "\n" : "", prog);
 }
 
-int cli_dispatch(const char *prog, const struct ferry_cli_command *cmds, int argc, char **argv)
+int cli_dispatch(const char *prog, const struct ferry_cli_command *cmds, const char *about, int argc, char **argv)
 {
+	if (argc < 2) {
+		list_commands(stderr, prog, cmds, about);
+		return 2;
+	}
+	if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		list_commands(stdout, prog, cmds, about);
+		return 0;
+	}
 	for (const struct ferry_cli_command *c = cmds; c->name; c++)
 		if (!strcmp(argv[1], c->name))
 			return c->run(argc - 1, argv + 1);

@@ -61,7 +61,9 @@ struct cli_cmd {
 	const char *about;    /* paragraph(s) between the synopsis and the options; may be NULL */
 	const struct cli_opt *opts;
 	const char *footer;   /* after the options; may be NULL */
-	int max_args;         /* positional arguments allowed; -1: any number */
+	int min_args;         /* positional arguments required ... */
+	int max_args;         /* ... and allowed; -1: any number */
+	const char *args;     /* what they are, for the error when too few are given: "PATH" */
 };
 
 /* What cli_parse found besides the targets it set. */
@@ -97,8 +99,11 @@ struct ferry_cli_command {
 	const char *summary;
 	int (*run)(int argc, char **argv); /* argv[0] is the subcommand's name */
 };
-void cli_list_commands(FILE *out, const struct ferry_cli_command *cmds);
-/* Runs the subcommand named by argv[1]; 2 with a line on stderr when none is. */
-int cli_dispatch(const char *prog, const struct ferry_cli_command *cmds, int argc, char **argv);
+/*
+ * Runs the subcommand named by argv[1]. With no argument, prints the list of subcommands on
+ * stderr and returns 2; with -h, --help or help, on stdout and returns 0 (about, if not NULL, is a
+ * paragraph after the list); an unknown name returns 2 after a line on stderr.
+ */
+int cli_dispatch(const char *prog, const struct ferry_cli_command *cmds, const char *about, int argc, char **argv);
 
 #endif

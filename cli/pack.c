@@ -362,7 +362,9 @@ static const struct cli_cmd cmd = {
 		 "token arrays (.npy: 1-D one sample, 2-D a sample per row; raw: --input raw --dtype T) into\n"
 		 "ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).",
 	.opts = rows,
+	.min_args = 1,
 	.max_args = -1,
+	.args = "INPUT",
 };
 
 static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs);
@@ -376,8 +378,8 @@ int ferry_cmd_pack(int argc, char **argv)
 	int rc = cli_parse(&cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
-	if (!o.out || !a.argc)
-		return cli_usage_error(&cmd, &a, "%s", !o.out ? "-o OUT is required" : "no INPUT given");
+	if (!o.out)
+		return cli_usage_error(&cmd, &a, "-o OUT is required");
 	int dtype = -1;
 	if (o.dtype) {
 		enum ferry_dtype dt;

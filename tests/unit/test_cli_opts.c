@@ -143,6 +143,16 @@ static void letters_and_arguments(void)
 	T_EQ_INT(PARSE(&o, &a, "-"), CLI_CONTINUE);
 	T_EQ_INT(a.argc, 1);
 	check_error(PARSE(&o, &a, "a", "b", "c"), "ferry test: unexpected argument 'c' (see 'ferry test --help')\n");
+
+	static const struct cli_cmd needs_path = {.name = "t2", .synopsis = "ferry t2 PATH", .opts = rows,
+						  .min_args = 1, .max_args = 1, .args = "PATH"};
+	char *argv[] = {"t2", "-f", NULL};
+	FILE *err = fmemopen(errbuf, sizeof(errbuf), "w");
+	T_ASSERT(err);
+	a = (struct cli_args){.err = err};
+	T_EQ_INT(cli_parse(&needs_path, &o, 2, argv, &a), 2);
+	fclose(err);
+	T_EQ_STR(errbuf, "ferry t2: no PATH given (see 'ferry t2 --help')\n");
 }
 
 static void optional_values(void)
