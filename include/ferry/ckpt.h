@@ -87,15 +87,6 @@ FERRY_API FERRY_WUR int ferry_ckpt_prune(const char *dir, int keep);
  * FERRY_ECORRUPT for a manifest that breaks the format, or an I/O error.
  */
 FERRY_API FERRY_WUR int ferry_ckpt_world(const char *dir, int64_t step);
-/*
- * Where ferry_st_load_run(ld, device, flags, ...) puts entry i when no destination is set for
- * it, for a caller that allocates the destinations itself and wants the same layout (one read
- * per file): entries of one file that load whole share a region of *region_len bytes, and entry
- * i lies at *offset in it; *file is the file. Returns 1 (in the region), 0 (an allocation of its
- * own: a slice, or FERRY_LOAD_PER_TENSOR) or -EINVAL when there is no entry i.
- */
-FERRY_API FERRY_WUR int ferry_st_load_place(ferry_st_load *ld, size_t i, int flags, size_t *file,
-					    uint64_t *offset, uint64_t *region_len);
 
 #ifdef __cplusplus
 }

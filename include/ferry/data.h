@@ -6,7 +6,7 @@
  *
  * Conventions as in ferry.h: 0 or a count on success, a negative code on failure with
  * ferry_last_error() naming the file, the shard and the sample; opaque handles; NULL accepted by
- * every _close/_destroy. docs/DATA.md describes the formats and the orders.
+ * every _destroy. docs/DATA.md describes the formats and the orders.
  */
 #ifndef FERRY_DATA_H
 #define FERRY_DATA_H

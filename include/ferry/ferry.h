@@ -6,7 +6,7 @@
  *    ferry's own codes below -4095 (FERRY_E*); ferry_strerror() names either;
  *  - after a failure, ferry_last_error() holds a sentence for the calling thread naming the file,
  *    the offset, the backend and the call that failed;
- *  - handles are opaque; every _destroy/_close accepts NULL; the library never prints or exits.
+ *  - handles are opaque; every _destroy accepts NULL; the library never prints or exits.
  */
 #ifndef FERRY_FERRY_H
 #define FERRY_FERRY_H

@@ -233,6 +233,15 @@ FERRY_API FERRY_WUR int ferry_st_load_set_dest(ferry_st_load *ld, size_t i, void
  */
 FERRY_API FERRY_WUR int ferry_st_load_run(ferry_st_load *ld, int device, int flags,
 					  uint64_t staging_budget);
+/*
+ * Where ferry_st_load_run(ld, device, flags, ...) puts entry i when no destination is set for
+ * it, for a caller that allocates the destinations itself and wants the same layout (one read
+ * per file): entries of one file that load whole share a region of *region_len bytes, and entry
+ * i lies at *offset in it; *file is the file. Returns 1 (in the region), 0 (an allocation of its
+ * own: a slice, or FERRY_LOAD_PER_TENSOR) or -EINVAL when there is no entry i.
+ */
+FERRY_API FERRY_WUR int ferry_st_load_place(ferry_st_load *ld, size_t i, int flags, size_t *file,
+					    uint64_t *offset, uint64_t *region_len);
 /* Where tensor i is after ferry_st_load_run (device address or host pointer). */
 FERRY_API void *ferry_st_load_ptr(ferry_st_load *ld, size_t i);
 /* Bytes read by the last run and its wall time in nanoseconds. */
