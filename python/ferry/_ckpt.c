@@ -19,8 +19,6 @@
 #include "ferry/safetensors.h"
 #include "_ferry.h"
 
-#define raise_ferry ferry__py_raise
-
 /* ------------------------------------------------------------------------------------ helpers */
 
 static int get_shape(PyObject *o, uint64_t *dims, int *ndim)
@@ -47,40 +45,14 @@ static int get_shape(PyObject *o, uint64_t *dims, int *ndim)
 	return 0;
 }
 
-static PyObject *shape_tuple(const uint64_t *dims, int nd)
-{
-	PyObject *t = PyTuple_New(nd < 0 ? 0 : nd);
-	for (int k = 0; t && k < nd; k++) {
-		PyObject *v = PyLong_FromUnsignedLongLong(dims[k]);
-		if (!v) {
-			Py_CLEAR(t);
-			break;
-		}
-		PyTuple_SET_ITEM(t, k, v);
-	}
-	return t;
-}
-
 static int get_dtype(const char *name)
 {
-	int dt = ferry_dtype_from_name(name);
-	if (dt < 0)
+	enum ferry_dtype dt;
+	if (ferry_dtype_from_name(name, &dt) < 0 || dt == FERRY_DT_BYTES) {
 		PyErr_Format(PyExc_ValueError, "unknown safetensors dtype '%s'", name);
-	return dt;
-}
-
-/* Timeout in seconds (None: forever) as nanoseconds. */
-static int get_timeout(PyObject *o, int64_t *ns)
-{
-	if (!o || o == Py_None) {
-		*ns = -1;
-		return 0;
-	}
-	double s = PyFloat_AsDouble(o);
-	if (s == -1.0 && PyErr_Occurred())
 		return -1;
-	*ns = s <= 0 ? 0 : s > 9e9 ? INT64_MAX : (int64_t)(s * 1e9);
-	return 0;
+	}
+	return (int)dt;
 }
 
 static PyObject *metadata_dict(const ferry_st *st)
@@ -95,30 +67,84 @@ static PyObject *metadata_dict(const ferry_st *st)
 	return d;
 }
 
-#define BUSY_CHECK(self, what)                                                                          \
-	do {                                                                                            \
-		if ((self)->busy) {                                                                     \
-			PyErr_SetString(PyExc_RuntimeError, what " is in use by another thread");       \
-			return NULL;                                                                    \
-		}                                                                                       \
+/* The busy check: one object is used by one thread at a time. */
+#define BUSY_CHECK(self, what)                                                                      \
+	do {                                                                                        \
+		if (ferry__py_busy((self)->busy, what " is in use by another thread") < 0)          \
+			return NULL;                                                                \
 	} while (0)
+
+/*
+ * A St or a Load: a C handle opened on a path, and the context it was opened in, kept alive.
+ * busy counts the calls running without the GIL.
+ */
+typedef struct {
+	PyObject_HEAD
+	union {
+		ferry_st *st;
+		ferry_st_load *ld;
+	};
+	PyObject *ctx;
+	Py_ssize_t busy;
+} HandleObject;
+
+typedef HandleObject StObject;
+typedef HandleObject LoadObject;
+
+static PyTypeObject StType, LoadType;
+
+static int64_t st_open(ferry_ctx *ctx, const char *path, void *out)
+{
+	return ferry_st_open(ctx, path, out);
+}
+
+static int64_t load_open(ferry_ctx *ctx, const char *path, void *out)
+{
+	return ferry_st_load_open(ctx, path, out);
+}
+
+/* open(ctx, path, &handle) with the GIL released, in a new St or Load. */
+static PyObject *handle_open(PyTypeObject *type, PyObject *args, const char *fmt)
+{
+	PyObject *ctxo, *name;
+	void *h = NULL;
+
+	if (!PyArg_ParseTuple(args, fmt, &ctxo, &name) ||
+	    ferry__py_path_call(ctxo, name, type == &StType ? st_open : load_open, &h) < 0)
+		return NULL;
+	HandleObject *self = PyObject_New(HandleObject, type);
+	if (!self) {
+		if (type == &StType)
+			ferry_st_destroy(h);
+		else
+			ferry_st_load_destroy(h);
+		return NULL;
+	}
+	self->st = NULL;
+	if (type == &StType)
+		self->st = h;
+	else
+		self->ld = h;
+	self->ctx = Py_NewRef(ctxo);
+	self->busy = 0;
+	return (PyObject *)self;
+}
 
 /* ------------------------------------------------------------------ St: one file, read lazily */
 
-typedef struct {
-	PyObject_HEAD
-	ferry_st *st;
-	PyObject *ctx; /* keeps the ferry_ctx alive */
-	int busy;
-} StObject;
-
-static PyTypeObject StType;
-
 static PyObject *st_check(StObject *self)
 {
-	BUSY_CHECK(self, "this safetensors file");
-	if (!self->st) {
-		PyErr_SetString(PyExc_ValueError, "I/O operation on a closed safetensors file");
+	if (ferry__py_busy(self->busy, "this safetensors file is in use by another thread") < 0 ||
+	    ferry__py_closed(self->st, "I/O operation on a closed safetensors file") < 0)
+		return NULL;
+	return Py_None;
+}
+
+/* Tensor i of an open file, or NULL with IndexError. */
+static PyObject *st_index(StObject *self, Py_ssize_t i)
+{
+	if (i < 0 || (size_t)i >= ferry_st_count(self->st)) {
+		PyErr_SetString(PyExc_IndexError, "tensor index out of range");
 		return NULL;
 	}
 	return Py_None;
@@ -126,35 +152,15 @@ static PyObject *st_check(StObject *self)
 
 static PyObject *mod_st_open(PyObject *mod, PyObject *args)
 {
-	PyObject *ctxo, *name, *bpath = NULL;
-	ferry_st *st = NULL;
-	if (!PyArg_ParseTuple(args, "OO:st_open", &ctxo, &name))
-		return NULL;
-	ferry_ctx *ctx = ferry__py_ctx(ctxo);
-	if (!ctx || !PyUnicode_FSConverter(name, &bpath))
-		return NULL;
-	const char *path = PyBytes_AS_STRING(bpath);
-	int r;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_st_open(ctx, path, &st);
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
-	if (r < 0)
-		return raise_ferry(r, name);
-	StObject *self = PyObject_New(StObject, &StType);
-	if (!self) {
-		ferry_st_destroy(st);
-		return NULL;
-	}
-	self->st = st;
-	self->ctx = Py_NewRef(ctxo);
-	self->busy = 0;
-	return (PyObject *)self;
+	return handle_open(&StType, args, "OO:st_open");
 }
 
-static void st_dealloc(StObject *self)
+static void handle_dealloc(HandleObject *self)
 {
-	ferry_st_destroy(self->st);
+	if (Py_TYPE(self) == &StType)
+		ferry_st_destroy(self->st);
+	else
+		ferry_st_load_destroy(self->ld);
 	Py_XDECREF(self->ctx);
 	PyObject_Free(self);
 }
@@ -172,28 +178,29 @@ static PyObject *st_info_at(ferry_st *st, size_t i)
 {
 	uint64_t dims[FERRY_ST_MAX_DIMS];
 	int nd = ferry_st_shape(st, i, dims, FERRY_ST_MAX_DIMS);
-	PyObject *shape = shape_tuple(dims, nd);
+	PyObject *shape = ferry__py_u64_tuple(dims, nd);
 	if (!shape)
 		return NULL;
 	return Py_BuildValue("(ssNKK)", ferry_st_name(st, i), ferry_dtype_name(ferry_st_dtype(st, i)), shape,
 			     (unsigned long long)ferry_st_offset(st, i), (unsigned long long)ferry_st_nbytes(st, i));
 }
 
+static PyObject *tensor_at(Py_ssize_t i, const void *st)
+{
+	return st_info_at((ferry_st *)st, (size_t)i);
+}
+
+/* [(name, dtype, shape, offset, nbytes)] of a file, in file order */
+static PyObject *tensor_list(ferry_st *st)
+{
+	return ferry__py_list((Py_ssize_t)ferry_st_count(st), tensor_at, st);
+}
+
 static PyObject *st_tensors(StObject *self, PyObject *unused)
 {
 	if (!st_check(self))
 		return NULL;
-	size_t n = ferry_st_count(self->st);
-	PyObject *l = PyList_New((Py_ssize_t)n);
-	for (size_t i = 0; l && i < n; i++) {
-		PyObject *t = st_info_at(self->st, i);
-		if (!t) {
-			Py_CLEAR(l);
-			break;
-		}
-		PyList_SET_ITEM(l, (Py_ssize_t)i, t);
-	}
-	return l;
+	return tensor_list(self->st);
 }
 
 static PyObject *st_metadata(StObject *self, PyObject *unused)
@@ -223,20 +230,12 @@ static PyObject *st_read(StObject *self, PyObject *args)
 {
 	Py_ssize_t i;
 	unsigned long long ptr, len;
-	if (!st_check(self) || !PyArg_ParseTuple(args, "nKK:read", &i, &ptr, &len))
+	if (!st_check(self) || !PyArg_ParseTuple(args, "nKK:read", &i, &ptr, &len) || !st_index(self, i))
 		return NULL;
-	if (i < 0 || (size_t)i >= ferry_st_count(self->st)) {
-		PyErr_SetString(PyExc_IndexError, "tensor index out of range");
-		return NULL;
-	}
 	ssize_t r;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_st_read(self->st, (size_t)i, (void *)(uintptr_t)ptr, (size_t)len);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
-	if (r < 0)
-		return raise_ferry((int)r, NULL);
+	FERRY_PY_NOGIL(&self->busy, r, ferry_st_read(self->st, (size_t)i, (void *)(uintptr_t)ptr, (size_t)len));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return PyLong_FromSsize_t(r);
 }
 
@@ -246,20 +245,15 @@ static PyObject *st_read_slice(StObject *self, PyObject *args)
 	Py_ssize_t i;
 	int dim;
 	unsigned long long start, stop, ptr, len;
-	if (!st_check(self) || !PyArg_ParseTuple(args, "niKKKK:read_slice", &i, &dim, &start, &stop, &ptr, &len))
+	if (!st_check(self) ||
+	    !PyArg_ParseTuple(args, "niKKKK:read_slice", &i, &dim, &start, &stop, &ptr, &len) ||
+	    !st_index(self, i))
 		return NULL;
-	if (i < 0 || (size_t)i >= ferry_st_count(self->st)) {
-		PyErr_SetString(PyExc_IndexError, "tensor index out of range");
-		return NULL;
-	}
 	ssize_t r;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_st_read_slice(self->st, (size_t)i, dim, start, stop, (void *)(uintptr_t)ptr, (size_t)len);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
-	if (r < 0)
-		return raise_ferry((int)r, NULL);
+	FERRY_PY_NOGIL(&self->busy, r, ferry_st_read_slice(self->st, (size_t)i, dim, start, stop,
+							  (void *)(uintptr_t)ptr, (size_t)len));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return PyLong_FromSsize_t(r);
 }
 
@@ -267,20 +261,12 @@ static PyObject *st_read_slice(StObject *self, PyObject *args)
 static PyObject *st_verify(StObject *self, PyObject *arg)
 {
 	Py_ssize_t i = PyLong_AsSsize_t(arg);
-	if (!st_check(self) || (i == -1 && PyErr_Occurred()))
+	if ((i == -1 && PyErr_Occurred()) || !st_check(self) || !st_index(self, i))
 		return NULL;
-	if (i < 0 || (size_t)i >= ferry_st_count(self->st)) {
-		PyErr_SetString(PyExc_IndexError, "tensor index out of range");
-		return NULL;
-	}
 	int r;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_st_verify(self->st, (size_t)i);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
-	if (r < 0)
-		return raise_ferry(r, NULL);
+	FERRY_PY_NOGIL(&self->busy, r, ferry_st_verify(self->st, (size_t)i));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return PyLong_FromLong(r);
 }
 
@@ -317,90 +303,37 @@ static PyGetSetDef st_getset[] = {
 };
 
 static PyTypeObject StType = {
-	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.St",
-	.tp_basicsize = sizeof(StObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "A validated safetensors file (ferry_st): header, metadata, tensor reads.",
-	.tp_dealloc = (destructor)st_dealloc,
+	FERRY_PY_TYPE("ferry._ferry.St", StObject, Py_TPFLAGS_DEFAULT,
+		      "A validated safetensors file (ferry_st): header, metadata, tensor reads."),
+	.tp_dealloc = (destructor)handle_dealloc,
 	.tp_methods = st_methods,
 	.tp_getset = st_getset,
 };
 
 /* ------------------------------------------------- Load: a file, a sharded set or a checkpoint */
 
-typedef struct {
-	PyObject_HEAD
-	ferry_st_load *ld;
-	PyObject *ctx;
-	int busy;
-} LoadObject;
-
-static PyTypeObject LoadType;
-
 static PyObject *mod_load_open(PyObject *mod, PyObject *args)
 {
-	PyObject *ctxo, *name, *bpath = NULL;
-	ferry_st_load *ld = NULL;
-	if (!PyArg_ParseTuple(args, "OO:load_open", &ctxo, &name))
-		return NULL;
-	ferry_ctx *ctx = ferry__py_ctx(ctxo);
-	if (!ctx || !PyUnicode_FSConverter(name, &bpath))
-		return NULL;
-	const char *path = PyBytes_AS_STRING(bpath);
-	int r;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_st_load_open(ctx, path, &ld);
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
-	if (r < 0)
-		return raise_ferry(r, name);
-	LoadObject *self = PyObject_New(LoadObject, &LoadType);
-	if (!self) {
-		ferry_st_load_destroy(ld);
-		return NULL;
-	}
-	self->ld = ld;
-	self->ctx = Py_NewRef(ctxo);
-	self->busy = 0;
-	return (PyObject *)self;
+	return handle_open(&LoadType, args, "OO:load_open");
 }
 
-static void load_dealloc(LoadObject *self)
+static PyObject *load_file_at(Py_ssize_t f, const void *ld)
 {
-	ferry_st_load_destroy(self->ld);
-	Py_XDECREF(self->ctx);
-	PyObject_Free(self);
+	ferry_st *st = ferry_st_load_file((ferry_st_load *)ld, (size_t)f);
+	PyObject *tl = tensor_list(st);
+	PyObject *md = tl ? metadata_dict(st) : NULL;
+	if (!md) {
+		Py_XDECREF(tl);
+		return NULL;
+	}
+	return Py_BuildValue("(NNN)", PyUnicode_DecodeFSDefault(ferry_st_path(st)), md, tl);
 }
 
 /* files() -> [(path, metadata dict, [(name, dtype, shape, offset, nbytes)])] */
 static PyObject *load_files(LoadObject *self, PyObject *unused)
 {
 	BUSY_CHECK(self, "this load");
-	size_t n = ferry_st_load_files(self->ld);
-	PyObject *l = PyList_New((Py_ssize_t)n);
-	for (size_t f = 0; l && f < n; f++) {
-		ferry_st *st = ferry_st_load_file(self->ld, f);
-		PyObject *tl = PyList_New((Py_ssize_t)ferry_st_count(st)), *item = NULL;
-		for (size_t i = 0; tl && i < ferry_st_count(st); i++) {
-			PyObject *t = st_info_at(st, i);
-			if (!t) {
-				Py_CLEAR(tl);
-				break;
-			}
-			PyList_SET_ITEM(tl, (Py_ssize_t)i, t);
-		}
-		PyObject *md = tl ? metadata_dict(st) : NULL;
-		if (md)
-			item = Py_BuildValue("(NNN)", PyUnicode_DecodeFSDefault(ferry_st_path(st)), md, tl);
-		else
-			Py_XDECREF(tl);
-		if (!item) {
-			Py_CLEAR(l);
-			break;
-		}
-		PyList_SET_ITEM(l, (Py_ssize_t)f, item);
-	}
-	return l;
+	return ferry__py_list((Py_ssize_t)ferry_st_load_files(self->ld), load_file_at, self->ld);
 }
 
 static PyObject *load_select(LoadObject *self, PyObject *args)
@@ -418,31 +351,28 @@ static PyObject *load_select(LoadObject *self, PyObject *args)
 		return NULL;
 	}
 	if (r < 0)
-		return raise_ferry(r, NULL);
+		return ferry__py_raise(r, NULL);
 	Py_RETURN_NONE;
+}
+
+static PyObject *load_entry_at(Py_ssize_t i, const void *arg)
+{
+	ferry_st_load *ld = (ferry_st_load *)arg;
+	uint64_t dims[FERRY_ST_MAX_DIMS];
+	int nd = ferry_st_load_shape(ld, (size_t)i, dims, FERRY_ST_MAX_DIMS);
+	PyObject *shape = ferry__py_u64_tuple(dims, nd);
+	if (!shape)
+		return NULL;
+	return Py_BuildValue("(ssNK)", ferry_st_load_name(ld, (size_t)i),
+			     ferry_dtype_name(ferry_st_load_dtype(ld, (size_t)i)), shape,
+			     (unsigned long long)ferry_st_load_nbytes(ld, (size_t)i));
 }
 
 /* entries() -> [(name, dtype, shape after slicing, nbytes)] of what will load */
 static PyObject *load_entries(LoadObject *self, PyObject *unused)
 {
 	BUSY_CHECK(self, "this load");
-	size_t n = ferry_st_load_count(self->ld);
-	PyObject *l = PyList_New((Py_ssize_t)n);
-	for (size_t i = 0; l && i < n; i++) {
-		uint64_t dims[FERRY_ST_MAX_DIMS];
-		int nd = ferry_st_load_shape(self->ld, i, dims, FERRY_ST_MAX_DIMS);
-		PyObject *shape = shape_tuple(dims, nd), *t = NULL;
-		if (shape)
-			t = Py_BuildValue("(ssNK)", ferry_st_load_name(self->ld, i),
-					  ferry_dtype_name(ferry_st_load_dtype(self->ld, i)), shape,
-					  (unsigned long long)ferry_st_load_nbytes(self->ld, i));
-		if (!t) {
-			Py_CLEAR(l);
-			break;
-		}
-		PyList_SET_ITEM(l, (Py_ssize_t)i, t);
-	}
-	return l;
+	return ferry__py_list((Py_ssize_t)ferry_st_load_count(self->ld), load_entry_at, self->ld);
 }
 
 static PyObject *load_set_dest(LoadObject *self, PyObject *args)
@@ -454,8 +384,25 @@ static PyObject *load_set_dest(LoadObject *self, PyObject *args)
 		return NULL;
 	int r = i < 0 ? -EINVAL : ferry_st_load_set_dest(self->ld, (size_t)i, (void *)(uintptr_t)ptr, (size_t)len);
 	if (r < 0)
-		return raise_ferry(r, NULL);
+		return ferry__py_raise(r, NULL);
 	Py_RETURN_NONE;
+}
+
+/* place(i, flags) -> (placed, file, offset, region_len): ferry_st_load_place */
+static PyObject *load_place(LoadObject *self, PyObject *args)
+{
+	Py_ssize_t i;
+	int flags;
+	size_t file;
+	uint64_t off, len;
+	BUSY_CHECK(self, "this load");
+	if (!PyArg_ParseTuple(args, "ni:place", &i, &flags))
+		return NULL;
+	int r = i < 0 ? -EINVAL : ferry_st_load_place(self->ld, (size_t)i, flags, &file, &off, &len);
+	if (ferry__py_failed(r, NULL))
+		return NULL;
+	return Py_BuildValue("(OnKK)", r ? Py_True : Py_False, (Py_ssize_t)file, (unsigned long long)off,
+			     (unsigned long long)len);
 }
 
 /* run(device, flags, staging_budget) -> (bytes, seconds) */
@@ -467,13 +414,9 @@ static PyObject *load_run(LoadObject *self, PyObject *args)
 	if (!PyArg_ParseTuple(args, "iiK:run", &device, &flags, &budget))
 		return NULL;
 	int r;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_st_load_run(self->ld, device, flags, budget);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
-	if (r < 0)
-		return raise_ferry(r, NULL);
+	FERRY_PY_NOGIL(&self->busy, r, ferry_st_load_run(self->ld, device, flags, budget));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return Py_BuildValue("(Kd)", (unsigned long long)ferry_st_load_bytes(self->ld),
 			     (double)ferry_st_load_ns(self->ld) / 1e9);
 }
@@ -485,16 +428,16 @@ static PyMethodDef load_methods[] = {
 	 "select(name) or select(name, dim, start, stop): load only these (KeyError if absent)"},
 	{"entries", (PyCFunction)load_entries, METH_NOARGS, "[(name, dtype, shape, nbytes)] of what loads"},
 	{"set_dest", (PyCFunction)load_set_dest, METH_VARARGS, "set_dest(i, ptr, len): entry i goes there"},
+	{"place", (PyCFunction)load_place, METH_VARARGS,
+	 "place(i, flags) -> (placed, file, offset, region_len): where run() would put entry i"},
 	{"run", (PyCFunction)load_run, METH_VARARGS, "run(device, flags, staging_budget) -> (bytes, seconds)"},
 	{NULL},
 };
 
 static PyTypeObject LoadType = {
-	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Load",
-	.tp_basicsize = sizeof(LoadObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "A load of safetensors tensors (ferry_st_load) into memory the caller gives.",
-	.tp_dealloc = (destructor)load_dealloc,
+	FERRY_PY_TYPE("ferry._ferry.Load", LoadObject, Py_TPFLAGS_DEFAULT,
+		      "A load of safetensors tensors (ferry_st_load) into memory the caller gives."),
+	.tp_dealloc = (destructor)handle_dealloc,
 	.tp_methods = load_methods,
 };
 
@@ -509,7 +452,7 @@ typedef struct {
 	ferry_st_writer *w;
 	ferry_ckpt *ck;
 	PyObject *ctx;
-	int busy;
+	Py_ssize_t busy;
 } WriterObject;
 
 static PyTypeObject WriterType;
@@ -535,33 +478,37 @@ static PyObject *mod_writer_create(PyObject *mod, PyObject *ctxo)
 	if (!self)
 		return NULL;
 	int r = ferry_st_writer_create(ctx, &self->w);
-	if (r < 0) {
+	if (ferry__py_failed(r, NULL)) {
 		Py_DECREF(self);
-		return raise_ferry(r, NULL);
+		return NULL;
 	}
 	return (PyObject *)self;
 }
 
+struct ckpt_open_args {
+	int rank, world;
+	ferry_ckpt *ck;
+};
+
+static int64_t ckpt_open(ferry_ctx *ctx, const char *dir, void *arg)
+{
+	struct ckpt_open_args *a = arg;
+	return ferry_ckpt_open(ctx, dir, a->rank, a->world, &a->ck);
+}
+
 static PyObject *mod_ckpt_open(PyObject *mod, PyObject *args)
 {
-	PyObject *ctxo, *name, *bpath = NULL;
-	int rank, world;
-	if (!PyArg_ParseTuple(args, "OOii:ckpt_open", &ctxo, &name, &rank, &world))
-		return NULL;
-	ferry_ctx *ctx = ferry__py_ctx(ctxo);
-	if (!ctx || !PyUnicode_FSConverter(name, &bpath))
+	PyObject *ctxo, *name;
+	struct ckpt_open_args a = {0, 0, NULL};
+	if (!PyArg_ParseTuple(args, "OOii:ckpt_open", &ctxo, &name, &a.rank, &a.world) ||
+	    ferry__py_path_call(ctxo, name, ckpt_open, &a) < 0)
 		return NULL;
 	WriterObject *self = writer_new(ctxo);
 	if (!self) {
-		Py_DECREF(bpath);
+		ferry_ckpt_destroy(a.ck);
 		return NULL;
 	}
-	int r = ferry_ckpt_open(ctx, PyBytes_AS_STRING(bpath), rank, world, &self->ck);
-	Py_DECREF(bpath);
-	if (r < 0) {
-		Py_DECREF(self);
-		return raise_ferry(r, name);
-	}
+	self->ck = a.ck;
 	return (PyObject *)self;
 }
 
@@ -591,36 +538,40 @@ static PyObject *writer_add(WriterObject *self, PyObject *args)
 	int r = self->ck ? ferry_ckpt_add(self->ck, name, dt, ndim, dims, data, (size_t)nbytes)
 			 : ferry_st_writer_add(self->w, name, dt, ndim, dims, data, (size_t)nbytes);
 	if (r < 0)
-		return raise_ferry(r, NULL);
+		return ferry__py_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
+/* metadata(key, value) on either handle; set(key, value), a checkpoint's option. */
+static PyObject *writer_pair(WriterObject *self, PyObject *args, int option)
+{
+	const char *k, *v;
+	int r;
+	if (ferry__py_busy(self->busy, "this %s is in use by another thread",
+			   option ? "checkpoint" : "writer") < 0 ||
+	    !PyArg_ParseTuple(args, option ? "ss:set" : "ss:metadata", &k, &v))
+		return NULL;
+	if (option && !self->ck) {
+		PyErr_SetString(PyExc_TypeError, "set() is for checkpoint directories");
+		return NULL;
+	}
+	if (option)
+		r = ferry_ckpt_set(self->ck, k, v);
+	else
+		r = self->ck ? ferry_ckpt_metadata(self->ck, k, v) : ferry_st_writer_metadata(self->w, k, v);
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
 static PyObject *writer_metadata(WriterObject *self, PyObject *args)
 {
-	const char *k, *v;
-	BUSY_CHECK(self, "this writer");
-	if (!PyArg_ParseTuple(args, "ss:metadata", &k, &v))
-		return NULL;
-	int r = self->ck ? ferry_ckpt_metadata(self->ck, k, v) : ferry_st_writer_metadata(self->w, k, v);
-	if (r < 0)
-		return raise_ferry(r, NULL);
-	Py_RETURN_NONE;
+	return writer_pair(self, args, 0);
 }
 
 static PyObject *writer_set(WriterObject *self, PyObject *args)
 {
-	const char *k, *v;
-	BUSY_CHECK(self, "this checkpoint");
-	if (!PyArg_ParseTuple(args, "ss:set", &k, &v))
-		return NULL;
-	if (!self->ck) {
-		PyErr_SetString(PyExc_TypeError, "set() is for checkpoint directories");
-		return NULL;
-	}
-	int r = ferry_ckpt_set(self->ck, k, v);
-	if (r < 0)
-		return raise_ferry(r, NULL);
-	Py_RETURN_NONE;
+	return writer_pair(self, args, 1);
 }
 
 static PyObject *writer_reset(WriterObject *self, PyObject *unused)
@@ -629,9 +580,16 @@ static PyObject *writer_reset(WriterObject *self, PyObject *unused)
 	if (self->w) {
 		int r = ferry_st_writer_reset(self->w);
 		if (r < 0)
-			return raise_ferry(r, NULL);
+			return ferry__py_raise(r, NULL);
 	}
 	Py_RETURN_NONE;
+}
+
+static int64_t writer_save_call(WriterObject *self, const char *path, int64_t step, int flags, int async)
+{
+	if (self->ck)
+		return async ? ferry_ckpt_save_async(self->ck, step) : ferry_ckpt_save(self->ck, step);
+	return async ? ferry_st_writer_save_async(self->w, path, flags) : ferry_st_writer_save(self->w, path, flags);
 }
 
 /*
@@ -655,17 +613,10 @@ static PyObject *writer_save(WriterObject *self, PyObject *args)
 		return NULL;
 	}
 	const char *path = bpath ? PyBytes_AS_STRING(bpath) : NULL;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	if (self->ck)
-		r = async ? ferry_ckpt_save_async(self->ck, step) : ferry_ckpt_save(self->ck, step);
-	else
-		r = async ? ferry_st_writer_save_async(self->w, path, flags) : ferry_st_writer_save(self->w, path, flags);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
+	FERRY_PY_NOGIL(&self->busy, r, writer_save_call(self, path, step, flags, async));
 	Py_XDECREF(bpath);
-	if (r < 0)
-		return raise_ferry((int)r, self->ck ? NULL : target);
+	if (ferry__py_failed(r, self->ck ? NULL : target))
+		return NULL;
 	return PyLong_FromLongLong(r);
 }
 
@@ -680,29 +631,32 @@ static PyObject *writer_wait(WriterObject *self, PyObject *args)
 	PyObject *to = Py_None;
 	int64_t ns, r;
 	BUSY_CHECK(self, "this writer");
-	if (!PyArg_ParseTuple(args, "|O:wait", &to) || get_timeout(to, &ns) < 0)
+	if (!PyArg_ParseTuple(args, "|O:wait", &to) || ferry__py_timeout(to, &ns) < 0)
 		return NULL;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	r = self->ck ? ferry_ckpt_wait(self->ck, ns) : ferry_st_writer_wait(self->w, ns);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
+	FERRY_PY_NOGIL(&self->busy, r, self->ck ? ferry_ckpt_wait(self->ck, ns) : ferry_st_writer_wait(self->w, ns));
 	/* -ETIMEDOUT is this wait's timeout only while the save still runs (rank 0's commit can fail so too). */
 	if (r == -ETIMEDOUT && !(self->ck ? ferry_ckpt_done(self->ck) : ferry_st_writer_done(self->w)))
 		return Py_BuildValue("(OL)", Py_False, 0LL);
-	if (r < 0)
-		return raise_ferry((int)r, NULL);
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return Py_BuildValue("(OL)", Py_True, (long long)r);
 }
 
-/* stats() -> str: the last save's phases as JSON (ferry_st_writer_stats). */
+/* stats() -> dict: the last save's statistics, and seconds per phase (ferry_st_writer_stat, _phase_ns). */
 static PyObject *writer_stats(WriterObject *self, PyObject *unused)
 {
-	char buf[4096];
-	int n = self->ck ? ferry_ckpt_stats(self->ck, buf, sizeof(buf)) : ferry_st_writer_stats(self->w, buf, sizeof(buf));
-	if (n < 0)
-		return raise_ferry(n, NULL);
-	return PyUnicode_FromString(buf);
+	PyObject *d = PyDict_New();
+	for (int i = 0; d && i < FERRY_SAVE_STAT__COUNT + FERRY_SAVE_PHASE__COUNT; i++) {
+		int ph = i - FERRY_SAVE_STAT__COUNT;
+		PyObject *v = ph < 0 ? PyLong_FromUnsignedLongLong(self->ck ? ferry_ckpt_stat(self->ck, i)
+									    : ferry_st_writer_stat(self->w, i))
+				     : PyFloat_FromDouble(1e-9 * (double)(self->ck ? ferry_ckpt_phase_ns(self->ck, ph)
+										   : ferry_st_writer_phase_ns(self->w, ph)));
+		if (!v || PyDict_SetItemString(d, ph < 0 ? ferry_save_stat_name(i) : ferry_save_phase_name(ph), v) < 0)
+			Py_CLEAR(d);
+		Py_XDECREF(v);
+	}
+	return d;
 }
 
 /* reserve(bytes, device) -> int: pins the snapshot's memory ahead (ferry_st_writer_reserve). */
@@ -714,18 +668,15 @@ static PyObject *writer_reserve(WriterObject *self, PyObject *args)
 	BUSY_CHECK(self, "this writer");
 	if (!PyArg_ParseTuple(args, "Ki:reserve", &bytes, &device))
 		return NULL;
-	self->busy = 1;
-	Py_BEGIN_ALLOW_THREADS
-	r = self->ck ? ferry_ckpt_reserve(self->ck, bytes, device) : ferry_st_writer_reserve(self->w, bytes, device);
-	Py_END_ALLOW_THREADS
-	self->busy = 0;
-	if (r < 0)
-		return raise_ferry((int)r, NULL);
+	FERRY_PY_NOGIL(&self->busy, r, self->ck ? ferry_ckpt_reserve(self->ck, bytes, device)
+						  : ferry_st_writer_reserve(self->w, bytes, device));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return PyLong_FromLongLong(r);
 }
 
 static PyMethodDef writer_methods[] = {
-	{"stats", (PyCFunction)writer_stats, METH_NOARGS, "stats() -> JSON text: the last save's phases"},
+	{"stats", (PyCFunction)writer_stats, METH_NOARGS, "stats() -> dict: the last save's statistics and seconds per phase"},
 	{"reserve", (PyCFunction)writer_reserve, METH_VARARGS, "reserve(bytes, device) -> pinned bytes held"},
 	{"add", (PyCFunction)writer_add, METH_VARARGS, "add(name, dtype, shape, ptr, nbytes)"},
 	{"metadata", (PyCFunction)writer_metadata, METH_VARARGS, "metadata(key, value)"},
@@ -738,96 +689,118 @@ static PyMethodDef writer_methods[] = {
 };
 
 static PyTypeObject WriterType = {
-	PyVarObject_HEAD_INIT(NULL, 0).tp_name = "ferry._ferry.Writer",
-	.tp_basicsize = sizeof(WriterObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "A safetensors writer (ferry_st_writer) or a checkpoint directory (ferry_ckpt).",
+	FERRY_PY_TYPE("ferry._ferry.Writer", WriterObject, Py_TPFLAGS_DEFAULT,
+		      "A safetensors writer (ferry_st_writer) or a checkpoint directory (ferry_ckpt)."),
 	.tp_dealloc = (destructor)writer_dealloc,
 	.tp_methods = writer_methods,
 };
 
 /* ------------------------------------------------------------------------------ module functions */
 
-static PyObject *path_arg(PyObject *arg, PyObject **bpath)
+static int64_t ckpt_latest(ferry_ctx *unused, const char *dir, void *arg)
 {
-	return PyUnicode_FSConverter(arg, bpath) ? *bpath : NULL;
+	return ferry_ckpt_latest(dir);
 }
 
 /* ckpt_latest(dir) -> step or None (no `latest`) */
 static PyObject *mod_ckpt_latest(PyObject *mod, PyObject *arg)
 {
-	PyObject *bpath = NULL;
-	if (!path_arg(arg, &bpath))
-		return NULL;
-	int64_t r;
-	const char *dir = PyBytes_AS_STRING(bpath);
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_ckpt_latest(dir);
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
-	if (r == -ENOENT)
+	int64_t r = ferry__py_path_call(NULL, arg, ckpt_latest, NULL);
+	if (r < 0) {
+		/* -ENOENT: no committed step (FileNotFoundError) */
+		if (!PyErr_ExceptionMatches(PyExc_FileNotFoundError))
+			return NULL;
+		PyErr_Clear();
 		Py_RETURN_NONE;
-	if (r < 0)
-		return raise_ferry((int)r, arg);
+	}
 	return PyLong_FromLongLong(r);
 }
 
-/* ckpt_shard_path(dir, step, rank=-1, world=0) -> the step's directory (rank < 0) or a shard's path */
+/* What the step-level calls take besides the directory. */
+struct step_args {
+	int64_t step;
+	int rank, world; /* ckpt_path */
+	int require_sums; /* ckpt_verify */
+	char *buf;        /* ckpt_path: PATH_LEN bytes */
+};
+
+enum { PATH_LEN = 4096 };
+
+static int64_t ckpt_path(ferry_ctx *unused, const char *dir, void *arg)
+{
+	struct step_args *a = arg;
+	return a->rank < 0 ? ferry_ckpt_step_path(dir, a->step, a->buf, PATH_LEN)
+			   : ferry_ckpt_shard_path(dir, a->step, a->rank, a->world, a->buf, PATH_LEN);
+}
+
+/* ckpt_path(dir, step, rank=-1, world=0) -> the step's directory (rank < 0) or a shard's path */
 static PyObject *mod_ckpt_path(PyObject *mod, PyObject *args)
 {
-	PyObject *diro, *bpath = NULL;
+	PyObject *diro;
 	long long step;
-	int rank = -1, world = 0;
-	char buf[4096];
-	if (!PyArg_ParseTuple(args, "OL|ii:ckpt_path", &diro, &step, &rank, &world) || !path_arg(diro, &bpath))
+	char buf[PATH_LEN];
+	struct step_args a = {0, -1, 0, 0, buf};
+	if (!PyArg_ParseTuple(args, "OL|ii:ckpt_path", &diro, &step, &a.rank, &a.world))
 		return NULL;
-	const char *dir = PyBytes_AS_STRING(bpath);
-	int r = rank < 0 ? ferry_ckpt_step_path(dir, step, buf, sizeof(buf))
-			 : ferry_ckpt_shard_path(dir, step, rank, world, buf, sizeof(buf));
-	Py_DECREF(bpath);
-	if (r < 0)
-		return raise_ferry(r, diro);
+	a.step = step;
+	if (ferry__py_path_call(NULL, diro, ckpt_path, &a) < 0)
+		return NULL;
 	return PyUnicode_DecodeFSDefault(buf);
+}
+
+static int64_t ckpt_verify(ferry_ctx *ctx, const char *dir, void *arg)
+{
+	struct step_args *a = arg;
+	return ferry_ckpt_verify(ctx, dir, a->step, a->require_sums);
 }
 
 /* ckpt_verify(ctx, dir, step, require_sums) */
 static PyObject *mod_ckpt_verify(PyObject *mod, PyObject *args)
 {
-	PyObject *ctxo, *diro, *bpath = NULL;
+	PyObject *ctxo, *diro;
 	long long step;
-	int req = 0;
-	if (!PyArg_ParseTuple(args, "OOL|p:ckpt_verify", &ctxo, &diro, &step, &req))
+	struct step_args a = {0, -1, 0, 0, NULL};
+	if (!PyArg_ParseTuple(args, "OOL|p:ckpt_verify", &ctxo, &diro, &step, &a.require_sums))
 		return NULL;
-	ferry_ctx *ctx = ferry__py_ctx(ctxo);
-	if (!ctx || !path_arg(diro, &bpath))
+	a.step = step;
+	if (ferry__py_path_call(ctxo, diro, ckpt_verify, &a) < 0)
 		return NULL;
-	const char *dir = PyBytes_AS_STRING(bpath);
-	int r;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_ckpt_verify(ctx, dir, step, req);
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
-	if (r < 0)
-		return raise_ferry(r, diro);
 	Py_RETURN_NONE;
+}
+
+static int64_t ckpt_world(ferry_ctx *unused, const char *dir, void *arg)
+{
+	return ferry_ckpt_world(dir, ((struct step_args *)arg)->step);
+}
+
+/* ckpt_world(dir, step) -> the ranks that saved a committed step (its manifest's world) */
+static PyObject *mod_ckpt_world(PyObject *mod, PyObject *args)
+{
+	PyObject *diro;
+	long long step;
+	struct step_args a = {0, -1, 0, 0, NULL};
+	if (!PyArg_ParseTuple(args, "OL:ckpt_world", &diro, &step))
+		return NULL;
+	a.step = step;
+	int64_t r = ferry__py_path_call(NULL, diro, ckpt_world, &a);
+	return r < 0 ? NULL : PyLong_FromLongLong(r);
+}
+
+static int64_t ckpt_prune(ferry_ctx *unused, const char *dir, void *keep)
+{
+	return ferry_ckpt_prune(dir, *(int *)keep);
 }
 
 /* ckpt_prune(dir, keep) -> steps removed */
 static PyObject *mod_ckpt_prune(PyObject *mod, PyObject *args)
 {
-	PyObject *diro, *bpath = NULL;
+	PyObject *diro;
 	int keep;
-	if (!PyArg_ParseTuple(args, "Oi:ckpt_prune", &diro, &keep) || !path_arg(diro, &bpath))
+	int64_t r;
+	if (!PyArg_ParseTuple(args, "Oi:ckpt_prune", &diro, &keep) ||
+	    (r = ferry__py_path_call(NULL, diro, ckpt_prune, &keep)) < 0)
 		return NULL;
-	const char *dir = PyBytes_AS_STRING(bpath);
-	int r;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_ckpt_prune(dir, keep);
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
-	if (r < 0)
-		return raise_ferry(r, diro);
-	return PyLong_FromLong(r);
+	return PyLong_FromLongLong(r);
 }
 
 static PyObject *mod_dtype_bits(PyObject *mod, PyObject *arg)
@@ -853,26 +826,24 @@ static PyMethodDef ckpt_functions[] = {
 	{"ckpt_latest", mod_ckpt_latest, METH_O, "ckpt_latest(dir) -> step or None"},
 	{"ckpt_path", mod_ckpt_path, METH_VARARGS, "ckpt_path(dir, step, rank=-1, world=0) -> str"},
 	{"ckpt_verify", mod_ckpt_verify, METH_VARARGS, "ckpt_verify(ctx, dir, step, require_sums=False)"},
+	{"ckpt_world", mod_ckpt_world, METH_VARARGS, "ckpt_world(dir, step) -> ranks that saved the step"},
 	{"ckpt_prune", mod_ckpt_prune, METH_VARARGS, "ckpt_prune(dir, keep) -> steps removed"},
 	{"dtype_bits", mod_dtype_bits, METH_O, "dtype_bits(name) -> bits per element"},
 	{"have_xxh3", mod_have_xxh3, METH_NOARGS, "True (checksums are in every build)"},
 	{NULL},
 };
 
+static PyObject *dtype_name_at(Py_ssize_t i, const void *unused)
+{
+	return PyUnicode_FromString(ferry_dtype_name((int)i));
+}
+
 int ferry__py_ckpt_init(PyObject *m)
 {
 	if (PyType_Ready(&StType) < 0 || PyType_Ready(&LoadType) < 0 || PyType_Ready(&WriterType) < 0 ||
 	    PyModule_AddFunctions(m, ckpt_functions) < 0)
 		return -1;
-	PyObject *names = PyTuple_New(FERRY_DT__COUNT);
-	for (int i = 0; names && i < FERRY_DT__COUNT; i++) {
-		PyObject *s = PyUnicode_FromString(ferry_dtype_name(i));
-		if (!s) {
-			Py_CLEAR(names);
-			break;
-		}
-		PyTuple_SET_ITEM(names, i, s);
-	}
+	PyObject *names = ferry__py_tuple(FERRY_DT_BYTES, dtype_name_at, NULL); /* safetensors: the dtypes before BYTES */
 	if (!names || PyModule_AddObjectRef(m, "DTYPES", names) < 0) {
 		Py_XDECREF(names);
 		return -1;

@@ -25,9 +25,7 @@
 
 #include "ferry/data.h"
 #include "ferry/ferry.h"
-
-PyObject *ferry__py_raise(int err, PyObject *filename); /* _ferry.c */
-int ferry__py_data_init(PyObject *m);
+#include "_ferry.h"
 
 /* ------------------------------------------------------------------------------------ holders */
 
@@ -61,35 +59,14 @@ static void lshare_put(struct lshare *h)
 	}
 }
 
-/* ------------------------------------------------------------------------------------ helpers */
-
-static int get_u64(PyObject *o, const char *what, uint64_t *out)
+/* The last reference joins the pipeline threads: not while holding the GIL. */
+static void lshare_put_nogil(struct lshare *h)
 {
-	unsigned long long v = PyLong_AsUnsignedLongLong(o);
-
-	if (v == (unsigned long long)-1 && PyErr_Occurred()) {
-		if (PyErr_ExceptionMatches(PyExc_OverflowError) || PyErr_ExceptionMatches(PyExc_TypeError)) {
-			PyErr_Clear();
-			PyErr_Format(PyExc_ValueError, "%s must be a non-negative integer below 2**64", what);
-		}
-		return -1;
+	if (h) {
+		Py_BEGIN_ALLOW_THREADS
+		lshare_put(h);
+		Py_END_ALLOW_THREADS
 	}
-	*out = v;
-	return 0;
-}
-
-/* A writable C-contiguous buffer of at least need bytes. */
-static int get_out(PyObject *o, Py_buffer *v, size_t need, const char *what)
-{
-	if (PyObject_GetBuffer(o, v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
-		return -1;
-	if ((size_t)v->len < need) {
-		PyErr_Format(PyExc_ValueError, "%s: the buffer holds %zd bytes, %zu are needed", what,
-			     v->len, need);
-		PyBuffer_Release(v);
-		return -1;
-	}
-	return 0;
 }
 
 /* ----------------------------------------------------------------------------------- Dataset */
@@ -104,28 +81,27 @@ static PyTypeObject DatasetType;
 
 static int ds_check(DatasetObject *self)
 {
-	if (!self->d) {
-		PyErr_SetString(PyExc_ValueError, "the dataset is closed");
-		return -1;
-	}
-	return 0;
+	return ferry__py_closed(self->d, "the dataset is closed");
+}
+
+static int64_t dataset_open(ferry_ctx *unused, const char *path, void *arg)
+{
+	struct dshare *d = arg;
+	return ferry_dataset_open(d->ctx, path, &d->ds);
 }
 
 static PyObject *ds_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
 	static char *kwlist[] = {"path", "options", NULL};
-	PyObject *path, *options = NULL, *bpath = NULL;
+	PyObject *path, *options = NULL;
 	struct dshare *d;
 	int err;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:Dataset", kwlist, &path, &options) ||
-	    !PyUnicode_FSConverter(path, &bpath))
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O:Dataset", kwlist, &path, &options))
 		return NULL;
 	d = calloc(1, sizeof(*d));
-	if (!d) {
-		Py_DECREF(bpath);
+	if (!d)
 		return PyErr_NoMemory();
-	}
 	atomic_init(&d->refs, 1);
 	err = ferry_ctx_create(&d->ctx);
 	if (!err && options && options != Py_None) {
@@ -146,17 +122,8 @@ static PyObject *ds_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 			err = ferry_ctx_set(d->ctx, ks, vs);
 		}
 	}
-	if (!err) {
-		const char *p = PyBytes_AS_STRING(bpath);
-		Py_BEGIN_ALLOW_THREADS
-		err = ferry_dataset_open(d->ctx, p, &d->ds);
-		Py_END_ALLOW_THREADS
-	}
-	if (err) {
-		ferry__py_raise(err, path);
+	if (ferry__py_failed(err, path) || ferry__py_path_call(NULL, path, dataset_open, d) < 0)
 		goto fail;
-	}
-	Py_DECREF(bpath);
 	DatasetObject *self = (DatasetObject *)type->tp_alloc(type, 0);
 	if (!self) {
 		dshare_put(d);
@@ -166,7 +133,6 @@ static PyObject *ds_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	self->path = Py_NewRef(path);
 	return (PyObject *)self;
 fail:
-	Py_DECREF(bpath);
 	dshare_put(d);
 	return NULL;
 }
@@ -194,7 +160,7 @@ static Py_ssize_t ds_len(DatasetObject *self)
 
 static int get_index(DatasetObject *self, PyObject *o, uint64_t *i)
 {
-	if (ds_check(self) < 0 || get_u64(o, "sample index", i) < 0)
+	if (ds_check(self) < 0 || ferry__py_u64(o, "sample index", i) < 0)
 		return -1;
 	if (*i >= ferry_dataset_count(self->d->ds)) {
 		PyErr_Format(PyExc_IndexError, "sample %llu out of range (%llu samples)",
@@ -217,37 +183,33 @@ static PyObject *ds_read_into(DatasetObject *self, PyObject *args)
 {
 	PyObject *io, *buf;
 	uint64_t i;
-	Py_buffer v;
+	struct ferry__py_buf v;
 	ssize_t n;
 
-	if (!PyArg_ParseTuple(args, "OO:read_into", &io, &buf) || get_index(self, io, &i) < 0)
+	if (!PyArg_ParseTuple(args, "OO:read_into", &io, &buf) || get_index(self, io, &i) < 0 ||
+	    ferry__py_host_buf(buf, &v, 1, (size_t)ferry_dataset_sample_bytes(self->d->ds, i), "read_into") < 0)
 		return NULL;
-	if (get_out(buf, &v, (size_t)ferry_dataset_sample_bytes(self->d->ds, i), "read_into") < 0)
+	FERRY_PY_NOGIL(NULL, n, ferry_dataset_read(self->d->ds, i, v.ptr, v.len));
+	ferry__py_buf_release(&v);
+	if (ferry__py_failed(n, self->path))
 		return NULL;
-	ferry_dataset *ds = self->d->ds;
-	Py_BEGIN_ALLOW_THREADS
-	n = ferry_dataset_read(ds, i, v.buf, (size_t)v.len);
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&v);
-	if (n < 0)
-		return ferry__py_raise((int)n, self->path);
 	return PyLong_FromSsize_t(n);
 }
 
 /* Every sample's length in bytes into an int64 buffer of count entries. */
 static PyObject *ds_sizes_into(DatasetObject *self, PyObject *buf)
 {
-	Py_buffer v;
+	struct ferry__py_buf v;
 
 	if (ds_check(self) < 0)
 		return NULL;
 	uint64_t n = ferry_dataset_count(self->d->ds);
-	if (get_out(buf, &v, n * sizeof(int64_t), "sizes_into") < 0)
+	if (ferry__py_host_buf(buf, &v, 1, n * sizeof(int64_t), "sizes_into") < 0)
 		return NULL;
-	int64_t *out = v.buf;
+	int64_t *out = v.ptr;
 	for (uint64_t i = 0; i < n; i++)
 		out[i] = ferry_dataset_sample_bytes(self->d->ds, i);
-	PyBuffer_Release(&v);
+	ferry__py_buf_release(&v);
 	Py_RETURN_NONE;
 }
 
@@ -255,26 +217,26 @@ static PyObject *ds_sizes_into(DatasetObject *self, PyObject *buf)
 static PyObject *ds_locate_into(DatasetObject *self, PyObject *args)
 {
 	PyObject *so, *oo;
-	Py_buffer sv, ov;
+	struct ferry__py_buf sv, ov;
 
 	if (!PyArg_ParseTuple(args, "OO:locate_into", &so, &oo) || ds_check(self) < 0)
 		return NULL;
 	uint64_t n = ferry_dataset_count(self->d->ds);
-	if (get_out(so, &sv, n * sizeof(uint32_t), "locate_into") < 0)
+	if (ferry__py_host_buf(so, &sv, 1, n * sizeof(uint32_t), "locate_into") < 0)
 		return NULL;
-	if (get_out(oo, &ov, n * sizeof(uint64_t), "locate_into") < 0) {
-		PyBuffer_Release(&sv);
+	if (ferry__py_host_buf(oo, &ov, 1, n * sizeof(uint64_t), "locate_into") < 0) {
+		ferry__py_buf_release(&sv);
 		return NULL;
 	}
-	uint32_t *s = sv.buf;
-	uint64_t *o = ov.buf;
+	uint32_t *s = sv.ptr;
+	uint64_t *o = ov.ptr;
 	int err = 0;
 	for (uint64_t i = 0; i < n && !err; i++)
 		err = ferry_dataset_locate(self->d->ds, i, &s[i], &o[i]);
-	PyBuffer_Release(&sv);
-	PyBuffer_Release(&ov);
-	if (err)
-		return ferry__py_raise(err, self->path);
+	ferry__py_buf_release(&sv);
+	ferry__py_buf_release(&ov);
+	if (ferry__py_failed(err, self->path))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -282,7 +244,7 @@ static PyObject *ds_shard_path(DatasetObject *self, PyObject *arg)
 {
 	uint64_t k;
 
-	if (ds_check(self) < 0 || get_u64(arg, "shard", &k) < 0)
+	if (ds_check(self) < 0 || ferry__py_u64(arg, "shard", &k) < 0)
 		return NULL;
 	const char *p = k <= UINT32_MAX ? ferry_dataset_shard_path(self->d->ds, (uint32_t)k) : NULL;
 	if (!p) {
@@ -312,12 +274,9 @@ static PyObject *ds_verify(DatasetObject *self, PyObject *unused)
 
 	if (ds_check(self) < 0)
 		return NULL;
-	ferry_dataset *ds = self->d->ds;
-	Py_BEGIN_ALLOW_THREADS
-	err = ferry_dataset_verify(ds);
-	Py_END_ALLOW_THREADS
-	if (err)
-		return ferry__py_raise(err, self->path);
+	FERRY_PY_NOGIL(NULL, err, ferry_dataset_verify(self->d->ds));
+	if (ferry__py_failed(err, self->path))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -331,7 +290,7 @@ static PyObject *ds_verify(DatasetObject *self, PyObject *unused)
 	}
 DS_GETTER(count, PyLong_FromUnsignedLongLong(ferry_dataset_count(ds)))
 DS_GETTER(dtype, PyLong_FromLong(ferry_dataset_dtype(ds)))
-DS_GETTER(dtype_name, PyUnicode_FromString(ferry_elem_name(ferry_dataset_dtype(ds))))
+DS_GETTER(dtype_name, PyUnicode_FromString(ferry_dtype_numpy_name(ferry_dataset_dtype(ds))))
 DS_GETTER(format, PyUnicode_FromString(ferry_dataset_format(ds)))
 DS_GETTER(nbytes, PyLong_FromUnsignedLongLong(ferry_dataset_bytes(ds)))
 DS_GETTER(shards, PyLong_FromUnsignedLong(ferry_dataset_shards(ds)))
@@ -364,7 +323,7 @@ static PyMethodDef ds_methods[] = {
 
 static PyGetSetDef ds_getset[] = {
 	{"count", (getter)ds_get_count, NULL, "samples", NULL},
-	{"dtype", (getter)ds_get_dtype, NULL, "element type code (Megatron's numbering; 0 bytes)", NULL},
+	{"dtype", (getter)ds_get_dtype, NULL, "element type (enum ferry_dtype)", NULL},
 	{"dtype_name", (getter)ds_get_dtype_name, NULL, "element type name (NumPy's)", NULL},
 	{"format", (getter)ds_get_format, NULL, "'ferry' or 'megatron'", NULL},
 	{"nbytes", (getter)ds_get_nbytes, NULL, "bytes of all samples", NULL},
@@ -379,11 +338,8 @@ static PySequenceMethods ds_as_sequence = {
 };
 
 static PyTypeObject DatasetType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "ferry._ferry.Dataset",
-	.tp_basicsize = sizeof(DatasetObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-	.tp_doc = "Dataset(path, options=None): a packed dataset (use ferry.IndexedDataset).",
+	FERRY_PY_TYPE("ferry._ferry.Dataset", DatasetObject, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+		      "Dataset(path, options=None): a packed dataset (use ferry.IndexedDataset)."),
 	.tp_new = ds_new,
 	.tp_dealloc = (destructor)ds_dealloc,
 	.tp_methods = ds_methods,
@@ -392,28 +348,6 @@ static PyTypeObject DatasetType = {
 };
 
 /* ------------------------------------------------------------------------------- DLPack views */
-
-/* dlpack.h v0.8 (the unversioned capsule "dltensor", which every torch since 1.10 takes). */
-typedef struct {
-	void *data;
-	struct {
-		int32_t device_type, device_id;
-	} device;
-	int32_t ndim;
-	struct {
-		uint8_t code, bits;
-		uint16_t lanes;
-	} dtype;
-	int64_t *shape;
-	int64_t *strides;
-	uint64_t byte_offset;
-} dl_tensor;
-
-typedef struct dl_managed {
-	dl_tensor t;
-	void *manager_ctx;
-	void (*deleter)(struct dl_managed *self);
-} dl_managed;
 
 struct view {
 	dl_managed m;
@@ -428,30 +362,24 @@ static void view_delete(dl_managed *m)
 	free(v);
 }
 
-static void capsule_destructor(PyObject *cap)
+/* The DLPack type of a dataset element code (bytes as uint8), or -1 with TypeError. */
+static int dl_type(int elem, dl_dtype *t)
 {
-	/* Consumed capsules are renamed "used_dltensor" and belong to the consumer. */
-	if (PyCapsule_IsValid(cap, "dltensor")) {
-		dl_managed *m = PyCapsule_GetPointer(cap, "dltensor");
-		if (m && m->deleter)
-			m->deleter(m);
+	static const struct {
+		int elem;
+		uint8_t code, bits;
+	} map[] = {
+		{FERRY_DT_BYTES, DL_UINT, 8}, {FERRY_DT_U8, DL_UINT, 8},   {FERRY_DT_I8, DL_INT, 8},
+		{FERRY_DT_I16, DL_INT, 16},   {FERRY_DT_U16, DL_UINT, 16}, {FERRY_DT_I32, DL_INT, 32},
+		{FERRY_DT_I64, DL_INT, 64},   {FERRY_DT_F32, DL_FLOAT, 32}, {FERRY_DT_F64, DL_FLOAT, 64},
+	};
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++) {
+		if (map[i].elem == elem) {
+			*t = (dl_dtype){map[i].code, map[i].bits, 1};
+			return 0;
+		}
 	}
-}
-
-/* DLPack type of a dataset element code. */
-static int dl_type(int elem, uint8_t *code, uint8_t *bits)
-{
-	switch (elem) {
-	case FERRY_ELEM_BYTES:
-	case FERRY_ELEM_UINT8: *code = 1, *bits = 8; return 0;
-	case FERRY_ELEM_INT8: *code = 0, *bits = 8; return 0;
-	case FERRY_ELEM_INT16: *code = 0, *bits = 16; return 0;
-	case FERRY_ELEM_UINT16: *code = 1, *bits = 16; return 0;
-	case FERRY_ELEM_INT32: *code = 0, *bits = 32; return 0;
-	case FERRY_ELEM_INT64: *code = 0, *bits = 64; return 0;
-	case FERRY_ELEM_FLOAT32: *code = 2, *bits = 32; return 0;
-	case FERRY_ELEM_FLOAT64: *code = 2, *bits = 64; return 0;
-	}
+	PyErr_Format(PyExc_TypeError, "element type %d has no DLPack type", elem);
 	return -1;
 }
 
@@ -477,11 +405,7 @@ static PyTypeObject LoaderType, BatchType;
 
 static int ld_check(LoaderObject *self)
 {
-	if (!self->h) {
-		PyErr_SetString(PyExc_ValueError, "the loader is closed");
-		return -1;
-	}
-	return 0;
+	return ferry__py_closed(self->h, "the loader is closed");
 }
 
 static int ld_set1(LoaderObject *self, PyObject *k, PyObject *v)
@@ -570,12 +494,7 @@ static void ld_dealloc(LoaderObject *self)
 {
 	struct lshare *h = self->h;
 	self->h = NULL;
-	if (h) {
-		/* the last reference joins the pipeline threads: not while holding the GIL */
-		Py_BEGIN_ALLOW_THREADS
-		lshare_put(h);
-		Py_END_ALLOW_THREADS
-	}
+	lshare_put_nogil(h);
 	Py_XDECREF(self->dataset);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -584,11 +503,7 @@ static PyObject *ld_close(LoaderObject *self, PyObject *unused)
 {
 	struct lshare *h = self->h;
 	self->h = NULL;
-	if (h) {
-		Py_BEGIN_ALLOW_THREADS
-		lshare_put(h);
-		Py_END_ALLOW_THREADS
-	}
+	lshare_put_nogil(h);
 	Py_RETURN_NONE;
 }
 
@@ -607,12 +522,9 @@ static PyObject *ld_start(LoaderObject *self, PyObject *unused)
 
 	if (ld_check(self) < 0)
 		return NULL;
-	ferry_loader *l = self->h->l;
-	Py_BEGIN_ALLOW_THREADS
-	err = ferry_loader_start(l);
-	Py_END_ALLOW_THREADS
-	if (err)
-		return ferry__py_raise(err, NULL);
+	FERRY_PY_NOGIL(NULL, err, ferry_loader_start(self->h->l));
+	if (ferry__py_failed(err, NULL))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -623,12 +535,9 @@ static PyObject *ld_next(LoaderObject *self, PyObject *unused)
 
 	if (ld_check(self) < 0)
 		return NULL;
-	ferry_loader *l = self->h->l;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_loader_next(l, &b);
-	Py_END_ALLOW_THREADS
-	if (r < 0)
-		return ferry__py_raise(r, NULL);
+	FERRY_PY_NOGIL(NULL, r, ferry_loader_next(self->h->l, &b));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	if (r == 0)
 		Py_RETURN_NONE;
 	BatchObject *o = PyObject_New(BatchObject, &BatchType);
@@ -662,7 +571,9 @@ static PyObject *ld_metrics(LoaderObject *self, PyObject *unused)
 		return NULL;
 	PyObject *d = PyDict_New();
 	for (const char *const *k = ferry_loader_metric_names(); d && *k; k++) {
-		PyObject *v = PyFloat_FromDouble(ferry_loader_metric(self->h->l, *k));
+		double m;
+		int e = ferry_loader_metric(self->h->l, *k, &m);
+		PyObject *v = e < 0 ? ferry__py_raise(e, NULL) : PyFloat_FromDouble(m);
 		if (!v || PyDict_SetItemString(d, *k, v) < 0)
 			Py_CLEAR(d);
 		Py_XDECREF(v);
@@ -717,11 +628,8 @@ static PyMethodDef ld_methods[] = {
 };
 
 static PyTypeObject LoaderType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "ferry._ferry.Loader",
-	.tp_basicsize = sizeof(LoaderObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "Loader(dataset, knobs=None, device=-1): the C loader (use ferry.Loader).",
+	FERRY_PY_TYPE("ferry._ferry.Loader", LoaderObject, Py_TPFLAGS_DEFAULT,
+		      "Loader(dataset, knobs=None, device=-1): the C loader (use ferry.Loader)."),
 	.tp_new = ld_new,
 	.tp_dealloc = (destructor)ld_dealloc,
 	.tp_methods = ld_methods,
@@ -731,11 +639,7 @@ static PyTypeObject LoaderType = {
 
 static int bt_check(BatchObject *self)
 {
-	if (!self->b) {
-		PyErr_SetString(PyExc_ValueError, "the batch was released");
-		return -1;
-	}
-	return 0;
+	return ferry__py_closed(self->b, "the batch was released");
 }
 
 static void bt_release_(BatchObject *self)
@@ -751,11 +655,7 @@ static void bt_dealloc(BatchObject *self)
 	bt_release_(self);
 	struct lshare *h = self->h;
 	self->h = NULL;
-	if (h) {
-		Py_BEGIN_ALLOW_THREADS
-		lshare_put(h);
-		Py_END_ALLOW_THREADS
-	}
+	lshare_put_nogil(h);
 	PyObject_Free(self);
 }
 
@@ -772,35 +672,21 @@ static PyObject *bt_release(BatchObject *self, PyObject *unused)
  */
 static PyObject *bt_dlpack(BatchObject *self, PyObject *unused)
 {
-	uint8_t code, bits;
+	dl_dtype dt;
 
-	if (bt_check(self) < 0)
+	if (bt_check(self) < 0 || dl_type(self->elem, &dt) < 0)
 		return NULL;
-	if (dl_type(self->elem, &code, &bits) < 0) {
-		PyErr_Format(PyExc_TypeError, "element type %d has no DLPack type", self->elem);
-		return NULL;
-	}
 	struct view *v = calloc(1, sizeof(*v));
 	if (!v)
 		return PyErr_NoMemory();
-	size_t esize = bits / 8;
-	v->shape[0] = (int64_t)(ferry_loader_batch_bytes(self->b) / esize);
-	v->m.t.data = ferry_loader_batch_data(self->b);
-	v->m.t.device.device_type = self->device >= 0 ? 2 /* kDLCUDA */ : 1 /* kDLCPU */;
-	v->m.t.device.device_id = self->device >= 0 ? self->device : 0;
-	v->m.t.ndim = 1;
-	v->m.t.dtype.code = code;
-	v->m.t.dtype.bits = bits;
-	v->m.t.dtype.lanes = 1;
+	v->shape[0] = (int64_t)(ferry_loader_batch_bytes(self->b) / (dt.bits / 8));
+	v->m.t.dtype = dt;
 	v->m.t.shape = v->shape;
 	v->m.manager_ctx = v;
 	v->m.deleter = view_delete;
 	v->h = self->h;
 	atomic_fetch_add(&self->h->refs, 1);
-	PyObject *cap = PyCapsule_New(&v->m, "dltensor", capsule_destructor);
-	if (!cap)
-		view_delete(&v->m);
-	return cap;
+	return ferry__py_dl_export(&v->m, ferry_loader_batch_data(self->b), self->device, 1);
 }
 
 /* A batch's device memory taken from the loader (Batch.take), as a DLPack tensor whose deleter
@@ -809,7 +695,7 @@ struct taken {
 	dl_managed m;
 	int64_t shape[2];
 	ferry_loader_buffer *buf;
-	uintptr_t stream;
+	void *stream;
 };
 
 static void taken_delete(dl_managed *m)
@@ -829,7 +715,7 @@ static void taken_delete(dl_managed *m)
  */
 static PyObject *bt_take(BatchObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-	uint8_t code, bits;
+	dl_dtype dt;
 
 	if (nargs != 2) {
 		PyErr_SetString(PyExc_TypeError, "take(stream, cols) takes 2 arguments");
@@ -846,42 +732,31 @@ static PyObject *bt_take(BatchObject *self, PyObject *const *args, Py_ssize_t na
 			PyErr_SetString(PyExc_ValueError, "take: cols must be >= 0");
 		return NULL;
 	}
-	if (dl_type(self->elem, &code, &bits) < 0) {
-		PyErr_Format(PyExc_TypeError, "element type %d has no DLPack type", self->elem);
+	if (dl_type(self->elem, &dt) < 0)
 		return NULL;
-	}
 	struct taken *t = calloc(1, sizeof(*t));
 	if (!t)
 		return PyErr_NoMemory();
 	ferry_loader_batch *b = self->b;
 	self->b = NULL;
-	int64_t n = (int64_t)(ferry_loader_batch_bytes(b) / (bits / 8));
+	int64_t n = (int64_t)(ferry_loader_batch_bytes(b) / (dt.bits / 8));
 	int err = ferry_loader_take(self->h->l, b, &t->buf);
-	if (err) {
+	if (ferry__py_failed(err, NULL)) {
 		free(t);
-		return ferry__py_raise(err, NULL);
+		return NULL;
 	}
-	t->stream = (uintptr_t)stream;
+	t->stream = stream;
 	if (cols) {
 		t->shape[0] = n / cols;
 		t->shape[1] = cols;
 	} else {
 		t->shape[0] = n;
 	}
-	t->m.t.data = ferry_loader_buffer_data(t->buf);
-	t->m.t.device.device_type = 2; /* kDLCUDA */
-	t->m.t.device.device_id = self->device;
-	t->m.t.ndim = cols ? 2 : 1;
-	t->m.t.dtype.code = code;
-	t->m.t.dtype.bits = bits;
-	t->m.t.dtype.lanes = 1;
+	t->m.t.dtype = dt;
 	t->m.t.shape = t->shape;
 	t->m.manager_ctx = t;
 	t->m.deleter = taken_delete;
-	PyObject *cap = PyCapsule_New(&t->m, "dltensor", capsule_destructor);
-	if (!cap)
-		taken_delete(&t->m);
-	return cap;
+	return ferry__py_dl_export(&t->m, ferry_loader_buffer_data(t->buf), self->device, cols ? 2 : 1);
 }
 
 static PyObject *bt_offsets(BatchObject *self, PyObject *unused)
@@ -943,11 +818,8 @@ static PyGetSetDef bt_getset[] = {
 };
 
 static PyTypeObject BatchType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "ferry._ferry.Batch",
-	.tp_basicsize = sizeof(BatchObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "One batch held from the C loader until release().",
+	FERRY_PY_TYPE("ferry._ferry.Batch", BatchObject, Py_TPFLAGS_DEFAULT,
+		      "One batch held from the C loader until release()."),
 	.tp_dealloc = (destructor)bt_dealloc,
 	.tp_methods = bt_methods,
 	.tp_getset = bt_getset,
@@ -972,20 +844,18 @@ static PyObject *mod_distributed_indices_into(PyObject *mod, PyObject *args)
 	unsigned int replicas, rank;
 	int shuffle, drop_last;
 	PyObject *out;
-	Py_buffer v;
+	struct ferry__py_buf v;
 	int64_t r;
 
 	if (!PyArg_ParseTuple(args, "KIIpKKpO:distributed_indices_into", &n, &replicas, &rank, &shuffle,
 			      &seed, &epoch, &drop_last, &out) ||
-	    PyObject_GetBuffer(out, &v, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0)
+	    ferry__py_host_buf(out, &v, 1, 0, "distributed_indices_into") < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	r = ferry_distributed_indices(n, replicas, rank, shuffle, seed, epoch, drop_last, v.buf,
-				      (size_t)v.len / sizeof(int64_t));
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&v);
-	if (r < 0)
-		return ferry__py_raise((int)r, NULL);
+	FERRY_PY_NOGIL(NULL, r, ferry_distributed_indices(n, replicas, rank, shuffle, seed, epoch, drop_last,
+							  v.ptr, v.len / sizeof(int64_t)));
+	ferry__py_buf_release(&v);
+	if (ferry__py_failed(r, NULL))
+		return NULL;
 	return PyLong_FromLongLong(r);
 }
 
@@ -994,17 +864,15 @@ static PyObject *mod_order_indices_into(PyObject *mod, PyObject *args)
 	unsigned long long n, block, seed, epoch;
 	int order, err;
 	PyObject *out;
-	Py_buffer v;
+	struct ferry__py_buf v;
 
 	if (!PyArg_ParseTuple(args, "KiKKKO:order_indices_into", &n, &order, &block, &seed, &epoch, &out) ||
-	    get_out(out, &v, n * sizeof(int64_t), "order_indices_into") < 0)
+	    ferry__py_host_buf(out, &v, 1, n * sizeof(int64_t), "order_indices_into") < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = n ? ferry_order_indices(n, order, block, seed, epoch, v.buf) : 0;
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&v);
-	if (err)
-		return ferry__py_raise(err, NULL);
+	FERRY_PY_NOGIL(NULL, err, n ? ferry_order_indices(n, order, block, seed, epoch, v.ptr) : 0);
+	ferry__py_buf_release(&v);
+	if (ferry__py_failed(err, NULL))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -1012,18 +880,16 @@ static PyObject *mod_randperm_into(PyObject *mod, PyObject *args)
 {
 	unsigned long long n, seed;
 	PyObject *out;
-	Py_buffer v;
+	struct ferry__py_buf v;
 	int err;
 
 	if (!PyArg_ParseTuple(args, "KKO:randperm_into", &n, &seed, &out) ||
-	    get_out(out, &v, n * sizeof(int64_t), "randperm_into") < 0)
+	    ferry__py_host_buf(out, &v, 1, n * sizeof(int64_t), "randperm_into") < 0)
 		return NULL;
-	Py_BEGIN_ALLOW_THREADS
-	err = n ? ferry_randperm(n, seed, v.buf) : 0;
-	Py_END_ALLOW_THREADS
-	PyBuffer_Release(&v);
-	if (err)
-		return ferry__py_raise(err, NULL);
+	FERRY_PY_NOGIL(NULL, err, n ? ferry_randperm(n, seed, v.ptr) : 0);
+	ferry__py_buf_release(&v);
+	if (ferry__py_failed(err, NULL))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -1032,9 +898,10 @@ static PyObject *mod_elem_from_name(PyObject *mod, PyObject *arg)
 	const char *s = PyUnicode_AsUTF8(arg);
 	if (!s)
 		return NULL;
-	int code = ferry_elem_from_name(s);
-	if (code < 0)
-		return ferry__py_raise(code, NULL);
+	enum ferry_dtype code;
+	int err = ferry_dtype_from_numpy_name(s, &code);
+	if (err < 0)
+		return ferry__py_raise(err, NULL);
 	return PyLong_FromLong(code);
 }
 
@@ -1043,7 +910,8 @@ static PyObject *mod_elem_name(PyObject *mod, PyObject *arg)
 	long code = PyLong_AsLong(arg);
 	if (code == -1 && PyErr_Occurred())
 		return NULL;
-	return PyUnicode_FromString(ferry_elem_name((int)code));
+	const char *name = ferry_dtype_numpy_name((enum ferry_dtype)code);
+	return PyUnicode_FromString(name ? name : "unknown");
 }
 
 static PyObject *mod_elem_size(PyObject *mod, PyObject *arg)
@@ -1051,7 +919,7 @@ static PyObject *mod_elem_size(PyObject *mod, PyObject *arg)
 	long code = PyLong_AsLong(arg);
 	if (code == -1 && PyErr_Occurred())
 		return NULL;
-	return PyLong_FromSize_t(ferry_elem_size((int)code));
+	return PyLong_FromSize_t((size_t)ferry_dtype_bits((enum ferry_dtype)code) / 8);
 }
 
 /*
@@ -1088,14 +956,14 @@ static PyObject *mod_write_dataset(PyObject *mod, PyObject *args)
 	    (err = ferry_dataset_writer_create(ctx, PyBytes_AS_STRING(bpath), kind, elem, shard_size, &w)))
 		goto out;
 	for (Py_ssize_t i = 0; i < n && !err; i++) {
-		Py_buffer v;
+		struct ferry__py_buf v;
 		char *k = NULL;
 		Py_ssize_t kl = 0;
 
-		if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &v, PyBUF_C_CONTIGUOUS) < 0)
+		if (ferry__py_host_buf(PySequence_Fast_GET_ITEM(seq, i), &v, 0, 0, "write_dataset") < 0)
 			goto out;
-		Py_ssize_t len = v.len;
-		PyBuffer_Release(&v);
+		size_t len = v.len;
+		ferry__py_buf_release(&v);
 		if (kseq && PyBytes_AsStringAndSize(PySequence_Fast_GET_ITEM(kseq, i), &k, &kl) < 0)
 			goto out;
 		int64_t r = ferry_dataset_writer_add(w, (uint64_t)len, k, (size_t)kl, 1);
@@ -1105,19 +973,14 @@ static PyObject *mod_write_dataset(PyObject *mod, PyObject *args)
 	if (!err && (shards = ferry_dataset_writer_layout(w)) < 0)
 		err = shards;
 	for (Py_ssize_t i = 0; i < n && !err; i++) {
-		Py_buffer v;
-		if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, i), &v, PyBUF_C_CONTIGUOUS) < 0)
+		struct ferry__py_buf v;
+		if (ferry__py_host_buf(PySequence_Fast_GET_ITEM(seq, i), &v, 0, 0, "write_dataset") < 0)
 			goto out;
-		Py_BEGIN_ALLOW_THREADS
-		err = ferry_dataset_writer_put(w, (uint64_t)i, v.buf, (size_t)v.len);
-		Py_END_ALLOW_THREADS
-		PyBuffer_Release(&v);
+		FERRY_PY_NOGIL(NULL, err, ferry_dataset_writer_put(w, (uint64_t)i, v.ptr, v.len));
+		ferry__py_buf_release(&v);
 	}
-	if (!err) {
-		Py_BEGIN_ALLOW_THREADS
-		err = ferry_dataset_writer_finish(w);
-		Py_END_ALLOW_THREADS
-	}
+	if (!err)
+		FERRY_PY_NOGIL(NULL, err, ferry_dataset_writer_finish(w));
 out:
 	if (err && !PyErr_Occurred())
 		ferry__py_raise(err, path);

@@ -19,534 +19,7 @@
 #include "ferry/gpu.h"
 #include "_ferry.h"
 
-/* --------------------------------------------------------------------- DLPack (ABI, by hand) */
-
-/* dlpack.h v0.8 and v1.x; only the fields read here. https://dmlc.github.io/dlpack/latest/c_api.html */
-enum {
-	DL_CPU = 1,
-	DL_CUDA = 2,
-	DL_CUDA_HOST = 3,
-	DL_CUDA_MANAGED = 13,
-};
-
-typedef struct {
-	int32_t device_type;
-	int32_t device_id;
-} dl_device;
-
-typedef struct {
-	uint8_t code;
-	uint8_t bits;
-	uint16_t lanes;
-} dl_dtype;
-
-typedef struct {
-	void *data;
-	dl_device device;
-	int32_t ndim;
-	dl_dtype dtype;
-	int64_t *shape;
-	int64_t *strides;
-	uint64_t byte_offset;
-} dl_tensor;
-
-typedef struct dl_managed {
-	dl_tensor t;
-	void *manager_ctx;
-	void (*deleter)(struct dl_managed *self);
-} dl_managed;
-
-typedef struct dl_managed_versioned {
-	uint32_t major, minor;
-	void *manager_ctx;
-	void (*deleter)(struct dl_managed_versioned *self);
-	uint64_t flags;
-	dl_tensor t;
-} dl_managed_versioned;
-
-#define DL_FLAG_READ_ONLY (1ull << 0)
-#define DL_FLAG_IS_COPIED (1ull << 1)
-
-/* ------------------------------------------------------------------------------------- errors */
-
-static PyObject *ferry_error_type; /* ferry.Error, a subclass of OSError */
-
-/*
- * Raises the exception for err (negative): an OSError subclass picked by errno (OSError's
- * constructor does that), or ferry.Error for ferry's own codes. The message is the thread's
- * ferry_last_error() detail, which names the call, file and offset.
- */
-static PyObject *raise_ferry(int err, PyObject *filename)
-{
-	const char *detail = ferry_last_error();
-	PyObject *exc;
-
-	if (!detail || !*detail)
-		detail = ferry_strerror(err);
-	if (err < 0 && err > -4096) {
-		exc = PyObject_CallFunction(PyExc_OSError, "isO", -err, detail,
-					    filename ? filename : Py_None);
-	} else {
-		exc = PyObject_CallFunction(ferry_error_type, "N",
-					    PyUnicode_FromFormat("[%s] %s", ferry_err_name(err), detail));
-		if (exc) {
-			PyObject *code = PyLong_FromLong(err);
-			PyObject *name = PyUnicode_FromString(ferry_err_name(err));
-			PyObject *msg = PyUnicode_FromString(detail);
-
-			if (!code || !name || !msg ||
-			    PyObject_SetAttrString(exc, "code", code) < 0 ||
-			    PyObject_SetAttrString(exc, "name", name) < 0 ||
-			    PyObject_SetAttrString(exc, "strerror", msg) < 0)
-				Py_CLEAR(exc);
-			Py_XDECREF(code);
-			Py_XDECREF(name);
-			Py_XDECREF(msg);
-		}
-	}
-	if (exc) {
-		PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
-		Py_DECREF(exc);
-	}
-	return NULL;
-}
-
-/* ------------------------------------------------------------------------------------ buffers */
-
-enum { BUF_NONE, BUF_VIEW, BUF_DLPACK, BUF_DLPACK_V1, BUF_CAI };
-
-/* A resolved buffer: address and length, and what keeps it alive until fbuf_release(). */
-struct fbuf {
-	void *ptr;
-	size_t len;
-	int cuda; /* 1: CUDA device or managed memory */
-	int device;
-	int how;
-	Py_buffer view;
-	void *managed; /* dl_managed or dl_managed_versioned */
-	PyObject *owner;
-};
-
-static void fbuf_release(struct fbuf *b)
-{
-	switch (b->how) {
-	case BUF_VIEW:
-		PyBuffer_Release(&b->view);
-		break;
-	case BUF_DLPACK: {
-		dl_managed *m = b->managed;
-		if (m->deleter)
-			m->deleter(m);
-		break;
-	}
-	case BUF_DLPACK_V1: {
-		dl_managed_versioned *m = b->managed;
-		if (m->deleter)
-			m->deleter(m);
-		break;
-	}
-	}
-	b->how = BUF_NONE;
-	b->managed = NULL;
-	Py_CLEAR(b->owner);
-}
-
-static const char *what(int writable)
-{
-	return writable ? "destination" : "source";
-}
-
-/* shape/strides (in elements; strides NULL = compact) describe one C-contiguous block? */
-static int compact(int ndim, const int64_t *shape, const int64_t *strides, int64_t *count)
-{
-	int64_t n = 1, expect = 1;
-
-	for (int i = 0; i < ndim; i++) {
-		if (shape[i] < 0)
-			return 0;
-		if (shape[i] == 0) {
-			*count = 0;
-			return 1;
-		}
-		if (n > INT64_MAX / shape[i])
-			return 0;
-		n *= shape[i];
-	}
-	*count = n;
-	if (!strides)
-		return 1;
-	for (int i = ndim - 1; i >= 0; i--) {
-		if (shape[i] != 1 && strides[i] != expect)
-			return 0;
-		expect *= shape[i];
-	}
-	return 1;
-}
-
-static int from_view(PyObject *obj, struct fbuf *b, int writable)
-{
-	int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
-
-	if (PyObject_GetBuffer(obj, &b->view, flags) == 0) {
-		b->ptr = b->view.buf;
-		b->len = (size_t)b->view.len;
-		b->how = BUF_VIEW;
-		return 0;
-	}
-	/* Say which rule the object broke, rather than the exporter's terse message. */
-	PyObject *type, *value, *tb;
-	PyErr_Fetch(&type, &value, &tb);
-	Py_buffer v;
-	if (PyObject_GetBuffer(obj, &v, PyBUF_FULL_RO) == 0) {
-		int contiguous = PyBuffer_IsContiguous(&v, 'C'), ro = v.readonly;
-
-		PyBuffer_Release(&v);
-		if (!contiguous) {
-			PyErr_Format(PyExc_ValueError, "the %s (%.100s) is not C-contiguous; ferry "
-				     "moves one contiguous block of memory (use .copy() or "
-				     ".contiguous() first)", what(writable), Py_TYPE(obj)->tp_name);
-			goto out;
-		}
-		if (ro && writable) {
-			PyErr_Format(PyExc_ValueError, "the destination (%.100s) is read-only",
-				     Py_TYPE(obj)->tp_name);
-			goto out;
-		}
-	}
-	PyErr_Clear();
-	PyErr_Restore(type, value, tb);
-	return -1;
-out:
-	Py_XDECREF(type);
-	Py_XDECREF(value);
-	Py_XDECREF(tb);
-	return -1;
-}
-
-static int dl_check(const dl_tensor *t, PyObject *obj, struct fbuf *b, int writable)
-{
-	int64_t count;
-	size_t bits = (size_t)t->dtype.bits * (t->dtype.lanes ? t->dtype.lanes : 1);
-
-	switch (t->device.device_type) {
-	case DL_CPU:
-	case DL_CUDA_HOST:
-		b->cuda = 0;
-		b->device = -1;
-		break;
-	case DL_CUDA:
-	case DL_CUDA_MANAGED:
-		b->cuda = 1;
-		b->device = t->device.device_id;
-		break;
-	default:
-		PyErr_Format(PyExc_TypeError, "the %s (%.100s) lives on DLPack device type %d; ferry "
-			     "moves data to host and CUDA memory only", what(writable),
-			     Py_TYPE(obj)->tp_name, (int)t->device.device_type);
-		return -1;
-	}
-	if (bits % 8) {
-		PyErr_Format(PyExc_TypeError, "the %s (%.100s) has %zu-bit elements; ferry needs "
-			     "whole bytes", what(writable), Py_TYPE(obj)->tp_name, bits);
-		return -1;
-	}
-	if (t->ndim < 0 || (t->ndim > 0 && !t->shape) ||
-	    !compact(t->ndim, t->shape, t->strides, &count)) {
-		PyErr_Format(PyExc_ValueError, "the %s (%.100s) is not C-contiguous; ferry moves one "
-			     "contiguous block of memory (use .contiguous() first)", what(writable),
-			     Py_TYPE(obj)->tp_name);
-		return -1;
-	}
-	b->ptr = (char *)t->data + t->byte_offset;
-	b->len = (size_t)count * (bits / 8);
-	return 0;
-}
-
-/* Takes over a "dltensor" or "dltensor_versioned" capsule (renamed used_* so it is not freed twice). */
-static int from_capsule(PyObject *cap, PyObject *obj, struct fbuf *b, int writable)
-{
-	const char *name = PyCapsule_GetName(cap);
-	int v1;
-
-	if (name && !strcmp(name, "dltensor_versioned"))
-		v1 = 1;
-	else if (name && !strcmp(name, "dltensor"))
-		v1 = 0;
-	else {
-		PyErr_Format(PyExc_TypeError, "the %s is a capsule named '%s', not an unused DLPack "
-			     "tensor ('dltensor')", what(writable), name ? name : "(null)");
-		return -1;
-	}
-	void *m = PyCapsule_GetPointer(cap, name);
-	if (!m)
-		return -1;
-	const dl_tensor *t;
-	if (v1) {
-		dl_managed_versioned *mv = m;
-		if (mv->major != 1) {
-			PyErr_Format(PyExc_TypeError, "DLPack version %u.%u is not supported",
-				     mv->major, mv->minor);
-			return -1;
-		}
-		if (writable && (mv->flags & DL_FLAG_READ_ONLY)) {
-			PyErr_Format(PyExc_ValueError, "the destination (%.100s) is read-only "
-				     "(DLPack flag)", Py_TYPE(obj)->tp_name);
-			return -1;
-		}
-		if (writable && (mv->flags & DL_FLAG_IS_COPIED)) {
-			PyErr_Format(PyExc_ValueError, "the destination (%.100s) was exported as a "
-				     "copy; a read into it would be lost", Py_TYPE(obj)->tp_name);
-			return -1;
-		}
-		t = &mv->t;
-	} else {
-		t = &((dl_managed *)m)->t;
-	}
-	if (dl_check(t, obj, b, writable) < 0)
-		return -1;
-	if (PyCapsule_SetName(cap, v1 ? "used_dltensor_versioned" : "used_dltensor") < 0)
-		return -1;
-	b->managed = m;
-	b->how = v1 ? BUF_DLPACK_V1 : BUF_DLPACK;
-	return 0;
-}
-
-/* getattr(obj, name, None) without raising: 1 found, 0 absent, -1 error. */
-static int get_optional_attr(PyObject *obj, PyObject *name, PyObject **out)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-	return PyObject_GetOptionalAttr(obj, name, out);
-#else
-	*out = PyObject_GetAttr(obj, name);
-	if (*out)
-		return 1;
-	if (!PyErr_ExceptionMatches(PyExc_AttributeError))
-		return -1;
-	PyErr_Clear();
-	return 0;
-#endif
-}
-
-static PyObject *str_dlpack, *str_dlpack_device, *str_cai, *str_stream, *str_max_version;
-static PyObject *max_version_1;
-
-/* obj.__dlpack__(stream=..., max_version=(1, 0)), falling back to the pre-1.0 signature. */
-static int from_dlpack(PyObject *obj, PyObject *meth, struct fbuf *b, int writable, PyObject *stream)
-{
-	PyObject *dev, *kw = NULL, *cap = NULL;
-	int type = 0, ret = -1;
-
-	dev = PyObject_CallMethodNoArgs(obj, str_dlpack_device);
-	if (!dev)
-		return -1;
-	if (!PyTuple_Check(dev) || PyTuple_GET_SIZE(dev) < 1 ||
-	    (type = (int)PyLong_AsLong(PyTuple_GET_ITEM(dev, 0))) == -1) {
-		if (!PyErr_Occurred())
-			PyErr_SetString(PyExc_TypeError, "__dlpack_device__() must return (type, id)");
-		Py_DECREF(dev);
-		return -1;
-	}
-	Py_DECREF(dev);
-	kw = PyDict_New();
-	if (!kw)
-		return -1;
-	if (type == DL_CUDA || type == DL_CUDA_MANAGED) {
-		/*
-		 * -1: no synchronization by the producer. ferry's own copies run on its streams and
-		 * the call returns only when the data has landed; ordering with the caller's GPU work
-		 * is the caller's (docs/PYTHON.md), or a stream-ordered call's.
-		 */
-		PyObject *s = stream ? stream : PyLong_FromLong(-1);
-		if (!s || PyDict_SetItem(kw, str_stream, s) < 0) {
-			if (!stream)
-				Py_XDECREF(s);
-			goto out;
-		}
-		if (!stream)
-			Py_DECREF(s);
-	}
-	if (PyDict_SetItem(kw, str_max_version, max_version_1) < 0)
-		goto out;
-	PyObject *empty = PyTuple_New(0);
-	if (!empty)
-		goto out;
-	cap = PyObject_Call(meth, empty, kw);
-	if (!cap && PyErr_ExceptionMatches(PyExc_TypeError)) {
-		/* A producer from before DLPack 1.0 does not know max_version. */
-		PyErr_Clear();
-		PyDict_DelItem(kw, str_max_version);
-		cap = PyObject_Call(meth, empty, kw);
-	}
-	Py_DECREF(empty);
-	if (!cap)
-		goto out;
-	if (!PyCapsule_CheckExact(cap)) {
-		PyErr_Format(PyExc_TypeError, "%.100s.__dlpack__() returned %.100s, not a capsule",
-			     Py_TYPE(obj)->tp_name, Py_TYPE(cap)->tp_name);
-		goto out;
-	}
-	ret = from_capsule(cap, obj, b, writable);
-out:
-	Py_XDECREF(cap);
-	Py_XDECREF(kw);
-	return ret;
-}
-
-static int from_cai(PyObject *obj, PyObject *cai, struct fbuf *b, int writable)
-{
-	PyObject *shape, *typestr, *data, *strides;
-	int64_t sh[64], st[64], count;
-	Py_ssize_t ndim;
-	long itemsize;
-	int ro;
-	void *ptr;
-
-	if (!PyDict_Check(cai))
-		goto bad;
-	shape = PyDict_GetItemString(cai, "shape");
-	typestr = PyDict_GetItemString(cai, "typestr");
-	data = PyDict_GetItemString(cai, "data");
-	strides = PyDict_GetItemString(cai, "strides");
-	if (!shape || !PyTuple_Check(shape) || !typestr || !PyUnicode_Check(typestr) || !data ||
-	    !PyTuple_Check(data) || PyTuple_GET_SIZE(data) != 2)
-		goto bad;
-	ndim = PyTuple_GET_SIZE(shape);
-	if (ndim > 64)
-		goto bad;
-	const char *ts = PyUnicode_AsUTF8(typestr);
-	if (!ts || strlen(ts) < 3 || (itemsize = strtol(ts + 2, NULL, 10)) <= 0)
-		goto bad;
-	ptr = PyLong_AsVoidPtr(PyTuple_GET_ITEM(data, 0));
-	if (PyErr_Occurred())
-		return -1;
-	ro = PyObject_IsTrue(PyTuple_GET_ITEM(data, 1));
-	if (ro < 0)
-		return -1;
-	for (Py_ssize_t i = 0; i < ndim; i++) {
-		sh[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(shape, i));
-		if (sh[i] == -1 && PyErr_Occurred())
-			return -1;
-	}
-	if (strides && strides != Py_None) {
-		if (!PyTuple_Check(strides) || PyTuple_GET_SIZE(strides) != ndim)
-			goto bad;
-		for (Py_ssize_t i = 0; i < ndim; i++) {
-			long long s = PyLong_AsLongLong(PyTuple_GET_ITEM(strides, i));
-			if (s == -1 && PyErr_Occurred())
-				return -1;
-			st[i] = s % itemsize ? -1 : s / itemsize;
-		}
-	}
-	if (!compact((int)ndim, sh, strides && strides != Py_None ? st : NULL, &count)) {
-		PyErr_Format(PyExc_ValueError, "the %s (%.100s) is not C-contiguous; ferry moves one "
-			     "contiguous block of memory", what(writable), Py_TYPE(obj)->tp_name);
-		return -1;
-	}
-	if (ro && writable) {
-		PyErr_Format(PyExc_ValueError, "the destination (%.100s) is read-only",
-			     Py_TYPE(obj)->tp_name);
-		return -1;
-	}
-	b->ptr = ptr;
-	b->len = (size_t)count * (size_t)itemsize;
-	b->cuda = 1;
-	b->device = -1;
-	int kind = ferry_mem_kind(ptr, &b->device);
-	if (kind == FERRY_MEM_HOST || kind == FERRY_MEM_PINNED)
-		b->cuda = 0;
-	b->how = BUF_CAI;
-	return 0;
-bad:
-	PyErr_Format(PyExc_TypeError, "%.100s.__cuda_array_interface__ is malformed",
-		     Py_TYPE(obj)->tp_name);
-	return -1;
-}
-
-/*
- * Resolves obj into an address and a length, zero-copy, and keeps it alive (b->owner) until
- * fbuf_release(). writable: the buffer is a read's destination. stream: passed to __dlpack__
- * for CUDA producers (NULL: -1, no synchronization).
- */
-static int fbuf_get(PyObject *obj, struct fbuf *b, int writable, PyObject *stream)
-{
-	PyObject *attr;
-	int ret;
-
-	memset(b, 0, sizeof(*b));
-	b->device = -1;
-	if (PyObject_CheckBuffer(obj)) {
-		ret = from_view(obj, b, writable);
-		if (ret == 0)
-			goto done;
-		/*
-		 * CuPy arrays export the buffer protocol, and refuse it for device memory: fall
-		 * through to DLPack or the CUDA array interface where the object has them.
-		 */
-		PyObject *type, *value, *tb;
-		int has;
-		PyErr_Fetch(&type, &value, &tb);
-		/* ValueError: from_view named the rule the buffer broke (contiguity, read-only). */
-		has = !PyErr_GivenExceptionMatches(type, PyExc_ValueError) &&
-		      (PyObject_HasAttr(obj, str_dlpack) || PyObject_HasAttr(obj, str_cai));
-		if (!has) {
-			PyErr_Restore(type, value, tb);
-			return -1;
-		}
-		Py_XDECREF(type);
-		Py_XDECREF(value);
-		Py_XDECREF(tb);
-	}
-	if (PyCapsule_CheckExact(obj)) {
-		ret = from_capsule(obj, obj, b, writable);
-		goto done;
-	}
-	if (get_optional_attr(obj, str_dlpack, &attr) < 0)
-		return -1;
-	if (attr) {
-		ret = from_dlpack(obj, attr, b, writable, stream);
-		Py_DECREF(attr);
-		goto done;
-	}
-	if (get_optional_attr(obj, str_cai, &attr) < 0)
-		return -1;
-	if (attr) {
-		ret = from_cai(obj, attr, b, writable);
-		Py_DECREF(attr);
-		goto done;
-	}
-	PyErr_Format(PyExc_TypeError, "a %s must support the buffer protocol (bytearray, "
-		     "memoryview, numpy.ndarray), DLPack (torch.Tensor, cupy.ndarray) or "
-		     "__cuda_array_interface__; got %.100s", what(writable), Py_TYPE(obj)->tp_name);
-	return -1;
-done:
-	if (ret < 0)
-		return -1;
-	Py_INCREF(obj);
-	b->owner = obj;
-	return 0;
-}
-
 /* -------------------------------------------------------------------------------- arguments */
-
-/* A non-negative int as a file offset. */
-static int get_offset(PyObject *o, uint64_t *off)
-{
-	unsigned long long v;
-
-	if (!PyLong_Check(o)) {
-		PyErr_Format(PyExc_TypeError, "offset must be an int, not %.100s", Py_TYPE(o)->tp_name);
-		return -1;
-	}
-	if (_PyLong_Sign(o) < 0) {
-		PyErr_SetString(PyExc_ValueError, "offset must not be negative");
-		return -1;
-	}
-	v = PyLong_AsUnsignedLongLong(o);
-	if (v == (unsigned long long)-1 && PyErr_Occurred())
-		return -1;
-	*off = v;
-	return 0;
-}
 
 /*
  * (buf, offset=0, *, stream=None) from a vectorcall. Written out by hand: the 4 KiB call's cost
@@ -600,7 +73,7 @@ static int parse_io(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyO
 	}
 	if (stream && *stream == Py_None)
 		*stream = NULL;
-	return ooff ? get_offset(ooff, off) : 0;
+	return ooff ? ferry__py_u64(ooff, "offset", off) : 0;
 }
 
 /* ------------------------------------------------------------------------------------ Context */
@@ -623,7 +96,7 @@ static PyObject *context_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 	if (ret < 0) {
 		self->ctx = NULL;
 		Py_DECREF(self);
-		return raise_ferry(ret, NULL);
+		return ferry__py_raise(ret, NULL);
 	}
 	return (PyObject *)self;
 }
@@ -644,7 +117,7 @@ static PyObject *context_set(ContextObject *self, PyObject *args)
 		return NULL;
 	ret = ferry_ctx_set(self->ctx, key, value);
 	if (ret < 0)
-		return raise_ferry(ret, NULL);
+		return ferry__py_raise(ret, NULL);
 	Py_RETURN_NONE;
 }
 
@@ -658,7 +131,7 @@ static PyObject *context_get(ContextObject *self, PyObject *arg)
 		return NULL;
 	ret = ferry_ctx_get(self->ctx, key, buf, sizeof(buf));
 	if (ret < 0)
-		return raise_ferry(ret, NULL);
+		return ferry__py_raise(ret, NULL);
 	return PyUnicode_FromString(buf);
 }
 
@@ -666,11 +139,9 @@ static PyObject *context_start(ContextObject *self, PyObject *unused)
 {
 	int ret;
 
-	Py_BEGIN_ALLOW_THREADS
-	ret = ferry_ctx_start(self->ctx);
-	Py_END_ALLOW_THREADS
-	if (ret < 0)
-		return raise_ferry(ret, NULL);
+	FERRY_PY_NOGIL(NULL, ret, ferry_ctx_start(self->ctx));
+	if (ferry__py_failed(ret, NULL))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -696,9 +167,7 @@ static PyObject *context_backend(ContextObject *self, void *closure)
 {
 	const char *name;
 
-	Py_BEGIN_ALLOW_THREADS
-	name = ferry_ctx_backend(self->ctx);
-	Py_END_ALLOW_THREADS
+	FERRY_PY_NOGIL(NULL, name, ferry_ctx_backend(self->ctx));
 	return PyUnicode_FromString(name ? name : "");
 }
 
@@ -734,11 +203,8 @@ static PyGetSetDef context_getset[] = {
 };
 
 static PyTypeObject ContextType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "ferry._ferry.Context",
-	.tp_basicsize = sizeof(ContextObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-	.tp_doc = "A ferry context: knobs, workers, buffers and statistics (ferry_ctx).",
+	FERRY_PY_TYPE("ferry._ferry.Context", ContextObject, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+		      "A ferry context: knobs, workers, buffers and statistics (ferry_ctx)."),
 	.tp_new = context_new,
 	.tp_dealloc = (destructor)context_dealloc,
 	.tp_methods = context_methods,
@@ -760,11 +226,7 @@ static PyTypeObject FileType;
 
 static int file_check(FileObject *self)
 {
-	if (!self->f) {
-		PyErr_Format(PyExc_ValueError, "I/O operation on closed file %R", self->name);
-		return -1;
-	}
-	return 0;
+	return ferry__py_closed(self->f, "I/O operation on closed file %R", self->name);
 }
 
 static void file_dealloc(FileObject *self)
@@ -779,11 +241,9 @@ static void file_dealloc(FileObject *self)
 
 static PyObject *file_close(FileObject *self, PyObject *unused)
 {
-	if (self->inflight) {
-		PyErr_Format(PyExc_RuntimeError, "cannot close %R: %zd operation(s) in flight (wait "
-			     "for its futures first)", self->name, self->inflight);
+	if (ferry__py_busy(self->inflight, "cannot close %R: %zd operation(s) in flight (wait for "
+			   "its futures first)", self->name, self->inflight) < 0)
 		return NULL;
-	}
 	ferry_file_destroy(self->f);
 	self->f = NULL;
 	Py_RETURN_NONE;
@@ -797,7 +257,7 @@ static PyObject *file_transfer(FileObject *self, PyObject *const *args, Py_ssize
 {
 	PyObject *obj;
 	uint64_t off;
-	struct fbuf b;
+	struct ferry__py_buf b;
 	ssize_t n;
 
 	PyObject *stream;
@@ -807,30 +267,30 @@ static PyObject *file_transfer(FileObject *self, PyObject *const *args, Py_ssize
 		return NULL;
 	if (stream)
 		return file_transfer_stream(self, obj, off, stream, is_write);
-	if (fbuf_get(obj, &b, !is_write, NULL) < 0)
+	if (ferry__py_buf_get(obj, &b, !is_write, NULL) < 0)
 		return NULL;
-	self->inflight++;
-	Py_BEGIN_ALLOW_THREADS
-	n = is_write ? ferry_pwrite(self->f, b.ptr, b.len, off) : ferry_pread(self->f, b.ptr, b.len, off);
-	Py_END_ALLOW_THREADS
-	self->inflight--;
-	fbuf_release(&b);
-	if (n < 0)
-		return raise_ferry((int)n, self->name);
+	FERRY_PY_NOGIL(&self->inflight, n, is_write ? ferry_pwrite(self->f, b.ptr, b.len, off)
+						    : ferry_pread(self->f, b.ptr, b.len, off));
+	ferry__py_buf_release(&b);
+	if (ferry__py_failed(n, self->name))
+		return NULL;
 	return PyLong_FromSsize_t(n);
 }
 
-static PyObject *file_pread_into(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
-				 PyObject *kwnames)
-{
-	return file_transfer(self, args, nargs, kwnames, 0);
-}
+/* The read and the write method of one transfer function. */
+#define FILE_IO_METHODS(read, write, transfer)                                                      \
+	static PyObject *read(FileObject *self, PyObject *const *args, Py_ssize_t nargs,             \
+			      PyObject *kwnames)                                                    \
+	{                                                                                           \
+		return transfer(self, args, nargs, kwnames, 0);                                     \
+	}                                                                                           \
+	static PyObject *write(FileObject *self, PyObject *const *args, Py_ssize_t nargs,            \
+			       PyObject *kwnames)                                                   \
+	{                                                                                           \
+		return transfer(self, args, nargs, kwnames, 1);                                     \
+	}
 
-static PyObject *file_pwrite_from(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
-				  PyObject *kwnames)
-{
-	return file_transfer(self, args, nargs, kwnames, 1);
-}
+FILE_IO_METHODS(file_pread_into, file_pwrite_from, file_transfer)
 
 /* ------------------------------------------------------------------------------ Request/Future */
 
@@ -838,10 +298,10 @@ typedef struct {
 	PyObject_HEAD
 	ferry_req *req; /* NULL once freed */
 	FileObject *file;
-	struct fbuf buf;
+	struct ferry__py_buf buf;
 	uint64_t offset;
 	int is_write;
-	int waiters;  /* threads inside ferry_req_wait with the GIL released */
+	Py_ssize_t waiters; /* threads inside ferry_req_wait with the GIL released */
 	int finished; /* result or exc is set */
 	Py_ssize_t result;
 	PyObject *exc;
@@ -857,7 +317,7 @@ static void req_release(RequestObject *r)
 		return;
 	ferry_req_destroy(r->req); /* finished: does not block */
 	r->req = NULL;
-	fbuf_release(&r->buf);
+	ferry__py_buf_release(&r->buf);
 	r->file->inflight--;
 }
 
@@ -870,7 +330,7 @@ static void req_settle(RequestObject *r, ssize_t res)
 		if (res < 0) {
 			PyObject *type, *value, *tb;
 
-			raise_ferry((int)res, r->file->name);
+			ferry__py_raise((int)res, r->file->name);
 			PyErr_Fetch(&type, &value, &tb);
 			PyErr_NormalizeException(&type, &value, &tb);
 			if (tb)
@@ -895,11 +355,7 @@ static int req_wait(RequestObject *r, int64_t timeout_ns)
 			return 0;
 		res = ferry_req_wait(r->req, 0);
 	} else {
-		r->waiters++;
-		Py_BEGIN_ALLOW_THREADS
-		res = ferry_req_wait(r->req, timeout_ns);
-		Py_END_ALLOW_THREADS
-		r->waiters--;
+		FERRY_PY_NOGIL(&r->waiters, res, ferry_req_wait(r->req, timeout_ns));
 		if (res == -ETIMEDOUT && !ferry_req_done(r->req))
 			return 0;
 	}
@@ -914,15 +370,7 @@ static int get_timeout(PyObject *args, PyObject *kwds, const char *fmt, int64_t 
 
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, fmt, kwlist, &t))
 		return -1;
-	if (t == Py_None) {
-		*ns = -1;
-		return 0;
-	}
-	double s = PyFloat_AsDouble(t);
-	if (s == -1.0 && PyErr_Occurred())
-		return -1;
-	*ns = s <= 0 ? 0 : s > 9e9 ? -1 : (int64_t)(s * 1e9);
-	return 0;
+	return ferry__py_timeout(t, ns);
 }
 
 static PyObject *req_wait_py(RequestObject *r, PyObject *args, PyObject *kwds)
@@ -941,14 +389,24 @@ static PyObject *req_timeout(RequestObject *r)
 	return NULL;
 }
 
-static PyObject *req_result(RequestObject *r, PyObject *args, PyObject *kwds)
+/* result(timeout) and exception(timeout): 0 once finished, else -1 with TimeoutError or another error. */
+static int req_finish(RequestObject *r, PyObject *args, PyObject *kwds, const char *fmt)
 {
 	int64_t ns;
 
-	if (get_timeout(args, kwds, "|O:result", &ns) < 0)
+	if (get_timeout(args, kwds, fmt, &ns) < 0)
+		return -1;
+	if (!req_wait(r, ns)) {
+		req_timeout(r);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *req_result(RequestObject *r, PyObject *args, PyObject *kwds)
+{
+	if (req_finish(r, args, kwds, "|O:result") < 0)
 		return NULL;
-	if (!req_wait(r, ns))
-		return req_timeout(r);
 	if (r->exc) {
 		PyErr_SetObject((PyObject *)Py_TYPE(r->exc), r->exc);
 		return NULL;
@@ -958,12 +416,8 @@ static PyObject *req_result(RequestObject *r, PyObject *args, PyObject *kwds)
 
 static PyObject *req_exception(RequestObject *r, PyObject *args, PyObject *kwds)
 {
-	int64_t ns;
-
-	if (get_timeout(args, kwds, "|O:exception", &ns) < 0)
+	if (req_finish(r, args, kwds, "|O:exception") < 0)
 		return NULL;
-	if (!req_wait(r, ns))
-		return req_timeout(r);
 	return Py_NewRef(r->exc ? r->exc : Py_None);
 }
 
@@ -990,7 +444,7 @@ static void req_dealloc(RequestObject *r)
 		ferry_req_destroy(r->req);
 		Py_END_ALLOW_THREADS
 		r->req = NULL;
-		fbuf_release(&r->buf);
+		ferry__py_buf_release(&r->buf);
 		r->file->inflight--;
 	}
 	Py_XDECREF(r->exc);
@@ -1052,16 +506,44 @@ static PyGetSetDef req_getset[] = {
 };
 
 static PyTypeObject RequestType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "ferry._ferry.Request",
-	.tp_basicsize = sizeof(RequestObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-	.tp_doc = "An asynchronous transfer in flight (ferry_req); ferry.Future extends it.",
+	FERRY_PY_TYPE("ferry._ferry.Request", RequestObject, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+		      "An asynchronous transfer in flight (ferry_req); ferry.Future extends it."),
 	.tp_dealloc = (destructor)req_dealloc,
 	.tp_repr = (reprfunc)req_repr,
 	.tp_methods = req_methods,
 	.tp_getset = req_getset,
 };
+
+/* A Future for a transfer of obj at off, its buffer taken (stream: for __dlpack__), not submitted. */
+static RequestObject *req_new(FileObject *self, PyObject *obj, uint64_t off, int is_write, PyObject *stream)
+{
+	RequestObject *r = (RequestObject *)future_type->tp_alloc(future_type, 0);
+
+	if (!r)
+		return NULL;
+	if (ferry__py_buf_get(obj, &r->buf, !is_write, stream) < 0) {
+		Py_DECREF(r);
+		return NULL;
+	}
+	r->file = (FileObject *)Py_NewRef((PyObject *)self);
+	r->offset = off;
+	r->is_write = is_write;
+	return r;
+}
+
+/* After the submission: r, now in flight on its file; or NULL with its error raised (r dropped). */
+static RequestObject *req_submitted(RequestObject *r, int ret)
+{
+	if (ret < 0) {
+		r->req = NULL;
+		ferry__py_buf_release(&r->buf);
+		ferry__py_raise(ret, r->file->name);
+		Py_DECREF(r);
+		return NULL;
+	}
+	r->file->inflight++;
+	return r;
+}
 
 static PyObject *file_transfer_async(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
 				     PyObject *kwnames, int is_write)
@@ -1072,31 +554,14 @@ static PyObject *file_transfer_async(FileObject *self, PyObject *const *args, Py
 	int ret;
 
 	if (parse_io(is_write ? "pwrite_from_async" : "pread_into_async", args, nargs, kwnames, &obj,
-		     &off, NULL) < 0 || file_check(self) < 0)
+		     &off, NULL) < 0 || file_check(self) < 0 || !(r = req_new(self, obj, off, is_write, NULL)))
 		return NULL;
-	r = (RequestObject *)future_type->tp_alloc(future_type, 0);
-	if (!r)
-		return NULL;
-	if (fbuf_get(obj, &r->buf, !is_write, NULL) < 0) {
-		Py_DECREF(r);
-		return NULL;
-	}
-	r->file = (FileObject *)Py_NewRef((PyObject *)self);
-	r->offset = off;
-	r->is_write = is_write;
 	/* Submission only queues work to the workers: it does not block, the GIL stays held. */
 	if (is_write)
 		ret = ferry_pwrite_async(self->f, r->buf.ptr, r->buf.len, off, &r->req);
 	else
 		ret = ferry_pread_async(self->f, r->buf.ptr, r->buf.len, off, &r->req);
-	if (ret < 0) {
-		r->req = NULL;
-		fbuf_release(&r->buf);
-		Py_DECREF(r);
-		return raise_ferry(ret, self->name);
-	}
-	self->inflight++;
-	return (PyObject *)r;
+	return (PyObject *)req_submitted(r, ret);
 }
 
 /* A CUstream from an int, torch.cuda.Stream (.cuda_stream), CuPy (.ptr) or __cuda_stream__. */
@@ -1166,27 +631,16 @@ static PyObject *file_transfer_stream(FileObject *self, PyObject *obj, uint64_t 
 	dl_stream = PyLong_FromVoidPtr(cu ? cu : (void *)1);
 	if (!dl_stream)
 		return NULL;
-	r = (RequestObject *)future_type->tp_alloc(future_type, 0);
-	if (!r || fbuf_get(obj, &r->buf, !is_write, dl_stream) < 0) {
-		Py_DECREF(dl_stream);
-		Py_XDECREF(r);
-		return NULL;
-	}
+	r = req_new(self, obj, off, is_write, dl_stream);
 	Py_DECREF(dl_stream);
-	r->file = (FileObject *)Py_NewRef((PyObject *)self);
-	r->offset = off;
-	r->is_write = is_write;
+	if (!r)
+		return NULL;
 	if (is_write)
 		ret = ferry_pwrite_stream(self->f, r->buf.ptr, r->buf.len, off, cu, &r->req);
 	else
 		ret = ferry_pread_stream(self->f, r->buf.ptr, r->buf.len, off, cu, &r->req);
-	if (ret < 0) {
-		r->req = NULL;
-		fbuf_release(&r->buf);
-		Py_DECREF(r);
-		return raise_ferry(ret, self->name);
-	}
-	self->inflight++;
+	if (!req_submitted(r, ret))
+		return NULL;
 	if (keep_until_done(r) < 0) {
 		Py_DECREF(r);
 		return NULL;
@@ -1194,17 +648,7 @@ static PyObject *file_transfer_stream(FileObject *self, PyObject *obj, uint64_t 
 	return (PyObject *)r;
 }
 
-static PyObject *file_pread_into_async(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
-				       PyObject *kwnames)
-{
-	return file_transfer_async(self, args, nargs, kwnames, 0);
-}
-
-static PyObject *file_pwrite_from_async(FileObject *self, PyObject *const *args, Py_ssize_t nargs,
-					PyObject *kwnames)
-{
-	return file_transfer_async(self, args, nargs, kwnames, 1);
-}
+FILE_IO_METHODS(file_pread_into_async, file_pwrite_from_async, file_transfer_async)
 
 /* -------------------------------------------------------------------------------------- batches */
 
@@ -1233,13 +677,20 @@ static int batch_entry(PyObject *item, PyObject *deffile, ContextObject *ctx, Fi
 		return -1;
 	}
 	*buf = PyTuple_GET_ITEM(item, want - 1);
-	return get_offset(PyTuple_GET_ITEM(item, want - 2), off);
+	return ferry__py_u64(PyTuple_GET_ITEM(item, want - 2), "offset", off);
+}
+
+static int submit_wait(ferry_batch *b)
+{
+	int ret = ferry_batch_submit(b);
+
+	return ret == 0 ? ferry_batch_wait(b, -1) : ret;
 }
 
 static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entries, int is_write)
 {
 	PyObject *seq, *out = NULL;
-	struct fbuf *bufs = NULL;
+	struct ferry__py_buf *bufs = NULL;
 	FileObject **files = NULL;
 	ferry_batch *b = NULL;
 	Py_ssize_t n, got = 0, i;
@@ -1257,7 +708,7 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 	}
 	ret = ferry_batch_create(ctx->ctx, &b);
 	if (ret < 0) {
-		raise_ferry(ret, NULL);
+		ferry__py_raise(ret, NULL);
 		goto out;
 	}
 	for (got = 0; got < n; got++) {
@@ -1266,7 +717,7 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 		FileObject *fo;
 
 		if (batch_entry(PySequence_Fast_GET_ITEM(seq, got), deffile, ctx, &fo, &off, &obj) < 0 ||
-		    fbuf_get(obj, &bufs[got], !is_write, NULL) < 0) {
+		    ferry__py_buf_get(obj, &bufs[got], !is_write, NULL) < 0) {
 			PyObject *type, *value, *tb;
 			PyErr_Fetch(&type, &value, &tb);
 			PyErr_NormalizeException(&type, &value, &tb);
@@ -1286,19 +737,13 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 			       : ferry_batch_add_read(b, fo->f, off, bufs[got].len, bufs[got].ptr);
 		if (ret < 0) {
 			got++;
-			raise_ferry(ret, fo->name);
+			ferry__py_raise(ret, fo->name);
 			goto out;
 		}
 	}
-	Py_BEGIN_ALLOW_THREADS
-	ret = ferry_batch_submit(b);
-	if (ret == 0)
-		ret = ferry_batch_wait(b, -1);
-	Py_END_ALLOW_THREADS
-	if (ret < 0) {
-		raise_ferry(ret, NULL);
+	FERRY_PY_NOGIL(NULL, ret, submit_wait(b));
+	if (ferry__py_failed(ret, NULL))
 		goto out;
-	}
 	out = PyList_New(n);
 	if (!out)
 		goto out;
@@ -1313,7 +758,7 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 out:
 	ferry_batch_destroy(b);
 	for (i = 0; i < got; i++) {
-		fbuf_release(&bufs[i]);
+		ferry__py_buf_release(&bufs[i]);
 		if (files[i])
 			files[i]->inflight--;
 	}
@@ -1356,13 +801,9 @@ static PyObject *file_sync(FileObject *self, PyObject *args, PyObject *kwds)
 
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|p:sync", kwlist, &full) || file_check(self) < 0)
 		return NULL;
-	self->inflight++;
-	Py_BEGIN_ALLOW_THREADS
-	ret = ferry_file_sync(self->f, full);
-	Py_END_ALLOW_THREADS
-	self->inflight--;
-	if (ret < 0)
-		return raise_ferry(ret, self->name);
+	FERRY_PY_NOGIL(&self->inflight, ret, ferry_file_sync(self->f, full));
+	if (ferry__py_failed(ret, self->name))
+		return NULL;
 	Py_RETURN_NONE;
 }
 
@@ -1371,11 +812,11 @@ static PyObject *file_truncate(FileObject *self, PyObject *arg)
 	uint64_t size;
 	int ret;
 
-	if (get_offset(arg, &size) < 0 || file_check(self) < 0)
+	if (ferry__py_u64(arg, "size", &size) < 0 || file_check(self) < 0)
 		return NULL;
 	ret = ferry_file_truncate(self->f, size);
 	if (ret < 0)
-		return raise_ferry(ret, self->name);
+		return ferry__py_raise(ret, self->name);
 	Py_RETURN_NONE;
 }
 
@@ -1399,7 +840,7 @@ static PyObject *file_size(FileObject *self, void *closure)
 		return NULL;
 	n = ferry_file_size(self->f);
 	if (n < 0)
-		return raise_ferry((int)n, self->name);
+		return ferry__py_raise((int)n, self->name);
 	return PyLong_FromLongLong(n);
 }
 
@@ -1496,11 +937,8 @@ static PyGetSetDef file_getset[] = {
 };
 
 static PyTypeObject FileType = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "ferry.File",
-	.tp_basicsize = sizeof(FileObject),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "A file opened by ferry.open(): positional, zero-copy reads and writes.",
+	FERRY_PY_TYPE("ferry.File", FileObject, Py_TPFLAGS_DEFAULT,
+		      "A file opened by ferry.open(): positional, zero-copy reads and writes."),
 	.tp_dealloc = (destructor)file_dealloc,
 	.tp_repr = (reprfunc)file_repr,
 	.tp_methods = file_methods,
@@ -1509,24 +947,29 @@ static PyTypeObject FileType = {
 
 /* ------------------------------------------------------------------------------------- module */
 
+struct file_open_args {
+	int flags;
+	ferry_file *f;
+};
+
+static int64_t file_open(ferry_ctx *ctx, const char *path, void *arg)
+{
+	struct file_open_args *a = arg;
+
+	return ferry_file_open(ctx, path, a->flags, &a->f);
+}
+
 static PyObject *mod_open(PyObject *mod, PyObject *args)
 {
 	ContextObject *ctx;
-	PyObject *name, *mode, *bpath = NULL;
+	PyObject *name, *mode;
 	FileObject *self;
-	ferry_file *f = NULL;
-	int flags, ret;
+	struct file_open_args a = {0, NULL};
 
-	if (!PyArg_ParseTuple(args, "O!OiU:open", &ContextType, &ctx, &name, &flags, &mode) ||
-	    !PyUnicode_FSConverter(name, &bpath))
+	if (!PyArg_ParseTuple(args, "O!OiU:open", &ContextType, &ctx, &name, &a.flags, &mode) ||
+	    ferry__py_path_call((PyObject *)ctx, name, file_open, &a) < 0)
 		return NULL;
-	const char *path = PyBytes_AS_STRING(bpath);
-	Py_BEGIN_ALLOW_THREADS
-	ret = ferry_file_open(ctx->ctx, path, flags, &f);
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
-	if (ret < 0)
-		return raise_ferry(ret, name);
+	ferry_file *f = a.f;
 	self = PyObject_New(FileObject, &FileType);
 	if (!self) {
 		ferry_file_destroy(f);
@@ -1558,16 +1001,16 @@ static PyObject *mod_buffer_info(PyObject *mod, PyObject *args, PyObject *kwds)
 	static char *kwlist[] = {"obj", "writable", NULL};
 	PyObject *obj, *d;
 	int writable = 0;
-	struct fbuf b;
+	struct ferry__py_buf b;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|p:buffer_info", kwlist, &obj, &writable) ||
-	    fbuf_get(obj, &b, writable, NULL) < 0)
+	    ferry__py_buf_get(obj, &b, writable, NULL) < 0)
 		return NULL;
 	static const char *const how[] = {"none", "buffer", "dlpack", "dlpack", "cuda_array_interface"};
 	d = Py_BuildValue("{s:K,s:n,s:s,s:i,s:s}", "ptr", (unsigned long long)(uintptr_t)b.ptr,
 			  "nbytes", (Py_ssize_t)b.len, "memory", b.cuda ? "cuda" : "host", "device",
 			  b.device, "protocol", how[b.how]);
-	fbuf_release(&b);
+	ferry__py_buf_release(&b);
 	return d;
 }
 
@@ -1576,9 +1019,7 @@ static PyObject *mod_gpu_available(PyObject *mod, PyObject *unused)
 	char why[1024] = "";
 	int ok;
 
-	Py_BEGIN_ALLOW_THREADS
-	ok = ferry_gpu_available(why, sizeof(why));
-	Py_END_ALLOW_THREADS
+	FERRY_PY_NOGIL(NULL, ok, ferry_gpu_available(why, sizeof(why)));
 	return Py_BuildValue("(Os)", ok ? Py_True : Py_False, why);
 }
 
@@ -1586,30 +1027,27 @@ static PyObject *mod_gpu_count(PyObject *mod, PyObject *unused)
 {
 	int n;
 
-	Py_BEGIN_ALLOW_THREADS
-	n = ferry_gpu_count();
-	Py_END_ALLOW_THREADS
-	if (n < 0)
-		return raise_ferry(n, NULL);
+	FERRY_PY_NOGIL(NULL, n, ferry_gpu_count());
+	if (ferry__py_failed(n, NULL))
+		return NULL;
 	return PyLong_FromLong(n);
+}
+
+enum { WHY_LEN = 1024 };
+
+static int64_t gds_status(ferry_ctx *unused, const char *path, void *why)
+{
+	return ferry_gds_status(path, why, WHY_LEN);
 }
 
 static PyObject *mod_gds_status(PyObject *mod, PyObject *arg)
 {
-	PyObject *bpath = NULL;
-	char why[1024] = "";
-	int ret;
+	char why[WHY_LEN] = "";
+	int64_t ret = ferry__py_path_call(NULL, arg, gds_status, why);
 
-	if (!PyUnicode_FSConverter(arg, &bpath))
-		return NULL;
-	const char *path = PyBytes_AS_STRING(bpath);
-	Py_BEGIN_ALLOW_THREADS
-	ret = ferry_gds_status(path, why, sizeof(why));
-	Py_END_ALLOW_THREADS
-	Py_DECREF(bpath);
 	if (ret < 0)
-		return raise_ferry(ret, arg);
-	return Py_BuildValue("(is)", ret, why);
+		return NULL;
+	return Py_BuildValue("(Ls)", (long long)ret, why);
 }
 
 static PyObject *mod_strerror(PyObject *mod, PyObject *arg)
@@ -1630,24 +1068,19 @@ static PyObject *mod_err_name(PyObject *mod, PyObject *arg)
 	return PyUnicode_FromString(ferry_err_name(code));
 }
 
+static PyObject *key_at(Py_ssize_t i, const void *keys)
+{
+	return PyUnicode_FromString(((const char *const *)keys)[i]);
+}
+
 static PyObject *mod_keys(PyObject *mod, PyObject *unused)
 {
 	const char *const *k = ferry_ctx_keys();
-	PyObject *t;
 	Py_ssize_t n = 0;
 
 	while (k[n])
 		n++;
-	t = PyTuple_New(n);
-	for (Py_ssize_t i = 0; t && i < n; i++) {
-		PyObject *s = PyUnicode_FromString(k[i]);
-		if (!s) {
-			Py_CLEAR(t);
-			break;
-		}
-		PyTuple_SET_ITEM(t, i, s);
-	}
-	return t;
+	return ferry__py_tuple(n, key_at, k);
 }
 
 static PyObject *mod_backend_unavailable_reason(PyObject *mod, PyObject *arg)
@@ -1688,7 +1121,6 @@ static struct PyModuleDef moddef = {
 
 /* -------------------------------------------------- for the extension's other C files (_ferry.h) */
 
-/* ferry__py_raise: defined in the data section below. */
 ferry_ctx *ferry__py_ctx(PyObject *obj)
 {
 	if (!PyObject_TypeCheck(obj, &ContextType)) {
@@ -1712,11 +1144,6 @@ static int add_int(PyObject *m, const char *name, long v)
 	return PyModule_AddIntConstant(m, name, v);
 }
 
-/* --- data (issue 6): python/ferry/_data.c uses the error mapping and adds its types --- */
-int ferry__py_data_init(PyObject *m);
-PyObject *ferry__py_raise(int err, PyObject *filename) { return raise_ferry(err, filename); }
-/* --- end data --- */
-
 PyMODINIT_FUNC PyInit__ferry(void)
 {
 	PyObject *m, *codes;
@@ -1724,26 +1151,13 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	if (PyType_Ready(&ContextType) < 0 || PyType_Ready(&FileType) < 0 ||
 	    PyType_Ready(&RequestType) < 0)
 		return NULL;
-	str_dlpack = PyUnicode_InternFromString("__dlpack__");
-	str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
-	str_cai = PyUnicode_InternFromString("__cuda_array_interface__");
-	str_stream = PyUnicode_InternFromString("stream");
-	str_max_version = PyUnicode_InternFromString("max_version");
-	max_version_1 = Py_BuildValue("(ii)", 1, 0);
-	if (!str_dlpack || !str_dlpack_device || !str_cai || !str_stream || !str_max_version ||
-	    !max_version_1)
+	if (ferry__py_buf_init() < 0)
 		return NULL;
 	m = PyModule_Create(&moddef);
 	if (!m)
 		return NULL;
-	ferry_error_type = PyErr_NewExceptionWithDoc(
-		"ferry.Error",
-		"A failure that errno cannot name (no GPU, GDS refused, corrupt data, a CUDA or cuFile "
-		"call failed, a bad option, ...). A subclass of OSError; .code is ferry's negative code, "
-		".name its symbol (FERRY_ENOGDS), .strerror the detail naming file, offset and call.",
-		PyExc_OSError, NULL);
 	codes = PyDict_New();
-	if (!ferry_error_type || !codes || PyModule_AddObjectRef(m, "Error", ferry_error_type) < 0 ||
+	if (!codes || ferry__py_errors_init(m) < 0 ||
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&ContextType) < 0 ||
 	    PyModule_AddObjectRef(m, "File", (PyObject *)&FileType) < 0 ||
 	    PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0 ||

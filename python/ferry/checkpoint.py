@@ -441,12 +441,10 @@ def latest_step(directory):
 
 
 def _manifest(directory, step):
-    p = _os.path.join(_ferry.ckpt_path(_os.fspath(directory), step), "manifest.json")
-    try:
-        with open(p) as f:
-            return p, _json.load(f)
-    except FileNotFoundError:
-        raise FileNotFoundError("%s: step %d is not committed (no manifest.json)" % (p, step)) from None
+    """``(path of the step's manifest.json, the ranks that saved the step)``; FileNotFoundError
+    when the step is not committed. The manifest is read by the C library (ferry_ckpt_world)."""
+    d = _os.fspath(directory)
+    return _os.path.join(_ferry.ckpt_path(d, step), "manifest.json"), _ferry.ckpt_world(d, step)
 
 
 def _reshard(directory, step, world, rank, world_size, shard_dims, device, verify, views, context):
@@ -526,8 +524,7 @@ def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dim
     ``rank`` gets the M-th part ``rank`` of each such tensor along ``dim`` (reading only the
     overlapping rows of each saved shard), a tensor every shard holds otherwise (replicated) from
     one of them, and a tensor only some shards hold as it is. Returns the flat dict."""
-    mpath, man = _manifest(directory, step)
-    world = int(man.get("world", 1))
+    mpath, world = _manifest(directory, step)
     if rank != "all" and (shard_dims is not None or (world_size is not None and world_size != world)):
         dist = _dist()
         if world_size is None:

@@ -565,14 +565,17 @@ static int verify_shard_file(void *arg, const char *name)
 	char fp[PATH_MAX + 300];
 	snprintf(fp, sizeof(fp), "%s/%s", vf->step_dir, name);
 	vf->shards++;
-	return verify_shard(vf->ctx, fp, vf->require_sums);
+	return vf->ctx ? verify_shard(vf->ctx, fp, vf->require_sums) : 0;
 }
 
 /*
- * Each shard on its own: the ranks of a step usually hold tensors of the same names (replicas,
- * tensor-parallel pieces), which one load of the whole manifest refuses as ambiguous.
+ * Reads a committed step's manifest: its world, and as many shards listed; with ctx, each shard
+ * verified on its own (the ranks of a step usually hold tensors of the same names, replicas or
+ * tensor-parallel pieces, which one load of the whole manifest refuses as ambiguous). missing:
+ * the error for a step without a manifest.
  */
-int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums)
+static int read_manifest(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums, int missing,
+			 uint64_t *world_out)
 {
 	char sp[PATH_MAX], p[PATH_MAX + 32];
 	int r = ferry_ckpt_step_path(dir, step, sp, sizeof(sp) - 16);
@@ -580,7 +583,7 @@ int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require
 		return r;
 	snprintf(p, sizeof(p), "%s/manifest.json", sp);
 	if (access(p, F_OK))
-		return ferry__error(FERRY_ECORRUPT, "%s: no manifest.json: step %lld is not committed", sp, (long long)step);
+		return ferry__error(missing, "%s: no manifest.json: step %lld is not committed", sp, (long long)step);
 	size_t cap = 1 << 20, len = 0;
 	char *buf = malloc(cap);
 	if (!buf)
@@ -614,12 +617,26 @@ int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require
 	}
 	if (!r && (m < 0 || ferry__json_end(&j)))
 		goto bad;
-	if (!r && (!shards || (uint64_t)shards != world))
+	if (!r && (!shards || (uint64_t)shards != world || world > INT_MAX))
 		r = ferry__error(FERRY_ECORRUPT, "%s: %d shards listed for a world of %llu", p, shards,
 				 (unsigned long long)world);
 	free(buf);
+	*world_out = world;
 	return r;
 bad:
 	free(buf);
 	return ferry__error(FERRY_ECORRUPT, "%s: byte %zu: %s", p, j.err_pos, j.err ? j.err : "unexpected JSON");
+}
+
+int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums)
+{
+	uint64_t world;
+	return read_manifest(ctx, dir, step, require_sums, FERRY_ECORRUPT, &world);
+}
+
+int ferry_ckpt_world(const char *dir, int64_t step)
+{
+	uint64_t world;
+	int r = read_manifest(NULL, dir, step, 0, -ENOENT, &world);
+	return r < 0 ? r : (int)world;
 }

@@ -495,6 +495,62 @@ static int read_verified(ferry_st_load *ld, struct lsel *s, void *dst, int on_de
 	return r;
 }
 
+/*
+ * The placement rule, per file: what loads whole (not sliced, no destination given) shares one
+ * allocation: laid out like the file from the first byte to the last (*span) when it covers at
+ * least 3/4 of that range, so that one read fills it; else packed in selection order, each tensor
+ * VIEW_ALIGN-aligned (*packed bytes). FERRY_LOAD_PER_TENSOR: an allocation per tensor.
+ */
+static void file_region(const ferry_st_load *ld, size_t f, int flags, uint64_t *lo_out, uint64_t *hi_out,
+			int *span, uint64_t *packed)
+{
+	ferry_st *st = ld->files[f];
+	uint64_t lo = UINT64_MAX, hi = 0, want = 0, compact = 0;
+	for (size_t k = 0; k < ld->nsel; k++) {
+		const struct lsel *s = &ld->sel[k];
+		if (s->file != f || s->sliced || s->dest)
+			continue;
+		uint64_t off = ferry_st_offset(st, s->idx);
+		lo = off < lo ? off : lo;
+		hi = off + s->nbytes > hi ? off + s->nbytes : hi;
+		want += s->nbytes;
+		compact += (s->nbytes + VIEW_ALIGN - 1) / VIEW_ALIGN * VIEW_ALIGN;
+	}
+	*span = !(flags & FERRY_LOAD_PER_TENSOR) && hi > lo && want >= (hi - lo) / 4 * 3;
+	*lo_out = lo;
+	*hi_out = hi;
+	*packed = flags & FERRY_LOAD_PER_TENSOR ? 0 : compact;
+}
+
+int ferry_st_load_place(ferry_st_load *ld, size_t i, int flags, size_t *file, uint64_t *offset, uint64_t *region_len)
+{
+	select_all(ld);
+	if (i >= ld->nsel)
+		return ferry__error(-EINVAL, "%s: no entry %zu", ld->path, i);
+	const struct lsel *s = &ld->sel[i];
+	uint64_t lo, hi, packed, at = 0;
+	int span;
+	*file = s->file;
+	*offset = 0;
+	*region_len = 0;
+	if (s->sliced || s->dest || (flags & FERRY_LOAD_PER_TENSOR))
+		return 0;
+	file_region(ld, s->file, flags, &lo, &hi, &span, &packed);
+	if (span) {
+		*offset = ferry_st_offset(ld->files[s->file], s->idx) - lo;
+		*region_len = hi - lo;
+		return 1;
+	}
+	for (size_t k = 0; k < i; k++) {
+		const struct lsel *o = &ld->sel[k];
+		if (o->file == s->file && !o->sliced && !o->dest)
+			at += (o->nbytes + VIEW_ALIGN - 1) / VIEW_ALIGN * VIEW_ALIGN;
+	}
+	*offset = at;
+	*region_len = packed;
+	return 1;
+}
+
 int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging_budget)
 {
 	uint64_t t0 = ferry__now_ns();
@@ -510,23 +566,13 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 	/* Placement: per file, one allocation for the span of what loads whole, or one per tensor. */
 	for (size_t f = 0; f < ld->nfiles && !r; f++) {
 		ferry_st *st = ld->files[f];
-		uint64_t lo = UINT64_MAX, hi = 0, want = 0, compact = 0;
-		for (size_t k = 0; k < ld->nsel; k++) {
-			struct lsel *s = &ld->sel[k];
-			if (s->file != f || s->sliced || s->dest)
-				continue;
-			uint64_t off = ferry_st_offset(st, s->idx);
-			lo = off < lo ? off : lo;
-			hi = off + s->nbytes > hi ? off + s->nbytes : hi;
-			want += s->nbytes;
-			compact += (s->nbytes + VIEW_ALIGN - 1) / VIEW_ALIGN * VIEW_ALIGN;
-		}
-		int span = !(flags & FERRY_LOAD_PER_TENSOR) && hi > lo && want >= (hi - lo) / 4 * 3;
+		uint64_t lo, hi, compact;
+		int span;
+		file_region(ld, f, flags, &lo, &hi, &span, &compact);
 		char *base = NULL;
 		if (span && (r = alloc_mem(ld, device, (size_t)(hi - lo), (void **)&base)))
 			break;
-		if (!span && !(flags & FERRY_LOAD_PER_TENSOR) && compact &&
-		    (r = alloc_mem(ld, device, (size_t)compact, (void **)&base)))
+		if (!span && compact && (r = alloc_mem(ld, device, (size_t)compact, (void **)&base)))
 			break;
 		uint64_t at = 0;
 		for (size_t k = 0; k < ld->nsel && !r; k++) {

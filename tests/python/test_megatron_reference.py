@@ -56,14 +56,14 @@ def read_reference(prefix):
 
 
 def ferry_read_all(path, mmap):
-    """(0, dtype code, samples as uint8 arrays) or (error code, message, None)."""
+    """(0, NumPy dtype, samples as uint8 arrays) or (error code, message, None)."""
     try:
         ds = ferry.IndexedDataset(path, mmap=mmap)
     except ferry.Error as e:
         return e.code, str(e), None
     with ds:
         out = [np.array(a).view(np.uint8) for a in ds]
-        return 0, ds._ds.dtype, out
+        return 0, ds.dtype, out
 
 
 def test_reference_reads_back():
@@ -76,7 +76,7 @@ def test_reference_reads_back():
             for mmap in (True, False):
                 err, code, got = ferry_read_all(prefix, mmap)
                 assert err == 0, code
-                assert code == CODES[dtype]
+                assert code == np.dtype(dtype)  # the index's code CODES[dtype], read as its type
                 assert len(got) == len(docs)
                 for a, b in zip(got, docs):
                     assert np.array_equal(a.view(dtype), b)

@@ -101,6 +101,8 @@ static void test_basic(void)
 	}
 	T_EQ_INT(check_content(dir, 4, 1), 0);
 	T_EQ_INT(check_content(dir, 3, 1), 0);
+	T_EQ_INT(ferry_ckpt_world(dir, 4), 1);
+	T_EQ_INT(ferry_ckpt_world(dir, 2), -ENOENT); /* pruned */
 	char p[700];
 	T_CHECK(ferry_ckpt_step_path(dir, 2, p, sizeof(p)) > 0 && access(p, F_OK) != 0);
 	T_CHECK(ferry_ckpt_step_path(dir, 1, p, sizeof(p)) > 0 && access(p, F_OK) != 0);
@@ -136,7 +138,7 @@ static ino_t inode_of(const char *path)
 	return stat(path, &st) ? 0 : st.st_ino;
 }
 
-/* "recycled" of the last save's stats: 1, 0, or -1 when absent. */
+/* "recycled" of the last save's stats: 1 or 0. */
 static int stat_recycled(ferry_ckpt *ck)
 {
 	return (int)ferry_ckpt_stat(ck, FERRY_SAVE_STAT_RECYCLED);
@@ -296,6 +298,30 @@ static void *rank_main(void *p)
 	return NULL;
 }
 
+/* ferry_ckpt_world reads the manifest: a world its shards do not match is corrupt. */
+static void test_world_manifest(void)
+{
+	char dir[600], sp[700], p[800];
+	snprintf(dir, sizeof(dir), "%s/world", root);
+	T_ASSERT(ferry_ckpt_step_path(dir, 7, sp, sizeof(sp)) > 0);
+	mkdir(dir, 0755);
+	mkdir(sp, 0755);
+	snprintf(p, sizeof(p), "%s/manifest.json", sp);
+	static const char *const manifests[] = {
+		"{\"format\":\"ferry-checkpoint-1\",\"step\":7,\"world\":2,\"shards\":[{\"file\":\"a\"},{\"file\":\"b\"}]}",
+		"{\"format\":\"ferry-checkpoint-1\",\"step\":7,\"world\":3,\"shards\":[{\"file\":\"a\"}]}",
+		"{\"world\":",
+	};
+	for (int i = 0; i < 3; i++) {
+		FILE *f = fopen(p, "w");
+		T_ASSERT(f != NULL);
+		fputs(manifests[i], f);
+		fclose(f);
+		T_EQ_INT(ferry_ckpt_world(dir, 7), i == 0 ? 2 : FERRY_ECORRUPT);
+	}
+	T_EQ_INT(ferry_ckpt_world(dir, 8), -ENOENT);
+}
+
 static void test_ranks(void)
 {
 	char dir[600];
@@ -317,6 +343,7 @@ static void test_ranks(void)
 		}
 		T_EQ_INT(ferry_ckpt_latest(dir), step);
 		T_EQ_INT(check_content(dir, step, W), 0);
+		T_EQ_INT(ferry_ckpt_world(dir, step), W);
 	}
 	/* Rank 0 alone times out instead of committing a partial step. */
 	ferry_ckpt *ck;
@@ -453,6 +480,7 @@ int main(int argc, char **argv)
 	test_basic();
 	test_recycle();
 	test_ranks();
+	test_world_manifest();
 	test_crash(0, 30);
 	test_crash(1, 30);
 	for (int i = 0; i < NT; i++)

@@ -8,6 +8,7 @@
 #include <sys/vfs.h>
 
 #include "ckpt/save.h"
+#include "ferry/ckpt.h" /* ferry_st_load_place */
 #include "ferry/safetensors.h"
 #include "ferry_test.h"
 
@@ -112,10 +113,10 @@ static void test_bad_input(void)
 	}
 }
 
-static void fill(unsigned char *b, size_t n, uint32_t seed)
 /* safetensors' dtypes: every enum ferry_dtype before FERRY_DT_BYTES */
 #define ST_DTYPES FERRY_DT_BYTES
 
+static void fill(unsigned char *b, size_t n, uint32_t seed)
 {
 	t_fill_pattern(b, n, 0, seed);
 }
@@ -142,8 +143,8 @@ static void test_roundtrip(void)
 	T_CHECK(ferry_st_writer_add(w, "scalar", FERRY_DT_F64, 0, NULL, scalar, 8) >= 0);
 	T_EQ_INT(ferry_st_writer_add(w, "bad/name", FERRY_DT_U8, 0, NULL, scalar, 1), -EINVAL);
 	T_EQ_INT(ferry_st_writer_add(w, "size", FERRY_DT_U8, 0, NULL, scalar, 2), -EINVAL);
-	T_EQ_INT(ferry_st_writer_metadata(w, "format", "pt"), 0);
 	T_EQ_INT(ferry_st_writer_add(w, "bytes", FERRY_DT_BYTES, 0, NULL, scalar, 1), -EINVAL); /* no safetensors dtype */
+	T_EQ_INT(ferry_st_writer_metadata(w, "format", "pt"), 0);
 	snprintf(p, sizeof(p), "%s/rt.safetensors", dir);
 	int64_t size = ferry_st_writer_save(w, p, FERRY_SAVE_CHECKSUM);
 	T_CHECK(size > 0);
@@ -220,6 +221,25 @@ static void test_roundtrip(void)
 	}
 	T_EQ_INT(ferry_st_load_run(ld, -1, 0, 0), 0);
 	T_CHECK(!memcmp(ferry_st_load_ptr(ld, (size_t)0), bufs[FERRY_DT_U64], 480));
+	/* ferry_st_load_place says where run() put each entry: one region laid out like the file. */
+	size_t pf;
+	uint64_t poff, plen, base_off = 0, base_len = 0;
+	for (size_t k = 0; k < ferry_st_load_count(ld); k++) {
+		T_EQ_INT(ferry_st_load_place(ld, k, 0, &pf, &poff, &plen), 1);
+		T_EQ_INT(pf, 0);
+		if (k == 0) {
+			base_off = poff;
+			base_len = plen;
+		}
+		T_EQ_INT(plen, base_len);
+		T_CHECK((char *)ferry_st_load_ptr(ld, k) - poff == (char *)ferry_st_load_ptr(ld, 0) - base_off);
+	}
+	uint64_t total = 0;
+	for (size_t k = 0; k < ferry_st_load_count(ld); k++)
+		total += ferry_st_load_nbytes(ld, k);
+	T_EQ_INT(base_len, total); /* the writer leaves no gap between tensors */
+	T_EQ_INT(ferry_st_load_place(ld, 0, FERRY_LOAD_PER_TENSOR, &pf, &poff, &plen), 0);
+	T_EQ_INT(ferry_st_load_place(ld, ferry_st_load_count(ld), 0, &pf, &poff, &plen), -EINVAL);
 	ferry_st_load_destroy(ld);
 	T_ASSERT(ferry_st_load_open(ctx, p, &ld) == 0);
 	T_EQ_INT(ferry_st_load_select(ld, "t.BF16"), 0);
@@ -229,6 +249,10 @@ static void test_roundtrip(void)
 	uint64_t dims[3];
 	T_EQ_INT(ferry_st_load_shape(ld, 1, dims, 3), 3);
 	T_EQ_INT(dims[2], 2);
+	/* A slice gets its own allocation; the one whole tensor is its file's region. */
+	T_EQ_INT(ferry_st_load_place(ld, 1, 0, &pf, &poff, &plen), 0);
+	T_EQ_INT(ferry_st_load_place(ld, 0, 0, &pf, &poff, &plen), 1);
+	T_CHECK(poff == 0 && plen == 120);
 	T_EQ_INT(ferry_st_load_run(ld, -1, FERRY_LOAD_PER_TENSOR | FERRY_LOAD_VERIFY, 0), 0);
 	T_CHECK(!memcmp(ferry_st_load_ptr(ld, 0), bufs[FERRY_DT_BF16], 120));
 	uint32_t *sl = ferry_st_load_ptr(ld, 1);

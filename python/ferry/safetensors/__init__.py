@@ -26,10 +26,6 @@ from .. import default_context as _default_context
 
 __all__ = ["load_file", "save_file", "load_model_dir", "safe_open", "SafetensorError", "have_checksums"]
 
-#: Files larger than this many bytes of selected tensors load as views of one allocation per file
-#: only when they cover at least 3/4 of the file's data (the C loader's rule, docs/CHECKPOINTS.md).
-_VIEW_ALIGN = 256
-
 
 class SafetensorError(Exception):
     """Raised for what Hugging Face's reader reports as ``SafetensorError`` and ferry's Python layer
@@ -174,7 +170,9 @@ def _load_torch(path, device, keys, slices, verify, views, staging_budget, conte
             else:
                 ld.select(k)
     entries = ld.entries()
-    out, dests = alloc(entries, where, {k for k in slices}, views)
+    # Where the C loader would place each entry (ferry_st_load_place): views of one region per file.
+    places = [ld.place(i, 0) for i in range(len(entries))] if views else None
+    out, dests = alloc(entries, places)
     for i, (ptr, length) in enumerate(dests):
         ld.set_dest(i, ptr, length)
     flags = _ferry.LOAD_VERIFY if verify else 0
@@ -200,41 +198,26 @@ class _TorchAlloc:
                                   % (name, dt, self.torch.__version__))
         return d
 
-    def __call__(self, entries, where, sliced, views):
+    def __call__(self, entries, places):
+        """places: per entry, (in a region, file, offset, region bytes) from the C loader, or None
+        for an allocation per tensor."""
         torch = self.torch
         out, dests = {}, [None] * len(entries)
-        whole = []  # (i, name, file, offset, nbytes, dtype, shape) of unsliced tensors, for views
+        regions = {}  # file -> (bytes, [(i, name, offset, nbytes, dtype, shape)])
         for i, (name, dt, shape, nb) in enumerate(entries):
             dtype = self.dtype(name, dt)
             tshape = _torch_shape(name, dt, shape)
-            if views and name not in sliced and nb:
-                f, off = where[name][:2]
-                whole.append((i, name, f, off, nb, dtype, tshape))
+            placed, f, at, size = places[i] if places else (False, 0, 0, 0)
+            if placed and nb:
+                regions.setdefault(f, (size, []))[1].append((i, name, at, nb, dtype, tshape))
                 continue
             t = self.empty(tshape, dtype)
             out[name] = t
             dests[i] = (t.data_ptr() if nb else self._anchor(), nb)
-        by_file = {}
-        for w in whole:
-            by_file.setdefault(w[2], []).append(w)
-        for group in by_file.values():
-            lo = min(w[3] for w in group)
-            hi = max(w[3] + w[4] for w in group)
-            want = sum(w[4] for w in group)
-            # The C loader's rule: one allocation laid out like the file when the selection covers
-            # most of it (one long read); otherwise packed, each tensor 256-byte aligned.
-            if want >= (hi - lo) // 4 * 3:
-                place = {w[0]: w[3] - lo for w in group}
-                size = hi - lo
-            else:
-                place, size = {}, 0
-                for w in group:
-                    place[w[0]] = size
-                    size += -(-w[4] // _VIEW_ALIGN) * _VIEW_ALIGN
+        for size, group in regions.values():
             buf = self.empty((size,), torch.uint8)
             base = buf.data_ptr()
-            for i, name, _f, _off, nb, dtype, tshape in group:
-                at = place[i]
+            for i, name, at, nb, dtype, tshape in group:
                 if at % dtype.itemsize:
                     # A file whose offsets do not keep this dtype aligned: its own allocation.
                     t = self.empty(tshape, dtype)

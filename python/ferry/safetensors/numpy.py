@@ -29,7 +29,7 @@ class _NumpyAlloc:
         import numpy
         self.np = numpy
 
-    def __call__(self, entries, where, sliced, views):
+    def __call__(self, entries, places):
         np = self.np
         out, dests = {}, []
         # One array per tensor: NumPy has no caching allocator to make one big block pay off.
