@@ -262,7 +262,7 @@ int ferry__knobs_init(const struct ferry__knobs *t, void *obj)
 		else
 			ferry__knob_store(k, obj, k->def_fn ? k->def_fn() : k->def, NULL);
 	}
-	/* The one place ferry reads its environment (FERRY_<KEY>). */
+	/* The one place a knob is read from the environment. */
 	for (size_t i = 0; i < t->n; i++) {
 		const struct ferry__knob *k = &t->rows[i];
 		const char *v = k->env ? getenv(k->env) : NULL;

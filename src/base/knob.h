@@ -2,8 +2,8 @@
  * Knobs declared as data rows (fio's parse.h, zstd's setParameter): every object that has knobs
  * (the context, the loader, the checkpoint, the safetensors writer) describes them in one table of
  * rows, and this engine sets them by name from text, reads them back as text, lists their names and
- * applies their environment variables. The environment is read here only, when an object is
- * created (ferry__knobs_init). docs/CONFIG.md documents every row; tests/unit/test_knobs.c checks it.
+ * applies their environment variables. Knobs are read from the environment here only, when an
+ * object is created (ferry__knobs_init). docs/CONFIG.md documents every row; tests/unit/test_knobs.c checks it.
  */
 #ifndef FERRY_BASE_KNOB_H
 #define FERRY_BASE_KNOB_H
