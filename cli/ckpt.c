@@ -1,18 +1,12 @@
 /* ferry ckpt: inspect, verify and benchmark safetensors files and checkpoint directories. */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stddef.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "commands.h"
 #include "ferry/ckpt.h"
-#include "ferry/gpu.h"
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
 

@@ -8,12 +8,10 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "commands.h"
-#include "ferry/ckpt.h"
 #include "ferry/gpu.h"
 #include "ferry/safetensors.h"
 

@@ -257,18 +257,24 @@ static const char *spelled(const struct cli_opt *o, int as_letter, char *buf, si
 	return buf;
 }
 
-static int set_or_complain(const struct cli_cmd *cmd, const struct cli_opt *o, void *opts, const char *val,
-			   int as_letter, const struct cli_args *a)
+/* Row k given with val (NULL: none could be found): marks it seen and sets its target. */
+static int take(const struct cli_cmd *cmd, size_t k, void *opts, const char *val, int as_letter,
+		struct cli_args *a)
 {
+	const struct cli_opt *o = &cmd->opts[k];
 	const char *why = NULL;
 	char exp[512], nm[80];
+	spelled(o, as_letter, nm, sizeof(nm));
+	a->seen |= k < 64 ? 1ull << k : 0;
+	if (!val)
+		return cli_usage_error(cmd, a, "%s needs a value (%s)", nm, o->arg ? o->arg : "");
 	if (set_value(o, opts, val, &why) == 0)
 		return 0;
 	if (why)
 		snprintf(exp, sizeof(exp), "%s", why);
 	else
 		expected(o, exp, sizeof(exp));
-	return cli_usage_error(cmd, a, "%s expects %s; got '%s'", spelled(o, as_letter, nm, sizeof(nm)), exp, val);
+	return cli_usage_error(cmd, a, "%s expects %s; got '%s'", nm, exp, val);
 }
 
 /* The value of an option given without '=': the next argument, if it is one. */
@@ -318,14 +324,9 @@ int cli_parse(const struct cli_cmd *cmd, void *opts, int argc, char **argv, stru
 			size_t k = 0;
 			while (rows[k].name && !name_is(rows[k].name, s + 2, n))
 				k++;
-			const struct cli_opt *o = &rows[k];
-			if (!o->name)
+			if (!rows[k].name)
 				return cli_usage_error(cmd, a, "unknown option '%.*s'", (int)(n + 2), s);
-			a->seen |= 1ull << k;
-			const char *val = eq ? eq + 1 : next_value(o, &i, argc, argv);
-			if (!val)
-				return cli_usage_error(cmd, a, "--%s needs a value (%s)", o->name, o->arg ? o->arg : "");
-			int rc = set_or_complain(cmd, o, opts, val, 0, a);
+			int rc = take(cmd, k, opts, eq ? eq + 1 : next_value(&rows[k], &i, argc, argv), 0, a);
 			if (rc)
 				return rc;
 			continue;
@@ -338,11 +339,7 @@ int cli_parse(const struct cli_cmd *cmd, void *opts, int argc, char **argv, stru
 			const struct cli_opt *o = &rows[k];
 			if (!o->name)
 				return cli_usage_error(cmd, a, "unknown option '-%c'", *c);
-			a->seen |= 1ull << k;
-			const char *val = c[1] && o->kind != CLI_FLAG ? c + 1 : next_value(o, &i, argc, argv);
-			if (!val)
-				return cli_usage_error(cmd, a, "-%c needs a value (%s)", *c, o->arg ? o->arg : "");
-			int rc = set_or_complain(cmd, o, opts, val, 1, a);
+			int rc = take(cmd, k, opts, c[1] && o->kind != CLI_FLAG ? c + 1 : next_value(o, &i, argc, argv), 1, a);
 			if (rc)
 				return rc;
 			if (o->kind != CLI_FLAG)
