@@ -23,27 +23,22 @@ static const struct cli_opt inspect_rows[] = {
 	{.name = NULL},
 };
 
-static const struct cli_cmd inspect_cmd = {
-	.name = "ckpt inspect",
-	.synopsis = "ferry ckpt inspect PATH [--json]",
-	.about = "Lists the tensors (dtypes, shapes, offsets) and the metadata.\n" PATH_ABOUT,
-	.opts = inspect_rows,
-	.min_args = 1,
-	.max_args = 1,
-	.args = "PATH",
-};
+/* A command of one PATH. */
+#define PATH_COMMAND(nm, syn, text, rows)                                                                \
+	{                                                                                                \
+		.name = nm, .synopsis = syn, .about = text "\n" PATH_ABOUT, .opts = rows, .min_args = 1, \
+		.max_args = 1, .args = "PATH",                                                           \
+	}
+
+static const struct cli_cmd inspect_cmd = PATH_COMMAND("ckpt inspect", "ferry ckpt inspect PATH [--json]",
+							"Lists the tensors (dtypes, shapes, offsets) and the metadata.",
+							inspect_rows);
 
 static const struct cli_opt no_rows[] = {{.name = NULL}};
 
-static const struct cli_cmd verify_cmd = {
-	.name = "ckpt verify",
-	.synopsis = "ferry ckpt verify PATH",
-	.about = "Checks the structure and every stored checksum; exits 1 if one fails.\n" PATH_ABOUT,
-	.opts = no_rows,
-	.min_args = 1,
-	.max_args = 1,
-	.args = "PATH",
-};
+static const struct cli_cmd verify_cmd = PATH_COMMAND("ckpt verify", "ferry ckpt verify PATH",
+						       "Checks the structure and every stored checksum; exits 1 if one fails.",
+						       no_rows);
 
 /* A checkpoint directory (with `latest`) resolves to its latest step. */
 static const char *resolve(const char *path, char *buf, size_t len)
