@@ -370,7 +370,7 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	const char *reuse = ck->recycle && rn > 0 && (size_t)rn < sizeof(rp) ? rp : NULL;
 	uint64_t prep = ferry__now_ns() - t0;
 	int64_t res = ferry__st_writer_save_hooked(ck->w, p, flags, async, after_shard, ck, reuse);
-	ferry__st_writer_phase(ck->w, "ckpt.prepare", prep);
+	ferry__st_writer_phase(ck->w, FERRY_PHASE_CKPT_PREPARE, prep);
 	int reset = ferry_st_writer_reset(ck->w);
 	(void)reset;
 	return res < 0 ? (int)res : 0;

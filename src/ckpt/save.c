@@ -1083,12 +1083,12 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	return r ? r : res;
 }
 
-void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns)
+void ferry__st_writer_phase(ferry_st_writer *w, enum ferry_save_phase phase, uint64_t ns)
 {
+	if ((unsigned)phase >= PH__COUNT)
+		return;
 	pthread_mutex_lock(&w->mu);
-	for (int i = 0; i < PH__COUNT; i++)
-		if (!strcmp(ph_names[i], name))
-			w->stats.ns[i] += ns;
+	w->stats.ns[phase] += ns;
 	pthread_mutex_unlock(&w->mu);
 }
 

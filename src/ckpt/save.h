@@ -18,8 +18,8 @@ extern const struct ferry__knobs ferry__st_writer_knobs;
  * over (when it exists, is a plain file with one link, and no other process has it open). */
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
 				     ferry__save_hook hook, void *arg, const char *reuse);
-/* Adds ns to the phase named name (as ferry_save_phase_name spells it) of the current save. */
-void ferry__st_writer_phase(ferry_st_writer *w, const char *name, uint64_t ns);
+/* Adds ns to a phase of the current save (checkpoints time FERRY_PHASE_CKPT_PREPARE). */
+void ferry__st_writer_phase(ferry_st_writer *w, enum ferry_save_phase phase, uint64_t ns);
 /* fallocate(2), through a pointer so that tests can play a file system that refuses it. */
 extern int (*ferry__save_fallocate)(int fd, int mode, off_t offset, off_t len);
 /* A shard file named by an index or manifest must be a plain name in its directory (no separator,

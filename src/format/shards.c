@@ -493,22 +493,34 @@ struct ferry_dataset_writer {
 	uint32_t nshards;
 	uint64_t *shard_bytes, *shard_first;
 	int *fds;
+	/* Each data file is a temporary in dirfd until finish renames it into place (durable.h), so
+	 * that a pack that fails or dies leaves no half-written shard under a shard's name. */
+	struct ferry__tmpfile *tmp;
+	int dirfd;
 };
 
-/* The directory a writer's files go to, and the index's final path. */
-static void writer_paths(const struct ferry_dataset_writer *w, char *dir, char *idx, size_t len)
+/* The name in the writer's directory of data file s, or of the index (s < 0). */
+static void writer_name(const struct ferry_dataset_writer *w, int64_t s, char *out, size_t len)
 {
-	if (w->kind == FERRY_WRITE_FERRY) {
-		snprintf(dir, len, "%s", w->path);
-		snprintf(idx, len, "%s/%s", w->path, FERRY__IDX_NAME);
-	} else {
-		snprintf(dir, len, "%s", w->path);
+	const char *slash = strrchr(w->path, '/'), *base = slash ? slash + 1 : w->path;
+	if (w->kind != FERRY_WRITE_FERRY)
+		snprintf(out, len, "%s.%s", base, s < 0 ? "idx" : "bin");
+	else if (s < 0)
+		snprintf(out, len, "%s", FERRY__IDX_NAME);
+	else
+		snprintf(out, len, "shard-%05u.fsh", (unsigned)s);
+}
+
+/* The directory a writer's files go to. */
+static void writer_dir(const struct ferry_dataset_writer *w, char *dir, size_t len)
+{
+	snprintf(dir, len, "%s", w->path);
+	if (w->kind != FERRY_WRITE_FERRY) {
 		char *slash = strrchr(dir, '/');
 		if (slash)
 			*slash = slash == dir ? (slash[1] = 0, '/') : 0;
 		else
 			snprintf(dir, len, ".");
-		snprintf(idx, len, "%s.idx", w->path);
 	}
 }
 
@@ -528,19 +540,27 @@ int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, enum ferry_dat
 		return ferry__error(-ENOMEM, "ferry_dataset_writer_create(%s)", path);
 	}
 	w->ctx = ctx;
+	w->dirfd = -1;
 	w->kind = kind;
 	w->dtype = dtype;
 	w->shard_size = shard_size ? shard_size : (1ull << 30);
-	char dir[PATH_MAX], idx[PATH_MAX];
-	writer_paths(w, dir, idx, sizeof(dir));
+	char dir[PATH_MAX], idx[256];
+	writer_dir(w, dir, sizeof(dir));
 	if (kind == FERRY_WRITE_FERRY && mkdir(path, 0755) < 0 && errno != EEXIST) {
 		int e = -errno;
 		ferry_dataset_writer_destroy(w);
 		return ferry__error(e, "mkdir(%s)", path);
 	}
+	w->dirfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (w->dirfd < 0) {
+		int e = w->dirfd;
+		ferry_dataset_writer_destroy(w);
+		return e;
+	}
 	/* An index left from an earlier dataset at this path must not describe the new data files. */
-	if (unlink(idx) == 0) {
-		int err = ferry__fsync_dir(dir);
+	writer_name(w, -1, idx, sizeof(idx));
+	if (unlinkat(w->dirfd, idx, 0) == 0) {
+		int err = ferry__fsync_dirfd(w->dirfd, dir);
 		if (err) {
 			ferry_dataset_writer_destroy(w);
 			return err;
@@ -554,10 +574,12 @@ void ferry_dataset_writer_destroy(ferry_dataset_writer *w)
 {
 	if (!w)
 		return;
-	if (w->fds)
+	if (w->tmp) /* closes each data file and removes it unless finish renamed it */
 		for (uint32_t s = 0; s < w->nshards; s++)
-			if (w->fds[s] >= 0)
-				close(w->fds[s]);
+			ferry__tmp_abort(&w->tmp[s]);
+	if (w->dirfd >= 0)
+		close(w->dirfd);
+	free(w->tmp);
 	free(w->fds);
 	free(w->len);
 	free(w->off);
@@ -648,10 +670,11 @@ int ferry_dataset_writer_layout(ferry_dataset_writer *w)
 	w->shard_bytes = calloc(ns ? ns : 1, 8);
 	w->shard_first = calloc((size_t)ns + 1, 8);
 	w->fds = malloc((ns ? ns : 1) * sizeof(int));
-	if (!w->shard_bytes || !w->shard_first || !w->fds)
+	w->tmp = calloc(ns ? ns : 1, sizeof(*w->tmp));
+	if (!w->shard_bytes || !w->shard_first || !w->fds || !w->tmp)
 		return ferry__error(-ENOMEM, "ferry_dataset_writer_layout");
 	for (uint32_t s = 0; s < ns; s++)
-		w->fds[s] = -1;
+		w->fds[s] = w->tmp[s].fd = -1;
 	uint32_t s = 0;
 	cur = 0;
 	for (uint64_t i = 0; i < w->n; i++) {
@@ -668,16 +691,16 @@ int ferry_dataset_writer_layout(ferry_dataset_writer *w)
 		w->shard_bytes[s] = cur;
 	w->shard_first[ns] = w->n;
 	for (s = 0; s < ns; s++) {
-		char p[PATH_MAX];
-		if (w->kind == FERRY_WRITE_FERRY)
-			snprintf(p, sizeof(p), "%s/shard-%05u.fsh", w->path, s);
-		else
-			snprintf(p, sizeof(p), "%s.bin", w->path);
-		w->fds[s] = open(p, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		if (w->fds[s] < 0)
-			return ferry__error(-errno, "open(%s) for writing", p);
+		char name[256];
+		writer_name(w, s, name, sizeof(name));
+		int r = ferry__tmp_create(w->dirfd, name, 0644, 0, &w->tmp[s]);
+		if (r) {
+			ferry__error_append("writing the dataset %s", w->path);
+			return r;
+		}
+		w->fds[s] = w->tmp[s].fd;
 		if (ftruncate(w->fds[s], (off_t)w->shard_bytes[s]) < 0)
-			return ferry__error(-errno, "ftruncate(%s, %llu)", p,
+			return ferry__error(-errno, "ftruncate(%s/%s, %llu)", w->path, w->tmp[s].name,
 					    (unsigned long long)w->shard_bytes[s]);
 	}
 	w->laid_out = 1;
@@ -766,17 +789,17 @@ int ferry_dataset_writer_finish(ferry_dataset_writer *w)
 {
 	if (!w || !w->laid_out)
 		return ferry__error(-EINVAL, "ferry_dataset_writer_finish before layout");
-	char dir[PATH_MAX], idx[PATH_MAX];
-	writer_paths(w, dir, idx, sizeof(dir));
-	for (uint32_t s = 0; s < w->nshards; s++) {
-		if (fsync(w->fds[s]) < 0)
-			return ferry__error(-errno, "fsync(shard %u of %s)", s, w->path);
-		close(w->fds[s]);
+	char idx[256];
+	int err = 0;
+	/* Data files first (each fsynced, renamed, the directory fsynced), then the index that names them. */
+	for (uint32_t s = 0; s < w->nshards && !err; s++) {
+		err = ferry__tmp_commit(&w->tmp[s], 0);
 		w->fds[s] = -1;
 	}
-	int err = ferry__fsync_dir(dir);
-	if (err)
+	if (err) {
+		ferry__error_append("shards of %s", w->path);
 		return err;
+	}
 	uint8_t *buf;
 	size_t len;
 	if (w->kind == FERRY_WRITE_FERRY)
@@ -785,7 +808,8 @@ int ferry_dataset_writer_finish(ferry_dataset_writer *w)
 		err = ferry__megatron_build_index(w->dtype, w->n, w->len, w->off, w->doc_end, &buf, &len);
 	if (err)
 		return err;
-	err = ferry__write_durable(idx, (const char *)buf, len);
+	writer_name(w, -1, idx, sizeof(idx));
+	err = ferry__durable_write(w->dirfd, idx, buf, len, 0644, 0);
 	free(buf);
 	return err;
 }

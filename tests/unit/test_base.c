@@ -14,6 +14,7 @@
 #include "base/json.h"
 #include "base/sbuf.h"
 #include "base/xxh.h"
+#include "ferry/data.h"
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
 
@@ -404,6 +405,75 @@ static void test_durable(void)
 	T_CHECK(system(cmd) == 0);
 }
 
+/* 1 if directory d holds exactly the names in want (NULL-terminated), in any order. */
+static int holds_exactly(const char *d, const char *const *want)
+{
+	int n = 0;
+	for (; want[n]; n++) {
+		char p[4400];
+		snprintf(p, sizeof(p), "%s/%s", d, want[n]);
+		if (access(p, F_OK)) {
+			fprintf(stderr, "%s: missing\n", p);
+			return 0;
+		}
+	}
+	if (count_entries(d) != n) {
+		char cmd[4200];
+		snprintf(cmd, sizeof(cmd), "ls -la '%s' >&2", d);
+		if (system(cmd)) {
+		}
+		return 0;
+	}
+	return 1;
+}
+
+/* The dataset writer's files go through the durable module: its data files sit under temporary
+ * names until finish renames them, and a writer destroyed unfinished leaves nothing behind. */
+static void test_dataset_writer_files(void)
+{
+	ferry_ctx *ctx;
+	char d[2100], p[2200];
+	uint8_t sample[100] = {1, 2, 3};
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	snprintf(d, sizeof(d), "%s/test_base-ds-%d", t_tmpdir(), (int)getpid());
+	T_ASSERT(mkdir(d, 0755) == 0);
+	for (int kind = 0; kind < 2; kind++) {
+		int ferry = kind == 0;
+		snprintf(p, sizeof(p), "%s/%s", d, ferry ? "set" : "out");
+		for (int finish = 0; finish < 2; finish++) {
+			ferry_dataset_writer *w;
+			T_ASSERT(ferry_dataset_writer_create(ctx, p, ferry ? FERRY_WRITE_FERRY : FERRY_WRITE_MEGATRON,
+							     FERRY_DT_U8, 0, &w) == 0);
+			for (int i = 0; i < 3; i++)
+				T_ASSERT(ferry_dataset_writer_add(w, sizeof(sample), NULL, 0, 1) == i);
+			T_EQ_INT(ferry_dataset_writer_layout(w), 1);
+			for (int i = 0; i < 3; i++)
+				T_EQ_INT(ferry_dataset_writer_put(w, (uint64_t)i, sample, sizeof(sample)), 0);
+			/* laid out and written, not finished: no data file under its final name yet */
+			const char *wdir = ferry ? p : d;
+			char bin[2300];
+			snprintf(bin, sizeof(bin), ferry ? "%s/shard-00000.fsh" : "%s.bin", p);
+			T_EQ_INT(access(bin, F_OK), -1);
+			T_EQ_INT(count_entries(wdir), ferry ? 1 : 2); /* the temporary (and set/) */
+			if (finish)
+				T_EQ_INT(ferry_dataset_writer_finish(w), 0);
+			ferry_dataset_writer_destroy(w);
+			const char *done_ferry[] = {"shard-00000.fsh", "ferry.idx", NULL};
+			const char *done_meg[] = {"set", "out.bin", "out.idx", NULL};
+			const char *none_ferry[] = {NULL};
+			const char *none_meg[] = {"set", NULL};
+			T_CHECK(holds_exactly(wdir, finish ? (ferry ? done_ferry : done_meg) : (ferry ? none_ferry : none_meg)));
+		}
+		ferry_dataset *ds;
+		T_EQ_INT(ferry_dataset_open(ctx, p, &ds), 0);
+		ferry_dataset_destroy(ds);
+	}
+	ferry_ctx_destroy(ctx);
+	char cmd[2200];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
+	T_CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
 	test_json_strings();
@@ -416,5 +486,6 @@ int main(void)
 	test_hex();
 	test_jsonc();
 	test_durable();
+	test_dataset_writer_files();
 	return t_result();
 }

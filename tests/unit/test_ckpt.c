@@ -98,6 +98,9 @@ static void test_basic(void)
 			T_EQ_INT(ferry_ckpt_done(ck), 1);
 		}
 		T_EQ_INT(ferry_ckpt_latest(dir), s);
+		/* the last save's statistics, the checkpoint's own phase among them */
+		T_CHECK(ferry_ckpt_phase_ns(ck, FERRY_PHASE_CKPT_PREPARE) > 0);
+		T_CHECK(ferry_ckpt_stat(ck, FERRY_SAVE_STAT_BYTES) > 0);
 	}
 	T_EQ_INT(check_content(dir, 4, 1), 0);
 	T_EQ_INT(check_content(dir, 3, 1), 0);
