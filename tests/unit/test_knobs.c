@@ -168,6 +168,13 @@ static void test_context(void)
 	T_EQ_STR(buf, "0");
 	/* save_prealloc is the writer's now */
 	T_EQ_INT(ferry_ctx_get(a, "save_prealloc", buf, sizeof(buf)), FERRY_EBADOPT);
+	/* the ring setup knobs shape the rings: fixed once the workers run */
+	T_EQ_INT(ferry_ctx_set(b, "uring_defer", "0"), 0);
+	T_EQ_INT(ferry_ctx_set(b, "threads", "1"), 0);
+	T_EQ_INT(ferry_ctx_start(b), 0);
+	T_EQ_INT(ferry_ctx_set(b, "uring_defer", "1"), FERRY_EBUSY);
+	T_EQ_INT(ferry_ctx_set(b, "uring_no_coop", "1"), FERRY_EBUSY);
+	T_EQ_INT(ferry_ctx_set(b, "cached_depth", "8"), 0); /* not a shape: still changes */
 	ferry_ctx_destroy(c);
 	ferry_ctx_destroy(b);
 	ferry_ctx_destroy(a);
