@@ -555,7 +555,7 @@ static int make_cold(const struct bench_job_opts *o, char *done, size_t len)
 		 * O_DIRECT runs write the file's dirty pages back first, untimed, as fio's default
 		 * invalidate=1 does: an O_DIRECT read of a block with a dirty page cannot start at
 		 * once, so io_uring hands it to a worker that writes the page first. On a file just
-		 * written buffered, that halved a 4 KiB QD1 read (docs/PERFORMANCE.md, tenth session).
+		 * written buffered, that halved a 4 KiB QD1 read (docs/CONFIG.md).
 		 */
 		int fd = o->direct ? open(o->filename, O_RDONLY | O_NONBLOCK | O_CLOEXEC) : -1;
 		if (fd >= 0) {
