@@ -60,12 +60,15 @@ enum ferry_mem_kind {
 FERRY_API enum ferry_mem_kind ferry_mem_kind(const void *ptr, int *device);
 
 /* GPUDirect Storage for one file. */
-#define FERRY_GDS_REFUSED 0 /* cuFile will not take the file: why says so */
-#define FERRY_GDS_NATIVE 1  /* cuFile registers the file and nvidia-fs is loaded: direct DMA */
-#define FERRY_GDS_COMPAT 2  /* cuFile registers it only in compatibility mode (no nvidia-fs) */
+enum ferry_gds_status {
+	FERRY_GDS_REFUSED = 0, /* cuFile will not take the file: why says so */
+	FERRY_GDS_NATIVE = 1,  /* cuFile registers the file and nvidia-fs is loaded: direct DMA */
+	FERRY_GDS_COMPAT = 2,  /* cuFile registers it only in compatibility mode (no nvidia-fs) */
+};
 /*
  * Whether GPUDirect Storage can read path: opens it with O_DIRECT and registers it with cuFile
- * (cuFileHandleRegister). Returns FERRY_GDS_NATIVE, FERRY_GDS_COMPAT or FERRY_GDS_REFUSED, with a
+ * (cuFileHandleRegister). Returns an enum ferry_gds_status (an int, as errors share it):
+ * FERRY_GDS_NATIVE, FERRY_GDS_COMPAT or FERRY_GDS_REFUSED, with a
  * sentence in why in each case (e.g. "cuFileHandleRegister: CU_FILE_HANDLE_NOT_REGISTERED (5027):
  * ... /run/udev is absent ..."); FERRY_ENOGPU without a GPU; -errno when path cannot be opened.
  */

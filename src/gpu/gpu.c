@@ -15,8 +15,8 @@ _Static_assert((int)FERRY_MEM_HOST == FERRY__MEM_HOST && (int)FERRY_MEM_PINNED =
 		       (int)FERRY_MEM_DEVICE == FERRY__MEM_DEVICE &&
 		       (int)FERRY_MEM_MANAGED == FERRY__MEM_MANAGED,
 	       "public and internal memory kinds agree");
-_Static_assert(FERRY_GDS_REFUSED == FERRY__GDS_REFUSED && FERRY_GDS_NATIVE == FERRY__GDS_NATIVE &&
-		       FERRY_GDS_COMPAT == FERRY__GDS_COMPAT,
+_Static_assert((int)FERRY_GDS_REFUSED == FERRY__GDS_REFUSED && (int)FERRY_GDS_NATIVE == FERRY__GDS_NATIVE &&
+		       (int)FERRY_GDS_COMPAT == FERRY__GDS_COMPAT,
 	       "public and internal GDS states agree");
 
 static ferry__CUdeviceptr dptr(const void *p)
