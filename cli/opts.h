@@ -69,8 +69,8 @@ struct cli_cmd {
 /* What cli_parse found besides the targets it set. */
 struct cli_args {
 	uint64_t seen;  /* bit k: opts[k] was given (so a table has at most 64 rows) */
-	int argc;       /* the positional arguments, in order: argv[1..] moved to the front (getopt's */
-	char **argv;    /* permutation), so argv here is the argv given plus 1 */
+	int argc;       /* the positional arguments, in order, moved to the front of the argv */
+	char **argv;    /* given (as getopt permutes it): this is that argv + 1 */
 	FILE *out, *err; /* where --help and errors go; NULL: stdout and stderr */
 };
 
@@ -88,6 +88,7 @@ int cli_given(const struct cli_cmd *cmd, const struct cli_args *a, const char *n
 /* One line "ferry CMD: ... (see 'ferry CMD --help')" on err; returns 2, the usage exit status. */
 int cli_usage_error(const struct cli_cmd *cmd, const struct cli_args *a, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
+/* The --help text: synopsis, about, a line per shown row (and -h), footer. */
 void cli_help(const struct cli_cmd *cmd, FILE *out);
 
 /* fio's size syntax: 4096, 4k, 4K, 4KiB, 4kb, 1.5g (powers of 1024). 0 or -1. */
