@@ -55,16 +55,15 @@ static int get_dtype(const char *name)
 	return (int)dt;
 }
 
+static PyObject *metadata_at(Py_ssize_t i, const void *st, const char **key)
+{
+	*key = ferry_st_metadata_key(st, (size_t)i);
+	return PyUnicode_FromString(ferry_st_metadata_value(st, (size_t)i));
+}
+
 static PyObject *metadata_dict(const ferry_st *st)
 {
-	PyObject *d = PyDict_New();
-	for (size_t i = 0; d && i < ferry_st_metadata_count(st); i++) {
-		PyObject *v = PyUnicode_FromString(ferry_st_metadata_value(st, i));
-		if (!v || PyDict_SetItemString(d, ferry_st_metadata_key(st, i), v) < 0)
-			Py_CLEAR(d);
-		Py_XDECREF(v);
-	}
-	return d;
+	return ferry__py_dict((Py_ssize_t)ferry_st_metadata_count(st), metadata_at, st);
 }
 
 /* The busy check: one object is used by one thread at a time. */
@@ -643,20 +642,23 @@ static PyObject *writer_wait(WriterObject *self, PyObject *args)
 }
 
 /* stats() -> dict: the last save's statistics, and seconds per phase (ferry_st_writer_stat, _phase_ns). */
+static PyObject *save_stat_at(Py_ssize_t i, const void *arg, const char **key)
+{
+	const WriterObject *self = arg;
+	int ph = (int)i - FERRY_SAVE_STAT__COUNT;
+	if (ph < 0) {
+		*key = ferry_save_stat_name((int)i);
+		return PyLong_FromUnsignedLongLong(self->ck ? ferry_ckpt_stat(self->ck, (int)i)
+							    : ferry_st_writer_stat(self->w, (int)i));
+	}
+	*key = ferry_save_phase_name(ph);
+	return PyFloat_FromDouble(1e-9 * (double)(self->ck ? ferry_ckpt_phase_ns(self->ck, ph)
+							   : ferry_st_writer_phase_ns(self->w, ph)));
+}
+
 static PyObject *writer_stats(WriterObject *self, PyObject *unused)
 {
-	PyObject *d = PyDict_New();
-	for (int i = 0; d && i < FERRY_SAVE_STAT__COUNT + FERRY_SAVE_PHASE__COUNT; i++) {
-		int ph = i - FERRY_SAVE_STAT__COUNT;
-		PyObject *v = ph < 0 ? PyLong_FromUnsignedLongLong(self->ck ? ferry_ckpt_stat(self->ck, i)
-									    : ferry_st_writer_stat(self->w, i))
-				     : PyFloat_FromDouble(1e-9 * (double)(self->ck ? ferry_ckpt_phase_ns(self->ck, ph)
-										   : ferry_st_writer_phase_ns(self->w, ph)));
-		if (!v || PyDict_SetItemString(d, ph < 0 ? ferry_save_stat_name(i) : ferry_save_phase_name(ph), v) < 0)
-			Py_CLEAR(d);
-		Py_XDECREF(v);
-	}
-	return d;
+	return ferry__py_dict(FERRY_SAVE_STAT__COUNT + FERRY_SAVE_PHASE__COUNT, save_stat_at, self);
 }
 
 /* reserve(bytes, device) -> int: pins the snapshot's memory ahead (ferry_st_writer_reserve). */

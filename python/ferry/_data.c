@@ -565,20 +565,22 @@ static PyObject *ld_state(LoaderObject *self, PyObject *unused)
 	return PyUnicode_FromStringAndSize(buf, n);
 }
 
+static PyObject *metric_at(Py_ssize_t i, const void *l, const char **key)
+{
+	double m;
+	*key = ferry_loader_metric_names()[i];
+	int e = ferry_loader_metric((ferry_loader *)l, *key, &m);
+	return e < 0 ? ferry__py_raise(e, NULL) : PyFloat_FromDouble(m);
+}
+
 static PyObject *ld_metrics(LoaderObject *self, PyObject *unused)
 {
 	if (ld_check(self) < 0)
 		return NULL;
-	PyObject *d = PyDict_New();
-	for (const char *const *k = ferry_loader_metric_names(); d && *k; k++) {
-		double m;
-		int e = ferry_loader_metric(self->h->l, *k, &m);
-		PyObject *v = e < 0 ? ferry__py_raise(e, NULL) : PyFloat_FromDouble(m);
-		if (!v || PyDict_SetItemString(d, *k, v) < 0)
-			Py_CLEAR(d);
-		Py_XDECREF(v);
-	}
-	return d;
+	Py_ssize_t n = 0;
+	while (ferry_loader_metric_names()[n])
+		n++;
+	return ferry__py_dict(n, metric_at, self->h->l);
 }
 
 /* Per step waits (ns) as bytes of native uint64. */

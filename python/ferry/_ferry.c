@@ -145,22 +145,15 @@ static PyObject *context_start(ContextObject *self, PyObject *unused)
 	Py_RETURN_NONE;
 }
 
+static PyObject *stat_at(Py_ssize_t i, const void *ctx, const char **key)
+{
+	*key = ferry_stat_name((enum ferry_stat)i);
+	return PyLong_FromUnsignedLongLong(ferry_ctx_stat((ferry_ctx *)ctx, (enum ferry_stat)i));
+}
+
 static PyObject *context_stats(ContextObject *self, PyObject *unused)
 {
-	PyObject *d = PyDict_New();
-
-	if (!d)
-		return NULL;
-	for (int i = 0; i < FERRY_STAT__COUNT; i++) {
-		PyObject *v = PyLong_FromUnsignedLongLong(ferry_ctx_stat(self->ctx, (enum ferry_stat)i));
-		if (!v || PyDict_SetItemString(d, ferry_stat_name((enum ferry_stat)i), v) < 0) {
-			Py_XDECREF(v);
-			Py_DECREF(d);
-			return NULL;
-		}
-		Py_DECREF(v);
-	}
-	return d;
+	return ferry__py_dict(FERRY_STAT__COUNT, stat_at, self->ctx);
 }
 
 static PyObject *context_backend(ContextObject *self, void *closure)

@@ -73,6 +73,10 @@ typedef PyObject *(*ferry__py_item_fn)(Py_ssize_t i, const void *arg);
 FERRY_PY_HIDDEN PyObject *ferry__py_tuple(Py_ssize_t n, ferry__py_item_fn item, const void *arg);
 /* The same as a list. */
 FERRY_PY_HIDDEN PyObject *ferry__py_list(Py_ssize_t n, ferry__py_item_fn item, const void *arg);
+/* One entry of a dict being built: its value (a new reference; NULL on error) and *key. */
+typedef PyObject *(*ferry__py_entry_fn)(Py_ssize_t i, const void *arg, const char **key);
+/* A dict of the entries entry(0, arg, &key) ... entry(n - 1, arg, &key), or NULL. */
+FERRY_PY_HIDDEN PyObject *ferry__py_dict(Py_ssize_t n, ferry__py_entry_fn entry, const void *arg);
 /* A tuple of n unsigned ints (n < 0: empty). */
 FERRY_PY_HIDDEN PyObject *ferry__py_u64_tuple(const uint64_t *v, int n);
 

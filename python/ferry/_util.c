@@ -203,6 +203,20 @@ PyObject *ferry__py_list(Py_ssize_t n, ferry__py_item_fn item, const void *arg)
 	return sequence(1, n, item, arg);
 }
 
+PyObject *ferry__py_dict(Py_ssize_t n, ferry__py_entry_fn entry, const void *arg)
+{
+	PyObject *d = PyDict_New();
+
+	for (Py_ssize_t i = 0; d && i < n; i++) {
+		const char *key = NULL;
+		PyObject *v = entry(i, arg, &key);
+		if (!v || PyDict_SetItemString(d, key, v) < 0)
+			Py_CLEAR(d);
+		Py_XDECREF(v);
+	}
+	return d;
+}
+
 static PyObject *u64_at(Py_ssize_t i, const void *v)
 {
 	return PyLong_FromUnsignedLongLong(((const uint64_t *)v)[i]);
