@@ -85,33 +85,74 @@ static int random_hex(char *out, size_t digits)
 	return 0;
 }
 
-int ferry__tmp_create(int dirfd, const char *final, mode_t mode, int extra, struct ferry__tmpfile *t)
+static int tmp_init(int dirfd, const char *final, struct ferry__tmpfile *t)
 {
-	char rnd[17];
 	t->dirfd = dirfd;
 	t->fd = -1;
 	t->name[0] = '\0';
-	if (snprintf(t->final, sizeof(t->final), "%s", final) >= (int)sizeof(t->final) ||
-	    strlen(final) + 5 + 16 > NAME_MAX)
+	if (!*final || strchr(final, '/'))
+		return ferry__error(-EINVAL, "\"%s\": not a single name", final);
+	if (strlen(final) + 5 + 16 > NAME_MAX)
 		return ferry__error(-ENAMETOOLONG, "%s: name too long for a temporary beside it", final);
+	snprintf(t->final, sizeof(t->final), "%s", final);
+	return 0;
+}
+
+/* Sets t->name to a fresh random temporary name for t->final. */
+static int tmp_name(struct ferry__tmpfile *t)
+{
+	char rnd[17];
+	int r = random_hex(rnd, 16);
+	if (!r)
+		snprintf(t->name, sizeof(t->name), "%s.tmp-%s", t->final, rnd);
+	return r;
+}
+
+int ferry__tmp_create(int dirfd, const char *final, mode_t mode, int extra, struct ferry__tmpfile *t)
+{
+	int r = tmp_init(dirfd, final, t);
 	/* A collision (EEXIST) with 64 random bits means someone planted the name: try others. */
-	for (int tries = 0; tries < 8; tries++) {
-		int r = random_hex(rnd, 16);
-		if (r)
-			return r;
-		snprintf(t->name, sizeof(t->name), "%s.tmp-%s", final, rnd);
+	for (int tries = 0; !r && tries < 8; tries++) {
+		if ((r = tmp_name(t)))
+			break;
 		int fd = ferry__create_excl(dirfd, t->name, extra, mode);
 		if (fd >= 0) {
 			t->fd = fd;
 			return 0;
 		}
-		if (fd != -EEXIST) {
-			t->name[0] = '\0';
-			return fd;
-		}
+		r = fd == -EEXIST ? 0 : fd;
 	}
 	t->name[0] = '\0';
-	return ferry__error(-EEXIST, "%s: 8 random temporary names beside it all exist", final);
+	return r ? r : ferry__error(-EEXIST, "%s: 8 random temporary names beside it all exist", final);
+}
+
+static int rename_noreplace(int dirfd, const char *from, const char *to);
+
+int ferry__tmp_adopt(int dirfd, const char *from, const char *final, int extra, struct ferry__tmpfile *t)
+{
+	int r = tmp_init(dirfd, final, t);
+	for (int tries = 0; !r && tries < 8; tries++) {
+		if ((r = tmp_name(t)))
+			break;
+		r = rename_noreplace(dirfd, from, t->name);
+		if (r == -EEXIST) { /* the fresh name exists: planted */
+			r = 0;
+			continue;
+		}
+		if (r) {
+			t->name[0] = '\0';
+			return r == -ENOENT ? 0 : ferry__error(r, "rename(%s, a temporary for %s): %s", from, final, strerror(-r));
+		}
+		t->fd = openat(dirfd, t->name, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | extra);
+		if (t->fd < 0) {
+			r = ferry__error(-errno, "open %s (was %s): %s", t->name, from, strerror(errno));
+			ferry__tmp_abort(t);
+			return r;
+		}
+		return 1;
+	}
+	t->name[0] = '\0';
+	return r ? r : ferry__error(-EEXIST, "%s: 8 random temporary names beside it all exist", final);
 }
 
 /* rename without replacing: renameat2 where the file system has it, else link and unlink. */

@@ -49,8 +49,8 @@ int ferry__create_excl(int dirfd, const char *name, int extra, mode_t mode);
 struct ferry__tmpfile {
 	int dirfd; /* borrowed: the caller keeps it open until commit or abort */
 	int fd;    /* -1 once closed */
-	char name[256];  /* "<final>.tmp-<16 hex digits>" */
-	char final[256];
+	char name[256];       /* "<final>.tmp-<16 hex digits>", at most NAME_MAX bytes */
+	char final[256 - 21]; /* room for ".tmp-" and the 16 digits */
 };
 
 /*
@@ -59,6 +59,14 @@ struct ferry__tmpfile {
  * nothing was created and t->fd is -1.
  */
 int ferry__tmp_create(int dirfd, const char *final, mode_t mode, int extra, struct ferry__tmpfile *t);
+/*
+ * Takes the existing file dirfd/from (a recycled shard) as the temporary for final: renames it,
+ * never replacing anything, to a fresh "<final>.tmp-<random>" and opens it (O_NOFOLLOW, with
+ * extra flags). Returns 1 (t as from ferry__tmp_create), 0 when from does not exist (nothing
+ * done), or a negative code. The caller checks what it got (a plain file, one link) through t->fd
+ * and calls ferry__tmp_abort to drop it.
+ */
+int ferry__tmp_adopt(int dirfd, const char *from, const char *final, int extra, struct ferry__tmpfile *t);
 /*
  * fsyncs the file (unless FERRY__DURABLE_NOSYNC), closes it, renames it to its final name
  * (FERRY__DURABLE_NOREPLACE: refusing to replace one) and fsyncs the directory. On failure before
