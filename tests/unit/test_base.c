@@ -14,6 +14,7 @@
 #include "base/json.h"
 #include "base/sbuf.h"
 #include "base/xxh.h"
+#include "ferry/ckpt.h"
 #include "ferry/data.h"
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
@@ -492,6 +493,42 @@ static void test_dataset_writer_files(void)
 	T_CHECK(system(cmd) == 0);
 }
 
+/* A run id is text (the knob refuses '"', '\\' and newlines, not other control characters): the
+ * manifest and the markers escape it (it was pasted into the JSON as is). */
+static void test_ckpt_run_escaped(void)
+{
+	ferry_ctx *ctx;
+	ferry_ckpt *ck;
+	char d[2100], p[2300];
+	static uint8_t data[4096];
+	uint64_t shape[1] = {sizeof(data)};
+	snprintf(d, sizeof(d), "%s/test_base-ck-%d", t_tmpdir(), (int)getpid());
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_ASSERT(ferry_ckpt_open(ctx, d, 0, 1, &ck) == 0);
+	T_EQ_INT(ferry_ckpt_set(ck, "run", "job\t7 \x01 \xc3\xa9"), 0);
+	T_CHECK(ferry_ckpt_add(ck, "w", FERRY_DT_U8, 1, shape, data, sizeof(data)) >= 0);
+	T_EQ_INT(ferry_ckpt_save(ck, 1), 0);
+	T_EQ_INT(ferry_ckpt_latest(d), 1);
+	T_EQ_INT(ferry_ckpt_world(d, 1), 1);
+	T_EQ_INT(ferry_ckpt_verify(ctx, d, 1, 1), 0);
+	T_ASSERT(ferry_ckpt_step_path(d, 1, p, sizeof(p) - 16) > 0);
+	strcat(p, "/manifest.json");
+	char text[1024] = "";
+	FILE *f = fopen(p, "r");
+	T_CHECK(f != NULL);
+	if (f) {
+		size_t n = fread(text, 1, sizeof(text) - 1, f);
+		text[n] = '\0';
+		fclose(f);
+	}
+	T_CHECK(strstr(text, "\"run\":\"job\\t7 \\u0001 \xc3\xa9\"") != NULL);
+	ferry_ckpt_destroy(ck);
+	ferry_ctx_destroy(ctx);
+	char cmd[2200];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
+	T_CHECK(system(cmd) == 0);
+}
+
 int main(void)
 {
 	test_json_strings();
@@ -505,5 +542,6 @@ int main(void)
 	test_jsonc();
 	test_durable();
 	test_dataset_writer_files();
+	test_ckpt_run_escaped();
 	return t_result();
 }
