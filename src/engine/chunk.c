@@ -100,32 +100,32 @@ bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c,
 	bool direct = f->fd_direct >= 0 && c->path != FERRY__P_PAGECACHE;
 
 	/* DESIGN.md decision 5: data already in RAM is read from it; O_DIRECT would go to the device. */
-	c->cached = false;
-	if (c->in_unit) { /* resident when its request was submitted (ferry__units_eligible) */
+	c->bounce.cached = false;
+	if (c->unit.in) { /* resident when its request was submitted (ferry__units_eligible) */
 		direct = false;
-		c->cached = true;
+		c->bounce.cached = true;
 		ferry__count(ctx, local, FERRY_STAT_CACHED_CHUNKS, 1);
 	} else if (direct && !c->is_write && ctx->cfg.direct == FERRY__DIRECT_AUTO &&
 		   ferry__range_resident(f->fd_buf, c->off, c->len)) {
 		direct = false;
-		c->cached = true;
+		c->bounce.cached = true;
 		ferry__count(ctx, local, FERRY_STAT_CACHED_CHUNKS, 1);
 	}
 
 	/* Device memory is always staged through a slot, whose address is aligned. */
-	c->staged = c->dev >= 0;
-	ferry__plan_chunk(c->off, c->len, c->staged ? 0 : (uintptr_t)c->buf, f->block_size, f->mem_align,
+	c->bounce.staged = c->dev >= 0;
+	ferry__plan_chunk(c->off, c->len, c->bounce.staged ? 0 : (uintptr_t)c->buf, f->block_size, f->mem_align,
 			  direct, c->is_write, slot_size, &c->plan);
 	c->done = 0;
 	c->retries = 0;
 	c->result = 0;
-	c->slot = NULL;
-	c->slot_index = -1;
+	c->bounce.slot = NULL;
+	c->bounce.index = -1;
 	ferry__count(ctx, local, FERRY_STAT_CHUNKS, 1);
 	switch (c->plan.mode) {
 	case FERRY__CH_DIRECT:
 		ferry__count(ctx, local, FERRY_STAT_DIRECT_CHUNKS, 1);
-		return c->staged;
+		return c->bounce.staged;
 	case FERRY__CH_BOUNCE:
 		ferry__count(ctx, local, FERRY_STAT_BOUNCED_CHUNKS, 1);
 		return true;
@@ -133,7 +133,7 @@ bool ferry__chunk_begin(ferry_ctx *ctx, uint64_t *local, struct ferry__chunk *c,
 		ferry__count(ctx, local, FERRY_STAT_BUFFERED_CHUNKS, 1);
 		if (direct && c->len)
 			ferry__count(ctx, local, FERRY_STAT_FALLBACKS, 1);
-		return c->staged;
+		return c->bounce.staged;
 	}
 }
 
@@ -145,9 +145,9 @@ void ferry__chunk_op(const struct ferry__chunk *c, struct ferry__op *op)
 	op->fd = direct ? f->fd_direct : f->fd_buf;
 	op->fixed_file = f->slot >= 0 ? 2 * f->slot + (direct ? 1 : 0) : -1;
 	op->is_write = c->is_write;
-	bool slot = c->staged || c->plan.mode == FERRY__CH_BOUNCE;
-	op->addr = (slot ? c->slot : c->buf) + c->done;
-	op->buf_index = slot ? c->slot_index : -1;
+	bool slot = c->bounce.staged || c->plan.mode == FERRY__CH_BOUNCE;
+	op->addr = (slot ? c->bounce.slot : c->buf) + c->done;
+	op->buf_index = slot ? c->bounce.index : -1;
 	op->len = c->plan.io_len - c->done;
 	op->off = c->plan.io_off + c->done;
 	op->tag = (void *)c;
@@ -159,13 +159,13 @@ static void finish(struct ferry__chunk *c)
 		c->result = (int64_t)(c->done < c->len ? c->done : c->len);
 		return;
 	}
-	if (c->plan.mode == FERRY__CH_BOUNCE || c->staged) {
+	if (c->plan.mode == FERRY__CH_BOUNCE || c->bounce.staged) {
 		size_t head = (size_t)(c->off - c->plan.io_off);
 		size_t valid = c->done > head ? c->done - head : 0;
 		size_t n = valid < c->len ? valid : c->len;
-		c->copy_off = head;
-		if (!c->staged) /* device memory is copied by the GPU layer */
-			memcpy(c->buf, c->slot + head, n);
+		c->bounce.copy_off = head;
+		if (!c->bounce.staged) /* device memory is copied by the GPU layer */
+			memcpy(c->buf, c->bounce.slot + head, n);
 		c->result = (int64_t)n;
 		return;
 	}

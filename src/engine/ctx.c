@@ -227,7 +227,7 @@ const char *ferry_backend_unavailable_reason(const char *backend)
 	const struct ferry__backend_ops *b = backend ? ferry__backend_by_name(backend) : NULL;
 
 	if (!b) {
-		snprintf(why, sizeof(why), "unknown backend '%s' (psync, io_uring)",
+		snprintf(why, sizeof(why), "unknown backend '%s' (psync, io_uring, cufile)",
 			 backend ? backend : "(null)");
 		return why;
 	}
@@ -254,6 +254,8 @@ static int choose_backend(ferry_ctx *ctx)
 		return 0;
 	default:
 		for (size_t i = 0; ferry__backends[i]; i++) {
+			if (!(ferry__backends[i]->caps & FERRY__CAP_HOST))
+				continue; /* cufile moves device memory only: the GPU paths use it per request */
 			if (ferry__backends[i]->probe(why, sizeof(why)) == 0) {
 				ctx->backend = ferry__backends[i];
 				if (i > 0) {
@@ -565,7 +567,7 @@ static void *worker_main(void *arg)
 			ferry__chunk_set(c, e->f, e->buf + (e->cursor - e->off), e->cursor,
 					 (size_t)(end - e->cursor), e->is_write, e->dev, e->path);
 			c->entry = e;
-			c->in_unit = false;
+			c->unit.in = false;
 			if (e->units)
 				ferry__units_assign(ctx, e, c);
 			e->cursor = end;
@@ -578,7 +580,7 @@ static void *worker_main(void *arg)
 			tail = &c->next;
 			took++;
 			/* a unit's chunks go one per take, so that several workers fill it at once */
-			if (c->in_unit) {
+			if (c->unit.in) {
 				took_unit = true;
 				break;
 			}

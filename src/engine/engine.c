@@ -264,16 +264,16 @@ static ssize_t transfer_inline(ferry_file *f, void *buf, size_t len, uint64_t of
 	ferry__chunk_set(&c, f, buf, off, len, is_write, -1, FERRY__P_HOST);
 
 	if (ferry__chunk_begin(ctx, NULL, &c, ferry__slot_size(ctx))) {
-		c.slot = slot_take(ctx);
-		if (!c.slot)
+		c.bounce.slot = slot_take(ctx);
+		if (!c.bounce.slot)
 			return ferry__error(-ENOMEM, "%s(%s): allocating a bounce slot",
 					    is_write ? "pwrite" : "pread", f->path);
 		if (is_write)
-			memcpy(c.slot, buf, len);
+			memcpy(c.bounce.slot, buf, len);
 	}
 	ferry__chunk_run_sync(ctx, &c);
-	if (c.slot)
-		slot_give(ctx, c.slot);
+	if (c.bounce.slot)
+		slot_give(ctx, c.bounce.slot);
 	account(ctx, is_write, c.result);
 	if (c.result < 0)
 		return ferry__error((int)c.result, "%s(%s, offset %llu, %zu bytes, %s) in the calling thread",

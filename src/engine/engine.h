@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "base/base.h"
@@ -114,44 +115,61 @@ uint64_t ferry__chunk_end(uint64_t cur, uint64_t end, uint64_t chunk_size);
 
 struct ferry__entry;
 
+/* The bounce slot of a chunk: pinned host memory its storage transfer lands in or leaves from. */
+struct ferry__chunk_bounce {
+	char *slot;      /* NULL when the chunk holds none */
+	int index;       /* registered buffer index, -1 if none */
+	size_t copy_off; /* offset in the slot of the caller's first byte (reads) */
+	bool staged;     /* the transfer goes through the slot whatever the plan's mode */
+	bool cached;     /* read from the page cache because the data was resident (direct=auto) */
+};
+
+/* A chunk's place in a copy unit (src/engine/units.c). */
+struct ferry__chunk_unit {
+	bool in;     /* the chunk is a piece of a unit */
+	bool ready;  /* the unit's previous round is copied: its memory may be written */
+	unsigned idx, np;
+	uint64_t seq;
+	size_t off, bytes;
+	char *base;  /* device address of the unit's first byte */
+};
+
+/* cuFile's asynchronous API reads its arguments when the stream gets there: they live here. */
+struct ferry__chunk_gds {
+	size_t size;
+	off_t foff, boff;
+	ssize_t bytes;
+};
+
+/* A piece of a request (or a queue's I/O), with the state of each path it may take in its own
+ * struct: the plan and its progress (storage), the bounce slot, the GPU copy, the copy unit, cuFile. */
 struct ferry__chunk {
 	struct ferry_file *f;
 	char *buf; /* caller's memory */
 	size_t len;
 	uint64_t off;
 	bool is_write;
-	struct ferry__plan plan;
-	char *slot;     /* bounce slot (BOUNCE mode) */
-	int slot_index; /* registered buffer index, -1 if none */
-	size_t done;    /* bytes of plan.io_len transferred so far */
-	unsigned retries;
+	int dev;  /* device of buf, -1 for host memory */
+	int path; /* enum ferry__path */
 	int64_t result;
 	void *user_data;
 	struct ferry__entry *entry; /* worker chunks: the request entry it belongs to */
 	struct ferry__chunk *next;
-	/* device memory (dev >= 0): always staged through a pinned slot, or handed to cuFile */
-	int dev;
-	int path;        /* enum ferry__path */
-	bool staged;     /* the transfer goes through the slot whatever the plan's mode */
-	bool cached;     /* read from the page cache because the data was resident (direct=auto) */
-	bool gpu_busy;   /* an asynchronous copy (or cuFile stream op) is in flight */
-	size_t copy_off; /* offset in the slot of the caller's first byte (reads) */
-	/* a piece of a copy unit (src/engine/units.c): where the unit lies, and this chunk's place in it */
-	bool in_unit;
-	bool unit_ready;   /* the unit's previous round is copied: its memory may be written */
-	unsigned unit_idx, unit_np;
-	uint64_t unit_seq;
-	size_t unit_off, unit_bytes;
-	char *unit_base;   /* device address of the unit's first byte */
-	/* cuFile's asynchronous API reads its arguments when the stream gets there */
-	size_t g_size;
-	off_t g_foff, g_boff;
-	ssize_t g_bytes;
+	/* storage */
+	struct ferry__plan plan;
+	size_t done; /* bytes of plan.io_len transferred so far */
+	unsigned retries;
+	struct ferry__chunk_bounce bounce;
+	bool gpu_busy; /* an asynchronous copy (or cuFile stream op) is in flight on the copy ring */
+	struct ferry__chunk_unit unit;
+	struct ferry__chunk_gds gds;
 };
 
 /* One operation handed to a backend. */
 struct ferry__op {
 	int fd;
+	void *handle; /* cufile: the file's cuFile handle (addr is device memory of dev) */
+	int dev;
 	int fixed_file; /* registered file index, or -1 */
 	int buf_index;  /* registered buffer index, or -1 */
 	bool is_write;
@@ -209,12 +227,19 @@ struct ferry__ring_opts {
 	const struct iovec *bufs; /* slots to register as fixed buffers (reg only) */
 	unsigned nbufs;
 	bool owner_only; /* used only by the thread that creates it (ferry_queue) */
-	bool no_coop;    /* the uring_no_coop knob */
-	bool no_defer;   /* the uring_defer knob, off */
+	bool gds_batch;  /* cufile: cuFile's batch API instead of a synchronous call per op */
+	bool no_coop;    /* io_uring workers without COOP_TASKRUN (the uring_no_coop knob) */
+	bool no_defer;   /* io_uring queues without DEFER_TASKRUN (uring_defer=0) */
 };
 
+/* What a backend moves (ferry__backend_ops.caps). */
+#define FERRY__CAP_HOST 1u   /* storage and host memory: a context's storage backend (auto tries these) */
+#define FERRY__CAP_DEVICE 2u /* storage and device memory directly (GPUDirect Storage) */
+
+/* A backend: psync, io_uring, cufile (and the remote backends to come) are each one of these. */
 struct ferry__backend_ops {
 	const char *name;
+	unsigned caps; /* FERRY__CAP_* */
 	/* 0 if usable here; otherwise a negative code and a sentence in why. Cached by the caller. */
 	int (*probe)(char *why, size_t len);
 	int (*ring_init)(struct ferry__ring **out, unsigned depth, const struct ferry__ring_opts *o);
@@ -235,7 +260,8 @@ struct ferry__backend_ops {
 
 extern const struct ferry__backend_ops ferry__backend_psync;
 extern const struct ferry__backend_ops ferry__backend_uring;
-/* The backends in the order `auto` tries them. */
+extern const struct ferry__backend_ops ferry__backend_cufile;
+/* Every backend; `auto` tries those with FERRY__CAP_HOST in this order. */
 extern const struct ferry__backend_ops *const ferry__backends[];
 
 /* One pread/pwrite, restarted on nothing: the caller's completion logic handles it. */
@@ -283,8 +309,10 @@ struct ferry__ioq {
 	/* GPU state, made at the first chunk for device memory (src/engine/gpu_io.c) */
 	struct ferry__ioq_gpu *gpu;
 	struct ferry__chunk *gpu_head, *gpu_tail; /* chunks with copies in flight, in issue order */
-	struct ferry__chunk *gds_batch;           /* gds-batch chunks prepared, not yet submitted */
-	unsigned gds_inflight;                    /* gds-batch chunks submitted */
+	/* GPUDirect Storage: a ring of the cufile backend, made at the first gds or gds-batch chunk */
+	struct ferry__ring *gds;
+	bool gds_batch; /* its kind: cuFile's batch API, or a synchronous call per op */
+	unsigned gds_queued, gds_inflight;
 };
 
 /* ferry__ioq_init flags */
@@ -323,14 +351,16 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c);
  * are passed to done(q, c, read_done): finished reads, or writes ready for their storage part. */
 void ferry__gpu_poll(struct ferry__ioq *q, bool block,
 		     void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
-/* cuFile transfers done synchronously in the worker (gds), or submitted in batches (gds-batch). */
-void ferry__gds_chunk_sync(struct ferry__ioq *q, struct ferry__chunk *c);
-int ferry__gds_batch_submit(struct ferry__ioq *q);
-int ferry__gds_batch_reap(struct ferry__ioq *q, bool block,
-			  void (*done)(struct ferry__ioq *q, struct ferry__chunk *c));
+/* A gds or gds-batch chunk's result from the cufile backend: c->result, with the call and the
+ * file named when it failed. */
+void ferry__gds_complete(struct ferry__chunk *c, int64_t res);
+/* A cuFile call's return (bytes; -1 with errno; -(a cuFile error)) as bytes, -errno, or
+ * FERRY_ECUFILE with cuFile's reason recorded. */
+int64_t ferry__gds_result(ssize_t n, const char *call);
 void ferry__ioq_gpu_exit(struct ferry__ioq *q);
 bool ferry__gpu_use(struct ferry__ioq *q, struct ferry__chunk *c);
-bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, void *stream);
+struct ferry__ring_gpu;
+bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, struct ferry__ring_gpu *units);
 /* Stream-ordered requests: records the start event on the caller's stream and, once the request
  * is queued, a host function there that holds the stream until the request is done. */
 int ferry__stream_begin(int dev, void *stream, void **start_ev);
@@ -388,7 +418,7 @@ struct ferry__entry {
 	uint64_t err_off; /* offset of the chunk that failed first */
 	int dev;          /* device of buf, -1 for host memory */
 	int path;         /* enum ferry__path */
-	void *start_ev;   /* stream-ordered: a CUevent on the caller's stream; copies to or from buf wait for it */
+	void *start_ev;   /* stream-ordered: a fence (gpu/ring.h) on the caller's stream; copies to or from buf wait for it */
 	bool units;       /* resident, read into device memory through copy units (decided at submission) */
 	uint64_t unit_seq;       /* the unit being handed out (under ctx->mu) */
 	unsigned unit_left, unit_np;

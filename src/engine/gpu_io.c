@@ -7,24 +7,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpu/ring.h"
 #include "gpu/shim.h"
 #include "engine/engine.h"
 #include "engine/publish.h"
 
-struct gpu_dev {
-	bool ready;
-	ferry__CUstream stream;
-	ferry__CUevent *ev; /* one per chunk of the queue */
-};
-
 struct ferry__ioq_gpu {
 	bool pin_tried;
 	bool pinned;
-	struct gpu_dev dev[FERRY__MAX_GPUS];
-	ferry__CUfileBatchHandle_t batch;
-	bool batch_ready;
-	ferry__CUfileIOParams_t *params;
-	ferry__CUfileIOEvents_t *events;
+	/* a copy ring per device, a ticket per chunk of the queue (the chunk's index) */
+	struct ferry__ring_gpu *ring[FERRY__MAX_GPUS];
 };
 
 static const char *const path_names[] = {
@@ -181,12 +173,11 @@ static int chunk_index(struct ferry__ioq *q, struct ferry__chunk *c)
 	return (int)(c - q->chunks);
 }
 
-/* Makes dev current on this thread and sets up its stream, events and pinned slots once. */
-static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chunk *c)
+/* Makes dev current on this thread and sets up its copy ring and pinned slots once. */
+static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct ferry__chunk *c)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
 	struct ferry__ioq_gpu *g = q->gpu;
-	ferry__CUresult r;
 	int ret;
 
 	if (!cu) {
@@ -206,8 +197,8 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 	}
 	if (!g->pin_tried && q->slot_mem) {
 		g->pin_tried = true;
-		r = cu->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
-					FERRY__CU_MEMHOSTREGISTER_PORTABLE);
+		ferry__CUresult r = cu->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
+							FERRY__CU_MEMHOSTREGISTER_PORTABLE);
 		g->pinned = r == FERRY__CUDA_SUCCESS;
 		if (!g->pinned) {
 			/* Copies from pageable memory still work, synchronously and slower: count it. */
@@ -217,38 +208,14 @@ static struct gpu_dev *use_dev(struct ferry__ioq *q, int dev, struct ferry__chun
 				   q->slot_size * q->nslots, ferry__cuda_err_name(r));
 		}
 	}
-	struct gpu_dev *gd = &g->dev[dev];
-	if (!gd->ready) {
-		gd->ev = calloc(q->depth, sizeof(*gd->ev));
-		if (!gd->ev) {
-			c->result = ferry__error(-ENOMEM, "GPU events");
-			return NULL;
-		}
-		r = cu->StreamCreate(&gd->stream, FERRY__CU_STREAM_NON_BLOCKING);
-		if (r) {
-			c->result = ferry__cuda_fail(r, "cuStreamCreate on device %d", dev);
-			free(gd->ev);
-			gd->ev = NULL;
-			return NULL;
-		}
-		for (unsigned i = 0; i < q->depth; i++) {
-			/* block: a worker waiting for its oldest copy sleeps instead of spinning a core;
-			 * slower (docs/CONFIG.md), so spin is the default */
-			r = cu->EventCreate(&gd->ev[i], FERRY__CU_EVENT_DISABLE_TIMING |
-								(q->ctx->cfg.gpu_sync ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC));
-			if (r) {
-				c->result = ferry__cuda_fail(r, "cuEventCreate on device %d", dev);
-				for (unsigned j = 0; j < i; j++)
-					cu->EventDestroy(gd->ev[j]);
-				cu->StreamDestroy(gd->stream);
-				free(gd->ev);
-				gd->ev = NULL;
-				return NULL;
-			}
-		}
-		gd->ready = true;
+	/* gpu_sync=block: a worker waiting for its oldest copy sleeps instead of spinning a core;
+	 * slower (docs/CONFIG.md), so spin is the default */
+	if (!g->ring[dev] && (ret = ferry__ring_create(dev, q->depth, q->ctx->cfg.gpu_sync ? FERRY__RING_SPIN : 0,
+						       &g->ring[dev]))) {
+		c->result = ret;
+		return NULL;
 	}
-	return gd;
+	return g->ring[dev];
 }
 
 static void gpu_list_add(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -257,13 +224,14 @@ static void gpu_list_add(struct ferry__ioq *q, struct ferry__chunk *c)
 	ferry__chunk_append(&q->gpu_head, &q->gpu_tail, c);
 }
 
-/* Records the chunk's event after what was just queued on the stream. */
-static bool record(struct ferry__ioq *q, struct gpu_dev *gd, struct ferry__chunk *c, const char *what)
+/* Records the chunk's ticket after what was just queued on the ring. */
+static bool record(struct ferry__ioq *q, struct ferry__ring_gpu *ring, struct ferry__chunk *c, const char *what)
 {
-	ferry__CUresult r = ferry__cuda()->EventRecord(gd->ev[chunk_index(q, c)], gd->stream);
+	int r = ferry__ring_record(ring, (unsigned)chunk_index(q, c));
 
 	if (r) {
-		c->result = ferry__cuda_fail(r, "cuEventRecord after %s", what);
+		ferry__error_append("after %s", what);
+		c->result = r;
 		return false;
 	}
 	gpu_list_add(q, c);
@@ -276,42 +244,29 @@ bool ferry__gpu_use(struct ferry__ioq *q, struct ferry__chunk *c)
 	return use_dev(q, c->dev, c) != NULL;
 }
 
-/* For copy units: c's event recorded on stream (the device's unit stream) and c in the GPU list. */
-bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, void *stream)
+/* For copy units: c's ticket recorded on the device's unit ring and c in the GPU list. */
+bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, struct ferry__ring_gpu *units)
 {
-	ferry__CUresult r = ferry__cuda()->EventRecord(q->gpu->dev[c->dev].ev[chunk_index(q, c)],
-						       (ferry__CUstream)stream);
+	int r = ferry__ring_record_on(q->gpu->ring[c->dev], (unsigned)chunk_index(q, c), units);
 	if (r) {
-		c->result = ferry__cuda_fail(r, "cuEventRecord after a unit copy");
+		ferry__error_append("after a unit copy");
+		c->result = r;
 		return false;
 	}
 	gpu_list_add(q, c);
 	return true;
 }
 
-static int64_t gds_result(ssize_t r, const struct ferry__chunk *c)
-{
-	if (r >= 0)
-		return r;
-	if (r == -1)
-		return ferry__error(-errno, "cuFile%s(%s, offset %llu, %zu bytes)", c->is_write ? "Write" : "Read",
-				    c->f->path, (unsigned long long)c->off, c->len);
-	char why[256];
-	ferry__CUfileError_t e = {.err = (int)-r};
-	return ferry__error(FERRY_ECUFILE, "cuFile%s(%s, offset %llu, %zu bytes): %s",
-			    c->is_write ? "Write" : "Read", c->f->path, (unsigned long long)c->off, c->len,
-			    ferry__cufile_explain(e, why, sizeof(why)));
-}
-
 /* Stream-ordered requests: nothing touches the caller's buffer before the work queued ahead of
  * the request on the caller's stream; the worker's stream waits for it on the GPU, not the host. */
-static bool wait_start(struct gpu_dev *gd, struct ferry__chunk *c)
+static bool wait_start(struct ferry__ring_gpu *ring, struct ferry__chunk *c)
 {
 	if (!c->entry || !c->entry->start_ev)
 		return true;
-	ferry__CUresult r = ferry__cuda()->StreamWaitEvent(gd->stream, (ferry__CUevent)c->entry->start_ev, 0);
+	int r = ferry__ring_after(ring, c->entry->start_ev);
 	if (r) {
-		c->result = ferry__cuda_fail(r, "cuStreamWaitEvent on the caller's stream event");
+		ferry__error_append("waiting for the caller's stream");
+		c->result = r;
 		return false;
 	}
 	return true;
@@ -319,25 +274,25 @@ static bool wait_start(struct gpu_dev *gd, struct ferry__chunk *c)
 
 bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
-	struct gpu_dev *gd = use_dev(q, c->dev, c);
-	ferry__CUresult r;
+	struct ferry__ring_gpu *ring = use_dev(q, c->dev, c);
+	int r;
 
-	if (!gd)
+	if (!ring)
 		return false;
 	if (c->path == FERRY__P_GDS_ASYNC) {
 		const struct ferry__cufile_api *cf = ferry__cufile();
 		ferry__CUfileError_t e;
-		if (!wait_start(gd, c))
+		ferry__CUstream stream = ferry__ring_stream(ring);
+		if (!wait_start(ring, c))
 			return false;
-		c->g_size = c->len;
-		c->g_foff = (off_t)c->off;
-		c->g_boff = 0;
-		c->g_bytes = 0;
-		e = c->is_write ? cf->WriteAsync(c->f->gds_handle, c->buf, &c->g_size, &c->g_foff,
-						 &c->g_boff, &c->g_bytes, gd->stream)
-				: cf->ReadAsync(c->f->gds_handle, c->buf, &c->g_size, &c->g_foff,
-						&c->g_boff, &c->g_bytes, gd->stream);
+		c->gds.size = c->len;
+		c->gds.foff = (off_t)c->off;
+		c->gds.boff = 0;
+		c->gds.bytes = 0;
+		e = c->is_write ? cf->WriteAsync(c->f->gds_handle, c->buf, &c->gds.size, &c->gds.foff,
+						 &c->gds.boff, &c->gds.bytes, stream)
+				: cf->ReadAsync(c->f->gds_handle, c->buf, &c->gds.size, &c->gds.foff,
+						&c->gds.boff, &c->gds.bytes, stream);
 		if (e.err) {
 			char why[256];
 			c->result = ferry__error(FERRY_ECUFILE, "cuFile%sAsync(%s, offset %llu): %s",
@@ -346,213 +301,78 @@ bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 						 ferry__cufile_explain(e, why, sizeof(why)));
 			return false;
 		}
-		return record(q, gd, c, "cuFile stream op");
+		return record(q, ring, c, "cuFile stream op");
 	}
 	/* a device write: its bytes come to the slot first, after the caller's stream work */
-	if (!wait_start(gd, c))
+	if (!wait_start(ring, c))
 		return false;
-	if (c->path == FERRY__P_PIPE_SYNC || !q->gpu->pinned) {
-		r = cu->MemcpyDtoH(c->slot, (ferry__CUdeviceptr)(uintptr_t)c->buf, c->len);
-		if (r)
-			c->result = ferry__cuda_fail(r, "cuMemcpyDtoH of %zu bytes for %s", c->len, c->f->path);
-		return false;
-	}
-	r = cu->MemcpyDtoHAsync(c->slot, (ferry__CUdeviceptr)(uintptr_t)c->buf, c->len, gd->stream);
-	if (r) {
-		c->result = ferry__cuda_fail(r, "cuMemcpyDtoHAsync of %zu bytes for %s", c->len, c->f->path);
+	bool async = c->path != FERRY__P_PIPE_SYNC && q->gpu->pinned;
+	if ((r = ferry__ring_d2h(ring, c->bounce.slot, (uint64_t)(uintptr_t)c->buf, c->len, async))) {
+		ferry__error_append("for %s", c->f->path);
+		c->result = r;
 		return false;
 	}
-	return record(q, gd, c, "cuMemcpyDtoHAsync");
+	return async && record(q, ring, c, "cuMemcpyDtoHAsync");
 }
 
 bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
-	struct gpu_dev *gd = use_dev(q, c->dev, c);
+	struct ferry__ring_gpu *ring = use_dev(q, c->dev, c);
 	size_t n = (size_t)c->result;
-	ferry__CUresult r;
+	int r;
 
-	if (!gd || !wait_start(gd, c))
+	if (!ring || !wait_start(ring, c))
 		return false;
-	if (c->path == FERRY__P_PIPE_SYNC || !q->gpu->pinned) {
-		r = cu->MemcpyHtoD((ferry__CUdeviceptr)(uintptr_t)c->buf, c->slot + c->copy_off, n);
-		if (r)
-			c->result = ferry__cuda_fail(r, "cuMemcpyHtoD of %zu bytes from %s", n, c->f->path);
-		return false;
-	}
-	r = cu->MemcpyHtoDAsync((ferry__CUdeviceptr)(uintptr_t)c->buf, c->slot + c->copy_off, n, gd->stream);
-	if (r) {
-		c->result = ferry__cuda_fail(r, "cuMemcpyHtoDAsync of %zu bytes from %s", n, c->f->path);
+	bool async = c->path != FERRY__P_PIPE_SYNC && q->gpu->pinned;
+	if ((r = ferry__ring_h2d(ring, (uint64_t)(uintptr_t)c->buf, c->bounce.slot + c->bounce.copy_off, n, async))) {
+		ferry__error_append("from %s", c->f->path);
+		c->result = r;
 		return false;
 	}
-	return record(q, gd, c, "cuMemcpyHtoDAsync");
+	return async && record(q, ring, c, "cuMemcpyHtoDAsync");
 }
 
 void ferry__gpu_poll(struct ferry__ioq *q, bool block,
 		     void (*done)(struct ferry__ioq *q, struct ferry__chunk *c))
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
-
 	while (q->gpu_head) {
 		struct ferry__chunk *c = q->gpu_head;
-		ferry__CUevent ev = q->gpu->dev[c->dev].ev[chunk_index(q, c)];
-		ferry__CUresult r;
+		struct ferry__ring_gpu *ring = q->gpu->ring[c->dev];
+		unsigned t = (unsigned)chunk_index(q, c);
+		/* sync: 0 when done; query: 1 when done, 0 while running */
+		int r = block ? ferry__ring_sync(ring, t) : ferry__ring_query(ring, t);
 
-		ferry__cuda_set_device(c->dev);
-		r = block ? cu->EventSynchronize(ev) : cu->EventQuery(ev);
+		if (block && r == 0)
+			r = 1;
 		block = false;
-		if (r == FERRY__CUDA_ERROR_NOT_READY)
+		if (r == 0)
 			return;
 		q->gpu_head = c->next;
 		if (!q->gpu_head)
 			q->gpu_tail = NULL;
 		c->gpu_busy = false;
-		if (r)
-			c->result = ferry__cuda_fail(r, "copy for %s at offset %llu", c->f->path,
-						     (unsigned long long)c->off);
-		else if (c->path == FERRY__P_GDS_ASYNC)
-			c->result = gds_result(c->g_bytes, c);
+		if (r < 0) {
+			ferry__error_append("copy for %s at offset %llu", c->f->path, (unsigned long long)c->off);
+			c->result = r;
+		} else if (c->path == FERRY__P_GDS_ASYNC) {
+			ferry__gds_complete(c, ferry__gds_result(c->gds.bytes, "cuFile stream I/O"));
+		}
 		done(q, c);
 	}
-}
-
-/* ------------------------------------------------------------------------------------- cuFile */
-
-void ferry__gds_chunk_sync(struct ferry__ioq *q, struct ferry__chunk *c)
-{
-	const struct ferry__cufile_api *cf = ferry__cufile();
-	ssize_t r;
-
-	(void)q;
-	if (ferry__cuda_set_device(c->dev)) {
-		c->result = FERRY_ENOGPU;
-		return;
-	}
-	/* cuFileRead is synchronous: the host waits for the caller's stream work first */
-	if (c->entry && c->entry->start_ev && (r = ferry__cuda()->EventSynchronize(c->entry->start_ev))) {
-		c->result = ferry__cuda_fail((ferry__CUresult)r, "waiting for the caller's stream before cuFile");
-		return;
-	}
-	r = c->is_write ? cf->Write(c->f->gds_handle, c->buf, c->len, (off_t)c->off, 0)
-			: cf->Read(c->f->gds_handle, c->buf, c->len, (off_t)c->off, 0);
-	c->result = gds_result(r, c);
-}
-
-int ferry__gds_batch_submit(struct ferry__ioq *q)
-{
-	const struct ferry__cufile_api *cf = ferry__cufile();
-	struct ferry__ioq_gpu *g = q->gpu;
-	ferry__CUfileError_t e;
-	unsigned n = 0;
-
-	if (!g && !(g = q->gpu = calloc(1, sizeof(*g))))
-		return -ENOMEM;
-	if (!g->batch_ready) {
-		g->params = calloc(q->depth, sizeof(*g->params));
-		g->events = calloc(q->depth, sizeof(*g->events));
-		if (!g->params || !g->events)
-			return -ENOMEM;
-		e = cf->BatchIOSetUp(&g->batch, q->depth);
-		if (e.err) {
-			char why[256];
-			return ferry__error(FERRY_ECUFILE, "cuFileBatchIOSetUp(%u): %s", q->depth,
-					    ferry__cufile_explain(e, why, sizeof(why)));
-		}
-		g->batch_ready = true;
-	}
-	for (struct ferry__chunk *c = q->gds_batch; c; c = c->next, n++) {
-		ferry__CUfileIOParams_t *p = &g->params[n];
-		memset(p, 0, sizeof(*p));
-		p->mode = FERRY__CUFILE_BATCH;
-		p->u.batch.devPtr_base = c->buf;
-		p->u.batch.file_offset = (off_t)c->off;
-		p->u.batch.devPtr_offset = 0;
-		p->u.batch.size = c->len;
-		p->fh = c->f->gds_handle;
-		p->opcode = c->is_write ? FERRY__CUFILE_WRITE : FERRY__CUFILE_READ;
-		p->cookie = c;
-	}
-	e = cf->BatchIOSubmit(g->batch, n, g->params, 0);
-	if (e.err) {
-		char why[256];
-		int err = ferry__error(FERRY_ECUFILE, "cuFileBatchIOSubmit(%u): %s", n,
-				       ferry__cufile_explain(e, why, sizeof(why)));
-		/* nothing was started: fail the chunks, they complete now */
-		while (q->gds_batch) {
-			struct ferry__chunk *c = q->gds_batch;
-			q->gds_batch = c->next;
-			c->result = err;
-			ferry__ioq_push_finished(q, c);
-		}
-		return 0;
-	}
-	q->gds_batch = NULL;
-	q->gds_inflight += n;
-	return (int)n;
-}
-
-int ferry__gds_batch_reap(struct ferry__ioq *q, bool block,
-			  void (*done)(struct ferry__ioq *q, struct ferry__chunk *c))
-{
-	const struct ferry__cufile_api *cf = ferry__cufile();
-	struct ferry__ioq_gpu *g = q->gpu;
-	struct timespec zero = {0, 0};
-	unsigned nr = q->depth;
-	ferry__CUfileError_t e;
-
-	e = cf->BatchIOGetStatus(g->batch, block ? 1 : 0, &nr, g->events, block ? NULL : &zero);
-	if (e.err)
-		return FERRY_ECUFILE;
-	for (unsigned i = 0; i < nr; i++) {
-		struct ferry__chunk *c = g->events[i].cookie;
-		if (!c)
-			continue;
-		if (g->events[i].status == FERRY__CUFILE_COMPLETE)
-			c->result = gds_result((ssize_t)g->events[i].ret, c);
-		else if (g->events[i].status & (FERRY__CUFILE_FAILED | FERRY__CUFILE_CANCELED |
-						FERRY__CUFILE_INVALID | FERRY__CUFILE_TIMEOUT))
-			c->result = ferry__error(FERRY_ECUFILE, "cuFile batch %s of %s at offset %llu: status 0x%x",
-						 c->is_write ? "write" : "read", c->f->path,
-						 (unsigned long long)c->off, g->events[i].status);
-		else
-			continue;
-		q->gds_inflight--;
-		done(q, c);
-	}
-	return (int)nr;
 }
 
 void ferry__ioq_gpu_exit(struct ferry__ioq *q)
 {
-	const struct ferry__cuda_api *cu = q->gpu ? ferry__cuda() : NULL;
 	struct ferry__ioq_gpu *g = q->gpu;
 
 	if (!g)
 		return;
-	/* drain what the GPU still holds: its copies write into slots we are about to free */
-	while (q->gpu_head) {
-		struct ferry__chunk *c = q->gpu_head;
-		ferry__cuda_set_device(c->dev);
-		cu->EventSynchronize(g->dev[c->dev].ev[chunk_index(q, c)]);
-		q->gpu_head = c->next;
-	}
-	q->gpu_tail = NULL;
-	for (int d = 0; d < FERRY__MAX_GPUS; d++) {
-		struct gpu_dev *gd = &g->dev[d];
-		if (!gd->ready)
-			continue;
-		ferry__cuda_set_device(d);
-		for (unsigned i = 0; i < q->depth; i++)
-			cu->EventDestroy(gd->ev[i]);
-		cu->StreamDestroy(gd->stream);
-		free(gd->ev);
-	}
+	/* the rings drain what the GPU still holds: its copies write into slots we are about to free */
+	q->gpu_head = q->gpu_tail = NULL;
+	for (int d = 0; d < FERRY__MAX_GPUS; d++)
+		ferry__ring_destroy(g->ring[d]);
 	if (g->pinned)
-		cu->MemHostUnregister(q->slot_mem);
-	if (g->batch_ready)
-		ferry__cufile()->BatchIODestroy(g->batch);
-	free(g->params);
-	free(g->events);
+		ferry__cuda()->MemHostUnregister(q->slot_mem);
 	free(g);
 	q->gpu = NULL;
 }
@@ -561,22 +381,19 @@ void ferry__ioq_gpu_exit(struct ferry__ioq *q)
 
 int ferry__stream_begin(int dev, void *stream, void **start_ev)
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
-	ferry__CUcontext prev = NULL;
-	ferry__CUevent ev = NULL;
-	ferry__CUresult r;
-	int err = ferry__cuda_enter_device(dev, &prev);
+	void *prev = NULL;
+	int err = ferry__gpu_enter(dev, &prev);
 
 	if (err)
 		return err;
-	r = cu->EventCreate(&ev, FERRY__CU_EVENT_DISABLE_TIMING);
-	if (!r && (r = cu->EventRecord(ev, (ferry__CUstream)stream)))
-		cu->EventDestroy(ev);
-	ferry__cuda_leave_device(prev);
-	if (r)
-		return ferry__cuda_fail(r, "recording an event on the caller's stream %p (device %d)", stream, dev);
-	*start_ev = ev;
-	return 0;
+	if (!(err = ferry__fence_create(dev, start_ev)) && (err = ferry__fence_record(*start_ev, stream))) {
+		ferry__fence_destroy(*start_ev);
+		*start_ev = NULL;
+	}
+	ferry__gpu_leave(prev);
+	if (err)
+		ferry__error_append("device %d", dev);
+	return err;
 }
 
 int ferry__stream_hold(int dev, void *stream, void (*fn)(void *), void *arg)
@@ -595,10 +412,10 @@ int ferry__stream_hold(int dev, void *stream, void (*fn)(void *), void *arg)
 
 void ferry__stream_end(int dev, void *start_ev)
 {
-	ferry__CUcontext prev = NULL;
+	void *prev = NULL;
 
-	if (!start_ev || ferry__cuda_enter_device(dev, &prev))
+	if (!start_ev || ferry__gpu_enter(dev, &prev))
 		return;
-	ferry__cuda()->EventDestroy((ferry__CUevent)start_ev);
-	ferry__cuda_leave_device(prev);
+	ferry__fence_destroy(start_ev);
+	ferry__gpu_leave(prev);
 }

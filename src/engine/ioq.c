@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine/engine.h"
+#include "gpu/ring.h"
 
 int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, unsigned flags)
 {
@@ -67,6 +68,9 @@ nomem:
 void ferry__ioq_exit(struct ferry__ioq *q)
 {
 	ferry__ioq_gpu_exit(q);
+	if (q->gds)
+		ferry__backend_cufile.ring_exit(q->gds);
+	q->gds = NULL;
 	if (q->ctx)
 		ferry__stats_flush(q->ctx, q->stats);
 	if (q->ring) {
@@ -124,9 +128,9 @@ void ferry__ioq_push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
  */
 static bool copied_by_thread(const struct ferry__ioq *q, const struct ferry__chunk *c)
 {
-	if (c->in_unit)
+	if (c->unit.in)
 		return true;
-	return c->cached && c->staged && !c->is_write && q->ops != &ferry__backend_psync &&
+	return c->bounce.cached && c->bounce.staged && !c->is_write && q->ops != &ferry__backend_psync &&
 	       q->ctx->cfg.cached_io == FERRY__CACHED_IO_THREAD;
 }
 
@@ -153,19 +157,19 @@ static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
 /* A slot for c now? Page-cache copies hold at most cached_depth of them (docs/CONFIG.md). */
 static bool can_take_slot(const struct ferry__ioq *q, const struct ferry__chunk *c)
 {
-	return q->nfree_slots > 0 && (!c->cached || !c->staged || q->cached_slots < q->ctx->cfg.cached_depth);
+	return q->nfree_slots > 0 && (!c->bounce.cached || !c->bounce.staged || q->cached_slots < q->ctx->cfg.cached_depth);
 }
 
 static void give_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	int idx = q->free_slots[--q->nfree_slots];
 
-	if (c->cached && c->staged)
+	if (c->bounce.cached && c->bounce.staged)
 		q->cached_slots++;
-	c->slot = q->slot_mem + q->slot_size * (size_t)idx;
-	c->slot_index = idx;
+	c->bounce.slot = q->slot_mem + q->slot_size * (size_t)idx;
+	c->bounce.index = idx;
 	if (c->is_write && c->dev < 0)
-		memcpy(c->slot, c->buf, c->len);
+		memcpy(c->bounce.slot, c->buf, c->len);
 }
 
 /* A chunk that holds what it needs starts: device writes first copy into their slot. */
@@ -182,15 +186,15 @@ static void start(struct ferry__ioq *q, struct ferry__chunk *c)
 
 static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	if (!c->slot)
+	if (!c->bounce.slot)
 		return;
-	if (c->in_unit) { /* its place in a copy unit, not one of the queue's slots */
-		c->slot = NULL;
+	if (c->unit.in) { /* its place in a copy unit, not one of the queue's slots */
+		c->bounce.slot = NULL;
 		return;
 	}
-	q->free_slots[q->nfree_slots++] = c->slot_index;
-	c->slot = NULL;
-	if (c->cached && c->staged)
+	q->free_slots[q->nfree_slots++] = c->bounce.index;
+	c->bounce.slot = NULL;
+	if (c->bounce.cached && c->bounce.staged)
 		q->cached_slots--;
 	/* the oldest waiting chunk that may take a slot now */
 	struct ferry__chunk **pw = &q->slot_wait, **pick = NULL;
@@ -205,34 +209,65 @@ static void release_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 	}
 }
 
+/* A gds or gds-batch chunk goes to the queue's cufile ring, made at the first one (again when the
+ * path switches between the two with nothing in flight). */
+static void gds_prep(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	const struct ferry__backend_ops *cf = &ferry__backend_cufile;
+	bool batch = c->path == FERRY__P_GDS_BATCH;
+	struct ferry__op op = {.fd = -1, .fixed_file = -1, .buf_index = -1, .handle = c->f->gds_handle,
+			       .dev = c->dev, .is_write = c->is_write, .addr = c->buf, .len = c->len,
+			       .off = c->off, .tag = c};
+	int ret = 0;
+
+	if (q->gds && q->gds_batch != batch && !q->gds_queued && !q->gds_inflight) {
+		cf->ring_exit(q->gds);
+		q->gds = NULL;
+	}
+	if (!q->gds) {
+		struct ferry__ring_opts o = {.gds_batch = batch};
+		if (!(ret = cf->ring_init(&q->gds, q->depth, &o)))
+			q->gds_batch = batch;
+	}
+	if (!ret && q->gds_batch != batch)
+		ret = ferry__error(-EBUSY, "%s: gds and gds-batch transfers at once in one queue", c->f->path);
+	/* cuFile's calls are not ordered on the caller's stream: the host waits for its work first */
+	if (!ret && c->entry && c->entry->start_ev && (ret = ferry__fence_sync(c->entry->start_ev)))
+		ferry__error_append("waiting for the caller's stream before cuFile");
+	if (!ret)
+		ret = cf->prep(q->gds, &op);
+	if (ret) {
+		c->result = ret;
+		ferry__ioq_push_finished(q, c);
+		return;
+	}
+	q->gds_queued++;
+}
+
 void ferry__ioq_queue(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	c->gpu_busy = false;
 	if (c->len == 0) {
 		c->result = 0;
 		c->plan.mode = FERRY__CH_BUFFERED;
-		c->slot = NULL;
+		c->bounce.slot = NULL;
 		ferry__ioq_push_finished(q, c);
 		return;
 	}
 	if (c->dev >= 0 && c->path >= FERRY__P_GDS) {
 		q->stats[FERRY_STAT_CHUNKS]++;
-		c->slot = NULL;
+		c->bounce.slot = NULL;
 		c->result = 0;
-		if (c->path == FERRY__P_GDS) {
-			ferry__gds_chunk_sync(q, c);
-			ferry__ioq_push_finished(q, c);
-		} else if (c->path == FERRY__P_GDS_ASYNC) {
+		if (c->path == FERRY__P_GDS_ASYNC) {
 			if (!ferry__gpu_chunk_start(q, c))
 				ferry__ioq_push_finished(q, c);
 		} else {
-			c->next = q->gds_batch;
-			q->gds_batch = c;
+			gds_prep(q, c);
 		}
 		return;
 	}
 	if (ferry__chunk_begin(q->ctx, q->stats, c, q->nslots ? q->slot_size : 0)) {
-		if (c->in_unit) {
+		if (c->unit.in) {
 			if (!ferry__units_slot(q, c)) /* no unit buffers: c->result says why */
 				ferry__ioq_push_finished(q, c);
 			else
@@ -253,8 +288,12 @@ int ferry__ioq_submit(struct ferry__ioq *q)
 {
 	int ret;
 
-	if (q->gds_batch && (ret = ferry__gds_batch_submit(q)) < 0)
-		return ret;
+	if (q->gds_queued) {
+		if ((ret = ferry__backend_cufile.submit(q->gds)) < 0)
+			return ret;
+		q->gds_inflight += q->gds_queued;
+		q->gds_queued = 0;
+	}
 	if (!q->queued)
 		return 0;
 	ret = q->ops->submit(q->ring);
@@ -276,9 +315,23 @@ static void gpu_done(struct ferry__ioq *q, struct ferry__chunk *c)
 	ferry__ioq_push_finished(q, c);
 }
 
+/* Takes the cufile ring's completions (waiting for at least min). */
+static void gds_reap(struct ferry__ioq *q, unsigned min)
+{
+	/* a failed status call leaves the ops in flight: the next reap asks again */
+	int n = ferry__backend_cufile.reap(q->gds, min, q->tags, q->res, q->depth);
+
+	for (int i = 0; i < n; i++) {
+		struct ferry__chunk *c = q->tags[i];
+		q->gds_inflight--;
+		ferry__gds_complete(c, q->res[i]);
+		gpu_done(q, c);
+	}
+}
+
 static void stored(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	if (c->in_unit) {
+	if (c->unit.in) {
 		/* every piece arrives once, whatever its result; the last one carries the copy */
 		if (ferry__units_arrive(q, c))
 			return;
@@ -302,7 +355,7 @@ static void run_one_sync(struct ferry__ioq *q)
 	if (!q->sync_head)
 		q->sync_tail = NULL;
 	c->next = NULL;
-	if (c->in_unit)
+	if (c->unit.in)
 		ferry__units_wait(q, c); /* the buffer's previous round is copied out */
 	/* to the end here: a short read sent to the back of the list could wait behind a later
 	 * round of its own unit buffer, which waits for it */
@@ -335,18 +388,18 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 				continue;
 		}
 		if (q->gds_inflight) {
-			ferry__gds_batch_reap(q, false, gpu_done);
+			gds_reap(q, 0);
 			if (q->finished)
 				continue;
 		}
 		/* The ring's queued ops go in with the reap below, in one call, when nothing runs in
 		 * between (no resident chunk to copy, no GDS batch) */
 		unsigned merged = 0;
-		if (q->queued && !q->gds_batch && !q->sync_head && q->ops->submit_reap) {
+		if (q->queued && !q->gds_queued && !q->sync_head && q->ops->submit_reap) {
 			merged = q->queued;
 			q->inflight += merged;
 			q->queued = 0;
-		} else if (q->queued || q->gds_batch) {
+		} else if (q->queued || q->gds_queued) {
 			int ret = ferry__ioq_submit(q);
 			if (ret < 0)
 				return got ? (int)got : ret;
@@ -368,7 +421,7 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 				if (q->gpu_head)
 					ferry__gpu_poll(q, true, gpu_done);
 				else
-					ferry__gds_batch_reap(q, true, gpu_done);
+					gds_reap(q, 1);
 			}
 			continue;
 		}
@@ -397,7 +450,7 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 			if (q->gpu_head)
 				ferry__gpu_poll(q, true, gpu_done);
 			else
-				ferry__gds_batch_reap(q, true, gpu_done);
+				gds_reap(q, 1);
 		}
 	}
 }

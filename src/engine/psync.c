@@ -100,6 +100,7 @@ static int psync_reap(struct ferry__ring *r, unsigned min, void **tags, int64_t 
 
 const struct ferry__backend_ops ferry__backend_psync = {
 	.name = "psync",
+	.caps = FERRY__CAP_HOST,
 	.probe = psync_probe,
 	.ring_init = psync_init,
 	.ring_exit = psync_exit,

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "gpu/ring.h"
 #include "gpu/shim.h"
 #include "engine/engine.h"
 
@@ -28,7 +29,6 @@
 struct unit {
 	atomic_long issued;  /* last round whose copy was issued, -1 for none */
 	atomic_uint arrived; /* pieces of the current round that are read (or failed) */
-	ferry__CUevent ev;   /* recorded after each round's copy */
 	/* the current round's pieces, written by their readers before they arrive */
 	uint32_t len[MAX_PIECES];
 	size_t off[MAX_PIECES]; /* in the unit */
@@ -42,7 +42,9 @@ struct ferry__units {
 	size_t unit_size;
 	unsigned n;
 	char *mem;
-	ferry__CUstream stream;
+	/* the device's unit copies, shared by the workers: ticket i is recorded after each round's
+	 * copy of unit i */
+	struct ferry__ring_gpu *ring;
 	struct unit *u;
 };
 
@@ -103,14 +105,14 @@ void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__c
 		e->unit_first = c->off;
 		e->unit_bytes = (size_t)(cur - c->off);
 	}
-	c->in_unit = true;
-	c->unit_ready = false;
-	c->unit_seq = e->unit_seq;
-	c->unit_np = e->unit_np;
-	c->unit_idx = e->unit_np - e->unit_left;
-	c->unit_off = (size_t)(c->off - e->unit_first);
-	c->unit_bytes = e->unit_bytes;
-	c->unit_base = c->buf - c->unit_off;
+	c->unit.in = true;
+	c->unit.ready = false;
+	c->unit.seq = e->unit_seq;
+	c->unit.np = e->unit_np;
+	c->unit.idx = e->unit_np - e->unit_left;
+	c->unit.off = (size_t)(c->off - e->unit_first);
+	c->unit.bytes = e->unit_bytes;
+	c->unit.base = c->buf - c->unit.off;
 	e->unit_left--;
 }
 
@@ -131,17 +133,17 @@ static struct ferry__units *units_make(ferry_ctx *ctx, int dev)
 		atomic_store(&us->failed, true);
 		return us;
 	}
-	r = cu->MemHostAlloc((void **)&us->mem, us->unit_size * us->n, FERRY__CU_MEMHOSTALLOC_PORTABLE);
-	if (!r)
-		r = cu->StreamCreate(&us->stream, FERRY__CU_STREAM_NON_BLOCKING);
-	for (unsigned i = 0; !r && i < us->n; i++) {
+	for (unsigned i = 0; i < us->n; i++) {
 		atomic_init(&us->u[i].issued, -1);
 		atomic_init(&us->u[i].arrived, 0);
-		r = cu->EventCreate(&us->u[i].ev, FERRY__CU_EVENT_DISABLE_TIMING);
 	}
-	if (r) {
-		us->err = ferry__cuda_fail(r, "making %u copy units of %zu bytes on device %d", us->n,
-					   us->unit_size, dev);
+	r = cu->MemHostAlloc((void **)&us->mem, us->unit_size * us->n, FERRY__CU_MEMHOSTALLOC_PORTABLE);
+	if (r)
+		us->err = ferry__cuda_fail(r, "cuMemHostAlloc");
+	else /* a reader waiting for a round's copy spins (ferry__units_wait) */
+		us->err = ferry__ring_create(dev, us->n, FERRY__RING_SPIN, &us->ring);
+	if (us->err) {
+		ferry__error_append("making %u copy units of %zu bytes on device %d", us->n, us->unit_size, dev);
 		atomic_store(&us->failed, true);
 	}
 	return us;
@@ -173,8 +175,8 @@ bool ferry__units_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 		c->result = us->err;
 		return false;
 	}
-	c->slot = us->mem + (size_t)(c->unit_seq % us->n) * us->unit_size + c->unit_off;
-	c->slot_index = -1;
+	c->bounce.slot = us->mem + (size_t)(c->unit.seq % us->n) * us->unit_size + c->unit.off;
+	c->bounce.index = -1;
 	return true;
 }
 
@@ -182,20 +184,19 @@ static struct unit *unit_of(const struct ferry__ioq *q, const struct ferry__chun
 {
 	struct ferry__units *us = q->ctx->units[c->dev]; /* made before the chunk got its slot */
 
-	*round = (long)(c->unit_seq / us->n);
-	return &us->u[c->unit_seq % us->n];
+	*round = (long)(c->unit.seq / us->n);
+	return &us->u[c->unit.seq % us->n];
 }
 
 void ferry__units_wait(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
 	struct ferry__units *us = q->ctx->units[c->dev];
 	long round;
 	struct unit *u = unit_of(q, c, &round);
 
-	if (c->unit_ready)
+	if (c->unit.ready)
 		return;
-	c->unit_ready = true;
+	c->unit.ready = true;
 	if (round == 0)
 		return;
 	/* the previous round's pieces are all read (by workers that took them before this one) */
@@ -205,59 +206,57 @@ void ferry__units_wait(struct ferry__ioq *q, struct ferry__chunk *c)
 		sched_yield();
 	}
 	/* and its copy is out of the buffer: issued is round - 1 until this round's copy, so the
-	 * event is that copy's */
-	ferry__CUresult r;
-	while ((r = cu->EventQuery(u->ev)) == FERRY__CUDA_ERROR_NOT_READY)
+	 * ticket is that copy's; an error belongs to that copy, whose carrier reports it */
+	while (ferry__ring_query(us->ring, (unsigned)(c->unit.seq % us->n)) == 0)
 		;
-	/* an error here belongs to the copy of the previous round, whose carrier reports it */
-	(void)r;
 }
 
 bool ferry__units_arrive(struct ferry__ioq *q, struct ferry__chunk *c)
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
 	struct ferry__units *us = q->ctx->units[c->dev];
 	long round;
 	struct unit *u = unit_of(q, c, &round);
-	ferry__CUresult r;
+	int r;
 
 	if (atomic_load(&us->failed)) {
 		if (c->result >= 0)
 			c->result = us->err;
 		return false;
 	}
-	u->len[c->unit_idx] = (uint32_t)c->len;
-	u->off[c->unit_idx] = c->unit_off;
-	u->ok[c->unit_idx] = c->result == (int64_t)c->len;
-	if (atomic_fetch_add_explicit(&u->arrived, 1, memory_order_acq_rel) + 1 != c->unit_np)
+	u->len[c->unit.idx] = (uint32_t)c->len;
+	u->off[c->unit.idx] = c->unit.off;
+	u->ok[c->unit.idx] = c->result == (int64_t)c->len;
+	if (atomic_fetch_add_explicit(&u->arrived, 1, memory_order_acq_rel) + 1 != c->unit.np)
 		return false; /* read; the unit's last reader copies it */
 	/* the last piece: copy the unit (its good pieces, if one failed or came short) */
 	atomic_store_explicit(&u->arrived, 0, memory_order_relaxed);
 	bool all = true;
-	for (unsigned i = 0; i < c->unit_np; i++)
+	for (unsigned i = 0; i < c->unit.np; i++)
 		all &= u->ok[i];
-	const char *base = c->slot - c->unit_off;
-	ferry__CUdeviceptr dst = (ferry__CUdeviceptr)(uintptr_t)c->unit_base;
+	const char *base = c->bounce.slot - c->unit.off;
+	uint64_t dst = (uint64_t)(uintptr_t)c->unit.base;
 	if (all) {
-		r = cu->MemcpyHtoDAsync(dst, base, c->unit_bytes, us->stream);
+		r = ferry__ring_h2d(us->ring, dst, base, c->unit.bytes, true);
 	} else {
-		r = FERRY__CUDA_SUCCESS;
-		for (unsigned i = 0; i < c->unit_np && !r; i++)
+		r = 0;
+		for (unsigned i = 0; i < c->unit.np && !r; i++)
 			if (u->ok[i])
-				r = cu->MemcpyHtoDAsync(dst + u->off[i], base + u->off[i], u->len[i], us->stream);
+				r = ferry__ring_h2d(us->ring, dst + u->off[i], base + u->off[i], u->len[i], true);
 	}
-	ferry__CUresult re = r ? r : cu->EventRecord(u->ev, us->stream);
+	if (!r)
+		r = ferry__ring_record(us->ring, (unsigned)(c->unit.seq % us->n));
 	/* the next round may start even after a failure: its readers wait for issued, then the event */
 	atomic_store_explicit(&u->issued, round, memory_order_release);
 	q->stats[FERRY_STAT_UNIT_COPIES]++;
-	if (r || re) {
-		if (c->result >= 0)
-			c->result = ferry__cuda_fail(r ? r : re, "copy of a %zu-byte unit from %s (offset %llu)",
-						     c->unit_bytes, c->f->path,
-						     (unsigned long long)(c->off - c->unit_off));
+	if (r) {
+		if (c->result >= 0) {
+			ferry__error_append("copy of a %zu-byte unit from %s (offset %llu)", c->unit.bytes,
+					    c->f->path, (unsigned long long)(c->off - c->unit.off));
+			c->result = r;
+		}
 		return false;
 	}
-	return ferry__gpu_record_on(q, c, us->stream);
+	return ferry__gpu_record_on(q, c, us->ring);
 }
 
 void ferry__units_free(ferry_ctx *ctx)
@@ -268,17 +267,9 @@ void ferry__units_free(ferry_ctx *ctx)
 		struct ferry__units *us = ctx->units[d];
 		if (!us)
 			continue;
-		if (cu && ferry__cuda_set_device(d) == 0) {
-			if (us->stream)
-				cu->StreamSynchronize(us->stream);
-			for (unsigned i = 0; us->u && i < us->n; i++)
-				if (us->u[i].ev)
-					cu->EventDestroy(us->u[i].ev);
-			if (us->stream)
-				cu->StreamDestroy(us->stream);
-			if (us->mem)
-				cu->MemFreeHost(us->mem);
-		}
+		ferry__ring_destroy(us->ring); /* after the copies out of us->mem */
+		if (us->mem && cu && ferry__cuda_set_device(d) == 0)
+			cu->MemFreeHost(us->mem);
 		free(us->u);
 		free(us);
 		ctx->units[d] = NULL;

@@ -86,7 +86,7 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 	 * thread's next io_uring_enter with GETEVENTS (DEFER_TASKRUN, 6.1; needs SINGLE_ISSUER), as
 	 * fio 3.33 does: on /dev/shm, where every I/O goes to io-wq and its completion comes back
 	 * as task work, it took ferry bench's 4 KiB QD64 rows from 0.80-1.09x fio to 1.02-1.34x,
-	 * with less CPU per GB than fio (docs/PERFORMANCE.md, sixth session). TASKRUN_FLAG lets a
+	 * with less CPU per GB than fio (5 rounds on the GPU machine). TASKRUN_FLAG lets a
 	 * peek see that completions wait to be run. uring_defer=0 leaves it off (for comparison).
 	 */
 	bool defer = o->owner_only && !o->sqpoll && !o->no_defer;
@@ -203,7 +203,7 @@ static int uring_reap(struct ferry__ring *r, unsigned min, void **tags, int64_t 
 /*
  * A submit followed by a wait costs two io_uring_enter calls; one with GETEVENTS does both, and
  * returns at once when a completion is already there. For 262,144 reads of 4 KiB from tmpfs at
- * QD64 in batches, 183K io_uring_enter calls instead of 322K (docs/PERFORMANCE.md, fifth session).
+ * QD64 in batches, 183K io_uring_enter calls instead of 322K (ferry bench).
  */
 static int uring_submit_reap(struct ferry__ring *r, unsigned min, void **tags, int64_t *res, unsigned max)
 {
@@ -219,6 +219,7 @@ static int uring_submit_reap(struct ferry__ring *r, unsigned min, void **tags, i
 
 const struct ferry__backend_ops ferry__backend_uring = {
 	.name = "io_uring",
+	.caps = FERRY__CAP_HOST,
 	.probe = uring_probe,
 	.ring_init = uring_init,
 	.ring_exit = uring_exit,
@@ -247,10 +248,11 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 
 const struct ferry__backend_ops ferry__backend_uring = {
 	.name = "io_uring",
+	.caps = FERRY__CAP_HOST,
 	.probe = uring_probe,
 	.ring_init = uring_init,
 };
 #endif
 
-const struct ferry__backend_ops *const ferry__backends[] = {&ferry__backend_uring,
-							   &ferry__backend_psync, NULL};
+const struct ferry__backend_ops *const ferry__backends[] = {&ferry__backend_uring, &ferry__backend_psync,
+							   &ferry__backend_cufile, NULL};

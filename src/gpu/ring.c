@@ -12,9 +12,6 @@ struct ferry__ring_gpu {
 	ferry__CUstream stream;
 	ferry__CUevent *ev;
 	unsigned nev;
-	/* the in-flight queue: a circular buffer of ticket numbers, nev long */
-	unsigned *queue;
-	unsigned head, count;
 };
 
 /* The driver API with dev current on this thread, or NULL with the failure in *err. */
@@ -39,18 +36,11 @@ int ferry__ring_reserve(struct ferry__ring_gpu *r, unsigned n)
 {
 	if (n <= r->nev)
 		return 0;
-	if (r->count)
-		return ferry__error(-EBUSY, "copy ring: %u tickets in flight while growing", r->count);
 	USE(r->dev);
 	ferry__CUevent *ev = realloc(r->ev, n * sizeof(*ev));
 	if (!ev)
 		return ferry__error(-ENOMEM, "copy ring: %u events", n);
 	r->ev = ev;
-	unsigned *q = realloc(r->queue, n * sizeof(*q));
-	if (!q)
-		return ferry__error(-ENOMEM, "copy ring: %u tickets", n);
-	r->queue = q;
-	r->head = 0;
 	/* spin: no BLOCKING_SYNC, so a synchronize polls; else the waiting thread sleeps */
 	unsigned flags = FERRY__CU_EVENT_DISABLE_TIMING | (r->flags & FERRY__RING_SPIN ? 0 : FERRY__CU_EVENT_BLOCKING_SYNC);
 	while (r->nev < n) {
@@ -100,7 +90,6 @@ void ferry__ring_destroy(struct ferry__ring_gpu *r)
 		cu->StreamDestroy(r->stream);
 	}
 	free(r->ev);
-	free(r->queue);
 	free(r);
 }
 
@@ -130,12 +119,6 @@ int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n
 		return CU_CALL(cu->MemcpyDtoH(dst, (ferry__CUdeviceptr)src, n), "cuMemcpyDtoH of %zu bytes", n);
 	return CU_CALL(cu->MemcpyDtoHAsync(dst, (ferry__CUdeviceptr)src, n, r->stream),
 		       "cuMemcpyDtoHAsync of %zu bytes", n);
-}
-
-int ferry__ring_after(struct ferry__ring_gpu *r, void *event)
-{
-	USE(r->dev);
-	return CU_CALL(cu->StreamWaitEvent(r->stream, (ferry__CUevent)event, 0), "cuStreamWaitEvent");
 }
 
 static int record_on(struct ferry__ring_gpu *r, unsigned t, ferry__CUstream s)
@@ -179,36 +162,6 @@ int ferry__ring_drain(struct ferry__ring_gpu *r)
 {
 	USE(r->dev);
 	return CU_CALL(cu->StreamSynchronize(r->stream), "cuStreamSynchronize");
-}
-
-int ferry__ring_mark(struct ferry__ring_gpu *r, unsigned t, const struct ferry__ring_gpu *on)
-{
-	int err = record_on(r, t, on ? on->stream : r->stream);
-	if (err)
-		return err;
-	r->queue[(r->head + r->count) % r->nev] = t;
-	r->count++;
-	return 0;
-}
-
-unsigned ferry__ring_pending(const struct ferry__ring_gpu *r)
-{
-	return r->count;
-}
-
-int ferry__ring_next(struct ferry__ring_gpu *r, bool block, unsigned *t)
-{
-	if (!r->count)
-		return 0;
-	USE(r->dev);
-	unsigned oldest = r->queue[r->head];
-	ferry__CUresult e = block ? cu->EventSynchronize(r->ev[oldest]) : cu->EventQuery(r->ev[oldest]);
-	if (e == FERRY__CUDA_ERROR_NOT_READY)
-		return 0;
-	r->head = (r->head + 1) % r->nev;
-	r->count--;
-	*t = oldest;
-	return e ? ferry__cuda_fail(e, "a copy on the GPU") : 1;
 }
 
 /* ----------------------------------------------------------------------------------- fences */
@@ -270,9 +223,10 @@ int ferry__fence_sync(void *fence)
 	return CU_CALL(cu->EventSynchronize(f->ev), "waiting for a fence");
 }
 
-int ferry__ring_after_fence(struct ferry__ring_gpu *r, void *fence)
+int ferry__ring_after(struct ferry__ring_gpu *r, void *fence)
 {
-	return ferry__ring_after(r, ((struct fence *)fence)->ev);
+	USE(r->dev);
+	return CU_CALL(cu->StreamWaitEvent(r->stream, ((struct fence *)fence)->ev, 0), "cuStreamWaitEvent");
 }
 
 /* ---------------------------------------------------------------------------- device memory */

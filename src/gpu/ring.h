@@ -6,12 +6,11 @@
  * (a chunk, a slot, a batch), numbered 0..n-1. Copies queued on the ring run in order on its stream;
  * host memory that is not pinned is copied synchronously instead (a copy from pageable memory with
  * the async call would be synchronous anyway, and slower: the caller says which it has), so a user
- * never writes a second path. Tickets say when a copy is over:
- *   - ferry__ring_record(r, t) records ticket t after everything queued so far, and
- *     ferry__ring_query / ferry__ring_sync ask about it: any thread may do these.
- *   - ferry__ring_mark(r, t) records t and also puts it at the back of the ring's in-flight queue;
- *     ferry__ring_next hands back finished tickets from its front, oldest first. The queue is the
- *     owning thread's (a worker's ring): no locks.
+ * never writes a second path. Tickets say when a copy is over: ferry__ring_record(r, t) records
+ * ticket t after everything queued so far (several small copies, then one ticket: a batch), and
+ * ferry__ring_query / ferry__ring_sync ask about it. The order in which tickets are waited for is
+ * the user's (the engine keeps its chunks in issue order). Once made, a ring's calls only read it:
+ * several threads may share one (the copy units of a device do).
  * Every call makes the ring's device current on the calling thread; a caller's thread that must
  * keep its own context (the checkpoint writer runs on the user's thread) brackets its calls with
  * ferry__gpu_enter / ferry__gpu_leave.
@@ -36,7 +35,7 @@ struct ferry__ring_gpu;
 int ferry__ring_create(int dev, unsigned ntickets, unsigned flags, struct ferry__ring_gpu **out);
 /* Waits for everything queued, then frees the stream and events. NULL is accepted. */
 void ferry__ring_destroy(struct ferry__ring_gpu *r);
-/* At least n tickets (existing tickets keep their numbers; the queue must be empty). */
+/* At least n tickets (existing tickets keep their numbers). */
 int ferry__ring_reserve(struct ferry__ring_gpu *r, unsigned n);
 int ferry__ring_device(const struct ferry__ring_gpu *r);
 /* The ring's stream (a CUstream), for work that must be ordered with its copies (cuFile's stream
@@ -48,10 +47,9 @@ void *ferry__ring_stream(const struct ferry__ring_gpu *r);
 int ferry__ring_h2d(struct ferry__ring_gpu *r, uint64_t dst, const void *src, size_t n, bool pinned);
 /* Copies n bytes from device address src to host memory dst, likewise. */
 int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n, bool pinned);
-/* Work queued on the ring from now on waits (on the GPU) for a CUevent recorded on another stream
- * (the start event of a stream-ordered request), or for a fence. */
-int ferry__ring_after(struct ferry__ring_gpu *r, void *event);
-int ferry__ring_after_fence(struct ferry__ring_gpu *r, void *fence);
+/* Work queued on the ring from now on waits (on the GPU) for a fence: work of another stream (the
+ * start of a stream-ordered request, a consumer's use of a buffer). */
+int ferry__ring_after(struct ferry__ring_gpu *r, void *fence);
 
 /* Records ticket t after everything queued so far. */
 int ferry__ring_record(struct ferry__ring_gpu *r, unsigned t);
@@ -65,17 +63,6 @@ int ferry__ring_query(struct ferry__ring_gpu *r, unsigned t);
 int ferry__ring_sync(struct ferry__ring_gpu *r, unsigned t);
 /* Waits for everything queued on the ring. */
 int ferry__ring_drain(struct ferry__ring_gpu *r);
-
-/* Records ticket t (as ferry__ring_record, or on `on`'s stream when on is not NULL) and queues it. */
-int ferry__ring_mark(struct ferry__ring_gpu *r, unsigned t, const struct ferry__ring_gpu *on);
-/* Tickets in the in-flight queue. */
-unsigned ferry__ring_pending(const struct ferry__ring_gpu *r);
-/*
- * The oldest queued ticket, when it is done: returns 1 with *t set and the ticket dequeued; 0 when
- * the oldest is still running or nothing is queued; with block, waits for the oldest instead. A
- * failed copy is dequeued too: it returns a negative code with *t set.
- */
-int ferry__ring_next(struct ferry__ring_gpu *r, bool block, unsigned *t);
 
 /* A fence: an event recorded on a stream that is not a ring's (the caller's stream), which a ring
  * can wait for (ferry__ring_after) and the host can query. */

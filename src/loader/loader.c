@@ -560,7 +560,7 @@ static int slot_buffer(struct worker *w, struct ferry_loader_batch *s)
 	pthread_mutex_unlock(&l->mu);
 	if (b) {
 		s->buf = b;
-		int r = ferry__ring_after_fence(w->ring, b->fence);
+		int r = ferry__ring_after(w->ring, b->fence);
 		if (r)
 			ferry__error_append("loader: waiting for a batch buffer's release");
 		return r;

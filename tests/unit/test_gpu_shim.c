@@ -18,6 +18,7 @@
 #include "ferry_test.h"
 #include "gpu/ring.h"
 #include "gpu/shim.h"
+#include "engine/engine.h"
 
 #define HAS(hay, needle) has_((hay), (needle), #hay, __FILE__, __LINE__)
 
@@ -543,6 +544,147 @@ static int sc_cufile_ok(void)
 	return t_result();
 }
 
+/*
+ * The cufile backend, an ops set like psync and io_uring. With the fake CUDA's device memory (host
+ * memory it calls device memory) and the fake cuFile (pread and pwrite underneath, its batch API
+ * doing each op at submit), device writes and reads through path=gds (a cuFileWrite or cuFileRead
+ * per op) and path=gds-batch (cuFile's batch API) land every byte in its place across several
+ * chunks, a read past the end comes back short, and the file's path info names the mode. The
+ * backend's own ring gives a failed op back with its tag and -errno.
+ */
+static int sc_cufile_io(void)
+{
+	enum { N = 3 << 20 };
+	static const char *const modes[] = {"gds", "gds-batch"};
+	char path[4200], why[1024];
+	uint8_t *src = malloc(N), *back = malloc(N);
+	void *d0 = NULL, *d1 = NULL;
+
+	T_ASSERT(src && back);
+	for (size_t i = 0; i < N; i++)
+		src[i] = (uint8_t)(i * 13 + (i >> 16));
+	T_EQ_INT(ferry_gpu_malloc(0, N, &d0), 0);
+	T_EQ_INT(ferry_gpu_malloc(0, N, &d1), 0);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d0, src, N), 0);
+	snprintf(path, sizeof(path), "%s/cufile_io.bin", t_tmpdir());
+	for (int m = 0; m < 2; m++) {
+		ferry_ctx *ctx;
+		ferry_file *f;
+		unlink(path);
+		T_ASSERT(ferry_ctx_create(&ctx) == 0);
+		T_EQ_INT(ferry_ctx_set(ctx, "path", modes[m]), 0);
+		T_EQ_INT(ferry_ctx_set(ctx, "chunk_size", "1m"), 0);
+		T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDWR | FERRY_O_CREAT, &f) == 0);
+		if (!ferry_file_is_direct(f)) {
+			ferry_file_destroy(f);
+			ferry_ctx_destroy(ctx);
+			printf("skipped: %s refuses O_DIRECT, which cuFile needs\n", t_tmpdir());
+			return T_EXIT_SKIP;
+		}
+		T_EQ_INT(ferry_pwrite(f, d0, N, 0), N);
+		memset(back, 0, N);
+		T_EQ_INT(ferry_gpu_memcpy_htod(d1, back, N), 0);
+		T_EQ_INT(ferry_pread(f, d1, N, 0), N);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+		T_CHECK(memcmp(back, src, N) == 0);
+		T_EQ_INT(ferry_pread(f, d1, 1 << 20, N - 4096), 4096);
+		/* cuFile did the I/O, per call or in batches: 3 + 3 one-MiB chunks, and the short read's
+		 * two (its range crosses the 3 MiB boundary) */
+		T_EQ_INT(fake_counter("FERRY_CUFILE_LIBRARY", m ? "fake_batch_ops" : "fake_rw_calls"), 8);
+		ferry_file_destroy(f);
+		ferry_ctx_destroy(ctx);
+	}
+	unlink(path);
+
+	const struct ferry__backend_ops *cf = &ferry__backend_cufile;
+	struct ferry__ring *r;
+	void *tag = NULL;
+	int64_t res = 0;
+	char buf[16];
+	T_EQ_INT(cf->probe(why, sizeof(why)), 0);
+	T_ASSERT(cf->ring_init(&r, 4, NULL) == 0);
+	struct ferry__op bad = {.fd = -1, .fixed_file = -1, .buf_index = -1, .handle = (void *)(size_t)(0x1000 - 1),
+				.dev = 0, .addr = buf, .len = sizeof(buf), .tag = buf};
+	T_EQ_INT(cf->prep(r, &bad), 0);
+	T_EQ_INT(cf->submit(r), 1);
+	T_EQ_INT(cf->reap(r, 1, &tag, &res, 1), 1);
+	T_CHECK(tag == buf);
+	T_EQ_INT(res, -EBADF);
+	cf->ring_exit(r);
+	T_EQ_INT(ferry_gpu_free(d0), 0);
+	T_EQ_INT(ferry_gpu_free(d1), 0);
+	free(src);
+	free(back);
+	return t_result();
+}
+
+/*
+ * The engine's bounce path on the fake CUDA: device memory written to a file and read back through
+ * the copy ring in each mode that stages through pinned slots (cpu-gpu: synchronous copies;
+ * cpu-async-gpu and auto: asynchronous, a ticket per chunk; pagecache-gpu: buffered reads), whole
+ * and at an unaligned offset, length and address; the resident file read in copy units (1 MiB units
+ * of 256 KiB chunks, on the device's shared unit ring); and a stream-ordered read (a fence on the
+ * caller's stream).
+ */
+static int sc_bounce(void)
+{
+	enum { N = (5 << 20) + 12345, U = 100001, UOFF = 4097 };
+	static const char *const modes[] = {"cpu-gpu", "cpu-async-gpu", "pagecache-gpu", "auto"};
+	char path[4200];
+	uint8_t *src = malloc(N), *back = malloc(N);
+	void *d0 = NULL, *d1 = NULL;
+
+	T_ASSERT(src && back);
+	for (size_t i = 0; i < N; i++)
+		src[i] = (uint8_t)(i * 29 + (i >> 12));
+	T_EQ_INT(ferry_gpu_malloc(1, N, &d0), 0);
+	T_EQ_INT(ferry_gpu_malloc(1, N, &d1), 0);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d0, src, N), 0);
+	snprintf(path, sizeof(path), "%s/bounce.bin", t_tmpdir());
+	for (int m = 0; m < 4; m++) {
+		ferry_ctx *ctx;
+		ferry_file *f;
+		ferry_req *req;
+		unlink(path);
+		T_ASSERT(ferry_ctx_create(&ctx) == 0);
+		T_EQ_INT(ferry_ctx_set(ctx, "path", modes[m]), 0);
+		T_EQ_INT(ferry_ctx_set(ctx, "chunk_size", "256k"), 0);
+		T_EQ_INT(ferry_ctx_set(ctx, "copy_unit", "1m"), 0);
+		T_EQ_INT(ferry_ctx_set(ctx, "threads", "2"), 0);
+		T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDWR | FERRY_O_CREAT, &f) == 0);
+		T_EQ_INT(ferry_pwrite(f, d0, N, 0), N);
+		/* the O_DIRECT write left nothing in the page cache: a buffered read puts it there */
+		int fd = open(path, O_RDONLY);
+		T_ASSERT(fd >= 0);
+		T_EQ_INT(pread(fd, back, N, 0), N);
+		close(fd);
+		T_CHECK(memcmp(back, src, N) == 0);
+		memset(back, 0, N);
+		T_EQ_INT(ferry_gpu_memcpy_htod(d1, back, N), 0);
+		T_EQ_INT(ferry_pread(f, d1, N, 0), N);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+		T_CHECK(memcmp(back, src, N) == 0);
+		T_EQ_INT(ferry_pread(f, (char *)d1 + 3, U, UOFF), U);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, (char *)d1 + 3, U), 0);
+		T_CHECK(memcmp(back, src + UOFF, U) == 0);
+		T_EQ_INT(ferry_pread_stream(f, d1, N, 0, NULL, &req), 0);
+		T_EQ_INT(ferry_req_wait(req, -1), N);
+		ferry_req_destroy(req);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+		T_CHECK(memcmp(back, src, N) == 0);
+		if (m == 1 || m == 3) /* the file is in the page cache: its reads went in copy units */
+			T_CHECK(ferry_ctx_stat(ctx, FERRY_STAT_UNIT_COPIES) > 0);
+		ferry_file_destroy(f);
+		ferry_ctx_destroy(ctx);
+	}
+	unlink(path);
+	T_EQ_INT(ferry_gpu_free(d0), 0);
+	T_EQ_INT(ferry_gpu_free(d1), 0);
+	free(src);
+	free(back);
+	return t_result();
+}
+
 static int sc_cufile_missing(void)
 {
 	char why[1024];
@@ -634,6 +776,7 @@ static const struct fake fakes[] = {
 	{ "cuda_zero.so", "fake_libcuda.c", "-DFAKE_DEVICES=0" },
 	{ "cufile_5027.so", "fake_libcufile.c", "-DFAKE_REGISTER_RESULT=5027 -DFAKE_CLOSE_V2" },
 	{ "cufile_ok.so", "fake_libcufile.c", "-DcuFileBatchIOCancel=renamed_1" },
+	{ "cufile_batch.so", "fake_libcufile.c", "" },
 	{ "cufile_missing.so", "fake_libcufile.c", "-DcuFileRead=renamed_1 -DFAKE_CLOSE_V2" },
 	{ "cufile_open.so", "fake_libcufile.c", "-DFAKE_OPEN_RESULT=5001 -DFAKE_CLOSE_V2" },
 	{ "nvml_ok.so", "fake_libnvml.c", "" },
@@ -658,6 +801,8 @@ static const struct scenario scenarios[] = {
 	{ "fake_attrs", sc_fake_attrs, "cuda_attrs.so", NX "c", NX "n" },
 	{ "cufile_5027", sc_cufile_5027, "cuda_ok.so", "cufile_5027.so", NX "n" },
 	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
+	{ "cufile_io", sc_cufile_io, "cuda_ok.so", "cufile_batch.so", NX "n" },
+	{ "bounce", sc_bounce, "cuda_ok.so", NX "c", NX "n" },
 	{ "cufile_missing", sc_cufile_missing, "cuda_ok.so", "cufile_missing.so", NX "n" },
 	{ "cufile_open", sc_cufile_open, "cuda_ok.so", "cufile_open.so", NX "n" },
 	{ "cufile_nocuda", sc_cufile_nocuda, NX "libcuda.so.1", "cufile_ok.so", NX "n" },

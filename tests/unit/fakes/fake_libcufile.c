@@ -28,7 +28,8 @@ typedef struct {
 	const void *fs_ops;
 } CUfileDescr_t;
 
-static int opens, live, registers;
+static int opens, live, registers, batch_ops;
+API int fake_batch_ops(void) { return batch_ops; }
 static const CUfileError_t ok = { 0, 0 };
 
 API int fake_opens(void) { return opens; }
@@ -53,15 +54,69 @@ API void cuFileHandleDeregister(void *fh) { if (fh) live--; }
 API CUfileError_t cuFileBufRegister(const void *p, size_t n, int f) { (void)p; (void)n; (void)f; return ok; }
 API CUfileError_t cuFileBufDeregister(const void *p) { (void)p; return ok; }
 /* the fake's "device memory" is host memory: plain pread/pwrite on the registered fd */
-API ssize_t cuFileRead(void *fh, void *p, size_t n, off_t fo, off_t bo) { return pread((int)((size_t)fh - 0x1000), (char *)p + bo, n, fo); }
-API ssize_t cuFileWrite(void *fh, const void *p, size_t n, off_t fo, off_t bo) { return pwrite((int)((size_t)fh - 0x1000), (const char *)p + bo, n, fo); }
+static int rw;
+API int fake_rw_calls(void) { return rw; }
+API ssize_t cuFileRead(void *fh, void *p, size_t n, off_t fo, off_t bo) { rw++; return pread((int)((size_t)fh - 0x1000), (char *)p + bo, n, fo); }
+API ssize_t cuFileWrite(void *fh, const void *p, size_t n, off_t fo, off_t bo) { rw++; return pwrite((int)((size_t)fh - 0x1000), (const char *)p + bo, n, fo); }
 API CUfileError_t cuFileGetVersion(int *v) { *v = 1150; return ok; }
 API CUfileError_t cuFileReadAsync(void *fh, void *p, size_t *n, off_t *fo, off_t *bo, ssize_t *r, void *s) { (void)fh; (void)p; (void)fo; (void)bo; (void)s; *r = (ssize_t)*n; return ok; }
 API CUfileError_t cuFileWriteAsync(void *fh, void *p, size_t *n, off_t *fo, off_t *bo, ssize_t *r, void *s) { (void)fh; (void)p; (void)fo; (void)bo; (void)s; *r = (ssize_t)*n; return ok; }
 API CUfileError_t cuFileStreamRegister(void *s, unsigned f) { (void)s; (void)f; return ok; }
 API CUfileError_t cuFileStreamDeregister(void *s) { (void)s; return ok; }
-API CUfileError_t cuFileBatchIOSetUp(void **b, unsigned n) { (void)n; *b = (void *)1; return ok; }
-API CUfileError_t cuFileBatchIOSubmit(void *b, unsigned n, void *p, unsigned f) { (void)b; (void)n; (void)p; (void)f; return ok; }
-API CUfileError_t cuFileBatchIOGetStatus(void *b, unsigned m, unsigned *n, void *e, void *t) { (void)b; (void)m; (void)e; (void)t; *n = 0; return ok; }
+/* the batch API: each op is done at submit (pread/pwrite, as above) and its event kept until a
+ * status call takes it; at most FAKE_BATCH events outstanding */
+#define FAKE_BATCH 256
+typedef struct {
+	int mode;
+	union {
+		struct {
+			void *devPtr_base;
+			off_t file_offset;
+			off_t devPtr_offset;
+			size_t size;
+		} batch;
+	} u;
+	void *fh;
+	int opcode;
+	void *cookie;
+} CUfileIOParams_t;
+typedef struct {
+	void *cookie;
+	int status;
+	size_t ret;
+} CUfileIOEvents_t;
+static CUfileIOEvents_t done_ev[FAKE_BATCH];
+static unsigned ndone;
+API CUfileError_t cuFileBatchIOSetUp(void **b, unsigned n) { (void)n; *b = (void *)1; ndone = 0; return ok; }
+API CUfileError_t cuFileBatchIOSubmit(void *b, unsigned n, CUfileIOParams_t *p, unsigned f)
+{
+	(void)b;
+	(void)f;
+	if (ndone + n > FAKE_BATCH)
+		return (CUfileError_t){ 5022, 0 };
+	batch_ops += (int)n;
+	for (unsigned i = 0; i < n; i++) {
+		char *buf = (char *)p[i].u.batch.devPtr_base + p[i].u.batch.devPtr_offset;
+		ssize_t r = p[i].opcode ? cuFileWrite(p[i].fh, buf, p[i].u.batch.size, p[i].u.batch.file_offset, 0)
+					: cuFileRead(p[i].fh, buf, p[i].u.batch.size, p[i].u.batch.file_offset, 0);
+		done_ev[ndone++] = (CUfileIOEvents_t){ p[i].cookie, r < 0 ? 0x40 /* FAILED */ : 0x10 /* COMPLETE */, (size_t)r };
+	}
+	return ok;
+}
+API CUfileError_t cuFileBatchIOGetStatus(void *b, unsigned m, unsigned *n, CUfileIOEvents_t *e, void *t)
+{
+	(void)b;
+	(void)t;
+	unsigned k = ndone < *n ? ndone : *n;
+	if (k < m)
+		return (CUfileError_t){ 5022, 0 }; /* would wait for ever: nothing else is in flight */
+	for (unsigned i = 0; i < k; i++)
+		e[i] = done_ev[i];
+	for (unsigned i = k; i < ndone; i++)
+		done_ev[i - k] = done_ev[i];
+	ndone -= k;
+	*n = k;
+	return ok;
+}
 API CUfileError_t cuFileBatchIOCancel(void *b) { (void)b; return ok; }
 API void cuFileBatchIODestroy(void *b) { (void)b; }
