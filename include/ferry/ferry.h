@@ -137,7 +137,8 @@ FERRY_API FERRY_WUR int ferry_ctx_start(ferry_ctx *ctx);
  * needed ("none" when none works: the error detail says why). Does not start the workers.
  */
 FERRY_API const char *ferry_ctx_backend(ferry_ctx *ctx);
-/* Why a backend is not usable here ("" if it is), e.g. "io_uring: kernel.io_uring_disabled=2". */
+/* Why a backend (psync, io_uring, cufile) is not usable here ("" if it is), e.g.
+ * "io_uring: kernel.io_uring_disabled=2". */
 FERRY_API const char *ferry_backend_unavailable_reason(const char *backend);
 
 /* Statistics counters, monotonically increasing over the context's life. */
