@@ -126,15 +126,16 @@ int ferry__tmp_create(int dirfd, const char *final, mode_t mode, int extra, stru
 	return r ? r : ferry__error(-EEXIST, "%s: 8 random temporary names beside it all exist", final);
 }
 
-static int rename_noreplace(int dirfd, const char *from, const char *to);
+static int rename_noreplace(int from_dirfd, const char *from, int to_dirfd, const char *to);
 
-int ferry__tmp_adopt(int dirfd, const char *from, const char *final, int extra, struct ferry__tmpfile *t)
+int ferry__tmp_adopt(int dirfd, int from_dirfd, const char *from, const char *final, int extra,
+		     struct ferry__tmpfile *t)
 {
 	int r = tmp_init(dirfd, final, t);
 	for (int tries = 0; !r && tries < 8; tries++) {
 		if ((r = tmp_name(t)))
 			break;
-		r = rename_noreplace(dirfd, from, t->name);
+		r = rename_noreplace(from_dirfd, from, dirfd, t->name);
 		if (r == -EEXIST) { /* the fresh name exists: planted */
 			r = 0;
 			continue;
@@ -156,15 +157,15 @@ int ferry__tmp_adopt(int dirfd, const char *from, const char *final, int extra, 
 }
 
 /* rename without replacing: renameat2 where the file system has it, else link and unlink. */
-static int rename_noreplace(int dirfd, const char *from, const char *to)
+static int rename_noreplace(int from_dirfd, const char *from, int to_dirfd, const char *to)
 {
-	if (renameat2(dirfd, from, dirfd, to, RENAME_NOREPLACE) == 0)
+	if (renameat2(from_dirfd, from, to_dirfd, to, RENAME_NOREPLACE) == 0)
 		return 0;
 	if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
 		return -errno;
-	if (linkat(dirfd, from, dirfd, to, 0))
+	if (linkat(from_dirfd, from, to_dirfd, to, 0))
 		return -errno;
-	unlinkat(dirfd, from, 0); /* both names are the file now: the temporary's is debris at worst */
+	unlinkat(from_dirfd, from, 0); /* both names are the file now: the temporary's is debris at worst */
 	return 0;
 }
 
@@ -178,11 +179,13 @@ int ferry__tmp_commit(struct ferry__tmpfile *t, int flags)
 	t->fd = -1;
 	if (close(fd))
 		return ferry__error(-errno, "close(%s): %s", t->name, strerror(errno));
-	int r = flags & FERRY__DURABLE_NOREPLACE ? rename_noreplace(t->dirfd, t->name, t->final)
+	int r = flags & FERRY__DURABLE_NOREPLACE ? rename_noreplace(t->dirfd, t->name, t->dirfd, t->final)
 						 : renameat(t->dirfd, t->name, t->dirfd, t->final) ? -errno : 0;
 	if (r)
 		return ferry__error(r, "rename(%s, %s): %s", t->name, t->final, strerror(-r));
 	t->name[0] = '\0'; /* no longer ours to remove */
+	if (flags & FERRY__DURABLE_NODIRSYNC)
+		return 0;
 	r = ferry__fsync_dirfd(t->dirfd, t->final);
 	if (r)
 		ferry__error_append("%s is in place, its directory entry may not be durable", t->final);

@@ -23,6 +23,8 @@
 /* Flags of ferry__tmp_commit and ferry__durable_write. */
 #define FERRY__DURABLE_NOREPLACE 0x1 /* -EEXIST if the final name exists (RENAME_NOREPLACE or link) */
 #define FERRY__DURABLE_NOSYNC 0x2    /* the caller has fsynced the file's data itself */
+#define FERRY__DURABLE_NODIRSYNC 0x4 /* ferry__tmp_commit: the caller fsyncs the directory (or, for a
+				      * benchmark of the non-durable cost, does not) */
 
 /*
  * Opens dir as a directory (O_DIRECTORY|O_CLOEXEC), refusing a symlink as its last component
@@ -60,13 +62,15 @@ struct ferry__tmpfile {
  */
 int ferry__tmp_create(int dirfd, const char *final, mode_t mode, int extra, struct ferry__tmpfile *t);
 /*
- * Takes the existing file dirfd/from (a recycled shard) as the temporary for final: renames it,
- * never replacing anything, to a fresh "<final>.tmp-<random>" and opens it (O_NOFOLLOW, with
+ * Takes the existing file from_dirfd/from (a recycled shard, in dirfd or another directory of the
+ * same file system) as the temporary for final in dirfd: renames it, never replacing anything, to
+ * a fresh "<final>.tmp-<random>" and opens it (O_NOFOLLOW, with
  * extra flags). Returns 1 (t as from ferry__tmp_create), 0 when from does not exist (nothing
  * done), or a negative code. The caller checks what it got (a plain file, one link) through t->fd
  * and calls ferry__tmp_abort to drop it.
  */
-int ferry__tmp_adopt(int dirfd, const char *from, const char *final, int extra, struct ferry__tmpfile *t);
+int ferry__tmp_adopt(int dirfd, int from_dirfd, const char *from, const char *final, int extra,
+		     struct ferry__tmpfile *t);
 /*
  * fsyncs the file (unless FERRY__DURABLE_NOSYNC), closes it, renames it to its final name
  * (FERRY__DURABLE_NOREPLACE: refusing to replace one) and fsyncs the directory. On failure before

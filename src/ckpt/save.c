@@ -115,7 +115,11 @@ struct job {
 	ferry_st_writer *w;
 	ferry_ctx *ctx;
 	ferry_file *f;
-	char *path, *tmp;
+	char *path;
+	const char *name; /* path's last component (inside path) */
+	int dfd;          /* path's directory, opened once: the file is made and renamed in it */
+	struct ferry__tmpfile t; /* the temporary, under an unpredictable name, until the commit */
+	char *tmp;        /* its path, for the engine's open and for messages */
 	char *reuse; /* a pruned file to write over instead of a new one (checkpoints), or NULL */
 	int flags;
 	char *hdr; /* data_start - 8 bytes of header, then spaces */
@@ -163,7 +167,6 @@ struct ferry_st_writer {
 	struct writer_knobs knobs;
 };
 
-static unsigned long save_seq;
 
 int ferry_st_writer_create(ferry_ctx *ctx, ferry_st_writer **out)
 {
@@ -451,16 +454,13 @@ static int lay_out(int fd, const char *tmp, uint64_t from, uint64_t size, int mo
  * preallocate (EOPNOTSUPP: NFS before 4.2, some FUSE) gets ftruncate instead, as before; only a
  * refusal that a write would meet too (no space, quota, too big) is an error, and an early one.
  */
-static int create_laid_out(const char *tmp, uint64_t size, int mode, int *prealloc)
+static int create_laid_out(struct job *j, uint64_t size)
 {
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-	if (fd < 0)
-		return ferry__error(-errno, "open(%s): %s", tmp, strerror(errno));
-	int r = lay_out(fd, tmp, 0, size, mode, prealloc);
-	if (close(fd) && !r)
-		r = ferry__error(-errno, "close(%s): %s", tmp, strerror(errno));
+	int r = ferry__tmp_create(j->dfd, j->name, 0644, 0, &j->t);
+	if (!r)
+		r = lay_out(j->t.fd, j->t.name, 0, size, j->prealloc_mode, &j->prealloc);
 	if (r)
-		unlink(tmp);
+		ferry__tmp_abort(&j->t);
 	return r;
 }
 
@@ -472,16 +472,21 @@ static int create_laid_out(const char *tmp, uint64_t size, int mode, int *preall
  * 0 when the file is not to be reused (absent, not a plain file, linked elsewhere, or open in
  * another process: the caller then makes a new file), or an error that a new file would meet too.
  */
-static int reuse_laid_out(const char *from, const char *tmp, uint64_t size, int mode, int *prealloc)
+static int reuse_laid_out(struct job *j, uint64_t size)
 {
-	if (rename(from, tmp))
-		return 0; /* ENOENT: nothing to recycle, or another save took it first */
-	int fd = open(tmp, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
+	const char *from, *why = NULL;
+	int rdfd = ferry__dir_open_parent(j->reuse, 0, &from); /* ferry made recycle/: never a symlink */
+	if (rdfd < 0)
+		return 0; /* no recycle directory: nothing to recycle */
+	int r = ferry__tmp_adopt(j->dfd, rdfd, from, j->name, 0, &j->t);
+	close(rdfd);
+	if (r < 0) /* a symlink planted there, another file system, ...: a new file instead */
+		FERRY__LOG(FERRY__LOG_INFO, "%s: not recycled (%s); a new file instead", j->reuse, ferry_last_error());
+	if (r <= 0) /* 0: absent, or another save took it first */
+		return 0;
+	int fd = j->t.fd;
 	struct stat st;
-	const char *why = NULL;
-	if (fd < 0)
-		why = "cannot open it";
-	else if (fstat(fd, &st) || !S_ISREG(st.st_mode))
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode))
 		why = "not a plain file";
 	else if (st.st_nlink != 1)
 		why = "it has other links"; /* e.g. `cp -al` kept a copy of the pruned step */
@@ -491,26 +496,36 @@ static int reuse_laid_out(const char *from, const char *tmp, uint64_t size, int 
 		 * that case; EINVAL, EACCES (NFS, another owner) mean it cannot be known: not reused. */
 		why = errno == EAGAIN ? "another process has it open" : "no lease to prove it unused";
 	if (why) {
-		FERRY__LOG(FERRY__LOG_INFO, "%s: not recycled (%s); a new file instead", from, why);
-		if (fd >= 0)
-			close(fd);
-		unlink(tmp);
+		FERRY__LOG(FERRY__LOG_INFO, "%s: not recycled (%s); a new file instead", j->reuse, why);
+		ferry__tmp_abort(&j->t);
 		return 0;
 	}
 	(void)fcntl(fd, F_SETLEASE, F_UNLCK);
-	int r = 0;
-	*prealloc = 0;
+	r = 0;
+	j->prealloc = 0;
 	if ((uint64_t)st.st_size > size) {
 		if (ftruncate(fd, (off_t)size))
-			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", tmp, (unsigned long long)size, strerror(errno));
-	} else {
-		r = lay_out(fd, tmp, (uint64_t)st.st_size, size, mode, prealloc); /* the new part, as a new file's */
+			r = ferry__error(-errno, "ftruncate(%s, %llu): %s", j->t.name, (unsigned long long)size,
+					 strerror(errno));
+	} else { /* the new part, as a new file's */
+		r = lay_out(fd, j->t.name, (uint64_t)st.st_size, size, j->prealloc_mode, &j->prealloc);
 	}
-	if (close(fd) && !r)
-		r = ferry__error(-errno, "close(%s): %s", tmp, strerror(errno));
 	if (r)
-		unlink(tmp);
+		ferry__tmp_abort(&j->t);
 	return r ? r : 1;
+}
+
+/* The temporary's path (beside the final name), for the engine's open and for messages. */
+static int tmp_path(struct job *j)
+{
+	size_t dl = (size_t)(j->name - j->path);
+	free(j->tmp);
+	j->tmp = malloc(dl + strlen(j->t.name) + 1);
+	if (!j->tmp)
+		return ferry__error(-ENOMEM, "%s: save", j->path);
+	memcpy(j->tmp, j->path, dl);
+	strcpy(j->tmp + dl, j->t.name);
+	return 0;
 }
 
 static void job_fail(struct job *j, int64_t err)
@@ -530,8 +545,9 @@ static void job_free(struct job *j)
 		ferry__pinned_free(j->w->pool, j->slots[i].buf);
 	free(j->slots);
 	ferry_file_destroy(j->f);
-	if (j->tmp)
-		unlink(j->tmp); /* a no-op once renamed: the name is gone */
+	ferry__tmp_abort(&j->t); /* the temporary this save made, if not committed; nothing else */
+	if (j->dfd >= 0)
+		close(j->dfd);
 	free(j->tmp);
 	free(j->path);
 	free(j->reuse);
@@ -575,13 +591,14 @@ static int64_t consume(struct job *j)
 	 * is taken, and laying out a file of the state's size (fallocate; on tmpfs that allocates
 	 * its memory) is the writer's work. Its errors are reported like a write's. */
 	if (!err) {
-		int r = j->reuse ? reuse_laid_out(j->reuse, j->tmp, j->data_start + j->total, j->prealloc_mode,
-						  &j->prealloc) : 0;
+		int r = j->reuse ? reuse_laid_out(j, j->data_start + j->total) : 0;
 		j->recycled = r == 1;
 		if (r == 0)
-			r = create_laid_out(j->tmp, j->data_start + j->total, j->prealloc_mode, &j->prealloc);
+			r = create_laid_out(j, j->data_start + j->total);
 		else if (r == 1)
 			r = 0;
+		if (!r)
+			r = tmp_path(j);
 		lap(j, PH_W_LAYOUT, &t);
 		if (!r)
 			r = ferry_file_open(j->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
@@ -689,15 +706,14 @@ static int64_t consume(struct job *j)
 	}
 	ferry_file_destroy(j->f);
 	j->f = NULL;
-	if ((j->flags & FERRY_SAVE_EXCL) && access(j->path, F_OK) == 0)
-		return ferry__error(-EEXIST, "%s: exists", j->path);
-	if (rename(j->tmp, j->path))
-		return ferry__error(-errno, "rename(%s, %s): %s", j->tmp, j->path, strerror(errno));
+	/* the data is fsynced above; the rename never replaces a file with FERRY_SAVE_EXCL */
+	int r = ferry__tmp_commit(&j->t, FERRY__DURABLE_NOSYNC | FERRY__DURABLE_NODIRSYNC |
+						 (j->flags & FERRY_SAVE_EXCL ? FERRY__DURABLE_NOREPLACE : 0));
+	if (r)
+		return r;
 	lap(j, PH_W_RENAME, &t);
-	free(j->tmp);
-	j->tmp = NULL;
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
-		int r = ferry__fsync_parent(j->path);
+		r = ferry__fsync_dirfd(j->dfd, j->path);
 		lap(j, PH_W_DIRSYNC, &t);
 		if (r)
 			return r;
@@ -1028,14 +1044,18 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
 	j->reuse = reuse ? strdup(reuse) : NULL;
-	size_t tl = strlen(path) + 64;
-	j->tmp = malloc(tl);
-	if (!j->path || !j->tmp || (reuse && !j->reuse)) {
+	j->t.fd = -1;
+	j->dfd = -1;
+	if (!j->path || (reuse && !j->reuse)) {
 		job_free(j);
 		return ferry__error(-ENOMEM, "%s: save", path);
 	}
-	snprintf(j->tmp, tl, "%s.tmp-%d-%lu", path, (int)getpid(),
-		 __atomic_add_fetch(&save_seq, 1, __ATOMIC_RELAXED));
+	/* the directory the user named may be a symlink; the file itself never is */
+	if ((j->dfd = ferry__dir_open_parent(j->path, FERRY__DIR_FOLLOW, &j->name)) < 0) {
+		r = j->dfd;
+		job_free(j);
+		return r;
+	}
 	j->ph[PH_CALL_CHECK] = ferry__now_ns() - t;
 	t = ferry__now_ns();
 	if ((r = build_header(w, j)) == 0) {

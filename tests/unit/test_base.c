@@ -360,21 +360,35 @@ static void test_durable(void)
 
 	/* a recycled file adopted as the temporary of another name, then committed */
 	T_EQ_INT(ferry__durable_write(dfd, "old", "recycled", 8, 0644, 0), 0);
-	T_EQ_INT(ferry__tmp_adopt(dfd, "old", "fresh", 0, &t1), 1);
+	T_EQ_INT(ferry__tmp_adopt(dfd, dfd, "old", "fresh", 0, &t1), 1);
 	T_CHECK(strncmp(t1.name, "fresh.tmp-", 10) == 0);
 	T_EQ_INT(faccessat(dfd, "old", F_OK, 0), -1);
 	T_EQ_INT(pwrite(t1.fd, "RE", 2, 0), 2);
 	T_EQ_INT(ferry__tmp_commit(&t1, 0), 0);
 	snprintf(p, sizeof(p), "%s/fresh", dir);
 	slurp_is(p, "REcycled");
-	T_EQ_INT(ferry__tmp_adopt(dfd, "old", "fresh", 0, &t1), 0); /* gone: nothing to adopt */
+	T_EQ_INT(ferry__tmp_adopt(dfd, dfd, "old", "fresh", 0, &t1), 0); /* gone: nothing to adopt */
 	/* a symlink planted as the recycled file is refused and removed; its target is untouched */
 	snprintf(p, sizeof(p), "%s/m", dir);
 	T_ASSERT(symlinkat(p, dfd, "old") == 0);
-	T_CHECK(ferry__tmp_adopt(dfd, "old", "fresh", 0, &t1) < 0);
+	T_CHECK(ferry__tmp_adopt(dfd, dfd, "old", "fresh", 0, &t1) < 0);
 	slurp_is(p, "four");
 	T_EQ_INT(unlinkat(dfd, "fresh", 0), 0);
 	T_EQ_INT(count_entries(dir), 4);
+	/* adopted from another directory (a checkpoint's recycle/), committed without the directory
+	 * fsync (the caller's to do) */
+	T_ASSERT(mkdirat(dfd, "rec", 0755) == 0);
+	int rdfd = openat(dfd, "rec", O_DIRECTORY | O_CLOEXEC);
+	T_ASSERT(rdfd >= 0);
+	T_EQ_INT(ferry__durable_write(rdfd, "old", "elsewhere", 9, 0644, 0), 0);
+	T_EQ_INT(ferry__tmp_adopt(dfd, rdfd, "old", "moved", 0, &t1), 1);
+	T_EQ_INT(faccessat(rdfd, "old", F_OK, 0), -1);
+	T_EQ_INT(ferry__tmp_commit(&t1, FERRY__DURABLE_NOSYNC | FERRY__DURABLE_NODIRSYNC), 0);
+	snprintf(p, sizeof(p), "%s/moved", dir);
+	slurp_is(p, "elsewhere");
+	close(rdfd);
+	T_EQ_INT(unlinkat(dfd, "moved", 0), 0);
+	T_EQ_INT(unlinkat(dfd, "rec", AT_REMOVEDIR), 0);
 
 	/* a write that fails (file size limit: EFBIG) leaves no temporary behind */
 	struct rlimit old, small = {.rlim_cur = 2, .rlim_max = RLIM_INFINITY};

@@ -540,6 +540,54 @@ static void test_reserve(void)
 	free(a);
 }
 
+/* The data file goes through the durable module: FERRY_SAVE_EXCL never replaces a file that is
+ * there (and leaves no temporary), a symlink at PATH is replaced as a name, never followed, and a
+ * save into a directory that is a symlink (one the user named) works. */
+static void test_durable_save(void)
+{
+	char sub[560], p[600], victim[600], link[600];
+	unsigned char data[4096], got[16];
+	uint64_t shape[1] = {sizeof(data)};
+	ferry_st_writer *w;
+	fill(data, sizeof(data), 3);
+	snprintf(sub, sizeof(sub), "%s/durable", dir);
+	mkdir(sub, 0755);
+	T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+	T_CHECK(ferry_st_writer_add(w, "x", FERRY_DT_U8, 1, shape, data, sizeof(data)) >= 0);
+	snprintf(p, sizeof(p), "%s/m.safetensors", sub);
+	write_raw(p, "mine", 4);
+	T_EQ_INT(ferry_st_writer_save(w, p, FERRY_SAVE_EXCL), -EEXIST);
+	int fd = open(p, O_RDONLY);
+	T_ASSERT(fd >= 0);
+	T_EQ_INT(read(fd, got, sizeof(got)), 4);
+	close(fd);
+	T_CHECK(memcmp(got, "mine", 4) == 0);
+	T_EQ_INT(leftover_tmp(sub), 0);
+	/* PATH a symlink to a victim: the save replaces the link, the victim keeps its bytes */
+	snprintf(victim, sizeof(victim), "%s/victim", sub);
+	write_raw(victim, "keep", 4);
+	snprintf(link, sizeof(link), "%s/l.safetensors", sub);
+	T_ASSERT(symlink(victim, link) == 0);
+	T_CHECK(ferry_st_writer_save(w, link, 0) > 0);
+	struct stat st;
+	T_ASSERT(lstat(link, &st) == 0);
+	T_CHECK(S_ISREG(st.st_mode));
+	fd = open(victim, O_RDONLY);
+	T_ASSERT(fd >= 0);
+	T_EQ_INT(read(fd, got, sizeof(got)), 4);
+	close(fd);
+	T_CHECK(memcmp(got, "keep", 4) == 0);
+	/* a directory given through a symlink */
+	snprintf(link, sizeof(link), "%s/dirlink", sub);
+	T_ASSERT(symlink(sub, link) == 0);
+	snprintf(p, sizeof(p), "%s/dirlink/d.safetensors", sub);
+	T_CHECK(ferry_st_writer_save(w, p, 0) > 0);
+	snprintf(p, sizeof(p), "%s/d.safetensors", sub);
+	T_EQ_INT(access(p, R_OK), 0);
+	T_EQ_INT(leftover_tmp(sub), 0);
+	ferry_st_writer_destroy(w);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/st-%d", t_tmpdir(), (int)getpid());
@@ -550,6 +598,7 @@ int main(void)
 	test_sharded();
 	test_prealloc();
 	test_reserve();
+	test_durable_save();
 	ferry_ctx_destroy(ctx);
 	if (!t_failures) {
 		char cmd[700];
