@@ -31,7 +31,7 @@ FERRY_API FERRY_WUR int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int ran
 FERRY_API void ferry_ckpt_destroy(ferry_ckpt *ck);
 /*
  * Options: keep (steps kept by pruning, 0 keeps all; default 2), busy (wait|refuse: what a save
- * does while another is in flight; default wait), checksum (0|1; default 1 when built with libxxhash, else 0), run (an id shared
+ * does while another is in flight; default wait), checksum (0|1; default 1), run (an id shared
  * by the ranks of one run; markers of another run are ignored), timeout_ms (how long rank 0 waits
  * for the other ranks' markers; default 600000), recycle (0|1, default 1: pruning moves the newest
  * pruned step to DIR/recycle, and each rank's next save writes over its shard there instead of

@@ -78,10 +78,10 @@ FERRY_API FERRY_WUR ssize_t ferry_st_read_slice(ferry_st *st, size_t i, int dim,
 /*
  * Checks tensor i against its stored checksum (reads it through host memory).
  * Returns 1 when it matches, 0 when the file holds no checksum for it, FERRY_EVERIFY when it
- * differs, -ENOTSUP when ferry was built without xxhash, or an I/O error.
+ * differs, or an I/O error.
  */
 FERRY_API FERRY_WUR int ferry_st_verify(ferry_st *st, size_t i);
-/* xxh3-64 of len bytes of host memory, as ferry stores it; -ENOTSUP without xxhash. */
+/* xxh3-64 of len bytes of host memory, as ferry stores it. */
 FERRY_API FERRY_WUR int ferry_xxh3(const void *buf, size_t len, uint64_t *out);
 
 /* ------------------------------------------------------------------------------------- writing */

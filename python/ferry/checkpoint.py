@@ -405,7 +405,7 @@ def save(state, directory, step, rank=None, world_size=None, keep=None, metadata
             initialised, else 0 of 1.
         keep: how many committed steps to keep (0: all; default 2), pruned by rank 0 after commit.
         metadata: ``dict[str, str]`` stored in this rank's shard.
-        checksum: store xxh3 checksums (default: when ferry has libxxhash).
+        checksum: store xxh3 checksums (default: on).
         busy: "wait" (default) or "refuse" (ferry.Error FERRY_EBUSY) while an async save of this
             directory is in flight.
         run: an id shared by the ranks of one run (default: agreed through torch.distributed,

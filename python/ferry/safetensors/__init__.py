@@ -34,7 +34,7 @@ class SafetensorError(Exception):
 
 
 def have_checksums() -> bool:
-    """True when ferry was built with libxxhash: ``checksum=True`` and ``verify=True`` work."""
+    """True: every build has xxh3 (``checksum=True`` and ``verify=True`` work); kept for callers that ask."""
     return _ferry.have_xxh3()
 
 
@@ -366,7 +366,7 @@ def save_file(tensors, filename, metadata=None, *, checksum=False, durable=True,
 
     Args:
         checksum: store each tensor's xxh3 in ``__metadata__`` (``ferry.xxh3:<name>``) for
-            ``load_file(..., verify=True)``; needs ferry built with libxxhash (have_checksums()).
+            ``load_file(..., verify=True)``.
         durable: False skips the fsyncs (faster, not crash-safe).
         context: the ferry.Context to use.
     """
