@@ -388,6 +388,8 @@ def main():
     ap.add_argument("--cold-dir", default="/var/tmp/ferry-loader")
     ap.add_argument("--skip-cold", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the data files")
+    ap.add_argument("--ferry-warm-only", action="store_true",
+                    help="only ferry's warm samples/s per order, then stop (bench/gpu-ab.sh runs it per build)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("skipped: torch sees no CUDA device")
@@ -399,6 +401,13 @@ def main():
     prefix, bin_path, n = make_data(a.warm_dir, a.gb)
     table("loader data", f"{n * SEQ * 2 / 2**30:.2f} GiB", f"{n} samples of {SEQ} uint16 tokens, batch {B}, "
           f"made in {time.perf_counter() - T0:.0f} s")
+    if a.ferry_warm_only:
+        for order in ("shuffle", "sequential", "block"):
+            p = FerryPeer(prefix, B, order, dev, a.threads, a.prefetch)
+            sps, cores, _ = alone(p, S)
+            p.close()
+            table(f"loader warm ferry {order}", f"{sps:.0f} samples/s", f"{cores:.2f} cores in the process")
+        return
     hz = calibrate_sleep()
 
     # -- warm: each alone, then the GPU step at 80% of its own peak

@@ -5,10 +5,13 @@
 #          fio 3.33 built statically from Debian's source package (./fio; the GPU machine has none);
 #   .whl/  Python 3.12 wheels of the peers: kvikio (bench/gpu-read.sh), fastsafetensors and
 #          runai-model-streamer (bench/ckpt-gpu.py), mosaicml-streaming and what it imports
-#          (bench/loader-gpu.sh).
-# Both folders are git-ignored. Each part is skipped when already there.
+#          (bench/loader-gpu.sh);
+#   .gpu/base  with base=REV: the tree of commit REV, for bench/gpu-ab.sh (that commit's build beside
+#          this tree's in one device call).
+# The folders are git-ignored. Each part is skipped when already there.
 #   scripts/stage-device.sh            # everything
 #   scripts/stage-device.sh debs fio   # a subset: debs fio wheels
+#   scripts/stage-device.sh base=46d4396
 set -euo pipefail
 cd "$(dirname "$0")/.."
 parts=${*:-debs fio wheels}
@@ -53,3 +56,16 @@ if has wheels; then
 	pyget mosaicml-streaming brotli python-snappy cramjam zstd xxhash tqdm pillow catalogue torchvision==0.26.0
 	du -sh .whl
 fi
+
+for part in $parts; do
+	case $part in
+	base=*)
+		rev=${part#base=}
+		grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+		rm -rf .gpu/base && mkdir -p .gpu/base
+		git archive "$rev" | tar -x -C .gpu/base
+		rm -rf .gpu/base/docs/measurements # raw logs of old commits: not needed to build
+		echo "stage-device: .gpu/base: $(git rev-parse --short "$rev"), $(du -sh .gpu/base | cut -f1)"
+		;;
+	esac
+done
