@@ -544,6 +544,20 @@ static int sc_cufile_ok(void)
 	return t_result();
 }
 
+/* Device-to-storage scenarios' data: n bytes of a pattern (seed) in src, copied to d0 on device dev,
+ * and a second device buffer d1 to read back into. */
+static void device_pair(int dev, size_t n, unsigned seed, uint8_t **src, uint8_t **back, void **d0, void **d1)
+{
+	*src = malloc(n);
+	*back = malloc(n);
+	T_ASSERT(*src && *back);
+	for (size_t i = 0; i < n; i++)
+		(*src)[i] = (uint8_t)(i * seed + (i >> 12));
+	T_EQ_INT(ferry_gpu_malloc(dev, n, d0), 0);
+	T_EQ_INT(ferry_gpu_malloc(dev, n, d1), 0);
+	T_EQ_INT(ferry_gpu_memcpy_htod(*d0, *src, n), 0);
+}
+
 /*
  * The cufile backend, an ops set like psync and io_uring. With the fake CUDA's device memory (host
  * memory it calls device memory) and the fake cuFile (pread and pwrite underneath, its batch API
@@ -557,15 +571,10 @@ static int sc_cufile_io(void)
 	enum { N = 3 << 20 };
 	static const char *const modes[] = {"gds", "gds-batch"};
 	char path[4200], why[1024];
-	uint8_t *src = malloc(N), *back = malloc(N);
+	uint8_t *src, *back;
 	void *d0 = NULL, *d1 = NULL;
 
-	T_ASSERT(src && back);
-	for (size_t i = 0; i < N; i++)
-		src[i] = (uint8_t)(i * 13 + (i >> 16));
-	T_EQ_INT(ferry_gpu_malloc(0, N, &d0), 0);
-	T_EQ_INT(ferry_gpu_malloc(0, N, &d1), 0);
-	T_EQ_INT(ferry_gpu_memcpy_htod(d0, src, N), 0);
+	device_pair(0, N, 13, &src, &back, &d0, &d1);
 	snprintf(path, sizeof(path), "%s/cufile_io.bin", t_tmpdir());
 	for (int m = 0; m < 2; m++) {
 		ferry_ctx *ctx;
@@ -631,15 +640,10 @@ static int sc_bounce(void)
 	enum { N = (5 << 20) + 12345, U = 100001, UOFF = 4097 };
 	static const char *const modes[] = {"cpu-gpu", "cpu-async-gpu", "pagecache-gpu", "auto"};
 	char path[4200];
-	uint8_t *src = malloc(N), *back = malloc(N);
+	uint8_t *src, *back;
 	void *d0 = NULL, *d1 = NULL;
 
-	T_ASSERT(src && back);
-	for (size_t i = 0; i < N; i++)
-		src[i] = (uint8_t)(i * 29 + (i >> 12));
-	T_EQ_INT(ferry_gpu_malloc(1, N, &d0), 0);
-	T_EQ_INT(ferry_gpu_malloc(1, N, &d1), 0);
-	T_EQ_INT(ferry_gpu_memcpy_htod(d0, src, N), 0);
+	device_pair(1, N, 29, &src, &back, &d0, &d1);
 	snprintf(path, sizeof(path), "%s/bounce.bin", t_tmpdir());
 	for (int m = 0; m < 4; m++) {
 		ferry_ctx *ctx;
