@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -204,21 +205,27 @@ static void read_publications(struct snapshot *s)
 		if (strncmp(e->d_name, "ferry-", 6) || len < 7 || len >= sizeof(s->procs[0].file) ||
 		    strcmp(e->d_name + len - 6, ".stats"))
 			continue;
-		char path[PATH_MAX];
-		snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
-		int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		int fd = openat(dirfd(d), e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
 		if (fd < 0)
 			continue;
 		struct ferry__publish p;
+		struct stat st;
 		memset(&p, 0, sizeof(p));
 		ssize_t got = pread(fd, &p, sizeof(p), 0);
+		int mine = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
 		close(fd);
 		/* A newer writer may have appended counters: read what this reader knows. */
 		if (got < (ssize_t)offsetof(struct ferry__publish, c) || p.magic != FERRY__PUBLISH_MAGIC ||
 		    p.version != FERRY__PUBLISH_VERSION || p.size < sizeof(p) || got < (ssize_t)sizeof(p))
 			continue;
-		if (pid_dead(p.pid))
+		if (pid_dead(p.pid)) {
+			/* Left by a publisher killed before it could remove it (SIGKILL, SIGTERM). Only our
+			 * own files, and only when the name carries the same pid and kill() says it is gone. */
+			long npid;
+			if (mine && p.pid > 0 && kill(p.pid, 0) == -1 && errno == ESRCH && sscanf(e->d_name, "ferry-%ld-", &npid) == 1 && npid == p.pid)
+				unlinkat(dirfd(d), e->d_name, 0);
 			continue;
+		}
 		p.name[sizeof(p.name) - 1] = '\0';
 		p.path[sizeof(p.path) - 1] = '\0';
 		if (s->nprocs == cap) {

@@ -5,12 +5,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "engine/publish.h"
 #include "base/base.h"
+#include "base/durable.h"
 
 const char *ferry__publish_dir(void)
 {
@@ -18,33 +22,97 @@ const char *ferry__publish_dir(void)
 	return d && *d ? d : "/dev/shm";
 }
 
+/* What close needs to find the file again: its directory and its unpredictable name. */
+struct publication {
+	struct publication *next;
+	struct ferry__publish *p;
+	int dirfd;
+	char name[64];
+};
+static pthread_mutex_t pubs_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct publication *pubs;
+
+/*
+ * A directory other users can write to and we cannot trust to keep our file ours: one owned by
+ * another user (they may rename or replace what we create), or writable by others without the
+ * sticky bit (anyone may unlink and replace our file). 0 or a negative code with the reason.
+ */
+static int check_dir(int dfd, const char *dir)
+{
+	struct stat st;
+	if (fstat(dfd, &st))
+		return ferry__error(-errno, "publish: stat(%s): %s", dir, strerror(errno));
+	if (st.st_uid != geteuid() && st.st_uid != 0)
+		return ferry__error(-EPERM, "publish: %s is owned by uid %u, not by this user (%u) or root: not publishing there",
+				    dir, (unsigned)st.st_uid, (unsigned)geteuid());
+	if ((st.st_mode & S_IWOTH) && !(st.st_mode & S_ISVTX))
+		return ferry__error(-EPERM, "publish: %s is writable by others without the sticky bit (mode %04o): not publishing there",
+				    dir, (unsigned)(st.st_mode & 07777));
+	return 0;
+}
+
+/* "ferry-<pid>-<16 hex digits>.stats": the prefix and pid let readers find it, the random part
+ * keeps another user from creating it first. */
+static int random_name(char *out, size_t n)
+{
+	unsigned char b[8];
+	size_t got = 0;
+	while (got < sizeof(b)) {
+		ssize_t r = getrandom(b + got, sizeof(b) - got, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return ferry__error(-errno, "publish: getrandom: %s", strerror(errno));
+		got += (size_t)r;
+	}
+	snprintf(out, n, "ferry-%ld-%02x%02x%02x%02x%02x%02x%02x%02x.stats", (long)getpid(), b[0], b[1], b[2], b[3],
+		 b[4], b[5], b[6], b[7]);
+	return 0;
+}
+
 struct ferry__publish_counters *ferry__publish_open(const char *name)
 {
 	static unsigned next;
 	unsigned n = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED);
-	char path[4096];
-	snprintf(path, sizeof(path), "%s/ferry-%ld-%u.stats", ferry__publish_dir(), (long)getpid(), n);
-	/* 0644: counters and a name are not secret, and top may run as another user. O_NOFOLLOW so
-	 * a link planted in a shared directory cannot redirect the write. A file left by an earlier
-	 * process with this pid is stale: truncated and reused. */
-	int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		ferry__error(-errno, "publish: open(%s): %s", path, strerror(errno));
+	const char *dir = ferry__publish_dir();
+	struct publication *pub = calloc(1, sizeof(*pub));
+	if (!pub) {
+		ferry__error(-ENOMEM, "publish: out of memory");
 		return NULL;
+	}
+	/* The run directory is named by the user ($FERRY_RUN_DIR) and may be a symlink: what is
+	 * checked is the directory actually opened. */
+	int dfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (dfd < 0 || check_dir(dfd, dir) || random_name(pub->name, sizeof(pub->name)))
+		goto fail;
+	/* 0600: another user must not be able to truncate it under our mapping (SIGBUS). */
+	int wfd = ferry__create_excl(dfd, pub->name, 0, 0600);
+	if (wfd < 0)
+		goto fail;
+	/* ferry__create_excl opens write-only and a shared writable mapping needs O_RDWR: reopen the
+	 * file we just made, and make sure it is still that file. */
+	int fd = openat(dfd, pub->name, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	struct stat ws, st;
+	int bad = fd < 0 ? -errno : 0;
+	if (!bad && (fstat(wfd, &ws) || fstat(fd, &st) || ws.st_dev != st.st_dev || ws.st_ino != st.st_ino ||
+		     !S_ISREG(st.st_mode) || st.st_uid != geteuid()))
+		bad = -EEXIST;
+	close(wfd);
+	if (bad) {
+		ferry__error(bad, "publish: reopen %s/%s: %s", dir, pub->name,
+			     bad == -EEXIST ? "replaced after creation" : strerror(-bad));
+		goto fail_created;
 	}
 	if (ftruncate(fd, sizeof(struct ferry__publish)) < 0) {
-		ferry__error(-errno, "publish: ftruncate(%s): %s", path, strerror(errno));
-		close(fd);
-		unlink(path);
-		return NULL;
+		ferry__error(-errno, "publish: ftruncate(%s/%s): %s", dir, pub->name, strerror(errno));
+		goto fail_created;
 	}
 	struct ferry__publish *p = mmap(NULL, sizeof(*p), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
 	if (p == MAP_FAILED) {
-		ferry__error(-errno, "publish: mmap(%s): %s", path, strerror(errno));
-		unlink(path);
-		return NULL;
+		ferry__error(-errno, "publish: mmap(%s/%s): %s", dir, pub->name, strerror(errno));
+		goto fail_created;
 	}
+	close(fd);
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	p->version = FERRY__PUBLISH_VERSION;
@@ -55,7 +123,23 @@ struct ferry__publish_counters *ferry__publish_open(const char *name)
 	snprintf(p->name, sizeof(p->name), "%s", name ? name : "ferry");
 	snprintf(p->path, sizeof(p->path), "-");
 	__atomic_store_n(&p->magic, FERRY__PUBLISH_MAGIC, __ATOMIC_RELEASE);
+	pub->p = p;
+	pub->dirfd = dfd;
+	pthread_mutex_lock(&pubs_mu);
+	pub->next = pubs;
+	pubs = pub;
+	pthread_mutex_unlock(&pubs_mu);
 	return &p->c;
+
+fail_created:
+	if (fd >= 0)
+		close(fd);
+	unlinkat(dfd, pub->name, 0);
+fail:
+	if (dfd >= 0)
+		close(dfd);
+	free(pub);
+	return NULL;
 }
 
 static struct ferry__publish *header_of(struct ferry__publish_counters *c)
@@ -80,10 +164,20 @@ void ferry__publish_close(struct ferry__publish_counters *c)
 	if (!c)
 		return;
 	struct ferry__publish *p = header_of(c);
-	char path[4096];
-	snprintf(path, sizeof(path), "%s/ferry-%ld-%u.stats", ferry__publish_dir(), (long)p->pid, p->index);
-	unlink(path);
+	pthread_mutex_lock(&pubs_mu);
+	struct publication **pp = &pubs;
+	while (*pp && (*pp)->p != p)
+		pp = &(*pp)->next;
+	struct publication *pub = *pp;
+	if (pub)
+		*pp = pub->next;
+	pthread_mutex_unlock(&pubs_mu);
 	munmap(p, sizeof(*p));
+	if (pub) {
+		unlinkat(pub->dirfd, pub->name, 0);
+		close(pub->dirfd);
+		free(pub);
+	}
 }
 
 /* The layout is an interface between processes of different builds (and tests/cli/test_top_*.py
