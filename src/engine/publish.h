@@ -1,7 +1,8 @@
 /*
  * Live statistics a ferry process publishes for `ferry top` (and anything else) to read: one small
- * shared-memory file per publisher, <dir>/ferry-<pid>-<n>.stats, where <dir> is $FERRY_RUN_DIR or
- * /dev/shm. The file holds one struct ferry__publish: a versioned header, then counters the
+ * shared-memory file per publisher, <dir>/ferry-<pid>-<16 random hex digits>.stats, where <dir> is
+ * $FERRY_RUN_DIR or /dev/shm: created exclusively, mode 0600, in a directory owned by us or root and
+ * not writable by others unless sticky (docs/DOCTOR.md). The file holds one struct ferry__publish: a versioned header, then counters the
  * publisher bumps with relaxed atomic adds and readers load without locks (each counter is an
  * aligned 64-bit word; a reader may see one counter a little ahead of another, never a torn one).
  */
@@ -29,7 +30,7 @@ struct ferry__publish {
 	uint32_t version;
 	uint32_t size;             /* sizeof(struct ferry__publish) of the writer */
 	int32_t pid;
-	uint32_t index;            /* the <n> of the file name */
+	uint32_t index;            /* n-th publication of this process */
 	uint32_t path_seq;         /* odd while path is being rewritten (a seqlock for the text) */
 	uint32_t reserved;
 	uint64_t start_ns;         /* CLOCK_REALTIME at open: tells a reused pid from the original */
