@@ -1,16 +1,20 @@
 /* Checkpoint directories: shards, markers, manifest, `latest`, pruning (see include/ferry/ckpt.h). */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "ckpt/save.h"
 #include "base/base.h"
+#include "base/durable.h"
 #include "base/knob.h"
 #include "ferry/ckpt.h"
 #include "base/json.h"
@@ -18,6 +22,22 @@
 
 /* Where the newest pruned step's shards wait to be written over by the next save (recycle=1) */
 #define RECYCLE_DIR "recycle"
+
+/*
+ * A writer's lock on one rank of a checkpoint directory: DIR/.ferry-lock-rank-R, flock()ed for the
+ * handle's lifetime (the kernel drops it when the process dies), holding "pid P host H". One per
+ * rank, not per directory: the ranks of a job are separate processes writing one directory. Handles
+ * of one process share it (Python keeps one per directory, rank and world, and renews it): the lock
+ * is against another process, as a second job started on the same directory.
+ */
+struct held_lock {
+	dev_t dev;
+	ino_t ino;
+	int fd, refs;
+	struct held_lock *next;
+};
+static pthread_mutex_t locks_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct held_lock *locks;
 
 struct ferry_ckpt {
 	ferry_ctx *ctx;
@@ -27,6 +47,8 @@ struct ferry_ckpt {
 	int64_t timeout_ms;
 	char run[128];
 	ferry_st_writer *w;
+	struct held_lock *lock;
+	char lock_name[32];
 	/* the step being saved (read by the writer thread's hook) */
 	int64_t step;
 };
@@ -75,6 +97,111 @@ static int marker_path(const ferry_ckpt *ck, int64_t step, int rank, char *buf, 
 	return n < 0 || (size_t)n >= len ? ferry__error(-ENAMETOOLONG, "%s: path too long", ck->dir) : 0;
 }
 
+/* 1 when dfd/name is the file open as fd (not removed or replaced since), else 0. */
+static int same_file(int dfd, const char *name, int fd)
+{
+	struct stat a, b;
+	return !fstat(fd, &a) && !fstatat(dfd, name, &b, AT_SYMLINK_NOFOLLOW) && a.st_dev == b.st_dev &&
+	       a.st_ino == b.st_ino;
+}
+
+/*
+ * The lock file is removed by its last holder (a checkpoint directory holds no more than it did),
+ * so a writer that got the lock checks that the file it locked is still the one at its name, and
+ * starts again if a holder removed it meanwhile (the usual lock-file protocol).
+ */
+static int take_lock(ferry_ckpt *ck)
+{
+	char who[256];
+	snprintf(ck->lock_name, sizeof(ck->lock_name), ".ferry-lock-rank-%05d", ck->rank);
+	const char *name = ck->lock_name;
+	int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
+	if (dfd < 0)
+		return dfd;
+	int r = 0, fd = -1;
+	struct held_lock *h = NULL;
+	for (;;) {
+		fd = openat(dfd, name, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+		int e = errno;
+		struct stat st;
+		if (fd < 0) {
+			r = ferry__error(-e, "ckpt %s: lock file %s: %s", ck->dir, name, strerror(e));
+			break;
+		}
+		if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+			r = ferry__error(-EINVAL, "ckpt %s: lock file %s is not a plain file", ck->dir, name);
+			break;
+		}
+		pthread_mutex_lock(&locks_mu);
+		for (h = locks; h && (h->dev != st.st_dev || h->ino != st.st_ino);)
+			h = h->next;
+		if (h) {
+			h->refs++;
+			pthread_mutex_unlock(&locks_mu);
+			break;
+		}
+		if (flock(fd, LOCK_EX | LOCK_NB)) {
+			e = errno;
+			pthread_mutex_unlock(&locks_mu);
+			ssize_t n = pread(fd, who, sizeof(who) - 1, 0);
+			who[n > 0 ? n : 0] = '\0';
+			who[strcspn(who, "\n")] = '\0';
+			r = e == EWOULDBLOCK ? ferry__error(FERRY_EBUSY, "ckpt %s: rank %d has another writer: %s holds %s/%s",
+							     ck->dir, ck->rank, *who ? who : "a process", ck->dir, name)
+					     : ferry__error(-e, "ckpt %s: flock(%s): %s", ck->dir, name, strerror(e));
+			break;
+		}
+		if (!same_file(dfd, name, fd)) {
+			pthread_mutex_unlock(&locks_mu);
+			close(fd);
+			continue;
+		}
+		char host[128] = "?";
+		gethostname(host, sizeof(host) - 1);
+		host[sizeof(host) - 1] = '\0';
+		int n = snprintf(who, sizeof(who), "pid %d host %s\n", (int)getpid(), host);
+		if (ftruncate(fd, 0) || pwrite(fd, who, (size_t)n, 0) != n)
+			r = ferry__error(-errno, "ckpt %s: writing %s: %s", ck->dir, name, strerror(errno));
+		else if (!(h = calloc(1, sizeof(*h))))
+			r = ferry__error(-ENOMEM, "ckpt: out of memory");
+		if (!r) {
+			*h = (struct held_lock){st.st_dev, st.st_ino, fd, 1, locks};
+			locks = h;
+			fd = -1;
+		}
+		pthread_mutex_unlock(&locks_mu);
+		break;
+	}
+	if (fd >= 0)
+		close(fd);
+	close(dfd);
+	ck->lock = r ? NULL : h;
+	return r;
+}
+
+static void drop_lock(ferry_ckpt *ck)
+{
+	struct held_lock *h = ck->lock;
+	if (!h)
+		return;
+	pthread_mutex_lock(&locks_mu);
+	if (--h->refs == 0) {
+		struct held_lock **pp = &locks;
+		while (*pp != h)
+			pp = &(*pp)->next;
+		*pp = h->next;
+		int dfd = open(ck->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* no error recorded: destroy's */
+		if (dfd >= 0 && same_file(dfd, ck->lock_name, h->fd))
+			(void)unlinkat(dfd, ck->lock_name, 0);
+		if (dfd >= 0)
+			close(dfd);
+		close(h->fd);
+		free(h);
+	}
+	pthread_mutex_unlock(&locks_mu);
+	ck->lock = NULL;
+}
+
 int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_ckpt **out)
 {
 	*out = NULL;
@@ -92,8 +219,11 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	ck->world = world;
 	int r = ferry__knobs_init(&ckpt_knobs, ck);
 	if (!r)
+		r = take_lock(ck);
+	if (!r)
 		r = ferry_st_writer_create(ctx, &ck->w);
 	if (r) {
+		drop_lock(ck);
 		free(ck->dir);
 		free(ck);
 		return r;
@@ -107,6 +237,7 @@ void ferry_ckpt_destroy(ferry_ckpt *ck)
 	if (!ck)
 		return;
 	ferry_st_writer_destroy(ck->w);
+	drop_lock(ck);
 	free(ck->dir);
 	free(ck);
 }
@@ -249,9 +380,24 @@ static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
 
 static int prune(const char *dir, int keep, int recycle);
 
+/* name in step's directory, durably; the step directory is never followed if it is a symlink. */
+static int step_write(const char *dir, int64_t step, const char *name, const char *text, size_t len)
+{
+	char sp[PATH_MAX];
+	int r = ferry_ckpt_step_path(dir, step, sp, sizeof(sp));
+	if (r < 0)
+		return r;
+	int fd = ferry__dir_open(sp, 0);
+	if (fd < 0)
+		return fd;
+	r = ferry__durable_write(fd, name, text, len, 0644, 0);
+	close(fd);
+	return r;
+}
+
 static int commit(ferry_ckpt *ck, int64_t step)
 {
-	char p[PATH_MAX + 32], sp[PATH_MAX];
+	char p[PATH_MAX + 32];
 	uint64_t *bytes = calloc((size_t)ck->world, sizeof(*bytes));
 	if (!bytes)
 		return ferry__error(-ENOMEM, "ckpt: out of memory");
@@ -284,13 +430,8 @@ static int commit(ferry_ckpt *ck, int64_t step)
 		if (m.oom)
 			r = ferry__error(-ENOMEM, "ckpt: out of memory");
 	}
-	if (!r) {
-		r = ferry_ckpt_step_path(ck->dir, step, sp, sizeof(sp) - 16);
-		if (r >= 0) {
-			snprintf(p, sizeof(p), "%s/manifest.json", sp);
-			r = ferry__write_durable(p, m.data, m.len);
-		}
-	}
+	if (!r)
+		r = step_write(ck->dir, step, "manifest.json", m.data, m.len);
 	if (!r) {
 		char text[64];
 		int n = snprintf(text, sizeof(text), "step-%012lld\n", (long long)step);
@@ -316,15 +457,16 @@ static int64_t after_shard(void *arg, int64_t result)
 	 * Here rather than on the caller's thread: an asynchronous save returns before it. */
 	int r = ferry_ckpt_step_path(ck->dir, ck->step, p, sizeof(p));
 	r = r < 0 ? r : ferry__fsync_parent(p);
-	if (!r)
-		r = marker_path(ck, ck->step, ck->rank, p, sizeof(p));
 	if (!r) {
+		char name[64];
+		snprintf(name, sizeof(name), "rank-%05d-of-%05d.done", ck->rank, ck->world);
 		struct ferry__sbuf text = {0};
 		ferry__sbuf_puts(&text, "{\"run\":");
 		ferry__sbuf_json(&text, ck->run);
 		ferry__sbuf_printf(&text, ",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n", (long long)ck->step,
 				   ck->rank, ck->world, (long long)result);
-		r = text.oom ? ferry__error(-ENOMEM, "ckpt: out of memory") : ferry__write_durable(p, text.data, text.len);
+		r = text.oom ? ferry__error(-ENOMEM, "ckpt: out of memory")
+			     : step_write(ck->dir, ck->step, name, text.data, text.len);
 		ferry__sbuf_free(&text);
 	}
 	if (!r && ck->rank == 0)
@@ -354,11 +496,21 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	 * handle, as Python keeps one per directory, outlives a test's or a benchmark's rm -r) */
 	if (mkdir(ck->dir, 0755) && errno != EEXIST)
 		return ferry__error(-errno, "mkdir(%s): %s", ck->dir, strerror(errno));
+	/* The step directory is made here or by another rank, never a symlink planted in its place
+	 * (the shard and marker would land in its target): opened without following, refused if not
+	 * a directory of its own. */
 	if (mkdir(sp, 0755) && errno != EEXIST)
 		return ferry__error(-errno, "mkdir(%s): %s", sp, strerror(errno));
+	int sfd = open(sp, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (sfd < 0) {
+		int e = errno;
+		return ferry__error(e == ELOOP || e == ENOTDIR ? -ELOOP : -e, "ckpt %s: step directory %s: %s", ck->dir,
+				    sp, e == ELOOP || e == ENOTDIR ? "a symlink or not a directory: refused" : strerror(e));
+	}
 	/* A marker of this rank from an earlier attempt at this step must not count for this one. */
-	if (!marker_path(ck, step, ck->rank, p, sizeof(p)))
-		unlink(p);
+	snprintf(p, sizeof(p), "rank-%05d-of-%05d.done", ck->rank, ck->world);
+	(void)unlinkat(sfd, p, 0);
+	close(sfd);
 	if ((r = ferry_ckpt_shard_path(ck->dir, step, ck->rank, ck->world, p, sizeof(p))) < 0)
 		return r;
 	ck->step = step;
@@ -398,25 +550,57 @@ int ferry_ckpt_save_async(ferry_ckpt *ck, int64_t step)
 
 /* --------------------------------------------------------------------------------------- prune */
 
-static int rm_tree(const char *path)
+/*
+ * Everything below goes through the checkpoint directory's descriptor (the directory the user named
+ * may be a symlink, and is followed once), and never follows a symlink found in it: a step or
+ * recycle/ that is a symlink is skipped, neither followed nor removed (ferry made neither), and a
+ * symlink inside a step is unlinked itself, never its target.
+ */
+
+/* Opens dfd/name as a directory without following it: fd, or -ELOOP for a symlink or non-directory. */
+static int open_subdir(int dfd, const char *name)
 {
-	DIR *d = opendir(path);
-	if (!d)
-		return -errno;
+	int fd = openat(dfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	return fd >= 0 ? fd : errno == ENOTDIR ? -ELOOP : -errno;
+}
+
+/* Unlinks the entries of the open directory fd (all, or only what keep() refuses); closes fd. */
+static int empty_dir(int fd, int (*keep)(const char *name))
+{
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		int e = errno;
+		close(fd);
+		return -e;
+	}
 	struct dirent *e;
-	char p[PATH_MAX];
 	int r = 0;
 	while ((e = readdir(d))) {
-		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || (keep && keep(e->d_name)))
 			continue;
-		snprintf(p, sizeof(p), "%s/%s", path, e->d_name);
-		if (unlink(p) && errno != ENOENT && !r) /* ENOENT: a save took its recycled shard */
+		if (unlinkat(fd, e->d_name, 0) && errno != ENOENT && !r) /* ENOENT: a save took its recycled shard */
 			r = -errno;
 	}
 	closedir(d);
-	if (rmdir(path) && !r)
+	return r;
+}
+
+/* Removes dfd/name, a directory of plain files that ferry made; refuses (-ELOOP) a symlink there. */
+static int rm_tree(int dfd, const char *name)
+{
+	int fd = open_subdir(dfd, name);
+	if (fd < 0)
+		return fd;
+	int r = empty_dir(fd, NULL);
+	if (unlinkat(dfd, name, AT_REMOVEDIR) && !r)
 		r = -errno;
 	return r;
+}
+
+static int is_shard(const char *name)
+{
+	size_t n = strlen(name);
+	return name[0] == '.' || (n > 12 && !strcmp(name + n - 12, ".safetensors"));
 }
 
 /*
@@ -425,29 +609,19 @@ static int rm_tree(const char *path)
  * caller is to remove the step instead. Shards left in an older recycle directory (a rank that did
  * not save since, another world size) are removed first. Another rank may be taking its shard out
  * of the old directory meanwhile (its save renames it): either it gets the file or makes a new one.
+ * A recycle/ that is a symlink stays as it is, and the step is removed instead (the rename over it
+ * fails).
  */
-static int recycle_step(const char *dir, const char *step)
+static int recycle_step(int dfd, const char *dir, const char *step)
 {
-	char rp[PATH_MAX], p[PATH_MAX + 256];
-	if (snprintf(rp, sizeof(rp), "%s/" RECYCLE_DIR, dir) >= (int)sizeof(rp))
-		return 0;
-	int r = rm_tree(rp);
+	int r = rm_tree(dfd, RECYCLE_DIR);
 	if (r && r != -ENOENT)
-		FERRY__LOG(FERRY__LOG_INFO, "%s: cannot remove (%s)", rp, strerror(-r));
-	if (rename(step, rp))
+		FERRY__LOG(FERRY__LOG_INFO, "%s/" RECYCLE_DIR ": cannot remove (%s)", dir, strerror(-r));
+	if (r == -ELOOP || renameat(dfd, step, dfd, RECYCLE_DIR))
 		return 0;
-	DIR *d = opendir(rp);
-	struct dirent *e;
-	size_t n;
-	while (d && (e = readdir(d))) {
-		n = strlen(e->d_name);
-		if (e->d_name[0] == '.' || (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors")))
-			continue;
-		snprintf(p, sizeof(p), "%s/%s", rp, e->d_name);
-		unlink(p); /* markers and the manifest: the shards alone are recycled */
-	}
-	if (d)
-		closedir(d);
+	int fd = open_subdir(dfd, RECYCLE_DIR);
+	if (fd >= 0)
+		(void)empty_dir(fd, is_shard); /* markers and the manifest: the shards alone are recycled */
 	return 1;
 }
 
@@ -463,9 +637,18 @@ static int prune(const char *dir, int keep, int recycle)
 	ferry__error_clear();
 	if (latest < 0)
 		return 0;
-	DIR *d = opendir(dir);
-	if (!d)
-		return ferry__error(-errno, "opendir(%s): %s", dir, strerror(errno));
+	int dfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (dfd < 0)
+		return dfd;
+	int lfd = dup(dfd);
+	DIR *d = lfd < 0 ? NULL : fdopendir(lfd);
+	if (!d) {
+		int e = errno;
+		if (lfd >= 0)
+			close(lfd);
+		close(dfd);
+		return ferry__error(-e, "opendir(%s): %s", dir, strerror(e));
+	}
 	int64_t *committed = NULL, *debris = NULL;
 	size_t nc = 0, nd = 0, cc = 0, cd = 0;
 	struct dirent *e;
@@ -475,8 +658,11 @@ static int prune(const char *dir, int keep, int recycle)
 		int64_t s = parse_step_name(e->d_name);
 		if (s < 0)
 			continue;
-		snprintf(p, sizeof(p), "%s/%s/manifest.json", dir, e->d_name);
-		int has = access(p, F_OK) == 0;
+		struct stat st;
+		if (fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISDIR(st.st_mode))
+			continue; /* not a step ferry made (a symlink): neither followed nor removed */
+		snprintf(p, sizeof(p), "%s/manifest.json", e->d_name);
+		int has = fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW) == 0;
 		if (!has && s >= latest)
 			continue; /* maybe being written */
 		int64_t **arr = has ? &committed : &debris;
@@ -505,25 +691,26 @@ static int prune(const char *dir, int keep, int recycle)
 		for (size_t i = 0; i < nc; i++) {
 			if (committed[i] >= latest || (keep && i < (size_t)keep) || !keep)
 				continue;
-			if (ferry_ckpt_step_path(dir, committed[i], p, sizeof(p)) <= 0)
-				continue;
-			if (recycle && !recycled && recycle_step(dir, p)) {
+			snprintf(p, sizeof(p), "step-%012lld", (long long)committed[i]);
+			if (recycle && !recycled && recycle_step(dfd, dir, p)) {
 				recycled = 1;
 				removed++;
-			} else if (!rm_tree(p)) {
+			} else if (!rm_tree(dfd, p)) {
 				removed++;
 			}
 		}
 		for (size_t i = 0; i < nd; i++) {
-			if (ferry_ckpt_step_path(dir, debris[i], p, sizeof(p)) > 0 && !rm_tree(p))
+			snprintf(p, sizeof(p), "step-%012lld", (long long)debris[i]);
+			if (!rm_tree(dfd, p))
 				removed++;
 		}
 		/* Without recycling (recycle=0, or an explicit prune) a recycled step's space goes back */
-		if (!recycle && snprintf(p, sizeof(p), "%s/" RECYCLE_DIR, dir) < (int)sizeof(p) && !rm_tree(p))
+		if (!recycle && !rm_tree(dfd, RECYCLE_DIR))
 			removed++;
 		if (removed)
-			r = ferry__fsync_dir(dir);
+			r = ferry__fsync_dirfd(dfd, dir);
 	}
+	close(dfd);
 	free(committed);
 	free(debris);
 	return r < 0 ? r : removed;

@@ -1,5 +1,6 @@
 /* Checkpoint directories: commit protocol, pruning, recycled shards, several ranks, async saves,
  * and a writer killed with SIGKILL at many random moments (at least 50) during save and async save. */
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -359,6 +360,167 @@ static void test_ranks(void)
 	ferry_ckpt_destroy(ck);
 }
 
+/* A file name in dir/sub (made), with content "x"; 0 or -1. */
+static int plant(const char *dir, const char *name)
+{
+	char p[800];
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	FILE *f = fopen(p, "w");
+	if (!f)
+		return -1;
+	fputs("x", f);
+	return fclose(f);
+}
+
+static int exists(const char *dir, const char *name)
+{
+	char p[800];
+	struct stat st;
+	snprintf(p, sizeof(p), "%s/%s", dir, name);
+	return lstat(p, &st) == 0;
+}
+
+/* Entries of dir other than . and .. */
+static int count_entries(const char *dir)
+{
+	DIR *d = opendir(dir);
+	int n = 0;
+	struct dirent *e;
+	while (d && (e = readdir(d)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	if (d)
+		closedir(d);
+	return d ? n : -1;
+}
+
+/*
+ * Symlinks in a checkpoint directory are never followed by saves and prunes (issue 20, finding 2):
+ * an old step that is a symlink to another directory (with a manifest, so it looks committed) is
+ * not emptied by pruning, nor is the target of recycle/ as a symlink, and a planted symlinked step
+ * directory makes the save of that step fail without writing into its target.
+ */
+static void test_symlinks(void)
+{
+	char dir[600], t1[600], t2[600], t3[600], p[700];
+	ferry_ckpt *ck;
+	snprintf(dir, sizeof(dir), "%s/links", root);
+	snprintf(t1, sizeof(t1), "%s/links-victim-step", root);
+	snprintf(t2, sizeof(t2), "%s/links-victim-recycle", root);
+	snprintf(t3, sizeof(t3), "%s/links-victim-planted", root);
+	T_ASSERT(mkdir(dir, 0755) == 0 && mkdir(t1, 0755) == 0 && mkdir(t2, 0755) == 0 && mkdir(t3, 0755) == 0);
+	T_ASSERT(!plant(t1, "manifest.json") && !plant(t1, "precious") && !plant(t2, "precious") &&
+		 !plant(t2, "rank-00000-of-00001.safetensors"));
+	T_ASSERT(ferry_ckpt_step_path(dir, 1, p, sizeof(p)) > 0);
+	T_ASSERT(symlink(t1, p) == 0);
+	snprintf(p, sizeof(p), "%s/recycle", dir);
+	T_ASSERT(symlink(t2, p) == 0);
+	T_ASSERT(ferry_ckpt_open(ctx, dir, 0, 1, &ck) == 0);
+	T_EQ_INT(ferry_ckpt_set(ck, "keep", "1"), 0);
+	for (int64_t s = 2; s <= 4; s++) {
+		fill_step(bufs0, s, 0);
+		T_EQ_INT(add_all(ck, bufs0, 0), 0);
+		int r = ferry_ckpt_save(ck, s);
+		T_EQ_INT(r, 0);
+		if (r)
+			fprintf(stderr, "%s\n", ferry_last_error());
+	}
+	T_EQ_INT(ferry_ckpt_latest(dir), 4);
+	T_EQ_INT(check_content(dir, 4, 1), 0);
+	T_EQ_INT(ferry_ckpt_prune(dir, 1) >= 0, 1);
+	T_EQ_INT(exists(t1, "manifest.json"), 1);
+	T_EQ_INT(exists(t1, "precious"), 1);
+	T_EQ_INT(exists(t2, "precious"), 1);
+	T_EQ_INT(exists(t2, "rank-00000-of-00001.safetensors"), 1);
+	T_EQ_INT(count_entries(t1), 2);
+	T_EQ_INT(count_entries(t2), 2);
+	T_EQ_INT(exists(dir, "step-000000000001"), 1); /* the symlink itself is not ferry's either */
+	/* a planted symlinked step: the save refuses it, naming it, and its target stays empty */
+	T_ASSERT(ferry_ckpt_step_path(dir, 10, p, sizeof(p)) > 0);
+	T_ASSERT(symlink(t3, p) == 0);
+	fill_step(bufs0, 10, 0);
+	T_EQ_INT(add_all(ck, bufs0, 0), 0);
+	T_EQ_INT(ferry_ckpt_save(ck, 10), -ELOOP);
+	T_CHECK(strstr(ferry_last_error(), "step-000000000010") != NULL);
+	T_EQ_INT(count_entries(t3), 0);
+	T_EQ_INT(ferry_ckpt_latest(dir), 4);
+	ferry_ckpt_destroy(ck);
+}
+
+/* The lock holder (--hold DIR): opens rank 0 of DIR, says so (DIR/held), destroys the handle once
+ * DIR/release exists (DIR/released), then waits to be killed. */
+static void holder(const char *dir)
+{
+	ferry_ckpt *ck;
+	ferry_ctx *c;
+	if (ferry_ctx_create(&c) || ferry_ckpt_open(c, dir, 0, 1, &ck) || plant(dir, "held"))
+		_exit(3);
+	while (!exists(dir, "release"))
+		usleep(1000);
+	ferry_ckpt_destroy(ck);
+	if (plant(dir, "released"))
+		_exit(4);
+	for (;;)
+		pause();
+}
+
+static pid_t start_holder(const char *dir)
+{
+	pid_t pid = fork();
+	if (pid == 0) {
+		execl("/proc/self/exe", "test_ckpt", "--hold", dir, (char *)NULL);
+		_exit(6);
+	}
+	for (int i = 0; pid > 0 && i < 20000 && !exists(dir, "held"); i++)
+		usleep(1000);
+	return pid;
+}
+
+/*
+ * Two processes writing the same rank of one directory (issue 20, finding 6): the second is refused
+ * with FERRY_EBUSY naming the holder's PID; another rank is not; once the holder destroys its
+ * handle, or dies, a new writer gets in.
+ */
+static void test_lock(void)
+{
+	char dir[600], pid_text[32];
+	ferry_ckpt *ck;
+	snprintf(dir, sizeof(dir), "%s/lock", root);
+	T_ASSERT(mkdir(dir, 0755) == 0);
+	for (int death = 0; death < 2; death++) {
+		pid_t pid = start_holder(dir);
+		T_ASSERT(pid > 0 && exists(dir, "held"));
+		T_EQ_INT(ferry_ckpt_open(ctx, dir, 0, 1, &ck), FERRY_EBUSY);
+		snprintf(pid_text, sizeof(pid_text), "pid %d ", (int)pid);
+		T_CHECK(strstr(ferry_last_error(), pid_text) != NULL);
+		if (!strstr(ferry_last_error(), pid_text))
+			fprintf(stderr, "lock: \"%s\" does not name the holder, %s\n", ferry_last_error(), pid_text);
+		T_EQ_INT(ferry_ckpt_open(ctx, dir, 1, 2, &ck), 0); /* another rank */
+		ferry_ckpt_destroy(ck);
+		int st;
+		if (death) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0); /* the kernel drops a dead process's locks as it exits */
+		} else {
+			T_ASSERT(plant(dir, "release") == 0);
+			for (int i = 0; i < 20000 && !exists(dir, "released"); i++)
+				usleep(1000);
+			T_EQ_INT(exists(dir, "released"), 1);
+		}
+		T_EQ_INT(ferry_ckpt_open(ctx, dir, 0, 1, &ck), 0);
+		ferry_ckpt_destroy(ck);
+		if (!death) {
+			kill(pid, SIGKILL);
+			waitpid(pid, &st, 0);
+		}
+		const char *names[] = {"held", "release", "released"};
+		for (int i = 0; i < 3; i++) {
+			char p[700];
+			snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+			unlink(p);
+		}
+	}
+}
+
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
@@ -475,6 +637,8 @@ int main(int argc, char **argv)
 			bufs0[i] = malloc(sizes[i]);
 		child(argv[2], atoi(argv[3]));
 	}
+	if (argc == 3 && !strcmp(argv[1], "--hold"))
+		holder(argv[2]);
 	snprintf(root, sizeof(root), "%s/ckpt-%d", t_tmpdir(), (int)getpid());
 	mkdir(root, 0755);
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
@@ -484,6 +648,8 @@ int main(int argc, char **argv)
 	test_recycle();
 	test_ranks();
 	test_world_manifest();
+	test_symlinks();
+	test_lock();
 	test_crash(0, 30);
 	test_crash(1, 30);
 	for (int i = 0; i < NT; i++)
