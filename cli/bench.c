@@ -312,6 +312,13 @@ int ferry_cmd_bench(int argc, char **argv)
 			goto done;
 		}
 	}
+	/* O_DIRECT transfers must be whole logical blocks (512 bytes at least; the file's own block
+	 * size is checked when it is opened), as fio refuses too */
+	if (jo->direct == 1 && (jo->bs % 512 || c.bs_max % 512)) {
+		rc = cli_usage_error(&cmd, NULL, "--bs %" PRIu64 " is not a multiple of 512 bytes, the smallest logical "
+			 "block size that --direct 1 (O_DIRECT) needs", jo->bs % 512 ? jo->bs : c.bs_max);
+		goto done;
+	}
 	if (jo->xmode != BENCH_X_NONE && jo->verify) {
 		rc = cli_usage_error(&cmd, NULL, "--verify checks host memory; it does not go with -x");
 		goto done;

@@ -137,6 +137,12 @@ static int job_setup(struct bench_job *j)
 		return -1;
 	}
 	j->direct = ferry_file_is_direct(j->file);
+	uint32_t lbs = ferry_file_block_size(j->file);
+	if (o->direct == 1 && j->direct && lbs && o->bs % lbs) {
+		job_fail(j, "--bs %" PRIu64 " is not a multiple of %s's logical block size, %u bytes, which --direct 1 "
+			 "(O_DIRECT) needs", o->bs, o->filename, lbs);
+		return -1;
+	}
 	if (o->cold == BENCH_COLD_FILE && (j->cold_fd = open(o->filename, O_RDONLY)) < 0) {
 		job_fail(j, "cannot open %s to drop its cached pages: %s", o->filename, strerror(errno));
 		return -1;
@@ -479,6 +485,11 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 	if (stat(o->filename, &st) == 0) {
 		if (S_ISDIR(st.st_mode))
 			return err1("%s is a directory; --filename needs a file", o->filename);
+		/* opening a FIFO blocks until a writer comes; a socket cannot be opened. Block
+		 * devices stay allowed (raw-device benches, as fio's). */
+		if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+			return err1("%s is a %s; --filename needs a regular file or a block device", o->filename,
+				    S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : "socket");
 		ferry_file *f;
 		int flags = (bench_rw_writes(o->rw) ? FERRY_O_RDWR : FERRY_O_RDONLY) | FERRY_O_BUFFERED;
 		int err = ferry_file_open(ctx, o->filename, flags, &f);

@@ -117,6 +117,13 @@ int ferry__sys_probe_file(const char *path, char *file, size_t flen, int *create
 		snprintf(how, hlen, "stat(%s): %s", path, strerror(-err));
 		return err;
 	}
+	/* opening a FIFO blocks until a writer comes: only regular files, directories and block
+	 * devices are probed */
+	if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode) || S_ISCHR(st.st_mode)) {
+		snprintf(how, hlen, "%s is a %s, not a regular file or directory: not probed", path,
+			 S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : S_ISSOCK(st.st_mode) ? "socket" : "character device");
+		return -ENXIO;
+	}
 	if (S_ISDIR(st.st_mode) && access(path, W_OK) == 0) {
 		/* The one file the doctor ever writes: created with O_EXCL, 4 KiB, removed at once. */
 		temp_name(file, flen, path);

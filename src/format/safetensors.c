@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/base.h"
 #include "base/byteorder.h"
@@ -443,6 +444,22 @@ int ferry__st_parse(const void *buf, size_t len, uint64_t file_size, const char 
 	return 0;
 }
 
+/* Refuses what is not a regular file before any open: opening a FIFO blocks until a writer comes. */
+static int reject_special(const char *path)
+{
+	struct stat sb;
+	if (stat(path, &sb) < 0 || S_ISREG(sb.st_mode))
+		return 0; /* the open names the error */
+	const char *what = S_ISDIR(sb.st_mode)	  ? "a directory"
+			   : S_ISFIFO(sb.st_mode) ? "a FIFO (named pipe)"
+			   : S_ISSOCK(sb.st_mode) ? "a socket"
+			   : S_ISCHR(sb.st_mode)  ? "a character device"
+			   : S_ISBLK(sb.st_mode)  ? "a block device"
+						  : "not a regular file";
+	return ferry__error(S_ISDIR(sb.st_mode) ? -EISDIR : -EINVAL, "%s: is %s; safetensors are read from regular files",
+			    path, what);
+}
+
 int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out)
 {
 	unsigned char pre[8];
@@ -451,7 +468,10 @@ int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out)
 	if (!st)
 		return ferry__error(-ENOMEM, "safetensors: out of memory");
 	st->ctx = ctx;
-	int r = ferry_file_open(ctx, path, FERRY_O_RDONLY, &st->file);
+	int r = reject_special(path);
+	if (r)
+		goto fail;
+	r = ferry_file_open(ctx, path, FERRY_O_RDONLY, &st->file);
 	int64_t size = r ? r : ferry_file_size(st->file);
 	ssize_t got = 0;
 	if (size < 0) {
