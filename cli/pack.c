@@ -199,40 +199,179 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	return 0;
 }
 
+/* Length of the valid UTF-8 prefix of [p, e) (RFC 3629: no overlongs, surrogates or > U+10FFFF). */
+static size_t utf8_valid(const unsigned char *p, const unsigned char *e)
+{
+	const unsigned char *b = p;
+	while (p < e) {
+		unsigned c = *p, n = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
+		if (n == 9 || (size_t)(e - p) <= n || c == 0xc0 || c == 0xc1 || c > 0xf4)
+			return (size_t)(p - b);
+		for (unsigned k = 1; k <= n; k++)
+			if ((p[k] & 0xc0) != 0x80)
+				return (size_t)(p - b);
+		if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f) || (c == 0xf0 && p[1] < 0x90) ||
+		    (c == 0xf4 && p[1] > 0x8f))
+			return (size_t)(p - b);
+		p += n + 1;
+	}
+	return (size_t)(p - b);
+}
+
+static const unsigned char *json_ws(const unsigned char *p, const unsigned char *e)
+{
+	while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
+		p++;
+	return p;
+}
+
+/* The end of the one JSON value (RFC 8259) at p, or NULL. */
+static const unsigned char *json_value(const unsigned char *p, const unsigned char *e, int depth)
+{
+	p = json_ws(p, e);
+	if (p == e || depth > 512)
+		return NULL;
+	if (*p == '"') {
+		for (p++; p < e && *p != '"'; p++) {
+			if (*p < 0x20)
+				return NULL;
+			if (*p == '\\') {
+				if (++p == e || !strchr("\"\\/bfnrtu", *p))
+					return NULL;
+				if (*p == 'u')
+					for (int k = 0; k < 4; k++)
+						if (++p == e || !strchr("0123456789abcdefABCDEF", *p))
+							return NULL;
+			}
+		}
+		return p < e ? p + 1 : NULL;
+	}
+	if (*p == '{' || *p == '[') {
+		unsigned char close = *p == '{' ? '}' : ']';
+		p = json_ws(p + 1, e);
+		if (p < e && *p == close)
+			return p + 1;
+		for (;;) {
+			if (close == '}') {
+				p = json_ws(p, e);
+				if (p == e || *p != '"' || !(p = json_value(p, e, depth + 1)))
+					return NULL;
+				p = json_ws(p, e);
+				if (p == e || *p++ != ':')
+					return NULL;
+			}
+			if (!(p = json_value(p, e, depth + 1)))
+				return NULL;
+			p = json_ws(p, e);
+			if (p < e && *p == ',') {
+				p++;
+				continue;
+			}
+			return p < e && *p == close ? p + 1 : NULL;
+		}
+	}
+	static const char *const lits[] = {"true", "false", "null"};
+	for (int k = 0; k < 3; k++) {
+		size_t l = strlen(lits[k]);
+		if ((size_t)(e - p) >= l && !memcmp(p, lits[k], l))
+			return p + l;
+	}
+	/* a number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
+	if (p < e && *p == '-')
+		p++;
+	if (p == e || *p < '0' || *p > '9')
+		return NULL;
+	if (*p == '0')
+		p++;
+	else
+		while (p < e && *p >= '0' && *p <= '9')
+			p++;
+	if (p < e && *p == '.') {
+		if (++p == e || *p < '0' || *p > '9')
+			return NULL;
+		while (p < e && *p >= '0' && *p <= '9')
+			p++;
+	}
+	if (p < e && (*p == 'e' || *p == 'E')) {
+		if (++p < e && (*p == '+' || *p == '-'))
+			p++;
+		if (p == e || *p < '0' || *p > '9')
+			return NULL;
+		while (p < e && *p >= '0' && *p <= '9')
+			p++;
+	}
+	return p;
+}
+
+/* 0 when the line (no newline) is valid UTF-8 holding one JSON value; else prints why and returns -1. */
+static int check_jsonl_line(const char *path, uint64_t lineno, const unsigned char *b, size_t len)
+{
+	size_t ok = utf8_valid(b, b + len);
+	if (ok != len) {
+		fprintf(stderr, "ferry pack: %s:%llu: invalid UTF-8 at byte %zu of the line (JSON Lines are UTF-8)\n",
+			path, (unsigned long long)lineno, ok + 1);
+		return -1;
+	}
+	const unsigned char *end = json_value(b, b + len, 0);
+	if (!end || json_ws(end, b + len) != b + len) {
+		fprintf(stderr, "ferry pack: %s:%llu: not one JSON value (a broken or truncated line?)\n", path,
+			(unsigned long long)lineno);
+		return -1;
+	}
+	return 0;
+}
+
 static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
 {
-	size_t cap = 1 << 20;
-	char *buf = malloc(cap);
-	uint64_t pos = 0, line = 0;
-	while (pos < size) {
-		ssize_t r = pread(fd, buf, cap, (off_t)pos);
+	/* the whole file is read (each line checked: UTF-8, one JSON value; blank lines are skipped) */
+	const char *path = p->srcs[si].path;
+	unsigned char *buf = size ? malloc(size) : NULL;
+	if (size && !buf) {
+		fprintf(stderr, "ferry pack: %s: cannot hold its %llu bytes to check its lines\n", path,
+			(unsigned long long)size);
+		return -1;
+	}
+	for (uint64_t got = 0; got < size;) {
+		ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
 		if (r <= 0) {
+			fprintf(stderr, "ferry pack: %s: read at %llu: %s\n", path, (unsigned long long)got,
+				r < 0 ? strerror(errno) : "file shrank");
 			free(buf);
 			return -1;
 		}
-		uint64_t i = 0;
-		for (; i < (uint64_t)r; i++)
-			if (buf[i] == '\n') {
-				if (pos + i > line && add_sample(p, si, line, pos + i - line))
-					return -1;
-				line = pos + i + 1;
-			}
-		pos += (uint64_t)r;
+		got += (uint64_t)r;
 	}
-	if (size > line && add_sample(p, si, line, size - line))
-		return -1;
+	uint64_t line = 0, lineno = 0;
+	int rc = 0;
+	for (uint64_t i = 0; !rc && i <= size; i++) {
+		if (i < size && buf[i] != '\n')
+			continue;
+		lineno++;
+		uint64_t len = i - line;
+		const unsigned char *b = buf + line, *blank = len ? json_ws(b, b + len) : b;
+		if (len && blank != b + len)
+			rc = check_jsonl_line(path, lineno, b, (size_t)len) || add_sample(p, si, line, i - line) ? -1 : 0;
+		line = i + 1;
+	}
 	free(buf);
-	return 0;
+	return rc;
 }
 
 static int scan(struct pack *p)
 {
 	for (size_t si = 0; si < p->nsrc; si++) {
 		struct src *s = &p->srcs[si];
-		s->fd = open(s->path, O_RDONLY | O_CLOEXEC);
+		/* O_NONBLOCK: a FIFO named as an input must not block the open; it is refused below */
+		s->fd = open(s->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 		struct stat st;
 		if (s->fd < 0 || fstat(s->fd, &st) < 0) {
 			fprintf(stderr, "ferry pack: %s: %s\n", s->path, strerror(errno));
+			return -1;
+		}
+		if (!S_ISREG(st.st_mode)) {
+			fprintf(stderr, "ferry pack: %s: is a %s, not a regular file\n", s->path,
+				S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : S_ISCHR(st.st_mode) ? "character device"
+				: S_ISBLK(st.st_mode) ? "block device" : "special file");
 			return -1;
 		}
 		uint64_t size = (uint64_t)st.st_size;
@@ -360,7 +499,10 @@ static const struct cli_cmd cmd = {
 	.synopsis = "ferry pack [options] -o OUT INPUT...",
 	.about = "Packs files, directories (walked in name order), JSON Lines (.jsonl: a sample per line) or\n"
 		 "token arrays (.npy: 1-D one sample, 2-D a sample per row; raw: --input raw --dtype T) into\n"
-		 "ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).",
+		 "ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).\n"
+		 "Refused (exit 1, naming the file and line): a .jsonl line that is not valid UTF-8 holding one\n"
+		 "JSON value (blank lines are skipped), an input that is not a regular file or directory, an\n"
+		 "empty directory, and inputs that hold no samples at all.",
 	.opts = rows,
 	.min_args = 1,
 	.max_args = -1,
@@ -409,11 +551,21 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 			fprintf(stderr, "ferry pack: %s: %s\n", inputs[i], strerror(errno));
 			return 1;
 		}
+		size_t before = p.nsrc;
 		if (S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i]) < 0)
 			return 1;
+		if (S_ISDIR(st.st_mode) && p.nsrc == before) {
+			fprintf(stderr, "ferry pack: %s: the directory holds no files to pack\n", inputs[i]);
+			return 1;
+		}
 	}
 	if (scan(&p))
 		return 1;
+	if (!p.n) {
+		fprintf(stderr, "ferry pack: no samples in %s%s: nothing to pack\n", ninputs ? inputs[0] : "the inputs",
+			ninputs > 1 ? " and the other inputs" : "");
+		return 1;
+	}
 	if (p.dtype < 0)
 		p.dtype = FERRY_DT_BYTES;
 	ferry_ctx *ctx;

@@ -3,7 +3,9 @@
  *   "MMIDIDX\0\0", u64 version 1, u8 dtype code, u64 sequence count S, u64 document count D,
  *   int32 sizes[S] (elements), int64 pointers[S] (byte offsets in .bin), int64 documents[D].
  * Multimodal indexes append int8 modes[S]; bytes after the documents are ignored, as Megatron does.
- * Datasets are read as they are: pointers need not be increasing (Megatron only writes them so).
+ * Megatron writes each pointer as the running sum of the sizes before it: a pointer before the end
+ * of the previous sequence (out of order, or overlapping it) is refused as corrupt, naming both byte
+ * ranges; gaps between sequences are allowed.
  */
 #include <errno.h>
 #include <limits.h>
@@ -69,6 +71,16 @@ int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name
 		}
 		out->off[i] = (uint64_t)ptr;
 		out->len[i] = (uint64_t)sz * esize;
+		if (i && out->off[i] < out->off[i - 1] + out->len[i - 1]) {
+			uint64_t a = out->off[i - 1], b = a + out->len[i - 1];
+			ferry__index_free(out);
+			return CORRUPT("%s: sequence %llu: bytes [%lld, %llu) %s sequence %llu's [%llu, %llu) "
+				       "(Megatron's pointers increase: each starts where the previous ends)",
+				       name, (unsigned long long)i, (long long)ptr,
+				       (unsigned long long)((uint64_t)ptr + (uint64_t)sz * esize),
+				       (uint64_t)ptr < a ? "lie before" : "overlap", (unsigned long long)(i - 1),
+				       (unsigned long long)a, (unsigned long long)b);
+		}
 		out->bytes += out->len[i];
 		if (out->off[i] + out->len[i] > end)
 			end = out->off[i] + out->len[i];

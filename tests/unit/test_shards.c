@@ -225,6 +225,30 @@ int main(void)
 	T_ASSERT(truncate(q, 40) == 0);
 	expect_corrupt(p, "mega.idx", "truncated");
 	copy_file(save, q);
+	/* pointers out of order (1 and 2 swapped) or overlapping (1 inside 0): refused, naming the
+	 * sequence and both byte ranges (issue 20) */
+	{
+		const off_t ptrs = FERRY__MEGATRON_HEADER + 300 * 4;
+		int64_t ptr[3];
+		int32_t size0;
+		fd = open(q, O_RDWR);
+		T_ASSERT(fd >= 0 && pread(fd, ptr, sizeof(ptr), ptrs) == (ssize_t)sizeof(ptr));
+		T_ASSERT(pread(fd, &size0, 4, FERRY__MEGATRON_HEADER) == 4 && size0 > 0 && ptr[1] < ptr[2]);
+		int64_t swapped[2] = {ptr[2], ptr[1]};
+		T_ASSERT(pwrite(fd, swapped, sizeof(swapped), ptrs + 8) == (ssize_t)sizeof(swapped));
+		close(fd);
+		char want[64];
+		snprintf(want, sizeof(want), "[%lld, ", (long long)ptr[1]);
+		expect_corrupt(p, "mega.idx: sequence 2", want);
+		copy_file(save, q);
+		fd = open(q, O_RDWR);
+		T_ASSERT(fd >= 0 && pwrite(fd, &ptr[0], 8, ptrs + 8) == 8);
+		close(fd);
+		snprintf(want, sizeof(want), "sequence 0's [%lld, %lld)", (long long)ptr[0],
+			 (long long)(ptr[0] + size0 * 2));
+		expect_corrupt(p, "overlap", want);
+		copy_file(save, q);
+	}
 	snprintf(q, sizeof(q), "%s/mega.bin", dir);
 	T_ASSERT(stat(q, &st) == 0);
 	T_ASSERT(truncate(q, st.st_size / 2) == 0);
