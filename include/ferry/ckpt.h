@@ -25,7 +25,12 @@ extern "C" {
 
 typedef struct ferry_ckpt ferry_ckpt;
 
-/* Opens (creates) the checkpoint directory dir for rank of world ranks. Returns 0 or an error. */
+/*
+ * Opens (creates) the checkpoint directory dir for rank of world ranks, as that rank's one writer:
+ * it holds a lock on DIR/.ferry-lock-rank-R while open (handles of one process share it). Returns
+ * 0, FERRY_EBUSY when another process writes the same rank (the message names its pid and host),
+ * or another error.
+ */
 FERRY_API FERRY_WUR int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_ckpt **out);
 /* Waits for a save in flight, then frees. NULL is accepted. */
 FERRY_API void ferry_ckpt_destroy(ferry_ckpt *ck);
