@@ -20,12 +20,7 @@ def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
 
 
-# struct ferry__publish (src/engine/publish.h): 192 bytes, counters at 136.
-MAGIC = 0x3159524546
-def publication(pid, name, path, counters):
-    head = struct.pack("<QIIiIII", MAGIC, 1, 192, pid, 0, 0, 0) + struct.pack("<Q", time.time_ns())
-    body = name.encode().ljust(64, b"\0") + path.encode().ljust(32, b"\0")
-    return head + body + struct.pack("<7Q", *counters)
+from _top import publication
 
 pubfile = os.path.join(run, "ferry-%d-0.stats" % os.getpid())
 with open(pubfile, "wb") as f:

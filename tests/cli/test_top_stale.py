@@ -4,10 +4,8 @@ SIGKILL), keeps the file of a live process (shown as a row), and leaves alone a 
 of another user (tried only as root, which can chown one)."""
 import json
 import os
-import struct
 import subprocess
 import sys
-import time
 
 ferry = sys.argv[1]
 run = os.path.join(os.environ.get("FERRY_TEST_TMPDIR", "/tmp"), "top-stale-%d" % os.getpid())
@@ -21,12 +19,7 @@ def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
 
 
-# struct ferry__publish (src/engine/publish.h): 192 bytes, counters at 136.
-MAGIC = 0x3159524546
-def publication(pid, name):
-    head = struct.pack("<QIIiIII", MAGIC, 1, 192, pid, 0, 0, 0) + struct.pack("<Q", time.time_ns())
-    body = name.encode().ljust(64, b"\0") + b"-".ljust(32, b"\0")
-    return head + body + struct.pack("<7Q", *([0] * 7))
+from _top import publication
 
 def put(name, pid):
     path = os.path.join(run, name)
