@@ -98,12 +98,26 @@ static int walk(struct pack *p, const char *dir)
 			continue;
 		if (n == cap) {
 			cap = cap ? cap * 2 : 64;
-			names = realloc(names, cap * sizeof(char *));
+			char **grown = realloc(names, cap * sizeof(char *));
+			if (!grown)
+				break;
+			names = grown;
 		}
-		names[n++] = strdup(e->d_name);
+		if (!(names[n] = strdup(e->d_name)))
+			break;
+		n++;
 	}
+	int oom = e != NULL; /* the loop stopped before the end: out of memory */
 	closedir(d);
-	qsort(names, n, sizeof(char *), cmp_str);
+	if (oom) {
+		fprintf(stderr, "ferry pack: %s: out of memory listing it\n", dir);
+		for (size_t i = 0; i < n; i++)
+			free(names[i]);
+		free(names);
+		return -1;
+	}
+	if (n) /* qsort's base may not be NULL, even for no elements */
+		qsort(names, n, sizeof(char *), cmp_str);
 	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		char path[4096];
