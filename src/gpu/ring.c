@@ -93,11 +93,6 @@ void ferry__ring_destroy(struct ferry__ring_gpu *r)
 	free(r);
 }
 
-int ferry__ring_device(const struct ferry__ring_gpu *r)
-{
-	return r->dev;
-}
-
 void *ferry__ring_stream(const struct ferry__ring_gpu *r)
 {
 	return r->stream;

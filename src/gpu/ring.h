@@ -37,7 +37,6 @@ int ferry__ring_create(int dev, unsigned ntickets, unsigned flags, struct ferry_
 void ferry__ring_destroy(struct ferry__ring_gpu *r);
 /* At least n tickets (existing tickets keep their numbers). */
 int ferry__ring_reserve(struct ferry__ring_gpu *r, unsigned n);
-int ferry__ring_device(const struct ferry__ring_gpu *r);
 /* The ring's stream (a CUstream), for work that must be ordered with its copies (cuFile's stream
  * API). */
 void *ferry__ring_stream(const struct ferry__ring_gpu *r);
