@@ -165,6 +165,7 @@ typedef struct ferry_loader_batch ferry_loader_batch;
  *   samples, LLM pre-training style), world_size (1), rank (0), seed (0), epoch (first epoch, 0),
  *   epochs (0: run until destroyed), order (sequential|shuffle|block), block (samples per block,
  *   256), drop_last (0|1, the sampler's), drop_last_batch (0|1: drop a short last batch),
+ *   documents (0|1: each batch also has position_ids and cu_seqlens, below),
  *   prefetch (batches kept ready, 4), threads (pipeline threads, 1), merge_gap (bytes between two
  *   reads that are still merged into one, 0), device (-1: host memory; N: CUDA device N), state
  *   (a string from ferry_loader_state: resume there).
@@ -223,6 +224,18 @@ FERRY_API const int64_t *ferry_loader_batch_indices(const ferry_loader_batch *b)
 FERRY_API uint64_t ferry_loader_batch_epoch(const ferry_loader_batch *b);
 /* Position of the batch in its epoch (0-based). */
 FERRY_API uint64_t ferry_loader_batch_step(const ferry_loader_batch *b);
+/*
+ * With the knob documents=1, where documents start inside the batch (host memory, valid while the
+ * batch is held; read them before ferry_loader_take). The batch's elements form sequences: each
+ * row (seq_len > 0) or sample (seq_len 0) starts one, and so does each document start inside a
+ * row (ferry datasets: every sample is a document; Megatron: each document index). position_ids
+ * has one entry per element: its distance from its sequence's first element. cu_seqlens are the
+ * *count sequence boundaries in elements (0, ..., elements), as FlashAttention's varlen kernels
+ * take them; *max_seqlen the longest sequence. NULL (and 0s) when documents is off.
+ */
+FERRY_API const int64_t *ferry_loader_batch_position_ids(const ferry_loader_batch *b);
+FERRY_API const int32_t *ferry_loader_batch_cu_seqlens(const ferry_loader_batch *b, uint32_t *count,
+						       uint32_t *max_seqlen);
 
 /*
  * The resume point after the batches returned so far, as a NUL-terminated line

@@ -53,6 +53,10 @@ struct ferry_loader_batch {
 	struct ferry__ring_gpu *ring; /* the ring that uploaded it (ticket: the slot's index) */
 	uint64_t *offsets; /* [batch_size + 1] */
 	int64_t *indices;  /* [batch_size] */
+	/* documents=1: each element's position in its sequence, and the sequences' cumulative lengths */
+	int64_t *pos;      /* [slot elements] */
+	int32_t *cu;       /* [ncu], grown as needed */
+	uint32_t ncu, cu_cap, max_seqlen;
 };
 
 struct piece {
@@ -85,13 +89,14 @@ struct ferry_loader {
 	/* knobs */
 	uint32_t batch_size, world_size, rank, threads, prefetch;
 	uint64_t seq_len, seed, epoch, epochs, block, merge_gap;
-	int order, drop_last, drop_last_batch, device, inline_cached;
+	int order, drop_last, drop_last_batch, device, inline_cached, documents;
 	/* resume position */
 	uint64_t pos_epoch, pos_batch;
 	/* derived */
 	uint64_t items, per_rank, bpe, end_seq;
 	size_t esize, slot_bytes;
 	uint64_t *cum; /* token mode: byte prefix sums of the samples, [n + 1] */
+	uint8_t *doc_start; /* documents=1, Megatron: sample i starts a document; NULL: every one does */
 	/* pipeline */
 	int started, stop, failed;
 	pthread_mutex_t mu;
@@ -168,6 +173,8 @@ static const struct ferry__knob loader_rows[] = {
 	LOADER(block, UINT, 256, 1, UINT64_MAX, .doc = "samples per block of the block order"),
 	LOADER(drop_last, BOOL, 0, 0, 1, .doc = "the sampler's drop_last"),
 	LOADER(drop_last_batch, BOOL, 0, 0, 1, .doc = "drop a short last batch"),
+	LOADER(documents, BOOL, 0, 0, 1,
+	       .doc = "each batch also gives position_ids and cu_seqlens of the documents in it"),
 	{.name = "device", .type = FERRY__KNOB_UINT, FERRY__KNOB_AT(struct ferry_loader, device),
 	 .def = (uint64_t)-1, .min = (uint64_t)-1, .max = 1024, .flags = FERRY__KNOB_SIGNED,
 	 .parse = parse_device, .expect = "cpu, -1, N, cuda:N or cuda (N from 0 to 1024)",
@@ -331,6 +338,24 @@ static int read_inline(const struct ferry_loader *l, uint32_t file, uint64_t off
 	return 1;
 }
 
+/* documents=1: a sequence of the batch starts at element `at`. */
+static int cu_push(struct ferry_loader_batch *s, uint64_t at, uint64_t *seg)
+{
+	if (s->ncu == s->cu_cap) {
+		uint32_t c = s->cu_cap ? s->cu_cap * 2 : 64;
+		int32_t *p = realloc(s->cu, c * sizeof(*p));
+		if (!p)
+			return ferry__error(-ENOMEM, "loader: cu_seqlens of %u sequences", c);
+		s->cu = p;
+		s->cu_cap = c;
+	}
+	if (s->ncu && at - (uint64_t)s->cu[s->ncu - 1] > s->max_seqlen)
+		s->max_seqlen = (uint32_t)(at - (uint64_t)s->cu[s->ncu - 1]);
+	s->cu[s->ncu++] = (int32_t)at; /* setup bounds a batch's elements by INT32_MAX */
+	*seg = at;
+	return 0;
+}
+
 static int fill(struct worker *w, struct ferry_loader_batch *s)
 {
 	struct ferry_loader *l = w->l;
@@ -346,18 +371,27 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	s->step = b;
 	s->count = (uint32_t)count;
 	size_t np = 0;
-	uint64_t pos = 0;
+	uint64_t pos = 0, seg = 0;
+	const int docs = l->documents;
+	s->ncu = 0;
+	s->max_seqlen = 0;
 	for (uint64_t k = 0; k < count; k++) {
 		int64_t item = w->epoch_idx[first + k];
 		s->indices[k] = item;
 		s->offsets[k] = pos;
+		/* each row (or sample) starts a sequence */
+		if (docs && (err = cu_push(s, pos / l->esize, &seg)))
+			return err;
 		if (!l->seq_len) {
 			uint64_t i = (uint64_t)item;
 			if ((err = add_piece(w, &np, ferry__index_shard_of(x, i), x->off[i], x->len[i], pos, item)))
 				return err;
+			for (uint64_t e = 0; docs && e < x->len[i] / l->esize; e++)
+				s->pos[seg + e] = (int64_t)e;
 			pos += x->len[i];
 			continue;
 		}
+		int pending = 0; /* a document starts with the next token */
 		uint64_t want = l->seq_len * l->esize, at = (uint64_t)item * want;
 		uint64_t lo = 0, hi = x->n;
 		while (hi - lo > 1) { /* sample holding stream byte `at` */
@@ -371,6 +405,19 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			uint64_t in = at - l->cum[i], take = x->len[i] - in;
 			if (take > want)
 				take = want;
+			if (docs) {
+				if (!in && (!l->doc_start || l->doc_start[i]))
+					pending = 1;
+				if (take) {
+					uint64_t e0 = pos / l->esize, ne = take / l->esize;
+					if (pending && e0 != seg && (err = cu_push(s, e0, &seg)))
+						return err;
+					pending = 0;
+					int64_t *p = s->pos + e0, base = (int64_t)(e0 - seg);
+					for (uint64_t e = 0; e < ne; e++)
+						p[e] = base + (int64_t)e;
+				}
+			}
 			if (take && (err = add_piece(w, &np, ferry__index_shard_of(x, i), x->off[i] + in, take,
 						     pos, (int64_t)i)))
 				return err;
@@ -381,6 +428,8 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	}
 	s->offsets[count] = pos;
 	s->bytes = pos;
+	if (docs && (err = cu_push(s, pos / l->esize, &seg)))
+		return err;
 	for (size_t i = 0; i < np; i++)
 		w->sorted[i] = (uint32_t)i;
 	qsort_r(w->sorted, np, sizeof(*w->sorted), cmp_piece, w->pieces);
@@ -632,7 +681,9 @@ static int setup(struct ferry_loader *l, int with_cum)
 {
 	struct ferry__index *x = &l->ds->x;
 	free(l->cum);
+	free(l->doc_start);
 	l->cum = NULL;
+	l->doc_start = NULL;
 	l->esize = (size_t)ferry_dtype_bits(x->dtype) / 8; /* datasets hold whole-byte types only */
 	if (l->rank >= l->world_size)
 		return ferry__error(FERRY_EBADOPT, "loader: rank %u is not below world_size %u", l->rank,
@@ -659,6 +710,20 @@ static int setup(struct ferry_loader *l, int with_cum)
 	}
 	if (!l->slot_bytes)
 		l->slot_bytes = 1;
+	if (l->documents && !l->esize)
+		return ferry__error(FERRY_EBADOPT, "loader: documents needs a dataset of tokens");
+	if (l->documents && l->slot_bytes / l->esize > INT32_MAX)
+		return ferry__error(FERRY_EBADOPT, "loader: documents: a batch of %zu elements; cu_seqlens are "
+				    "int32 (at most %d elements a batch)", l->slot_bytes / l->esize, INT32_MAX);
+	/* Megatron: a document is the run of sequences from one document index to the next; in a
+	 * ferry dataset every sample is a document */
+	if (l->documents && with_cum && x->format == 1 && x->ndocs) {
+		if (!(l->doc_start = calloc(x->n ? x->n : 1, 1)))
+			return ferry__error(-ENOMEM, "loader: %" PRIu64 " samples", x->n);
+		for (uint64_t d = 0; d < x->ndocs; d++)
+			if ((uint64_t)x->doc_idx[d] < x->n)
+				l->doc_start[x->doc_idx[d]] = 1;
+	}
 	l->per_rank = ferry_distributed_num_samples(l->items, l->world_size, l->drop_last);
 	l->bpe = l->drop_last_batch ? l->per_rank / l->batch_size
 				    : (l->per_rank + l->batch_size - 1) / l->batch_size;
@@ -712,7 +777,9 @@ int ferry_loader_start(ferry_loader *l)
 		s->l = l;
 		s->offsets = malloc((l->batch_size + 1) * sizeof(uint64_t));
 		s->indices = malloc(l->batch_size * sizeof(int64_t));
-		if (!s->offsets || !s->indices) {
+		if (l->documents)
+			s->pos = malloc(l->slot_bytes / l->esize * sizeof(int64_t) + 1);
+		if (!s->offsets || !s->indices || (l->documents && !s->pos)) {
 			err = ferry__error(-ENOMEM, "loader: batch %u", i);
 			goto out;
 		}
@@ -793,6 +860,8 @@ void ferry_loader_destroy(ferry_loader *l)
 			buf_destroy(l, s->buf);
 		free(s->offsets);
 		free(s->indices);
+		free(s->pos);
+		free(s->cu);
 	}
 	pthread_mutex_lock(&l->mu);
 	struct ferry_loader_buffer *spare = l->spare;
@@ -814,10 +883,12 @@ void ferry_loader_destroy(ferry_loader *l)
 	free(l->slots);
 	free(l->workers);
 	free(l->cum);
+	free(l->doc_start);
 	free(l->waits);
 	l->slots = NULL;
 	l->workers = NULL;
 	l->cum = NULL;
+	l->doc_start = NULL;
 	l->waits = NULL;
 	l->pool = NULL;
 	if (last)
@@ -998,12 +1069,28 @@ const int64_t *ferry_loader_batch_indices(const ferry_loader_batch *b) { return 
 uint64_t ferry_loader_batch_epoch(const ferry_loader_batch *b) { return b ? b->epoch : 0; }
 uint64_t ferry_loader_batch_step(const ferry_loader_batch *b) { return b ? b->step : 0; }
 
+const int64_t *ferry_loader_batch_position_ids(const ferry_loader_batch *b)
+{
+	return b && b->l->documents ? b->pos : NULL;
+}
+
+const int32_t *ferry_loader_batch_cu_seqlens(const ferry_loader_batch *b, uint32_t *count,
+					     uint32_t *max_seqlen)
+{
+	int on = b && b->l->documents;
+	if (count)
+		*count = on ? b->ncu : 0;
+	if (max_seqlen)
+		*max_seqlen = on ? b->max_seqlen : 0;
+	return on ? b->cu : NULL;
+}
+
 /* --------------------------------------------------------------------------------- resumption */
 
 #define STATE_FMT                                                                                 \
 	"ferry-loader-state 1 start_epoch=%" PRIu64 " epoch=%" PRIu64 " batch=%" PRIu64               \
 	" items=%" PRIu64 " world_size=%u rank=%u seed=%" PRIu64 " order=%s block=%" PRIu64         \
-	" batch_size=%u seq_len=%" PRIu64 " drop_last=%d drop_last_batch=%d"
+	" batch_size=%u seq_len=%" PRIu64 " drop_last=%d drop_last_batch=%d dataset_bytes=%" PRIu64
 
 int ferry_loader_state(const ferry_loader *l, char *buf, size_t len)
 {
@@ -1023,7 +1110,7 @@ int ferry_loader_state(const ferry_loader *l, char *buf, size_t len)
 	pthread_mutex_unlock(&m->mu);
 	int n = snprintf(buf, len, STATE_FMT, m->epoch, epoch, b, m->items, m->world_size, m->rank,
 			 m->seed, order_name(m->order), m->block, m->batch_size, m->seq_len, m->drop_last,
-			 m->drop_last_batch);
+			 m->drop_last_batch, m->ds->x.bytes);
 	if (n < 0 || (size_t)n >= len)
 		return ferry__error(-ENOSPC, "ferry_loader_state: %zu bytes are too few", len);
 	return n;
@@ -1043,6 +1130,13 @@ static int set_state(struct ferry_loader *l, const char *v)
 		       &dl, &dlb);
 	if (n != 13)
 		return ferry__error(FERRY_EBADOPT, "loader state: not a ferry-loader-state 1 line: '%.80s'", v);
+	/* A state holds the positions of one rank of one world size: at another world size the same
+	 * batch number is another place in the global order (and the padding differs), so it is
+	 * refused rather than remapped (docs/DATA.md, "Epochs, iteration and resumption"). */
+	if (world != l->world_size || rank != l->rank)
+		return ferry__error(FERRY_EBADOPT, "loader state: it was saved by rank %u of world_size %u, "
+				    "this loader is rank %u of world_size %u: a state resumes only the rank "
+				    "of the world size that saved it", rank, world, l->rank, l->world_size);
 #define SAME(field, have, want)                                                                  \
 	if ((uint64_t)(have) != (uint64_t)(want))                                                \
 		return ferry__error(FERRY_EBADOPT, "loader state: %s was %llu, the loader has %llu", \
@@ -1066,6 +1160,14 @@ static int set_state(struct ferry_loader *l, const char *v)
 	if (items != l->items)
 		return ferry__error(FERRY_EBADOPT, "loader state: the dataset had %" PRIu64 " samples, "
 				    "this one has %" PRIu64, items, l->items);
+	/* dataset_bytes came later: a line without it is still accepted */
+	const char *db = strstr(v, " dataset_bytes=");
+	if (db) {
+		uint64_t bytes = strtoull(db + 15, NULL, 10);
+		if (bytes != l->ds->x.bytes)
+			return ferry__error(FERRY_EBADOPT, "loader state: the dataset had %" PRIu64 " bytes, "
+					    "this one has %" PRIu64 " (another dataset)", bytes, l->ds->x.bytes);
+	}
 	if (l->bpe && b >= l->bpe)
 		return ferry__error(FERRY_EBADOPT, "loader state: batch %" PRIu64 " of %" PRIu64, b, l->bpe);
 	l->epoch = start;

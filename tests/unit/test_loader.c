@@ -327,6 +327,105 @@ int main(int argc, char **argv)
 			free(ix);
 		}
 	}
+	/* documents=1: position_ids restart at each row and each sample (a ferry dataset's documents);
+	 * cu_seqlens are those starts, checked against a reference from the samples' offsets. Windows
+	 * (shuffled, two ranks) and whole samples; off, both are NULL. */
+	for (int tokens = 0; tokens < 2; tokens++) {
+		const uint64_t L = 97;
+		const char *kv[] = {"batch_size", "5", "world_size", "2", "rank", "1", "seed", "9", "epochs", "1",
+				    "seq_len", tokens ? "97" : "0", "documents", "1", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		ferry_loader_batch *b;
+		uint64_t batches = 0, checked = 0;
+		int32_t *want = malloc((5 * 200 + 8) * sizeof(int32_t) * 4);
+		while (ferry_loader_next(l, &b) == 1) {
+			const int64_t *pos = ferry_loader_batch_position_ids(b);
+			const int64_t *ix = ferry_loader_batch_indices(b);
+			const uint64_t *o = ferry_loader_batch_offsets(b);
+			uint32_t n = ferry_loader_batch_samples(b), ncu = 0, maxlen = 0, nwant = 0, wmax = 0;
+			const int32_t *cu = ferry_loader_batch_cu_seqlens(b, &ncu, &maxlen);
+			T_ASSERT(pos && cu);
+			uint64_t elems = o[n] / 2;
+			for (uint32_t r = 0; r < n; r++) {
+				uint64_t e0 = o[r] / 2, e1 = o[r + 1] / 2;
+				uint64_t g0 = tokens ? (uint64_t)ix[r] * L : soff[ix[r]] / 2; /* in the whole stream */
+				want[nwant++] = (int32_t)e0;
+				uint64_t seg = e0;
+				for (uint64_t e = e0; e < e1; e++) {
+					uint64_t g = g0 + (e - e0);
+					/* does a sample start at stream element g? (binary search of soff) */
+					uint64_t lo = 0, hi = N;
+					while (hi - lo > 1) {
+						uint64_t mid = (lo + hi) / 2;
+						if (soff[mid] / 2 <= g)
+							lo = mid;
+						else
+							hi = mid;
+					}
+					if (e != e0 && soff[lo] / 2 == g) {
+						want[nwant++] = (int32_t)e;
+						seg = e;
+					}
+					if (pos[e] != (int64_t)(e - seg)) {
+						fprintf(stderr, "batch %llu element %llu: position %lld, want %llu\n",
+							(unsigned long long)batches, (unsigned long long)e, (long long)pos[e],
+							(unsigned long long)(e - seg));
+						t_failures++;
+						break;
+					}
+					checked++;
+				}
+			}
+			want[nwant++] = (int32_t)elems;
+			for (uint32_t k = 1; k < nwant; k++)
+				wmax = (uint32_t)(want[k] - want[k - 1]) > wmax ? (uint32_t)(want[k] - want[k - 1]) : wmax;
+			T_EQ_INT(ncu, nwant);
+			T_CHECK(ncu == nwant && memcmp(cu, want, nwant * sizeof(int32_t)) == 0);
+			T_EQ_INT(maxlen, wmax);
+			ferry_loader_batch_destroy(b);
+			batches++;
+		}
+		T_EQ_INT(batches, ferry_loader_batches_per_epoch(l));
+		T_CHECK(checked > 0);
+		free(want);
+		ferry_loader_destroy(l);
+		const char *off[] = {"batch_size", "5", "seq_len", tokens ? "97" : "0", NULL};
+		l = make_loader(ds, off);
+		T_EQ_INT(ferry_loader_next(l, &b), 1);
+		uint32_t ncu = 7;
+		T_CHECK(ferry_loader_batch_position_ids(b) == NULL &&
+			ferry_loader_batch_cu_seqlens(b, &ncu, NULL) == NULL && ncu == 0);
+		ferry_loader_batch_destroy(b);
+		ferry_loader_destroy(l);
+	}
+	/* a state names its world size: resuming it at another is refused, saying both */
+	{
+		const char *kv[] = {"batch_size", "7", "world_size", "2", "rank", "1", NULL};
+		ferry_loader *l = make_loader(ds, kv);
+		char st[512];
+		T_ASSERT(ferry_loader_state(l, st, sizeof(st)) > 0);
+		T_CHECK(strstr(st, " world_size=2 rank=1 ") && strstr(st, " dataset_bytes="));
+		ferry_loader_destroy(l);
+		const char *kv4[] = {"batch_size", "7", "world_size", "4", "rank", "1", NULL};
+		l = make_loader(ds, kv4);
+		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT);
+		T_CHECK(strstr(ferry_last_error(), "rank 1 of world_size 2") &&
+			strstr(ferry_last_error(), "rank 1 of world_size 4"));
+		ferry_loader_destroy(l);
+		/* another dataset of as many samples (dataset_bytes differs) is refused too */
+		char other[600];
+		snprintf(other, sizeof(other), "%s", st);
+		char *db = strstr(other, "dataset_bytes=");
+		T_ASSERT(db);
+		snprintf(db, sizeof(other) - (size_t)(db - other), "dataset_bytes=12");
+		l = make_loader(ds, kv);
+		T_EQ_INT(ferry_loader_set(l, "state", other), FERRY_EBADOPT);
+		T_CHECK(strstr(ferry_last_error(), "another dataset") != NULL);
+		/* a line from before dataset_bytes existed is still accepted */
+		*strstr(other, " dataset_bytes=") = 0;
+		T_EQ_INT(ferry_loader_set(l, "state", other), 0);
+		ferry_loader_destroy(l);
+	}
 	/* held batches are bounded by prefetch */
 	{
 		const char *kv[] = {"batch_size", "4", "prefetch", "2", NULL};
