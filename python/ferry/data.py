@@ -51,6 +51,8 @@ def _torch():
 def _check_replicas(num_replicas: int, rank: int) -> None:
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be at least 1, not {num_replicas}")
+    if num_replicas > 0xFFFFFFFF:  # the C sampler counts replicas in 32 bits
+        raise ValueError(f"num_replicas {num_replicas} is out of range: at most {0xFFFFFFFF}")
     if not 0 <= rank < num_replicas:
         raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
 
@@ -322,7 +324,7 @@ class Loader:
                  order: str | None = None, block: int = 256, drop_last: bool = False,
                  drop_last_batch: bool = False, device=None, prefetch: int = 4, threads: int = 1,
                  dtype=None, merge_gap: int = 0, pin_memory: bool = False, epoch: int = 0,
-                 context=None):
+                 documents: bool = False, context=None):
         torch = _torch()
         self._torch = torch
         self.dataset = path if isinstance(path, IndexedDataset) else \
@@ -346,6 +348,7 @@ class Loader:
         self.drop_last, self.drop_last_batch = bool(drop_last), bool(drop_last_batch)
         self.prefetch, self.threads = prefetch, threads
         self.pin_memory = bool(pin_memory)
+        self.documents = bool(documents)
 
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -374,7 +377,8 @@ class Loader:
         self._knobs = {"batch_size": batch_size, "seq_len": seq_len or 0, "world_size": world_size,
                        "rank": rank, "seed": seed % _U64, "order": order, "block": block,
                        "drop_last": int(self.drop_last), "drop_last_batch": int(self.drop_last_batch),
-                       "prefetch": prefetch, "threads": threads, "merge_gap": merge_gap}
+                       "prefetch": prefetch, "threads": threads, "merge_gap": merge_gap,
+                       "documents": int(self.documents)}
         self._epoch, self._batch = int(epoch), 0
         self._cl = None          # the C loader, positioned at (_epoch, _batch)
         self._pending = []       # (batch, event): slots whose device copy is in flight
@@ -447,10 +451,14 @@ class Loader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at the beginning of ``epoch`` (as DistributedSampler.set_epoch).
-        A no-op when the loader is already there (its prefetched batches are kept)."""
+        """Make ``epoch`` the loader's epoch (as DistributedSampler.set_epoch). On the current
+        epoch it is a no-op: the position is kept, mid-epoch too (after ``load_state_dict`` the
+        next batch is still the resumed one, and prefetched batches are kept); on any other epoch
+        the next iteration starts that epoch at its batch 0."""
         epoch = int(epoch)
-        if (epoch, 0) == (self._epoch, self._batch):
+        if epoch < 0:
+            raise ValueError(f"epoch must be non-negative, not {epoch}")
+        if epoch == self._epoch:
             return
         self._reset()
         self._epoch, self._batch = epoch, 0
@@ -488,6 +496,24 @@ class Loader:
         n = b.samples
         offsets = None if self.seq_len else b.offsets()
         self._last_idx = b.indices()
+        if not self.documents:
+            return self._data(b, n, offsets)
+        pos = torch.empty((n, self.seq_len) if self.seq_len else (b.nbytes // self._itemsize,),
+                          dtype=torch.int64, pin_memory=self._cdev >= 0)
+        cu, max_seqlen = b.documents(pos.numpy())  # before the batch is taken or released
+        cu = torch.frombuffer(bytearray(cu), dtype=torch.int32)
+        out = self._data(b, n, offsets)
+        if self._cdev >= 0:
+            pos = pos.to(self.device, non_blocking=True)
+            cu = cu.to(self.device)
+        if self.seq_len:
+            return {"input_ids": out, "position_ids": pos, "cu_seqlens": cu, "max_seqlen": max_seqlen}
+        return {"input_ids": out[0], "offsets": out[1], "position_ids": pos, "cu_seqlens": cu,
+                "max_seqlen": max_seqlen}
+
+    def _data(self, b, n, offsets):
+        """The batch's data (and offsets without seq_len) as tensors; the batch is taken or released."""
+        torch = self._torch
         if self._direct:
             # the batch's device memory itself, given back when the tensor is freed, after the
             # work queued by then on the current stream (as memory torch allocated on it)
@@ -534,14 +560,20 @@ class Loader:
     # -- resume and metrics --------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        """Where the next batch starts: ``{"epoch", "batch", "state"}`` (``state`` is the C loader's
-        line, which also pins the configuration). Save it with the model's checkpoint."""
-        return {"epoch": self._epoch, "batch": self._batch, "state": self._ensure().state()}
+        """Where the next batch starts: ``{"epoch", "batch", "world_size", "rank", "batch_size",
+        "seed", "state"}`` (``state`` is the C loader's line, which also pins the rest of the
+        configuration and the dataset's samples and bytes; the other keys are for reading). Save it
+        with the model's checkpoint, one per rank."""
+        return {"epoch": self._epoch, "batch": self._batch, "world_size": self.world_size,
+                "rank": self.rank, "batch_size": self.batch_size, "seed": self.seed,
+                "state": self._ensure().state()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue exactly after the batches a ``state_dict()`` had counted. The configuration
-        (world_size, rank, seed, order, block, batch_size, seq_len, drop_last, dataset size) must
-        match; a mismatch raises ``ferry.Error`` (``FERRY_EBADOPT``) naming the field."""
+        """Continue exactly after the batches a ``state_dict()`` had counted: the next ``iter()``
+        starts there, and ``set_epoch`` of that epoch keeps it. The configuration (world_size,
+        rank, seed, order, block, batch_size, seq_len, drop_last, the dataset's samples and bytes)
+        must match; a mismatch raises ``ferry.Error`` (``FERRY_EBADOPT``) naming the field (a state
+        saved at another world size names both; it is not remapped)."""
         line = state["state"]
         fields = dict(kv.split("=", 1) for kv in line.split()[2:] if "=" in kv)
         self._reset()
