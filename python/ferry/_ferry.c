@@ -1174,7 +1174,7 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	    add_int(m, "GDS_NATIVE", FERRY_GDS_NATIVE) < 0 ||
 	    add_int(m, "GDS_COMPAT", FERRY_GDS_COMPAT) < 0)
 		goto fail;
-	if (ferry__py_data_init(m) < 0) /* data (issue 6) */
+	if (ferry__py_data_init(m) < 0 || ferry__py_pack_init(m) < 0) /* data (issue 6), pack (21) */
 		goto fail;
 	Py_DECREF(codes);
 	if (ferry__py_ckpt_init(m) < 0) /* safetensors and checkpoints: _ckpt.c */

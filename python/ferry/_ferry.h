@@ -183,5 +183,7 @@ FERRY_PY_HIDDEN ferry_ctx *ferry__py_ctx(PyObject *obj);
 FERRY_PY_HIDDEN int ferry__py_ckpt_init(PyObject *m);
 /* _data.c: adds the dataset, loader and sample-order types and functions. */
 FERRY_PY_HIDDEN int ferry__py_data_init(PyObject *m);
+/* _pack.c: adds PackWriter, the dataset writer in phases (ferry.pack). */
+FERRY_PY_HIDDEN int ferry__py_pack_init(PyObject *m);
 
 #endif
