@@ -1,7 +1,10 @@
 /*
  * ferry pack: a directory of files, JSON Lines, or token arrays (.npy, raw) into ferry shards and
- * an index, or into Megatron's .bin/.idx. Sources are listed first (so the layout is known), then
- * threads copy whole ranges of samples; the index is published last (write, fsync, rename).
+ * an index, or into Megatron's .bin/.idx. Two passes, each holding one input open at a time (per
+ * copying thread) and a bounded window of it in memory, so that any number of inputs packs under
+ * the usual open-file limit: the scan reads each input once (JSON Lines checked line by line,
+ * sample lengths and places recorded: the writer lays out every shard before any data is written),
+ * then threads copy whole ranges of samples; the index is published last (write, fsync, rename).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -13,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -20,17 +24,27 @@
 #include "commands.h"
 #include "ferry/data.h"
 #include "ferry/ferry.h"
+#include "ferry_jsonl.h"
+#include "ferry_tools.h"
 
 enum { IN_AUTO, IN_FILES, IN_JSONL, IN_NPY, IN_RAW };
 
+/* Bytes of an input read at once, by the scan and by each copying thread. */
+#define WINDOW (4u << 20)
+
 struct src {
 	char *path;
-	int fd;
+	uint64_t size;
+	dev_t dev;
+	ino_t ino;
+	struct timespec mtime;
 };
 
+/* Sample bytes: at off in the source, as written (span 0), or a JSON value written in span bytes
+ * at off that decodes to len bytes (a string with escapes, an array of token ids). */
 struct sample {
-	uint32_t src;
 	uint64_t off, len;
+	uint32_t src, span;
 };
 
 struct pack {
@@ -38,11 +52,21 @@ struct pack {
 	size_t nsrc, src_cap;
 	struct sample *s;
 	uint64_t n, cap;
-	int in, dtype, keys;
-	uint64_t bytes;
+	int in, dtype, keys, skip_bad, quiet;
+	const char *key; /* --json-key */
+	int want;        /* 's': the member is a string, 'a': an array of token ids */
+	uint64_t max;    /* the largest token id the dtype holds */
+	size_t esize;    /* its bytes */
+	uint64_t bytes, in_bytes;
+	uint64_t skipped[FERRY_JSONL__COUNT], blank, skipped_out;
+	/* the output, so that walking the inputs leaves it out: ferry's directory, Megatron's files
+	 * and the directory that holds them (its temporaries there) */
+	struct stat out_dir, out_bin, out_idx, out_parent;
+	int has_out_dir, has_out_bin, has_out_idx, has_out_parent;
+	const char *out_base;
 	ferry_dataset_writer *w;
-	atomic_uint_fast64_t done;
-	atomic_int failed;
+	atomic_uint_fast64_t done, scanned, files_done;
+	atomic_int phase, stop, failed;
 	char err[1024];
 	pthread_mutex_t mu;
 };
@@ -54,29 +78,73 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int add_src(struct pack *p, const char *path)
+/* The reason an open failed, with the limit when it is the open-file limit. */
+static void open_error(const char *path, int e)
+{
+	if (e == EMFILE || e == ENFILE) {
+		struct rlimit rl;
+		getrlimit(RLIMIT_NOFILE, &rl);
+		fprintf(stderr, "ferry pack: %s: %s (this process may hold %llu open files: ulimit -n)\n", path,
+			strerror(e), (unsigned long long)rl.rlim_cur);
+	} else {
+		fprintf(stderr, "ferry pack: %s: %s\n", path, strerror(e));
+	}
+}
+
+static int add_src(struct pack *p, const char *path, const struct stat *st)
 {
 	if (p->nsrc == p->src_cap) {
-		p->src_cap = p->src_cap ? p->src_cap * 2 : 64;
-		p->srcs = realloc(p->srcs, p->src_cap * sizeof(*p->srcs));
-		if (!p->srcs)
+		size_t c = p->src_cap ? p->src_cap * 2 : 64;
+		struct src *g = realloc(p->srcs, c * sizeof(*p->srcs));
+		if (!g)
 			return -ENOMEM;
+		p->srcs = g;
+		p->src_cap = c;
 	}
-	p->srcs[p->nsrc].path = strdup(path);
-	p->srcs[p->nsrc].fd = -1;
+	if (!(p->srcs[p->nsrc].path = strdup(path)))
+		return -ENOMEM;
+	p->srcs[p->nsrc].size = (uint64_t)st->st_size;
+	p->in_bytes += (uint64_t)st->st_size;
 	return (int)p->nsrc++;
+}
+
+static int add_sample_span(struct pack *p, uint32_t src, uint64_t off, uint64_t len, uint32_t span)
+{
+	if (p->n == p->cap) {
+		uint64_t c = p->cap ? p->cap * 2 : 1024;
+		struct sample *g = realloc(p->s, c * sizeof(*p->s));
+		if (!g) {
+			fprintf(stderr, "ferry pack: out of memory listing %llu samples\n", (unsigned long long)c);
+			return -ENOMEM;
+		}
+		p->s = g;
+		p->cap = c;
+	}
+	p->s[p->n++] = (struct sample){off, len, src, span};
+	p->bytes += len;
+	return 0;
 }
 
 static int add_sample(struct pack *p, uint32_t src, uint64_t off, uint64_t len)
 {
-	if (p->n == p->cap) {
-		p->cap = p->cap ? p->cap * 2 : 1024;
-		p->s = realloc(p->s, p->cap * sizeof(*p->s));
-		if (!p->s)
-			return -ENOMEM;
+	return add_sample_span(p, src, off, len, 0);
+}
+
+static int same_file(const struct stat *a, const struct stat *b) { return a->st_dev == b->st_dev && a->st_ino == b->st_ino; }
+
+/* 1 when walking should leave out path (st): the output of this run, or of an earlier one there. */
+static int is_output(struct pack *p, const struct stat *dir, const char *name, const struct stat *st)
+{
+	if (p->has_out_dir && S_ISDIR(st->st_mode) && same_file(st, &p->out_dir))
+		return 1;
+	if ((p->has_out_bin && same_file(st, &p->out_bin)) || (p->has_out_idx && same_file(st, &p->out_idx)))
+		return 1;
+	if (p->has_out_parent && same_file(dir, &p->out_parent)) {
+		size_t l = strlen(p->out_base);
+		if (!strncmp(name, p->out_base, l) &&
+		    (!strncmp(name + l, ".bin.tmp-", 9) || !strncmp(name + l, ".idx.tmp-", 9)))
+			return 1;
 	}
-	p->s[p->n++] = (struct sample){src, off, len};
-	p->bytes += len;
 	return 0;
 }
 
@@ -86,8 +154,11 @@ static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *
 static int walk(struct pack *p, const char *dir)
 {
 	DIR *d = opendir(dir);
-	if (!d) {
-		fprintf(stderr, "ferry pack: %s: %s\n", dir, strerror(errno));
+	struct stat dst;
+	if (!d || fstat(dirfd(d), &dst) < 0) {
+		open_error(dir, errno);
+		if (d)
+			closedir(d);
 		return -1;
 	}
 	char **names = NULL;
@@ -124,10 +195,16 @@ static int walk(struct pack *p, const char *dir)
 		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
 		struct stat st;
 		if (!rc && stat(path, &st) == 0) {
-			if (S_ISDIR(st.st_mode))
+			if (is_output(p, &dst, names[i], &st)) {
+				p->skipped_out++;
+				if (!p->quiet)
+					fprintf(stderr, "ferry pack: %s: left out, it is the output (-o)\n", path);
+			} else if (S_ISDIR(st.st_mode)) {
 				rc = walk(p, path);
-			else if (S_ISREG(st.st_mode) && add_src(p, path) < 0)
+			} else if (S_ISREG(st.st_mode) && add_src(p, path, &st) < 0) {
+				fprintf(stderr, "ferry pack: out of memory listing the inputs\n");
 				rc = -1;
+			}
 		}
 		free(names[i]);
 	}
@@ -213,182 +290,154 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	return 0;
 }
 
-/* Length of the valid UTF-8 prefix of [p, e) (RFC 3629: no overlongs, surrogates or > U+10FFFF). */
-static size_t utf8_valid(const unsigned char *p, const unsigned char *e)
+/* A line refused: an error (1), or with --skip-bad counted (0) and, for the first few, named. */
+static int bad_line(struct pack *p, const char *path, uint64_t lineno, int status, const struct ferry_jsonl_value *v,
+		    size_t len)
 {
-	const unsigned char *b = p;
-	while (p < e) {
-		unsigned c = *p, n = c < 0x80 ? 0 : (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2 : (c & 0xf8) == 0xf0 ? 3 : 9;
-		if (n == 9 || (size_t)(e - p) <= n || c == 0xc0 || c == 0xc1 || c > 0xf4)
-			return (size_t)(p - b);
-		for (unsigned k = 1; k <= n; k++)
-			if ((p[k] & 0xc0) != 0x80)
-				return (size_t)(p - b);
-		if ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] > 0x9f) || (c == 0xf0 && p[1] < 0x90) ||
-		    (c == 0xf4 && p[1] > 0x8f))
-			return (size_t)(p - b);
-		p += n + 1;
+	char why[512];
+	switch (status) {
+	case FERRY_JSONL_UTF8:
+		snprintf(why, sizeof(why), "invalid UTF-8 at byte %zu of the line (JSON Lines are UTF-8)", v->pos + 1);
+		break;
+	case FERRY_JSONL_JSON:
+		snprintf(why, sizeof(why), "not one JSON value (%s at byte %zu of %zu: a broken or truncated line?)",
+			 v->why, v->pos + 1, len);
+		break;
+	case FERRY_JSONL_NO_KEY:
+		snprintf(why, sizeof(why), "no member \"%s\"%s%s%s", p->key, v->why ? " (" : "", v->why ? v->why : "",
+			 v->why ? ")" : "");
+		break;
+	case FERRY_JSONL_TYPE:
+		snprintf(why, sizeof(why), "member \"%s\": %s", p->key, v->why);
+		break;
+	default:
+		snprintf(why, sizeof(why), "member \"%s\": token id %s %s (%s holds 0 to %llu)", p->key, v->text, v->why,
+			 ferry_dtype_numpy_name(p->dtype), (unsigned long long)p->max);
+		break;
 	}
-	return (size_t)(p - b);
-}
-
-static const unsigned char *json_ws(const unsigned char *p, const unsigned char *e)
-{
-	while (p < e && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n'))
-		p++;
-	return p;
-}
-
-/* The end of the one JSON value (RFC 8259) at p, or NULL. */
-static const unsigned char *json_value(const unsigned char *p, const unsigned char *e, int depth)
-{
-	p = json_ws(p, e);
-	if (p == e || depth > 512)
-		return NULL;
-	if (*p == '"') {
-		for (p++; p < e && *p != '"'; p++) {
-			if (*p < 0x20)
-				return NULL;
-			if (*p == '\\') {
-				if (++p == e || !strchr("\"\\/bfnrtu", *p))
-					return NULL;
-				if (*p == 'u')
-					for (int k = 0; k < 4; k++)
-						if (++p == e || !strchr("0123456789abcdefABCDEF", *p))
-							return NULL;
-			}
-		}
-		return p < e ? p + 1 : NULL;
+	if (!p->skip_bad) {
+		fprintf(stderr, "ferry pack: %s:%llu: %s; --skip-bad skips and counts such lines\n", path,
+			(unsigned long long)lineno, why);
+		return 1;
 	}
-	if (*p == '{' || *p == '[') {
-		unsigned char close = *p == '{' ? '}' : ']';
-		p = json_ws(p + 1, e);
-		if (p < e && *p == close)
-			return p + 1;
-		for (;;) {
-			if (close == '}') {
-				p = json_ws(p, e);
-				if (p == e || *p != '"' || !(p = json_value(p, e, depth + 1)))
-					return NULL;
-				p = json_ws(p, e);
-				if (p == e || *p++ != ':')
-					return NULL;
-			}
-			if (!(p = json_value(p, e, depth + 1)))
-				return NULL;
-			p = json_ws(p, e);
-			if (p < e && *p == ',') {
-				p++;
-				continue;
-			}
-			return p < e && *p == close ? p + 1 : NULL;
-		}
-	}
-	static const char *const lits[] = {"true", "false", "null"};
-	for (int k = 0; k < 3; k++) {
-		size_t l = strlen(lits[k]);
-		if ((size_t)(e - p) >= l && !memcmp(p, lits[k], l))
-			return p + l;
-	}
-	/* a number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? */
-	if (p < e && *p == '-')
-		p++;
-	if (p == e || *p < '0' || *p > '9')
-		return NULL;
-	if (*p == '0')
-		p++;
-	else
-		while (p < e && *p >= '0' && *p <= '9')
-			p++;
-	if (p < e && *p == '.') {
-		if (++p == e || *p < '0' || *p > '9')
-			return NULL;
-		while (p < e && *p >= '0' && *p <= '9')
-			p++;
-	}
-	if (p < e && (*p == 'e' || *p == 'E')) {
-		if (++p < e && (*p == '+' || *p == '-'))
-			p++;
-		if (p == e || *p < '0' || *p > '9')
-			return NULL;
-		while (p < e && *p >= '0' && *p <= '9')
-			p++;
-	}
-	return p;
-}
-
-/* 0 when the line (no newline) is valid UTF-8 holding one JSON value; else prints why and returns -1. */
-static int check_jsonl_line(const char *path, uint64_t lineno, const unsigned char *b, size_t len)
-{
-	size_t ok = utf8_valid(b, b + len);
-	if (ok != len) {
-		fprintf(stderr, "ferry pack: %s:%llu: invalid UTF-8 at byte %zu of the line (JSON Lines are UTF-8)\n",
-			path, (unsigned long long)lineno, ok + 1);
-		return -1;
-	}
-	const unsigned char *end = json_value(b, b + len, 0);
-	if (!end || json_ws(end, b + len) != b + len) {
-		fprintf(stderr, "ferry pack: %s:%llu: not one JSON value (a broken or truncated line?)\n", path,
-			(unsigned long long)lineno);
-		return -1;
-	}
+	uint64_t all = 0;
+	for (int k = 0; k < FERRY_JSONL__COUNT; k++)
+		all += p->skipped[k];
+	if (all < 5 && !p->quiet)
+		fprintf(stderr, "ferry pack: skipped %s:%llu: %s\n", path, (unsigned long long)lineno, why);
+	p->skipped[status]++;
 	return 0;
 }
 
-static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
+/* One line (len bytes at file offset off, parsed in place): a sample, blank, or bad. 0 or -1. */
+static int jsonl_line(struct pack *p, uint32_t si, uint64_t lineno, char *b, size_t len, uint64_t off)
 {
-	/* the whole file is read (each line checked: UTF-8, one JSON value; blank lines are skipped) */
-	const char *path = p->srcs[si].path;
-	unsigned char *buf = size ? malloc(size) : NULL;
-	if (size && !buf) {
-		fprintf(stderr, "ferry pack: %s: cannot hold its %llu bytes to check its lines\n", path,
-			(unsigned long long)size);
+	struct ferry_jsonl_value v;
+	int st = ferry_tools_jsonl_scan(b, len, p->key, p->want, p->max, &v);
+	if (st == FERRY_JSONL_BLANK) {
+		p->blank++;
+		return 0;
+	}
+	if (st != FERRY_JSONL_OK)
+		return bad_line(p, p->srcs[si].path, lineno, st, &v, len) ? -1 : 0;
+	if (!p->key)
+		return add_sample(p, si, off, len);
+	if (v.end - v.start > UINT32_MAX) {
+		fprintf(stderr, "ferry pack: %s:%llu: the value of \"%s\" is longer than 4 GiB\n", p->srcs[si].path,
+			(unsigned long long)lineno, p->key);
 		return -1;
 	}
-	for (uint64_t got = 0; got < size;) {
-		ssize_t r = pread(fd, buf + got, size - got, (off_t)got);
-		if (r <= 0) {
-			fprintf(stderr, "ferry pack: %s: read at %llu: %s\n", path, (unsigned long long)got,
-				r < 0 ? strerror(errno) : "file shrank");
-			free(buf);
-			return -1;
+	if (p->want == 's' && !v.escaped) /* copied as written, between the quotes */
+		return add_sample(p, si, off + v.start + 1, v.count);
+	return add_sample_span(p, si, off + v.start, v.count * (p->want == 's' ? 1 : p->esize),
+			       (uint32_t)(v.end - v.start));
+}
+
+/* Reads the file once, a window at a time (a line longer than the window grows it). */
+static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
+{
+	const char *path = p->srcs[si].path;
+	size_t cap = WINDOW, have = 0;
+	char *buf = malloc(cap);
+	uint64_t base = 0, got = 0, lineno = 0;
+	int rc = buf ? 0 : -1;
+	if (!buf)
+		fprintf(stderr, "ferry pack: %s: out of memory\n", path);
+	while (!rc) {
+		int eof = got == size;
+		if (!eof) {
+			size_t want = cap - have;
+			if (want > size - got)
+				want = (size_t)(size - got);
+			ssize_t r = read(fd, buf + have, want);
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0) {
+				fprintf(stderr, "ferry pack: %s: read at %llu: %s\n", path, (unsigned long long)got,
+					r < 0 ? strerror(errno) : "the file shrank while it was read");
+				rc = -1;
+				break;
+			}
+			have += (size_t)r;
+			got += (uint64_t)r;
+			atomic_fetch_add(&p->scanned, (uint64_t)r);
+			eof = got == size;
 		}
-		got += (uint64_t)r;
-	}
-	uint64_t line = 0, lineno = 0;
-	int rc = 0;
-	for (uint64_t i = 0; !rc && i <= size; i++) {
-		if (i < size && buf[i] != '\n')
-			continue;
-		lineno++;
-		uint64_t len = i - line;
-		const unsigned char *b = buf + line, *blank = len ? json_ws(b, b + len) : b;
-		if (len && blank != b + len)
-			rc = check_jsonl_line(path, lineno, b, (size_t)len) || add_sample(p, si, line, i - line) ? -1 : 0;
-		line = i + 1;
+		size_t pos = 0;
+		for (char *nl; !rc && (nl = memchr(buf + pos, '\n', have - pos)); pos = (size_t)(nl - buf) + 1)
+			rc = jsonl_line(p, si, ++lineno, buf + pos, (size_t)(nl - buf) - pos, base + pos);
+		if (rc)
+			break;
+		if (eof) {
+			if (pos < have)
+				rc = jsonl_line(p, si, ++lineno, buf + pos, have - pos, base + pos);
+			break;
+		}
+		memmove(buf, buf + pos, have - pos);
+		base += pos;
+		have -= pos;
+		if (have == cap) {
+			char *g = realloc(buf, cap * 2);
+			if (!g) {
+				fprintf(stderr, "ferry pack: %s: a line of more than %zu bytes: out of memory\n", path, cap);
+				rc = -1;
+				break;
+			}
+			buf = g;
+			cap *= 2;
+		}
 	}
 	free(buf);
 	return rc;
 }
 
+/* Pass 1: each input opened, scanned and closed in turn. */
 static int scan(struct pack *p)
 {
 	for (size_t si = 0; si < p->nsrc; si++) {
 		struct src *s = &p->srcs[si];
 		/* O_NONBLOCK: a FIFO named as an input must not block the open; it is refused below */
-		s->fd = open(s->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+		int fd = open(s->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 		struct stat st;
-		if (s->fd < 0 || fstat(s->fd, &st) < 0) {
-			fprintf(stderr, "ferry pack: %s: %s\n", s->path, strerror(errno));
+		if (fd < 0 || fstat(fd, &st) < 0) {
+			open_error(s->path, errno);
+			if (fd >= 0)
+				close(fd);
 			return -1;
 		}
 		if (!S_ISREG(st.st_mode)) {
 			fprintf(stderr, "ferry pack: %s: is a %s, not a regular file\n", s->path,
 				S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : S_ISCHR(st.st_mode) ? "character device"
 				: S_ISBLK(st.st_mode) ? "block device" : "special file");
+			close(fd);
 			return -1;
 		}
-		uint64_t size = (uint64_t)st.st_size;
+		p->in_bytes += (uint64_t)st.st_size - s->size; /* what the walk saw may have changed */
+		s->size = (uint64_t)st.st_size;
+		s->dev = st.st_dev;
+		s->ino = st.st_ino;
+		s->mtime = st.st_mtim;
+		uint64_t size = s->size;
 		int in = p->in;
 		if (in == IN_AUTO) {
 			size_t l = strlen(s->path);
@@ -396,20 +445,24 @@ static int scan(struct pack *p)
 			     : l > 4 && !strcmp(s->path + l - 4, ".npy") ? IN_NPY : IN_FILES;
 		}
 		int rc = 0;
-		if (in == IN_NPY)
-			rc = scan_npy(p, (uint32_t)si, s->fd, size);
-		else if (in == IN_JSONL)
-			rc = scan_jsonl(p, (uint32_t)si, s->fd, size);
-		else {
-			if (in == IN_RAW && size % ((uint64_t)ferry_dtype_bits(p->dtype) / 8)) {
+		if (in == IN_JSONL) {
+			rc = scan_jsonl(p, (uint32_t)si, fd, size);
+		} else {
+			if (in == IN_NPY)
+				rc = scan_npy(p, (uint32_t)si, fd, size);
+			else if (in == IN_RAW && size % ((uint64_t)ferry_dtype_bits(p->dtype) / 8)) {
 				fprintf(stderr, "ferry pack: %s: %llu bytes is not a whole number of %s\n", s->path,
 					(unsigned long long)size, ferry_dtype_numpy_name(p->dtype));
-				return -1;
+				rc = -1;
+			} else {
+				rc = add_sample(p, (uint32_t)si, 0, size);
 			}
-			rc = add_sample(p, (uint32_t)si, 0, size);
+			atomic_fetch_add(&p->scanned, size);
 		}
+		close(fd);
 		if (rc)
 			return rc;
+		atomic_fetch_add(&p->files_done, 1);
 	}
 	return 0;
 }
@@ -419,65 +472,233 @@ struct job {
 	uint64_t first, end;
 };
 
+/* A copying thread's view of one input: its descriptor and the window of it in memory. */
+struct reader {
+	int fd;
+	uint32_t src;
+	char *win;
+	size_t cap;
+	uint64_t woff, wlen;
+};
+
+/* The first failure of any thread: "path: at offset: why". */
+static void job_fail(struct pack *p, const char *path, uint64_t off, const char *why)
+{
+	pthread_mutex_lock(&p->mu);
+	if (!atomic_load(&p->failed))
+		snprintf(p->err, sizeof(p->err), "%s: at byte %llu: %s", path, (unsigned long long)off, why);
+	atomic_store(&p->failed, 1);
+	pthread_mutex_unlock(&p->mu);
+}
+
+/* The need bytes at off of input src, read through the window; NULL on failure (recorded). */
+static char *reader_get(struct pack *p, struct reader *r, uint32_t src, uint64_t off, uint64_t need)
+{
+	const struct src *s = &p->srcs[src];
+	if (r->fd < 0 || r->src != src) {
+		if (r->fd >= 0)
+			close(r->fd);
+		r->wlen = 0;
+		r->src = src;
+		r->fd = open(s->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+		struct stat st;
+		if (r->fd < 0 || fstat(r->fd, &st) < 0) {
+			int e = errno;
+			char why[256];
+			struct rlimit rl;
+			if ((e == EMFILE || e == ENFILE) && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+				snprintf(why, sizeof(why), "%s (this process may hold %llu open files: ulimit -n; "
+					 "--threads fewer, --shard-size larger)", strerror(e), (unsigned long long)rl.rlim_cur);
+			else
+				snprintf(why, sizeof(why), "%s", strerror(e));
+			job_fail(p, s->path, off, why);
+			return NULL;
+		}
+		if (st.st_dev != s->dev || st.st_ino != s->ino || (uint64_t)st.st_size != s->size ||
+		    st.st_mtim.tv_sec != s->mtime.tv_sec || st.st_mtim.tv_nsec != s->mtime.tv_nsec) {
+			job_fail(p, s->path, off, "the file changed since it was scanned (pack it again once nothing writes it)");
+			return NULL;
+		}
+	}
+	if (r->wlen && off >= r->woff && off + need <= r->woff + r->wlen)
+		return r->win + (off - r->woff);
+	uint64_t want = need > WINDOW ? need : WINDOW;
+	if (want > s->size - off)
+		want = need > s->size - off ? need : s->size - off;
+	if (want > r->cap) {
+		char *g = realloc(r->win, want ? want : 1);
+		if (!g) {
+			job_fail(p, s->path, off, "out of memory for a sample");
+			return NULL;
+		}
+		r->win = g;
+		r->cap = want;
+	}
+	r->wlen = 0;
+	for (uint64_t got = 0; got < want;) {
+		ssize_t n = pread(r->fd, r->win + got, want - got, (off_t)(off + got));
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0) {
+			job_fail(p, s->path, off + got, n < 0 ? strerror(errno) : "the file shrank");
+			return NULL;
+		}
+		got += (uint64_t)n;
+	}
+	r->woff = off;
+	r->wlen = want;
+	return r->win;
+}
+
+/* Pass 2: a contiguous range of samples, each input opened when reached and closed after. */
 static void *copy_main(void *arg)
 {
 	struct job *j = arg;
 	struct pack *p = j->p;
-	size_t cap = 1 << 20;
-	char *buf = malloc(cap);
-	for (uint64_t i = j->first; i < j->end && buf && !atomic_load(&p->failed); i++) {
+	struct reader r = {.fd = -1};
+	char *tok = NULL;
+	size_t tcap = 0;
+	for (uint64_t i = j->first; i < j->end && !atomic_load(&p->failed); i++) {
 		struct sample *s = &p->s[i];
-		if (s->len > cap) {
-			free(buf);
-			cap = s->len;
-			if (!(buf = malloc(cap)))
-				break;
-		}
-		uint64_t got = 0;
-		while (got < s->len) {
-			ssize_t r = pread(p->srcs[s->src].fd, buf + got, s->len - got, (off_t)(s->off + got));
-			if (r <= 0) {
-				pthread_mutex_lock(&p->mu);
-				snprintf(p->err, sizeof(p->err), "%s: read at %llu: %s", p->srcs[s->src].path,
-					 (unsigned long long)(s->off + got), r < 0 ? strerror(errno) : "file shrank");
-				pthread_mutex_unlock(&p->mu);
-				atomic_store(&p->failed, 1);
-				goto out;
+		const char *path = p->srcs[s->src].path;
+		char *b = reader_get(p, &r, s->src, s->off, s->span ? s->span : s->len);
+		if (!b)
+			break;
+		const char *data = b;
+		if (s->span) {
+			/* a string is decoded in place, so in a copy: the window stays the file's bytes */
+			uint64_t need = p->want == 's' ? s->span : s->len;
+			if (need > tcap) {
+				char *g = realloc(tok, need);
+				if (!g) {
+					job_fail(p, path, s->off, "out of memory for a sample");
+					break;
+				}
+				tok = g;
+				tcap = need;
 			}
-			got += (uint64_t)r;
+			size_t dl = 0;
+			char *d = tok;
+			if (p->want == 's') {
+				memcpy(tok, b, s->span);
+				if (ferry_tools_jsonl_string(tok, s->span, &d, &dl) || dl != s->len) {
+					job_fail(p, path, s->off, "the string changed since it was scanned");
+					break;
+				}
+			} else if (ferry_tools_jsonl_ints(b, s->span, p->max, tok, p->esize, s->len / p->esize) !=
+				   (int64_t)(s->len / p->esize)) {
+				job_fail(p, path, s->off, "the token ids changed since they were scanned");
+				break;
+			}
+			data = d;
 		}
-		int err = ferry_dataset_writer_put(p->w, i, buf, s->len);
-		if (err) {
+		if (ferry_dataset_writer_put(p->w, i, data, s->len)) {
 			pthread_mutex_lock(&p->mu);
-			snprintf(p->err, sizeof(p->err), "%s", ferry_last_error());
-			pthread_mutex_unlock(&p->mu);
+			if (!atomic_load(&p->failed))
+				snprintf(p->err, sizeof(p->err), "%s", ferry_last_error());
 			atomic_store(&p->failed, 1);
+			pthread_mutex_unlock(&p->mu);
 			break;
 		}
 		atomic_fetch_add(&p->done, s->len);
 	}
-	if (!buf)
-		atomic_store(&p->failed, 1);
-out:
-	free(buf);
+	if (r.fd >= 0)
+		close(r.fd);
+	free(r.win);
+	free(tok);
 	return NULL;
 }
 
-static void progress(uint64_t done, uint64_t total, double t0, int final)
+enum { PHASE_SCAN, PHASE_COPY };
+
+static void progress_line(struct pack *p, double t0, int tty)
 {
-	double el = now_s() - t0, frac = total ? (double)done / (double)total : 1;
-	int w = 30, k = (int)(frac * w);
-	char bar[40];
-	for (int i = 0; i < w; i++)
-		bar[i] = i < k ? '#' : ' ';
-	bar[w] = 0;
-	fprintf(stderr, "\r[%s] %3.0f%% %.1f/%.1f MiB %.0f MiB/s%s", bar, frac * 100, done / 1048576.0,
-		total / 1048576.0, el > 0 ? done / 1048576.0 / el : 0, final ? "\n" : "");
+	double el = now_s() - t0;
+	const char *end = tty ? "\033[K" : "\n", *start = tty ? "\r" : "";
+	if (atomic_load(&p->phase) == PHASE_SCAN) {
+		uint64_t sc = atomic_load(&p->scanned);
+		fprintf(stderr, "%sferry pack: scanning: %llu/%zu files, %.1f/%.1f MiB, %llu samples, %.0f MiB/s%s", start,
+			(unsigned long long)atomic_load(&p->files_done), p->nsrc, sc / 1048576.0, p->in_bytes / 1048576.0,
+			(unsigned long long)p->n, el > 0 ? sc / 1048576.0 / el : 0, end);
+	} else {
+		uint64_t done = atomic_load(&p->done), total = p->bytes;
+		double frac = total ? (double)done / (double)total : 1;
+		int w = 30, k = (int)(frac * w);
+		char bar[40];
+		for (int i = 0; i < w; i++)
+			bar[i] = i < k ? '#' : ' ';
+		bar[w] = 0;
+		fprintf(stderr, "%sferry pack: [%s] %3.0f%% %.1f/%.1f MiB of %llu samples%s", start, bar, frac * 100,
+			done / 1048576.0, total / 1048576.0, (unsigned long long)p->n, end);
+	}
+	fflush(stderr);
+}
+
+struct progress {
+	struct pack *p;
+	double t0;
+	int tty;
+};
+
+/* On a terminal a line redrawn ten times a second; elsewhere (a log) a line every 5 seconds. */
+static void *progress_main(void *arg)
+{
+	struct progress *g = arg;
+	double last = now_s();
+	while (!atomic_load(&g->p->stop)) {
+		for (int k = 0; k < 10 && !atomic_load(&g->p->stop); k++)
+			usleep(10000); /* a short pack does not wait for the next redraw to end */
+		double t = now_s();
+		if (atomic_load(&g->p->stop))
+			break;
+		if (g->tty || t - last >= 5) {
+			progress_line(g->p, g->t0, g->tty);
+			last = t;
+		}
+	}
+	return NULL;
+}
+
+/* mkdir -p, a component at a time through directory descriptors (mkdirat, openat): an existing
+ * directory, or a symlink to one, is used as it is; anything else in the way is an error. */
+static int mkdir_p(const char *path)
+{
+	char buf[4096];
+	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) {
+		fprintf(stderr, "ferry pack: %s: path too long\n", path);
+		return -1;
+	}
+	int dfd = open(buf[0] == '/' ? "/" : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	char *save = NULL;
+	for (char *c = strtok_r(buf, "/", &save); c && dfd >= 0; c = strtok_r(NULL, "/", &save)) {
+		if (!strcmp(c, "."))
+			continue;
+		if (mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
+			int e = errno;
+			close(dfd);
+			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, strerror(e));
+			return -1;
+		}
+		int next = openat(dfd, c, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		int e = errno;
+		close(dfd);
+		if (next < 0) {
+			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, strerror(e));
+			return -1;
+		}
+		dfd = next;
+	}
+	if (dfd < 0) {
+		fprintf(stderr, "ferry pack: %s: %s\n", path, strerror(errno));
+		return -1;
+	}
+	close(dfd);
+	return 0;
 }
 
 struct pack_opts {
-	const char *out, *dtype;
-	int kind, in, keys, json, quiet, threads;
+	const char *out, *dtype, *json_key;
+	int kind, in, keys, json, quiet, threads, skip_bad;
 	uint64_t shard_size;
 };
 
@@ -492,31 +713,42 @@ static const struct cli_choice input_kinds[] = {
 
 static const struct cli_opt rows[] = {
 	{.name = "output", .letter = 'o', .kind = CLI_STR, .off = PO(out), .arg = "PATH",
-	 .help = "output directory (ferry) or prefix (megatron)"},
+	 .help = "output directory (ferry) or prefix (megatron); missing directories are created"},
 	{.name = "format", .kind = CLI_CHOICE, .off = PO(kind), .choices = formats, .help = "what to write (default ferry)"},
 	{.name = "input", .kind = CLI_CHOICE, .off = PO(in), .choices = input_kinds,
 	 .help = "how to read INPUTs (default auto: by extension)"},
-	{.name = "dtype", .kind = CLI_STR, .off = PO(dtype), .arg = "T", .help = "element type (raw inputs; uint16, int32, ...)"},
+	{.name = "json-key", .kind = CLI_STR, .off = PO(json_key), .arg = "KEY",
+	 .help = "JSON Lines: a sample is member KEY of each line's object: a string (its UTF-8 bytes) or,\n"
+		 "with --dtype, an array of token ids"},
+	{.name = "dtype", .kind = CLI_STR, .off = PO(dtype), .arg = "T",
+	 .help = "element type: of raw inputs (uint16, int32, ...), or of --json-key's token ids (uint8, int8,\n"
+		 "int16, uint16, int32, int64; each id range-checked)"},
+	{.name = "skip-bad", .kind = CLI_FLAG, .off = PO(skip_bad),
+	 .help = "skip JSON Lines lines that are refused otherwise (not UTF-8, not JSON, no KEY, wrong type,\n"
+		 "token id out of range) and count them per reason in the summary"},
 	{.name = "shard-size", .kind = CLI_SIZE, .off = PO(shard_size), .arg = "SIZE", .min = 1,
 	 .help = "bytes per shard (default 1g; samples never straddle shards)"},
 	{.name = "keys", .kind = CLI_FLAG, .off = PO(keys),
-	 .help = "store each sample's source (file name, file:line) as its key"},
+	 .help = "store each sample's source (file name, file@offset) as its key"},
 	{.name = "threads", .kind = CLI_INT, .off = PO(threads), .arg = "N", .min = 1, .max = 1024,
 	 .help = "copying threads (default: number of CPUs)"},
 	{.name = "json", .kind = CLI_FLAG, .off = PO(json), .help = "print the summary as JSON"},
-	{.name = "quiet", .letter = 'q', .kind = CLI_FLAG, .off = PO(quiet), .help = "no progress bar"},
+	{.name = "quiet", .letter = 'q', .kind = CLI_FLAG, .off = PO(quiet), .help = "no progress, no notes on stderr"},
 	{.name = NULL},
 };
 
 static const struct cli_cmd cmd = {
 	.name = "pack",
 	.synopsis = "ferry pack [options] -o OUT INPUT...",
-	.about = "Packs files, directories (walked in name order), JSON Lines (.jsonl: a sample per line) or\n"
-		 "token arrays (.npy: 1-D one sample, 2-D a sample per row; raw: --input raw --dtype T) into\n"
-		 "ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin + OUT.idx (--format megatron).\n"
-		 "Refused (exit 1, naming the file and line): a .jsonl line that is not valid UTF-8 holding one\n"
-		 "JSON value (blank lines are skipped), an input that is not a regular file or directory, an\n"
-		 "empty directory, and inputs that hold no samples at all.",
+	.about = "Packs files, directories (walked in name order), JSON Lines (.jsonl: a sample per line, or\n"
+		 "its member --json-key KEY) or token arrays (.npy: 1-D one sample, 2-D a sample per row; raw:\n"
+		 "--input raw --dtype T) into ferry shards + ferry.idx in directory OUT, or Megatron OUT.bin +\n"
+		 "OUT.idx (--format megatron). Inputs are read one at a time (any number of them). Refused (exit\n"
+		 "1, naming the file and line) unless --skip-bad: a .jsonl line that is not valid UTF-8 holding\n"
+		 "one JSON value (blank lines are skipped), without KEY, of the wrong type, or with a token id\n"
+		 "out of range. Always refused: an input that is not a regular file or directory, an empty\n"
+		 "directory, inputs that hold no samples, and an input that is the output directory (an output\n"
+		 "inside an input's tree is left out of the walk).",
 	.opts = rows,
 	.min_args = 1,
 	.max_args = -1,
@@ -524,6 +756,12 @@ static const struct cli_cmd cmd = {
 };
 
 static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs);
+
+/* The integer types a dataset holds (Megatron's codes), with their largest token id. */
+static const struct { int dt; uint64_t max; } token_types[] = {
+	{FERRY_DT_U8, 255}, {FERRY_DT_I8, 127}, {FERRY_DT_I16, 32767}, {FERRY_DT_U16, 65535},
+	{FERRY_DT_I32, INT32_MAX}, {FERRY_DT_I64, INT64_MAX},
+};
 
 int ferry_cmd_pack(int argc, char **argv)
 {
@@ -547,133 +785,236 @@ int ferry_cmd_pack(int argc, char **argv)
 	} else if (o.in == IN_RAW) {
 		return cli_usage_error(&cmd, &a, "--input raw needs --dtype");
 	}
+	if (o.json_key && (o.in == IN_RAW || o.in == IN_NPY))
+		return cli_usage_error(&cmd, &a, "--json-key is for JSON Lines inputs");
+	if (o.json_key && dtype >= 0) {
+		size_t k = 0, nt = sizeof(token_types) / sizeof(token_types[0]);
+		while (k < nt && token_types[k].dt != dtype)
+			k++;
+		if (k == nt) {
+			fprintf(stderr, "ferry pack: --dtype %s: token ids are stored as uint8, int8, int16, uint16, int32 "
+					"or int64 (the integer types of ferry and Megatron datasets)\n", o.dtype);
+			return 2;
+		}
+	}
 	return pack_run(&o, dtype, a.argv, a.argc);
+}
+
+static void stop_progress(struct pack *p, pthread_t *tid, struct progress *g)
+{
+	if (!tid)
+		return;
+	atomic_store(&p->stop, 1);
+	pthread_join(*tid, NULL);
+	if (g->tty) {
+		progress_line(p, g->t0, 1);
+		fputc('\n', stderr);
+	}
 }
 
 static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs)
 {
-	struct pack p = {.dtype = dtype, .in = o->in, .keys = o->keys};
+	struct pack p = {.dtype = dtype, .in = o->in, .keys = o->keys, .skip_bad = o->skip_bad, .quiet = o->quiet,
+			 .key = o->json_key};
 	pthread_mutex_init(&p.mu, NULL);
 	const char *out = o->out;
 	int kind = o->kind, json = o->json, quiet = o->quiet;
-	uint64_t shard_size = o->shard_size;
 	long threads = o->threads;
 	double t0 = now_s();
+	if (p.key) {
+		p.want = dtype >= 0 ? 'a' : 's';
+		for (size_t k = 0; p.want == 'a' && k < sizeof(token_types) / sizeof(token_types[0]); k++)
+			if (token_types[k].dt == dtype)
+				p.max = token_types[k].max;
+		p.esize = dtype >= 0 ? (size_t)ferry_dtype_bits(dtype) / 8 : 1;
+	}
+	/* where the output is (or an earlier run's is), so that the walk leaves it out */
+	char bin[4200], idx[4200], parent[4200];
+	if (kind == FERRY_WRITE_FERRY) {
+		p.has_out_dir = stat(out, &p.out_dir) == 0 && S_ISDIR(p.out_dir.st_mode);
+	} else {
+		snprintf(bin, sizeof(bin), "%s.bin", out);
+		snprintf(idx, sizeof(idx), "%s.idx", out);
+		snprintf(parent, sizeof(parent), "%s", out);
+		char *slash = strrchr(parent, '/');
+		p.out_base = slash ? out + (slash - parent) + 1 : out;
+		if (slash)
+			*slash = slash == parent ? (slash[1] = 0, '/') : 0;
+		else
+			snprintf(parent, sizeof(parent), ".");
+		p.has_out_bin = stat(bin, &p.out_bin) == 0;
+		p.has_out_idx = stat(idx, &p.out_idx) == 0;
+		p.has_out_parent = stat(parent, &p.out_parent) == 0;
+	}
 	for (int i = 0; i < ninputs; i++) {
 		struct stat st;
 		if (stat(inputs[i], &st) < 0) {
 			fprintf(stderr, "ferry pack: %s: %s\n", inputs[i], strerror(errno));
 			return 1;
 		}
+		if ((p.has_out_dir && S_ISDIR(st.st_mode) && same_file(&st, &p.out_dir)) ||
+		    (p.has_out_bin && same_file(&st, &p.out_bin)) || (p.has_out_idx && same_file(&st, &p.out_idx))) {
+			fprintf(stderr, "ferry pack: %s: is the output (-o %s): it would pack its own earlier output; "
+					"write the output outside the inputs\n", inputs[i], out);
+			return 1;
+		}
 		size_t before = p.nsrc;
-		if (S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i]) < 0)
+		if (S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i], &st) < 0)
 			return 1;
 		if (S_ISDIR(st.st_mode) && p.nsrc == before) {
-			fprintf(stderr, "ferry pack: %s: the directory holds no files to pack\n", inputs[i]);
+			fprintf(stderr, "ferry pack: %s: the directory holds no files to pack%s\n", inputs[i],
+				p.skipped_out ? " (but the output)" : "");
 			return 1;
 		}
 	}
-	if (scan(&p))
-		return 1;
-	if (!p.n) {
-		fprintf(stderr, "ferry pack: no samples in %s%s: nothing to pack\n", ninputs ? inputs[0] : "the inputs",
-			ninputs > 1 ? " and the other inputs" : "");
-		return 1;
+	struct progress g = {&p, t0, !quiet && isatty(2)};
+	pthread_t ptid, *progress_tid = NULL;
+	if (!quiet && pthread_create(&ptid, NULL, progress_main, &g) == 0)
+		progress_tid = &ptid;
+	int failed = scan(&p);
+	if (!failed && !p.n) {
+		stop_progress(&p, progress_tid, &g);
+		progress_tid = NULL;
+		uint64_t sk = 0;
+		for (int k = 0; k < FERRY_JSONL__COUNT; k++)
+			sk += p.skipped[k];
+		fprintf(stderr, "ferry pack: no samples in %s%s%s: nothing to pack\n", ninputs ? inputs[0] : "the inputs",
+			ninputs > 1 ? " and the other inputs" : "", sk ? " (every line was skipped)" : "");
+		failed = 1;
 	}
 	if (p.dtype < 0)
 		p.dtype = FERRY_DT_BYTES;
-	ferry_ctx *ctx;
-	if (ferry_ctx_create(&ctx)) {
-		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
-		return 1;
+	ferry_ctx *ctx = NULL;
+	int nshards = 0;
+	if (!failed) {
+		/* the output's directories, created as mkdir -p would; the writer creates its files exclusively */
+		if (kind == FERRY_WRITE_FERRY ? mkdir_p(out) : strchr(out, '/') ? mkdir_p(parent) : 0)
+			failed = 1;
 	}
-	int err = ferry_dataset_writer_create(ctx, out, kind, p.dtype, shard_size, &p.w);
-	for (uint64_t i = 0; !err && i < p.n; i++) {
-		char key[4200];
-		int kl = 0;
-		if (p.keys) {
-			struct sample *s = &p.s[i];
-			kl = snprintf(key, sizeof(key), "%s", p.srcs[s->src].path);
-			if (i && p.s[i - 1].src == s->src)
-				kl = snprintf(key, sizeof(key), "%s@%llu", p.srcs[s->src].path,
-					      (unsigned long long)s->off);
-			else if (i + 1 < p.n && p.s[i + 1].src == s->src)
-				kl = snprintf(key, sizeof(key), "%s@%llu", p.srcs[s->src].path,
-					      (unsigned long long)s->off);
-			if (kl >= (int)sizeof(key))
-				kl = (int)sizeof(key) - 1;
+	if (!failed) {
+		int err = ferry_ctx_create(&ctx);
+		err = err ? err : ferry_dataset_writer_create(ctx, out, kind, p.dtype, o->shard_size, &p.w);
+		for (uint64_t i = 0; !err && i < p.n; i++) {
+			char key[4200];
+			int kl = 0;
+			if (p.keys) {
+				struct sample *s = &p.s[i];
+				kl = snprintf(key, sizeof(key), "%s", p.srcs[s->src].path);
+				if ((i && p.s[i - 1].src == s->src) || (i + 1 < p.n && p.s[i + 1].src == s->src))
+					kl = snprintf(key, sizeof(key), "%s@%llu", p.srcs[s->src].path,
+						      (unsigned long long)s->off);
+				if (kl >= (int)sizeof(key))
+					kl = (int)sizeof(key) - 1;
+			}
+			int64_t r = ferry_dataset_writer_add(p.w, p.s[i].len, p.keys ? key : NULL, (size_t)kl, 1);
+			err = r < 0 ? (int)r : 0;
 		}
-		int64_t r = ferry_dataset_writer_add(p.w, p.s[i].len, p.keys ? key : NULL, (size_t)kl, 1);
-		err = r < 0 ? (int)r : 0;
-	}
-	int nshards = err ? 0 : ferry_dataset_writer_layout(p.w);
-	if (err || nshards < 0) {
-		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
-		return 1;
-	}
-	if ((uint64_t)threads > p.n)
-		threads = p.n ? (long)p.n : 1;
-	struct job *jobs = calloc((size_t)threads, sizeof(*jobs));
-	pthread_t *tids = calloc((size_t)threads, sizeof(*tids));
-	/* contiguous ranges of about equal bytes */
-	uint64_t per = p.bytes / (uint64_t)threads + 1, acc = 0, first = 0;
-	long t = 0;
-	for (uint64_t i = 0; i < p.n && t < threads - 1; i++) {
-		acc += p.s[i].len;
-		if (acc >= per * (uint64_t)(t + 1)) {
-			jobs[t] = (struct job){&p, first, i + 1};
-			first = i + 1;
-			t++;
+		nshards = err ? 0 : ferry_dataset_writer_layout(p.w);
+		if (err || nshards < 0) {
+			stop_progress(&p, progress_tid, &g);
+			progress_tid = NULL;
+			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+			failed = 1;
 		}
 	}
-	for (; t < threads; t++) {
-		jobs[t] = (struct job){&p, first, p.n};
-		first = p.n;
-	}
-	for (t = 0; t < threads; t++)
-		pthread_create(&tids[t], NULL, copy_main, &jobs[t]);
-	int tty = !quiet && isatty(2);
-	if (tty) {
-		while (atomic_load(&p.done) < p.bytes && !atomic_load(&p.failed)) {
-			progress(atomic_load(&p.done), p.bytes, t0, 0);
-			usleep(100000);
+	struct job *jobs = NULL;
+	pthread_t *tids = NULL;
+	if (!failed) {
+		atomic_store(&p.phase, PHASE_COPY);
+		if ((uint64_t)threads > p.n)
+			threads = (long)p.n;
+		jobs = calloc((size_t)threads, sizeof(*jobs));
+		tids = calloc((size_t)threads, sizeof(*tids));
+		if (!jobs || !tids) {
+			stop_progress(&p, progress_tid, &g);
+			progress_tid = NULL;
+			fprintf(stderr, "ferry pack: out of memory\n");
+			failed = 1;
 		}
 	}
-	for (t = 0; t < threads; t++)
-		pthread_join(tids[t], NULL);
-	if (tty)
-		progress(atomic_load(&p.done), p.bytes, t0, 1);
-	if (atomic_load(&p.failed)) {
-		fprintf(stderr, "ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
-		return 1;
+	if (!failed) {
+		/* contiguous ranges of about equal bytes: each thread reads its inputs in order */
+		uint64_t per = p.bytes / (uint64_t)threads + 1, acc = 0, first = 0;
+		long t = 0;
+		for (uint64_t i = 0; i < p.n && t < threads - 1; i++) {
+			acc += p.s[i].len;
+			if (acc >= per * (uint64_t)(t + 1)) {
+				jobs[t] = (struct job){&p, first, i + 1};
+				first = i + 1;
+				t++;
+			}
+		}
+		for (; t < threads; t++) {
+			jobs[t] = (struct job){&p, first, p.n};
+			first = p.n;
+		}
+		long started = 0;
+		for (t = 0; t < threads; t++)
+			if (pthread_create(&tids[t], NULL, copy_main, &jobs[t]) == 0)
+				started++;
+			else
+				break;
+		if (started < threads) /* what a thread did not start, this one copies */
+			copy_main(&(struct job){&p, jobs[started].first, p.n});
+		for (t = 0; t < started; t++)
+			pthread_join(tids[t], NULL);
+		stop_progress(&p, progress_tid, &g);
+		progress_tid = NULL;
+		if (atomic_load(&p.failed)) {
+			fprintf(stderr, "ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
+			failed = 1;
+		} else if (ferry_dataset_writer_finish(p.w)) {
+			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+			failed = 1;
+		}
 	}
-	if (ferry_dataset_writer_finish(p.w)) {
-		fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
-		return 1;
-	}
+	stop_progress(&p, progress_tid, &g);
 	double el = now_s() - t0;
 	ferry_dataset_writer_destroy(p.w);
 	ferry_ctx_destroy(ctx);
+	uint64_t skipped = 0;
+	for (int k = 0; k < FERRY_JSONL__COUNT; k++)
+		skipped += p.skipped[k];
 	const char *fmt = kind == FERRY_WRITE_MEGATRON ? "megatron" : "ferry";
 	int odt = kind == FERRY_WRITE_MEGATRON && p.dtype == FERRY_DT_BYTES ? FERRY_DT_U8 : p.dtype;
-	if (json)
-		printf("{\"format\": \"%s\", \"output\": \"%s\", \"samples\": %" PRIu64 ", \"bytes\": %" PRIu64
-		       ", \"shards\": %d, \"dtype\": \"%s\", \"inputs\": %zu, \"seconds\": %.3f, \"bytes_per_s\": %.0f}\n",
-		       fmt, out, p.n, p.bytes, nshards, ferry_dtype_numpy_name(odt), p.nsrc, el,
-		       el > 0 ? p.bytes / el : 0);
-	else
-		printf("packed %" PRIu64 " samples (%.1f MiB, %s) from %zu inputs into %d %s in %.2f s "
-		       "(%.0f MiB/s): %s\n", p.n, p.bytes / 1048576.0, ferry_dtype_numpy_name(odt), p.nsrc, nshards,
+	if (failed) {
+	} else if (json) {
+		printf("{\"format\": \"%s\", \"output\": ", fmt);
+		ferry_tools_json_string(stdout, out);
+		printf(", \"samples\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"shards\": %d, \"dtype\": \"%s\", "
+		       "\"inputs\": %zu, \"input_bytes\": %" PRIu64 ", \"blank_lines\": %" PRIu64
+		       ", \"skipped_lines\": %" PRIu64 ", \"skipped\": {",
+		       p.n, p.bytes, nshards, ferry_dtype_numpy_name(odt), p.nsrc, p.in_bytes, p.blank, skipped);
+		for (int k = FERRY_JSONL_UTF8; k < FERRY_JSONL__COUNT; k++)
+			printf("%s\"%s\": %" PRIu64, k == FERRY_JSONL_UTF8 ? "" : ", ", ferry_tools_jsonl_status_name(k),
+			       p.skipped[k]);
+		printf("}, \"output_left_out\": %" PRIu64 ", \"seconds\": %.3f, \"bytes_per_s\": %.0f}\n", p.skipped_out,
+		       el, el > 0 ? p.in_bytes / el : 0);
+	} else {
+		printf("packed %" PRIu64 " samples (%.1f MiB, %s) from %zu inputs (%.1f MiB) into %d %s in %.2f s "
+		       "(%.0f MiB/s of input): %s\n", p.n, p.bytes / 1048576.0, ferry_dtype_numpy_name(odt), p.nsrc,
+		       p.in_bytes / 1048576.0, nshards,
 		       kind == FERRY_WRITE_MEGATRON ? "file (.bin/.idx)" : nshards == 1 ? "shard" : "shards",
-		       el, el > 0 ? p.bytes / 1048576.0 / el : 0, out);
-	for (size_t i = 0; i < p.nsrc; i++) {
-		if (p.srcs[i].fd >= 0)
-			close(p.srcs[i].fd);
-		free(p.srcs[i].path);
+		       el, el > 0 ? p.in_bytes / 1048576.0 / el : 0, out);
+		if (skipped) {
+			static const char *const words[FERRY_JSONL__COUNT] = {
+				"", "", "not UTF-8", "not one JSON value", "without the member", "of another type",
+				"with a token id out of range"};
+			printf("skipped %" PRIu64 " lines (--skip-bad):", skipped);
+			const char *sep = " ";
+			for (int k = FERRY_JSONL_UTF8; k < FERRY_JSONL__COUNT; k++)
+				if (p.skipped[k]) {
+					printf("%s%" PRIu64 " %s", sep, p.skipped[k], words[k]);
+					sep = ", ";
+				}
+			printf("\n");
+		}
 	}
+	for (size_t i = 0; i < p.nsrc; i++)
+		free(p.srcs[i].path);
 	free(p.srcs);
 	free(p.s);
 	free(jobs);
 	free(tids);
-	return 0;
+	return failed ? 1 : 0;
 }
