@@ -38,6 +38,38 @@ struct held_lock {
 };
 static pthread_mutex_t locks_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct held_lock *locks;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+
+/*
+ * A child made by fork() without exec (a DataLoader worker, multiprocessing's fork start method)
+ * would otherwise share the parent's locks (flock belongs to the open file, which fork shares) and
+ * keep them after the parent dies: the job restarted on the directory would find its ranks "held"
+ * by workers. The child closes its copies; its handles refuse to save (save()).
+ */
+static void locks_prepare(void)
+{
+	pthread_mutex_lock(&locks_mu);
+}
+
+static void locks_parent(void)
+{
+	pthread_mutex_unlock(&locks_mu);
+}
+
+static void locks_child(void)
+{
+	for (struct held_lock *h = locks; h; h = h->next)
+		if (h->fd >= 0) {
+			close(h->fd);
+			h->fd = -1;
+		}
+	pthread_mutex_unlock(&locks_mu);
+}
+
+static void locks_atfork(void)
+{
+	(void)pthread_atfork(locks_prepare, locks_parent, locks_child);
+}
 
 struct ferry_ckpt {
 	ferry_ctx *ctx;
@@ -115,6 +147,7 @@ static int take_lock(ferry_ckpt *ck)
 	char who[256];
 	snprintf(ck->lock_name, sizeof(ck->lock_name), ".ferry-lock-rank-%05d", ck->rank);
 	const char *name = ck->lock_name;
+	pthread_once(&atfork_once, locks_atfork);
 	int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
 	if (dfd < 0)
 		return dfd;
@@ -133,7 +166,7 @@ static int take_lock(ferry_ckpt *ck)
 			break;
 		}
 		pthread_mutex_lock(&locks_mu);
-		for (h = locks; h && (h->dev != st.st_dev || h->ino != st.st_ino);)
+		for (h = locks; h && (h->fd < 0 || h->dev != st.st_dev || h->ino != st.st_ino);) /* fd < 0: a fork's */
 			h = h->next;
 		if (h) {
 			h->refs++;
@@ -191,11 +224,12 @@ static void drop_lock(ferry_ckpt *ck)
 			pp = &(*pp)->next;
 		*pp = h->next;
 		int dfd = open(ck->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC); /* no error recorded: destroy's */
-		if (dfd >= 0 && same_file(dfd, ck->lock_name, h->fd))
+		if (dfd >= 0 && h->fd >= 0 && same_file(dfd, ck->lock_name, h->fd))
 			(void)unlinkat(dfd, ck->lock_name, 0);
 		if (dfd >= 0)
 			close(dfd);
-		close(h->fd);
+		if (h->fd >= 0)
+			close(h->fd);
 		free(h);
 	}
 	pthread_mutex_unlock(&locks_mu);
@@ -379,6 +413,124 @@ static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
 }
 
 static int prune(const char *dir, int keep, int recycle);
+static int open_subdir(int dfd, const char *name);
+static int rm_tree(int dfd, const char *name);
+
+/*
+ * Removes from the step's directory (never followed) the entries whose names begin with prefix,
+ * and the directory itself when that empties it. Errors are not reported: this runs after a save
+ * failed (its error is the one to report) or before a save, on debris.
+ */
+static void drop_prefixed(int dfd, const char *step_name, const char *prefix)
+{
+	int fd = open_subdir(dfd, step_name);
+	if (fd < 0)
+		return;
+	DIR *d = fdopendir(fd);
+	if (!d) {
+		close(fd);
+		return;
+	}
+	size_t n = strlen(prefix);
+	struct dirent *e;
+	while ((e = readdir(d)))
+		if (!strncmp(e->d_name, prefix, n))
+			(void)unlinkat(fd, e->d_name, 0);
+	closedir(d);
+	(void)unlinkat(dfd, step_name, AT_REMOVEDIR); /* fails, as it should, unless empty */
+}
+
+/*
+ * A save of this rank that failed gives its space back: its shard, temporaries and marker in the
+ * step's directory go (the rank's lock says they are this process's), and the directory when that
+ * empties it. A full disk after the shard's rename (at the marker) no longer leaves the whole
+ * shard behind for later saves to fail on.
+ */
+static void drop_own(ferry_ckpt *ck, int64_t step)
+{
+	char name[64], prefix[64];
+	int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
+	if (dfd < 0)
+		return;
+	snprintf(name, sizeof(name), "step-%012lld", (long long)step);
+	snprintf(prefix, sizeof(prefix), "rank-%05d-of-%05d.", ck->rank, ck->world);
+	drop_prefixed(dfd, name, prefix);
+	close(dfd);
+}
+
+/* 1 when DIR/latest names step (a commit whose last fsync failed still committed the step). */
+static int latest_is(const char *dir, int64_t step)
+{
+	int64_t l = ferry_ckpt_latest(dir);
+	ferry__error_clear();
+	return l == step;
+}
+
+/* A temporary this rank's writer makes (durable.h names them "<final>.tmp-<16 hex>"): its shard and
+ * marker; for rank 0 also the manifest's, and `latest`'s in DIR (in_step 0). */
+static int own_temporary(const ferry_ckpt *ck, const char *name, int in_step)
+{
+	char prefix[32];
+	const char *t = strstr(name, ".tmp-");
+	if (!t || strlen(t) != 5 + 16)
+		return 0;
+	if (!in_step)
+		return ck->rank == 0 && !strncmp(name, "latest.tmp-", 11);
+	snprintf(prefix, sizeof(prefix), "rank-%05d-of-", ck->rank);
+	return !strncmp(name, prefix, strlen(prefix)) || (ck->rank == 0 && !strncmp(name, "manifest.json.tmp-", 18));
+}
+
+/*
+ * Temporaries of this rank's files in steps that did not commit, left by a writer that died
+ * (SIGKILL during a save leaves a preallocated shard-sized *.tmp-*): the rank's lock says no live
+ * process writes this rank, and none of this handle's saves is in flight, so they are debris. Only
+ * temporaries go; a renamed shard of an uncommitted step may still be awaited by rank 0's commit.
+ */
+static void sweep_debris(ferry_ckpt *ck)
+{
+	char p[300];
+	int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
+	if (dfd < 0)
+		return;
+	int lfd = dup(dfd);
+	DIR *d = lfd < 0 ? NULL : fdopendir(lfd);
+	if (!d) {
+		if (lfd >= 0)
+			close(lfd);
+		close(dfd);
+		return;
+	}
+	struct dirent *e;
+	struct stat st;
+	while ((e = readdir(d))) {
+		if (own_temporary(ck, e->d_name, 0) && !fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) &&
+		    S_ISREG(st.st_mode)) {
+			(void)unlinkat(dfd, e->d_name, 0);
+			continue;
+		}
+		if (parse_step_name(e->d_name) < 0 || fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+		    !S_ISDIR(st.st_mode))
+			continue;
+		snprintf(p, sizeof(p), "%s/manifest.json", e->d_name);
+		if (!fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW))
+			continue; /* committed: nothing of a dead writer's is in it */
+		int fd = open_subdir(dfd, e->d_name);
+		DIR *sd = fd < 0 ? NULL : fdopendir(fd);
+		if (!sd) {
+			if (fd >= 0)
+				close(fd);
+			continue;
+		}
+		struct dirent *f;
+		while ((f = readdir(sd)))
+			if (own_temporary(ck, f->d_name, 1))
+				(void)unlinkat(fd, f->d_name, 0);
+		closedir(sd);
+		(void)unlinkat(dfd, e->d_name, AT_REMOVEDIR); /* an emptied step directory */
+	}
+	closedir(d);
+	close(dfd);
+}
 
 /* name in step's directory, durably; the step directory is never followed if it is a symlink. */
 static int step_write(const char *dir, int64_t step, const char *name, const char *text, size_t len)
@@ -440,6 +592,19 @@ static int commit(ferry_ckpt *ck, int64_t step)
 	}
 	ferry__sbuf_free(&m);
 	free(bytes);
+	/* A commit that failed once every rank's shard was in (a full disk at the manifest or at
+	 * `latest`) gives the step's space back: the step cannot commit any more, and later saves must
+	 * not find the disk full of it. After a timeout other ranks may still be writing: only this
+	 * rank's files go (after_shard's caller). */
+	if (r && r != -ETIMEDOUT && !latest_is(ck->dir, step)) {
+		int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
+		char name[64];
+		snprintf(name, sizeof(name), "step-%012lld", (long long)step);
+		if (dfd >= 0) {
+			(void)rm_tree(dfd, name);
+			close(dfd);
+		}
+	}
 	if (!r && ck->keep) {
 		int pr = prune(ck->dir, ck->keep, ck->recycle);
 		r = pr < 0 ? pr : 0;
@@ -451,8 +616,10 @@ static int64_t after_shard(void *arg, int64_t result)
 {
 	ferry_ckpt *ck = arg;
 	char p[PATH_MAX];
-	if (result < 0)
+	if (result < 0) {
+		drop_own(ck, ck->step);
 		return result;
+	}
 	/* The step directory's entry in DIR, durable before this rank's marker says the shard is in.
 	 * Here rather than on the caller's thread: an asynchronous save returns before it. */
 	int r = ferry_ckpt_step_path(ck->dir, ck->step, p, sizeof(p));
@@ -471,6 +638,8 @@ static int64_t after_shard(void *arg, int64_t result)
 	}
 	if (!r && ck->rank == 0)
 		r = commit(ck, ck->step);
+	if (r && !latest_is(ck->dir, ck->step))
+		drop_own(ck, ck->step);
 	return r;
 }
 
@@ -485,6 +654,10 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 				    ck->dir, (long long)step);
 	if ((r = ferry_ckpt_wait(ck, -1)))
 		(void)r; /* the previous save's error was reported by its own wait; this save goes on */
+	if (ck->lock && ck->lock->fd < 0)
+		return ferry__error(-EPERM, "ckpt %s: this handle was opened before a fork(): the child does not "
+				    "hold the rank's lock; open the checkpoint again in the child", ck->dir);
+	sweep_debris(ck);
 	uint64_t t0 = ferry__now_ns();
 	int64_t latest = ferry_ckpt_latest(ck->dir);
 	if (latest >= step)
@@ -514,6 +687,18 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	if ((r = ferry_ckpt_shard_path(ck->dir, step, ck->rank, ck->world, p, sizeof(p))) < 0)
 		return r;
 	ck->step = step;
+	/* The shard says whose it is: ferry_ckpt_verify (verify.c) checks these against its step
+	 * directory, the manifest and its name, so a shard moved from another step or run fails. */
+	char tv[3][24];
+	snprintf(tv[0], sizeof(tv[0]), "%lld", (long long)step);
+	snprintf(tv[1], sizeof(tv[1]), "%d", ck->rank);
+	snprintf(tv[2], sizeof(tv[2]), "%d", ck->world);
+	const char *tie[4][2] = {{"ferry.step", tv[0]}, {"ferry.run", ck->run}, {"ferry.rank", tv[1]}, {"ferry.world", tv[2]}};
+	for (int i = 0; i < 4; i++)
+		if ((r = ferry_st_writer_metadata(ck->w, tie[i][0], tie[i][1])))
+			return r == -EEXIST ? ferry__error(-EINVAL, "ckpt %s: metadata key \"%s\" is the save's own", ck->dir,
+							   tie[i][0])
+					    : r;
 	int flags = ck->checksum ? FERRY_SAVE_CHECKSUM : 0;
 	/* This rank's shard of a pruned step, written over rather than a new file made (prune) */
 	char rp[PATH_MAX];
@@ -525,6 +710,8 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	ferry__st_writer_phase(ck->w, FERRY_PHASE_CKPT_PREPARE, prep);
 	int reset = ferry_st_writer_reset(ck->w);
 	(void)reset;
+	if (res < 0 && !async)
+		drop_own(ck, step); /* a save refused before its hook ran leaves no empty step behind */
 	return res < 0 ? (int)res : 0;
 }
 
