@@ -78,17 +78,31 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* The reason an open failed, with the limit when it is the open-file limit. */
+/* strerror(e), and for the open-file limit the limit and what to change. */
+static const char *errtext(int e, char *buf, size_t len)
+{
+	struct rlimit rl;
+	if ((e == EMFILE || e == ENFILE) && getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		snprintf(buf, len, "%s (this process may hold %llu open files: ulimit -n; pack opens one input "
+			 "per copying thread, --threads, and every shard, --shard-size)", strerror(e),
+			 (unsigned long long)rl.rlim_cur);
+	else
+		snprintf(buf, len, "%s", strerror(e));
+	return buf;
+}
+
+/* The library's last error, with errtext's hint when code is the open-file limit. */
+static void lib_error(int code)
+{
+	char why[256];
+	fprintf(stderr, "ferry pack: %s%s%s\n", ferry_last_error(), code == -EMFILE || code == -ENFILE ? ": " : "",
+		code == -EMFILE || code == -ENFILE ? errtext(-code, why, sizeof(why)) : "");
+}
+
 static void open_error(const char *path, int e)
 {
-	if (e == EMFILE || e == ENFILE) {
-		struct rlimit rl;
-		getrlimit(RLIMIT_NOFILE, &rl);
-		fprintf(stderr, "ferry pack: %s: %s (this process may hold %llu open files: ulimit -n)\n", path,
-			strerror(e), (unsigned long long)rl.rlim_cur);
-	} else {
-		fprintf(stderr, "ferry pack: %s: %s\n", path, strerror(e));
-	}
+	char why[256];
+	fprintf(stderr, "ferry pack: %s: %s\n", path, errtext(e, why, sizeof(why)));
 }
 
 static int add_src(struct pack *p, const char *path, const struct stat *st)
@@ -503,15 +517,8 @@ static char *reader_get(struct pack *p, struct reader *r, uint32_t src, uint64_t
 		r->fd = open(s->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
 		struct stat st;
 		if (r->fd < 0 || fstat(r->fd, &st) < 0) {
-			int e = errno;
 			char why[256];
-			struct rlimit rl;
-			if ((e == EMFILE || e == ENFILE) && getrlimit(RLIMIT_NOFILE, &rl) == 0)
-				snprintf(why, sizeof(why), "%s (this process may hold %llu open files: ulimit -n; "
-					 "--threads fewer, --shard-size larger)", strerror(e), (unsigned long long)rl.rlim_cur);
-			else
-				snprintf(why, sizeof(why), "%s", strerror(e));
-			job_fail(p, s->path, off, why);
+			job_fail(p, s->path, off, errtext(errno, why, sizeof(why)));
 			return NULL;
 		}
 		if (st.st_dev != s->dev || st.st_ino != s->ino || (uint64_t)st.st_size != s->size ||
@@ -592,10 +599,13 @@ static void *copy_main(void *arg)
 			}
 			data = d;
 		}
-		if (ferry_dataset_writer_put(p->w, i, data, s->len)) {
+		int err = ferry_dataset_writer_put(p->w, i, data, s->len);
+		if (err) {
+			char why[256];
 			pthread_mutex_lock(&p->mu);
 			if (!atomic_load(&p->failed))
-				snprintf(p->err, sizeof(p->err), "%s", ferry_last_error());
+				snprintf(p->err, sizeof(p->err), "%s%s%s", ferry_last_error(), err == -EMFILE ? ": " : "",
+					 err == -EMFILE ? errtext(EMFILE, why, sizeof(why)) : "");
 			atomic_store(&p->failed, 1);
 			pthread_mutex_unlock(&p->mu);
 			break;
@@ -674,22 +684,24 @@ static int mkdir_p(const char *path)
 		if (!strcmp(c, "."))
 			continue;
 		if (mkdirat(dfd, c, 0755) < 0 && errno != EEXIST) {
-			int e = errno;
+			char why[256];
+			errtext(errno, why, sizeof(why));
 			close(dfd);
-			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, strerror(e));
+			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, why);
 			return -1;
 		}
 		int next = openat(dfd, c, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-		int e = errno;
+		char why[256];
+		errtext(errno, why, sizeof(why));
 		close(dfd);
 		if (next < 0) {
-			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, strerror(e));
+			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, why);
 			return -1;
 		}
 		dfd = next;
 	}
 	if (dfd < 0) {
-		fprintf(stderr, "ferry pack: %s: %s\n", path, strerror(errno));
+		open_error(path, errno);
 		return -1;
 	}
 	close(dfd);
@@ -913,7 +925,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		if (err || nshards < 0) {
 			stop_progress(&p, progress_tid, &g);
 			progress_tid = NULL;
-			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+			lib_error(err ? err : nshards);
 			failed = 1;
 		}
 	}
@@ -949,6 +961,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 			first = p.n;
 		}
 		long started = 0;
+		int err;
 		for (t = 0; t < threads; t++)
 			if (pthread_create(&tids[t], NULL, copy_main, &jobs[t]) == 0)
 				started++;
@@ -963,8 +976,8 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		if (atomic_load(&p.failed)) {
 			fprintf(stderr, "ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
 			failed = 1;
-		} else if (ferry_dataset_writer_finish(p.w)) {
-			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+		} else if ((err = ferry_dataset_writer_finish(p.w))) {
+			lib_error(err);
 			failed = 1;
 		}
 	}

@@ -3,7 +3,8 @@
 # .bin/.idx; summary and JSON; usage errors; the published index opens (loader-bench reads it).
 set -u
 FERRY=${1:?usage: test_pack.sh path/to/ferry}
-T=$(mktemp -d "${FERRY_TEST_TMPDIR:-/tmp}/test_pack.XXXXXX")
+mkdir -p "${FERRY_TEST_TMPDIR:-/tmp}" # run alone (ctest -R), nothing else has made it
+T=$(mktemp -d "${FERRY_TEST_TMPDIR:-/tmp}/test_pack.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; fi; }

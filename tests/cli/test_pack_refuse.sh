@@ -4,7 +4,8 @@
 # the message names the file and the line; valid JSON of every shape still packs.
 set -u
 FERRY=${1:?usage: test_pack_refuse.sh path/to/ferry}
-T=$(mktemp -d "${FERRY_TEST_TMPDIR:-/tmp}/test_pack_refuse.XXXXXX")
+mkdir -p "${FERRY_TEST_TMPDIR:-/tmp}" # run alone (ctest -R), nothing else has made it
+T=$(mktemp -d "${FERRY_TEST_TMPDIR:-/tmp}/test_pack_refuse.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; fi; }

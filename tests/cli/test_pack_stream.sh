@@ -5,7 +5,8 @@
 # the output's missing directories (mkdir -p) and never writes through a symlink planted at OUT.bin.
 set -u
 FERRY=${1:?usage: test_pack_stream.sh path/to/ferry}
-T=$(mktemp -d "${FERRY_TEST_TMPDIR:-/tmp}/test_pack_stream.XXXXXX")
+mkdir -p "${FERRY_TEST_TMPDIR:-/tmp}" # run alone (ctest -R), nothing else has made it
+T=$(mktemp -d "${FERRY_TEST_TMPDIR:-/tmp}/test_pack_stream.XXXXXX") || exit 1
 trap 'rm -rf "$T"' EXIT
 fail=0
 check() { if ! eval "$2"; then echo "FAIL: $1"; fail=1; fi; }
