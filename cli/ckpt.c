@@ -1,8 +1,12 @@
 /* ferry ckpt: inspect, verify and benchmark safetensors files and checkpoint directories. */
+#include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "commands.h"
@@ -12,14 +16,18 @@
 
 #define PATH_ABOUT                                                                                       \
 	"PATH: a .safetensors file, a model.safetensors.index.json, a directory holding either,\n"          \
-	"a checkpoint step directory, or a checkpoint directory (its latest step)."
+	"a checkpoint step directory (step-N), or a checkpoint directory (its latest step, or --step N)."
 
 struct inspect_opts {
 	int json;
+	uint64_t step;
 };
 
 static const struct cli_opt inspect_rows[] = {
-	{.name = "json", .kind = CLI_FLAG, .off = offsetof(struct inspect_opts, json), .help = "one JSON object"},
+	{.name = "json", .kind = CLI_FLAG, .off = offsetof(struct inspect_opts, json),
+	 .help = "one JSON object (metadata values in full)"},
+	{.name = "step", .kind = CLI_U64, .off = offsetof(struct inspect_opts, step), .arg = "N",
+	 .help = "of a checkpoint directory: this step instead of the latest"},
 	{.name = NULL},
 };
 
@@ -30,142 +38,437 @@ static const struct cli_opt inspect_rows[] = {
 		.max_args = 1, .args = "PATH",                                                           \
 	}
 
-static const struct cli_cmd inspect_cmd = PATH_COMMAND("ckpt inspect", "ferry ckpt inspect PATH [--json]",
-							"Lists the tensors (dtypes, shapes, offsets) and the metadata.",
-							inspect_rows);
+static const struct cli_cmd inspect_cmd = PATH_COMMAND(
+	"ckpt inspect", "ferry ckpt inspect PATH [--json] [--step N]",
+	"Lists the tensors (dtypes, shapes, offsets) and the metadata, per shard for a checkpoint step.\n"
+	"Text output cuts metadata values longer than 120 bytes (saying how many bytes it cut).",
+	inspect_rows);
 
-static const struct cli_opt no_rows[] = {{.name = NULL}};
+struct verify_opts {
+	int json, require_sums;
+	uint64_t step;
+};
 
-static const struct cli_cmd verify_cmd = PATH_COMMAND("ckpt verify", "ferry ckpt verify PATH",
-						       "Checks the structure and every stored checksum; exits 1 if one fails.",
-						       no_rows);
+static const struct cli_opt verify_rows[] = {
+	{.name = "json", .kind = CLI_FLAG, .off = offsetof(struct verify_opts, json), .help = "one JSON object"},
+	{.name = "step", .kind = CLI_U64, .off = offsetof(struct verify_opts, step), .arg = "N",
+	 .help = "of a checkpoint directory: this step instead of the latest"},
+	{.name = "require-checksums", .kind = CLI_FLAG, .off = offsetof(struct verify_opts, require_sums),
+	 .help = "a tensor without a stored checksum is a failure"},
+	{.name = NULL},
+};
 
-/* A checkpoint directory (with `latest`) resolves to its latest step. */
-static const char *resolve(const char *path, char *buf, size_t len)
+static const struct cli_cmd verify_cmd = PATH_COMMAND(
+	"ckpt verify", "ferry ckpt verify PATH [--json] [--step N] [--require-checksums]",
+	"Checks a checkpoint step by the rules of ferry.checkpoint.verify (ferry_ckpt_verify): manifest\n"
+	"present and well-formed, its world equal to the shards it lists and to the files present, each\n"
+	"shard's name, size, structure, step/run/rank/world metadata and every stored checksum; reports\n"
+	"every problem found. A plain file or index: structure and checksums. Exits 1 if one fails.",
+	verify_rows);
+
+#define META_SHOWN 120
+
+/* What PATH names: a checkpoint step (dir and step set) or a plain file, index or directory. */
+struct target {
+	int is_step;
+	char dir[4096];
+	int64_t step;
+};
+
+static int64_t parse_step(const char *s)
 {
-	char p[4096];
-	snprintf(p, sizeof(p), "%s/latest", path);
-	if (access(p, F_OK))
-		return path;
-	int64_t step = ferry_ckpt_latest(path);
-	if (step < 0 || ferry_ckpt_step_path(path, step, buf, len) < 0)
-		return path;
-	return buf;
+	if (strncmp(s, "step-", 5) || !s[5])
+		return -1;
+	int64_t v = 0;
+	for (s += 5; *s; s++) {
+		if (*s < '0' || *s > '9' || v > (INT64_MAX - 9) / 10)
+			return -1;
+		v = v * 10 + (*s - '0');
+	}
+	return v;
 }
 
-static int open_load(ferry_ctx **ctx, const char *arg, ferry_st_load **ld)
+/*
+ * Resolves PATH: a step directory (step-N, with or without a trailing '/'), a checkpoint directory
+ * (it has `latest`, or --step was given), else a plain path. Returns 0, 1 after an error printed,
+ * or 2 (a usage error printed).
+ */
+static int resolve(const struct cli_cmd *cmd, const struct cli_args *a, const char *path, int has_step,
+		   uint64_t step, struct target *t)
 {
-	char buf[4096];
-	const char *path = resolve(arg, buf, sizeof(buf));
-	int r = ferry_ctx_create(ctx);
-	if (!r)
-		r = ferry_st_load_open(*ctx, path, ld);
-	if (r)
-		fprintf(stderr, "ferry ckpt: %s: %s\n", ferry_strerror(r), ferry_last_error());
-	return r;
+	struct stat st;
+	char p[4200];
+	memset(t, 0, sizeof(*t));
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	if (n >= sizeof(t->dir))
+		return fprintf(stderr, "ferry %s: %s: path too long\n", cmd->name, path), 1;
+	memcpy(t->dir, path, n);
+	t->dir[n] = '\0';
+	if (stat(t->dir, &st) || !S_ISDIR(st.st_mode)) {
+		if (has_step)
+			return cli_usage_error(cmd, a, "--step is for a checkpoint directory, and %s is not one", path);
+		return 0;
+	}
+	char *base = strrchr(t->dir, '/');
+	int64_t s = parse_step(base ? base + 1 : t->dir);
+	if (s >= 0) {
+		if (has_step && (uint64_t)s != step)
+			return cli_usage_error(cmd, a, "--step %llu, but %s is step %lld", (unsigned long long)step, path,
+					       (long long)s);
+		if (!base)
+			strcpy(t->dir, ".");
+		else if (base == t->dir)
+			strcpy(t->dir, "/");
+		else
+			*base = '\0';
+		t->is_step = 1;
+		t->step = s;
+		return 0;
+	}
+	snprintf(p, sizeof(p), "%s/latest", t->dir);
+	if (has_step) {
+		if (step > INT64_MAX)
+			return cli_usage_error(cmd, a, "--step %llu is out of range", (unsigned long long)step);
+		t->is_step = 1;
+		t->step = (int64_t)step;
+	} else if (!access(p, F_OK)) {
+		int64_t l = ferry_ckpt_latest(t->dir);
+		if (l < 0)
+			return fprintf(stderr, "ferry %s: %s: %s\n", cmd->name, ferry_strerror((int)l), ferry_last_error()), 1;
+		t->is_step = 1;
+		t->step = l;
+	}
+	return 0;
+}
+
+static void json_key_u64(const char *key, uint64_t v, int comma)
+{
+	printf("%s\"%s\":%" PRIu64, comma ? "," : "", key, v);
+}
+
+/* ---------------------------------------------------------------------------------------- inspect */
+
+/* Text: a value longer than META_SHOWN bytes is cut at a character boundary, saying how much. */
+static void print_meta_text(const char *key, const char *value)
+{
+	size_t n = strlen(value);
+	if (n <= META_SHOWN) {
+		printf("  metadata %s = %s\n", key, value);
+		return;
+	}
+	size_t k = META_SHOWN;
+	while (k > 0 && ((unsigned char)value[k] & 0xC0) == 0x80)
+		k--;
+	printf("  metadata %s = %.*s... (%zu of %zu bytes cut; --json prints all)\n", key, (int)k, value, n - k, n);
+}
+
+static void print_file(ferry_st *st, int json, int first, int rank)
+{
+	uint64_t dims[FERRY_ST_MAX_DIMS];
+	if (json) {
+		printf("%s{\"path\":", first ? "" : ",");
+		ferry_tools_json_string(stdout, ferry_st_path(st));
+		if (rank >= 0)
+			printf(",\"rank\":%d", rank);
+		printf(",\"data_start\":%" PRIu64 ",\"metadata\":{", ferry_st_data_start(st));
+		for (size_t m = 0; m < ferry_st_metadata_count(st); m++) {
+			printf("%s", m ? "," : "");
+			ferry_tools_json_string(stdout, ferry_st_metadata_key(st, m));
+			putchar(':');
+			ferry_tools_json_string(stdout, ferry_st_metadata_value(st, m));
+		}
+		printf("},\"tensors\":[");
+	} else {
+		printf("%s: %zu tensors, data at byte %" PRIu64 "\n", ferry_st_path(st), ferry_st_count(st),
+		       ferry_st_data_start(st));
+		for (size_t m = 0; m < ferry_st_metadata_count(st); m++)
+			print_meta_text(ferry_st_metadata_key(st, m), ferry_st_metadata_value(st, m));
+	}
+	for (size_t i = 0; i < ferry_st_count(st); i++) {
+		int nd = ferry_st_shape(st, i, dims, FERRY_ST_MAX_DIMS);
+		if (json) {
+			printf("%s{\"name\":", i ? "," : "");
+			ferry_tools_json_string(stdout, ferry_st_name(st, i));
+			printf(",\"dtype\":\"%s\",\"shape\":[", ferry_dtype_name(ferry_st_dtype(st, i)));
+			for (int d = 0; d < nd; d++)
+				printf("%s%" PRIu64, d ? "," : "", dims[d]);
+			printf("],\"offset\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", ferry_st_offset(st, i), ferry_st_nbytes(st, i));
+		} else {
+			printf("  %-48s %-8s [", ferry_st_name(st, i), ferry_dtype_name(ferry_st_dtype(st, i)));
+			for (int d = 0; d < nd; d++)
+				printf("%s%" PRIu64, d ? ", " : "", dims[d]);
+			printf("] offset %" PRIu64 " bytes %" PRIu64 "\n", ferry_st_offset(st, i), ferry_st_nbytes(st, i));
+		}
+	}
+	if (json)
+		printf("]}");
+}
+
+/* A committed step: each rank's shard on its own (ranks of a step hold tensors of the same names). */
+static int inspect_step(ferry_ctx *ctx, const struct target *t, int json)
+{
+	char p[4400];
+	int world = ferry_ckpt_world(t->dir, t->step);
+	if (world < 0) {
+		fprintf(stderr, "ferry ckpt inspect: %s: %s\n", ferry_strerror(world), ferry_last_error());
+		return 1;
+	}
+	ferry_st **st = calloc((size_t)world, sizeof(*st));
+	int r = st ? 0 : -ENOMEM;
+	for (int k = 0; k < world && !r; k++) {
+		r = ferry_ckpt_shard_path(t->dir, t->step, k, world, p, sizeof(p));
+		r = r < 0 ? r : ferry_st_open(ctx, p, &st[k]);
+	}
+	if (r) {
+		fprintf(stderr, "ferry ckpt inspect: %s: %s\n", ferry_strerror(r), r == -ENOMEM ? "out of memory" : ferry_last_error());
+	} else {
+		if (ferry_ckpt_step_path(t->dir, t->step, p, sizeof(p)) < 0)
+			snprintf(p, sizeof(p), "%s", t->dir);
+		if (json) {
+			printf("{\"path\":");
+			ferry_tools_json_string(stdout, p);
+			printf(",\"step\":%lld,\"world\":%d,\"files\":[", (long long)t->step, world);
+		} else {
+			printf("%s: step %lld, %d rank%s\n", p, (long long)t->step, world, world > 1 ? "s" : "");
+		}
+		for (int k = 0; k < world; k++)
+			print_file(st[k], json, k == 0, k);
+		if (json)
+			printf("]}\n");
+	}
+	for (int k = 0; st && k < world; k++)
+		ferry_st_destroy(st[k]);
+	free(st);
+	return r ? 1 : 0;
 }
 
 static int cmd_inspect(int argc, char **argv)
 {
 	struct inspect_opts o = {0};
 	struct cli_args a = {0};
+	struct target t;
 	int rc = cli_parse(&inspect_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
-	const char *path = a.argv[0];
-	int json = o.json;
+	if ((rc = resolve(&inspect_cmd, &a, a.argv[0], cli_given(&inspect_cmd, &a, "step"), o.step, &t)))
+		return rc;
 	ferry_ctx *ctx = NULL;
 	ferry_st_load *ld = NULL;
-	if (open_load(&ctx, path, &ld)) {
+	int r = ferry_ctx_create(&ctx);
+	if (!r && t.is_step) {
+		rc = inspect_step(ctx, &t, o.json);
+		ferry_ctx_destroy(ctx);
+		return rc;
+	}
+	if (!r)
+		r = ferry_st_load_open(ctx, a.argv[0], &ld);
+	if (r) {
+		fprintf(stderr, "ferry ckpt inspect: %s: %s\n", ferry_strerror(r), ferry_last_error());
 		ferry_ctx_destroy(ctx);
 		return 1;
 	}
-	uint64_t dims[FERRY_ST_MAX_DIMS];
-	if (json)
+	if (o.json)
 		printf("{\"files\":[");
-	for (size_t f = 0; f < ferry_st_load_files(ld); f++) {
-		ferry_st *st = ferry_st_load_file(ld, f);
-		if (json) {
-			printf("%s{\"path\":", f ? "," : "");
-			ferry_tools_json_string(stdout, ferry_st_path(st));
-			printf(",\"data_start\":%" PRIu64 ",\"metadata\":{", ferry_st_data_start(st));
-			for (size_t m = 0; m < ferry_st_metadata_count(st); m++) {
-				printf("%s", m ? "," : "");
-				ferry_tools_json_string(stdout, ferry_st_metadata_key(st, m));
-				putchar(':');
-				ferry_tools_json_string(stdout, ferry_st_metadata_value(st, m));
-			}
-			printf("},\"tensors\":[");
-		} else {
-			printf("%s: %zu tensors, data at byte %" PRIu64 "\n", ferry_st_path(st), ferry_st_count(st),
-			       ferry_st_data_start(st));
-			for (size_t m = 0; m < ferry_st_metadata_count(st); m++)
-				printf("  metadata %s = %s\n", ferry_st_metadata_key(st, m), ferry_st_metadata_value(st, m));
-		}
-		for (size_t i = 0; i < ferry_st_count(st); i++) {
-			int nd = ferry_st_shape(st, i, dims, FERRY_ST_MAX_DIMS);
-			if (json) {
-				printf("%s{\"name\":", i ? "," : "");
-				ferry_tools_json_string(stdout, ferry_st_name(st, i));
-				printf(",\"dtype\":\"%s\",\"shape\":[", ferry_dtype_name(ferry_st_dtype(st, i)));
-				for (int d = 0; d < nd; d++)
-					printf("%s%" PRIu64, d ? "," : "", dims[d]);
-				printf("],\"offset\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", ferry_st_offset(st, i),
-				       ferry_st_nbytes(st, i));
-			} else {
-				printf("  %-48s %-8s [", ferry_st_name(st, i), ferry_dtype_name(ferry_st_dtype(st, i)));
-				for (int d = 0; d < nd; d++)
-					printf("%s%" PRIu64, d ? ", " : "", dims[d]);
-				printf("] offset %" PRIu64 " bytes %" PRIu64 "\n", ferry_st_offset(st, i), ferry_st_nbytes(st, i));
-			}
-		}
-		if (json)
-			printf("]}");
-	}
-	if (json)
+	for (size_t f = 0; f < ferry_st_load_files(ld); f++)
+		print_file(ferry_st_load_file(ld, f), o.json, f == 0, -1);
+	if (o.json)
 		printf("]}\n");
 	ferry_st_load_destroy(ld);
 	ferry_ctx_destroy(ctx);
 	return 0;
 }
 
-static int cmd_verify(int argc, char **argv)
+/* ----------------------------------------------------------------------------------------- verify */
+
+static const char *const stat_keys[FERRY_VERIFY_STAT__COUNT] = {
+	[FERRY_VERIFY_FILES] = "files",       [FERRY_VERIFY_TENSORS] = "tensors",
+	[FERRY_VERIFY_BYTES] = "bytes",       [FERRY_VERIFY_VERIFIED] = "verified",
+	[FERRY_VERIFY_NOSUM] = "without_checksum", [FERRY_VERIFY_FAILED] = "failed",
+	[FERRY_VERIFY_UNTIED] = "untied",     [FERRY_VERIFY_PROBLEMS] = "problem_count",
+	[FERRY_VERIFY_WORLD] = "world",
+};
+
+static void json_problem(int first, int code, const char *msg)
 {
-	struct cli_args a = {0};
-	int rc = cli_parse(&verify_cmd, NULL, argc, argv, &a);
-	if (rc != CLI_CONTINUE)
-		return rc;
-	ferry_ctx *ctx = NULL;
-	ferry_st_load *ld = NULL;
-	if (open_load(&ctx, a.argv[0], &ld)) {
-		ferry_ctx_destroy(ctx);
-		return 1;
+	printf("%s{\"error\":", first ? "" : ",");
+	ferry_tools_json_string(stdout, ferry_strerror(code));
+	printf(",\"message\":");
+	ferry_tools_json_string(stdout, msg);
+	printf("}");
+}
+
+/* An error before anything could be checked (no `latest`, out of memory): still one JSON object. */
+static int verify_failed(const char *path, int json, int code)
+{
+	if (json) {
+		printf("{\"path\":");
+		ferry_tools_json_string(stdout, path);
+		printf(",\"ok\":false,\"problems\":[");
+		json_problem(1, code, ferry_last_error());
+		printf("]}\n");
+	} else {
+		fprintf(stderr, "ferry ckpt verify: %s: %s\n", ferry_strerror(code), ferry_last_error());
 	}
-	size_t ok = 0, nosum = 0, bad = 0;
+	return 1;
+}
+
+static int verify_step(ferry_ctx *ctx, const struct target *t, const struct verify_opts *o)
+{
+	char sp[4400];
+	ferry_ckpt_report *rep = NULL;
+	int r = ferry_ckpt_step_path(t->dir, t->step, sp, sizeof(sp));
+	if (r < 0)
+		return verify_failed(t->dir, o->json, r);
+	r = ferry_ckpt_verify_report(ctx, t->dir, t->step, o->require_sums, &rep);
+	if (!rep)
+		return verify_failed(sp, o->json, r);
+	uint64_t s[FERRY_VERIFY_STAT__COUNT];
+	for (int k = 0; k < FERRY_VERIFY_STAT__COUNT; k++)
+		s[k] = ferry_ckpt_report_stat(rep, (enum ferry_verify_stat)k);
+	size_t nf = ferry_ckpt_report_files(rep);
+	const char *msg;
+	int code;
+	if (o->json) {
+		printf("{\"path\":");
+		ferry_tools_json_string(stdout, sp);
+		printf(",\"dir\":");
+		ferry_tools_json_string(stdout, t->dir);
+		printf(",\"step\":%lld,\"ok\":%s", (long long)t->step, r ? "false" : "true");
+		for (int k = 0; k < FERRY_VERIFY_STAT__COUNT; k++)
+			json_key_u64(stat_keys[k], s[k], 1);
+		printf(",\"shards\":[");
+		for (size_t i = 0; i < nf; i++) {
+			printf("%s{\"file\":", i ? "," : "");
+			ferry_tools_json_string(stdout, ferry_ckpt_report_file(rep, i));
+			for (int k = 0; k < FERRY_VERIFY_STAT__COUNT; k++)
+				if (k != FERRY_VERIFY_FILES)
+					json_key_u64(stat_keys[k], ferry_ckpt_report_file_stat(rep, i, (enum ferry_verify_stat)k), k);
+			printf(",\"present\":%s}", ferry_ckpt_report_file_stat(rep, i, FERRY_VERIFY_FILES) ? "true" : "false");
+		}
+		printf("],\"problems\":[");
+		for (size_t i = 0; (msg = ferry_ckpt_report_problem(rep, i, &code)); i++)
+			json_problem(i == 0, code, msg);
+		printf("]}\n");
+	} else {
+		size_t shown = 0;
+		for (; (msg = ferry_ckpt_report_problem(rep, shown, &code)); shown++)
+			fprintf(stderr, "ferry ckpt verify: %s: %s\n", ferry_strerror(code), msg);
+		if (s[FERRY_VERIFY_PROBLEMS] > shown)
+			fprintf(stderr, "ferry ckpt verify: %" PRIu64 " more problems not shown\n",
+				s[FERRY_VERIFY_PROBLEMS] - shown);
+		if (nf)
+			printf("%s: step %lld, world %" PRIu64 "\n", sp, (long long)t->step, s[FERRY_VERIFY_WORLD]);
+		else
+			printf("%s: step %lld\n", sp, (long long)t->step);
+		for (size_t i = 0; i < nf; i++) {
+			uint64_t f[FERRY_VERIFY_STAT__COUNT];
+			for (int k = 0; k < FERRY_VERIFY_STAT__COUNT; k++)
+				f[k] = ferry_ckpt_report_file_stat(rep, i, (enum ferry_verify_stat)k);
+			printf("  %s: ", ferry_ckpt_report_file(rep, i));
+			if (!f[FERRY_VERIFY_FILES])
+				printf("missing");
+			else
+				printf("%" PRIu64 " tensors, %" PRIu64 " bytes: %" PRIu64 " verified, %" PRIu64
+				       " without checksum, %" PRIu64 " failed%s",
+				       f[FERRY_VERIFY_TENSORS], f[FERRY_VERIFY_BYTES], f[FERRY_VERIFY_VERIFIED],
+				       f[FERRY_VERIFY_NOSUM], f[FERRY_VERIFY_FAILED], f[FERRY_VERIFY_UNTIED] ? ", untied" : "");
+			if (f[FERRY_VERIFY_PROBLEMS])
+				printf(" (%" PRIu64 " problem%s)", f[FERRY_VERIFY_PROBLEMS], f[FERRY_VERIFY_PROBLEMS] > 1 ? "s" : "");
+			putchar('\n');
+		}
+		if (nf)
+			printf("%" PRIu64 " files, %" PRIu64 " bytes: %" PRIu64 " tensors verified, %" PRIu64
+			       " without checksum, %" PRIu64 " failed\n",
+			       s[FERRY_VERIFY_FILES], s[FERRY_VERIFY_BYTES], s[FERRY_VERIFY_VERIFIED], s[FERRY_VERIFY_NOSUM],
+			       s[FERRY_VERIFY_FAILED]);
+		if (s[FERRY_VERIFY_UNTIED])
+			printf("note: %" PRIu64 " shard%s not tied to the step and run (saved before ferry wrote ferry.step, "
+			       "ferry.run, ferry.rank and ferry.world into shards): a shard moved from another step would "
+			       "not be caught\n",
+			       s[FERRY_VERIFY_UNTIED], s[FERRY_VERIFY_UNTIED] > 1 ? "s are" : " is");
+		if (r)
+			printf("FAILED: %" PRIu64 " problem%s\n", s[FERRY_VERIFY_PROBLEMS], s[FERRY_VERIFY_PROBLEMS] > 1 ? "s" : "");
+		else
+			printf("OK\n");
+	}
+	ferry_ckpt_report_destroy(rep);
+	return r ? 1 : 0;
+}
+
+/* A plain file, index or directory of them: structure and checksums, every tensor of every file. */
+static int verify_plain(ferry_ctx *ctx, const char *path, const struct verify_opts *o)
+{
+	ferry_st_load *ld = NULL;
+	int r = ferry_st_load_open(ctx, path, &ld);
+	if (r)
+		return verify_failed(path, o->json, r);
+	size_t ok = 0, nosum = 0, bad = 0, tensors = 0;
+	if (o->json) {
+		printf("{\"path\":");
+		ferry_tools_json_string(stdout, path);
+		printf(",\"problems\":[");
+	}
 	for (size_t f = 0; f < ferry_st_load_files(ld); f++) {
 		ferry_st *st = ferry_st_load_file(ld, f);
-		for (size_t i = 0; i < ferry_st_count(st); i++) {
-			int r = ferry_st_verify(st, i);
-			if (r == 1)
+		for (size_t i = 0; i < ferry_st_count(st); i++, tensors++) {
+			int v = ferry_st_verify(st, i), code = v;
+			char nm[600];
+			const char *msg = ferry_last_error();
+			if (v == 1) {
 				ok++;
-			else if (r == 0)
-				nosum++;
-			else {
-				bad++;
-				fprintf(stderr, "ferry ckpt verify: %s: %s\n", ferry_strerror(r), ferry_last_error());
+				continue;
 			}
+			if (v == 0) {
+				nosum++;
+				if (!o->require_sums)
+					continue;
+				snprintf(nm, sizeof(nm), "%s: tensor \"%.400s\" has no checksum", ferry_st_path(st),
+					 ferry_st_name(st, i));
+				code = FERRY_EVERIFY;
+				msg = nm;
+			}
+			if (o->json)
+				json_problem(bad == 0, code, msg);
+			else
+				fprintf(stderr, "ferry ckpt verify: %s: %s\n", ferry_strerror(code), msg);
+			bad++;
 		}
 	}
-	printf("%zu files: %zu tensors verified, %zu without checksum, %zu failed\n", ferry_st_load_files(ld), ok,
-	       nosum, bad);
+	size_t files = ferry_st_load_files(ld);
+	if (o->json)
+		printf("],\"ok\":%s,\"files\":%zu,\"tensors\":%zu,\"verified\":%zu,\"without_checksum\":%zu,\"failed\":%zu}\n",
+		       bad ? "false" : "true", files, tensors, ok, nosum, bad);
+	else
+		printf("%zu files: %zu tensors verified, %zu without checksum, %zu failed\n", files, ok, nosum, bad);
 	ferry_st_load_destroy(ld);
-	ferry_ctx_destroy(ctx);
 	return bad ? 1 : 0;
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+	struct verify_opts o = {0};
+	struct cli_args a = {0};
+	struct target t;
+	int rc = cli_parse(&verify_cmd, &o, argc, argv, &a);
+	if (rc != CLI_CONTINUE)
+		return rc;
+	if ((rc = resolve(&verify_cmd, &a, a.argv[0], cli_given(&verify_cmd, &a, "step"), o.step, &t)))
+		return rc;
+	ferry_ctx *ctx = NULL;
+	int r = ferry_ctx_create(&ctx);
+	if (r)
+		rc = verify_failed(a.argv[0], o.json, r);
+	else
+		rc = t.is_step ? verify_step(ctx, &t, &o) : verify_plain(ctx, a.argv[0], &o);
+	ferry_ctx_destroy(ctx);
+	return rc;
 }
 
 static const struct ferry_cli_command ckpt_commands[] = {
 	{"inspect", "tensors, dtypes, shapes, offsets, metadata", cmd_inspect},
-	{"verify", "structure and every stored checksum", cmd_verify},
+	{"verify", "a checkpoint step's manifest, shards, metadata and checksums", cmd_verify},
 	{"bench", "save/load throughput on a transformer-shaped set", ferry_cmd_ckpt_bench},
 	{NULL, NULL, NULL},
 };

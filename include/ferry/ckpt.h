@@ -76,11 +76,51 @@ FERRY_API FERRY_WUR int ferry_ckpt_step_path(const char *dir, int64_t step, char
 FERRY_API FERRY_WUR int ferry_ckpt_shard_path(const char *dir, int64_t step, int rank, int world,
 					      char *buf, size_t len);
 /*
- * Checks a committed step: manifest, every shard's structure, sizes and checksums (tensors
- * without a checksum count as failures when require_sums). Returns 0, FERRY_ECORRUPT,
- * FERRY_EVERIFY or an I/O error, with the first problem in ferry_last_error().
+ * Checks a committed step: manifest, every shard's structure, sizes, metadata and checksums, as
+ * ferry_ckpt_verify_report lists (tensors without a checksum count as failures when require_sums).
+ * Returns 0, FERRY_ECORRUPT, FERRY_EVERIFY or an I/O error, with the first problem in
+ * ferry_last_error().
  */
 FERRY_API FERRY_WUR int ferry_ckpt_verify(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums);
+/*
+ * What ferry_ckpt_verify_report counted, for the step (ferry_ckpt_report_stat) and for each shard
+ * file (ferry_ckpt_report_file_stat).
+ */
+enum ferry_verify_stat {
+	FERRY_VERIFY_FILES,    /* shard files present (a file: 1 when present) */
+	FERRY_VERIFY_TENSORS,  /* tensors in them */
+	FERRY_VERIFY_BYTES,    /* their size in bytes */
+	FERRY_VERIFY_VERIFIED, /* tensors whose stored checksum matches */
+	FERRY_VERIFY_NOSUM,    /* tensors without a checksum */
+	FERRY_VERIFY_FAILED,   /* tensors whose checksum does not match (or is missing, with require_sums) */
+	FERRY_VERIFY_UNTIED,   /* shards without ferry.step/run/rank/world metadata (saved before ferry wrote them) */
+	FERRY_VERIFY_PROBLEMS, /* problems found, the first 64 of them kept with their messages */
+	FERRY_VERIFY_WORLD,    /* the manifest's world (a file: the world in its name) */
+	FERRY_VERIFY_STAT__COUNT
+};
+typedef struct ferry_ckpt_report ferry_ckpt_report;
+/*
+ * ferry_ckpt_verify, keeping going after a problem: manifest.json present (else the step is not
+ * committed) and well-formed; its world equal to the shards it lists and to the shard files in the
+ * step directory; each shard's name (rank-R-of-W, R its place in the list, W the world), its size
+ * (the manifest's bytes), its structure, its metadata ferry.step, ferry.run, ferry.rank and
+ * ferry.world (which every save writes: the step directory's, the manifest's run, the name's rank
+ * and world), and every checksum. Returns what ferry_ckpt_verify does (the first problem's code,
+ * its message in ferry_last_error()); *out is the report (free with ferry_ckpt_report_destroy),
+ * NULL only when the report could not be made (out of memory).
+ */
+FERRY_API FERRY_WUR int ferry_ckpt_verify_report(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums,
+						 ferry_ckpt_report **out);
+/* NULL is accepted. */
+FERRY_API void ferry_ckpt_report_destroy(ferry_ckpt_report *rep);
+/* The step's count of which; 0 for a value out of range. */
+FERRY_API uint64_t ferry_ckpt_report_stat(const ferry_ckpt_report *rep, enum ferry_verify_stat which);
+/* The shard files examined (listed in the manifest, then found besides), their names, their counts. */
+FERRY_API size_t ferry_ckpt_report_files(const ferry_ckpt_report *rep);
+FERRY_API const char *ferry_ckpt_report_file(const ferry_ckpt_report *rep, size_t i);
+FERRY_API uint64_t ferry_ckpt_report_file_stat(const ferry_ckpt_report *rep, size_t i, enum ferry_verify_stat which);
+/* The i-th problem's message (its code in *code when code is not NULL), or NULL past the last kept. */
+FERRY_API const char *ferry_ckpt_report_problem(const ferry_ckpt_report *rep, size_t i, int *code);
 /* Removes committed steps beyond the newest keep (never the one latest names), uncommitted
  * steps older than latest, and DIR/recycle (the shards a save would write over). Returns the number
  * of directories removed or an error. */
