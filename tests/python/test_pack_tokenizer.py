@@ -44,10 +44,10 @@ def _write_jsonl(path, docs, key="text", extra=()):
             f.write(line + "\n")
 
 
-def _run(*args, check=True):
+def _run(*args, check=True, quiet=True):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    r = subprocess.run([sys.executable, "-m", "ferry.pack", "-q", *map(str, args)], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "ferry.pack", *(["-q"] if quiet else []), *map(str, args)], capture_output=True,
                        text=True, env=env, timeout=120)
     if check:
         assert r.returncode == 0, f"rc {r.returncode}\nstdout: {r.stdout}\nstderr: {r.stderr}"
@@ -78,7 +78,7 @@ def test_ids_equal_encode_plus_eod(tmp_path, tok_path, fmt):
              "--json", "-o", out, tmp_path / "a.jsonl", tmp_path / "b.jsonl")
     s = json.loads(r.stdout)
     want = [tok.encode(t).ids + [eod] for t in a + b]
-    assert (s["documents_read"], s["documents_written"], s["skipped"], s["blank_lines"]) == (1000, 1000, {}, 2), s
+    assert (s["documents_read"], s["samples"], s["skipped_lines"], s["blank_lines"]) == (1000, 1000, 0, 2), s
     assert (s["eod"], s["dtype"], s["tokens"]) == (eod, "uint16", sum(map(len, want))), s
     ds = ferry.IndexedDataset(out)
     assert (ds.format, ds.dtype, len(ds)) == (fmt, np.dtype("uint16"), len(want))
@@ -110,20 +110,22 @@ def test_eod_by_id_and_none(tmp_path, tok_path):
 
 def test_bad_lines_refused_or_counted(tmp_path, tok_path):
     docs = _docs(20, 5)
-    bad = ['{"text": 3}', "not json", '["a list"]', '{"other": "x"}', '{"text": ""}']
+    bad = ['{"text": 3}', "not json", '["a list"]', '{"other": "x"}', '{"text": ""}', '{"text": "a\\ud800"}']
     _write_jsonl(tmp_path / "bad.jsonl", docs, extra=bad)
     with open(tmp_path / "bad.jsonl", "ab") as f:
         f.write(b'{"text": "\xff\xfe"}\n')
     r = _run("--tokenizer", tok_path, "-o", tmp_path / "o1", tmp_path / "bad.jsonl", check=False)
     assert r.returncode == 1, r
-    assert f"{tmp_path / 'bad.jsonl'}:21: the field is not a string" in r.stderr, r.stderr
+    assert f"{tmp_path / 'bad.jsonl'}:21: member \"text\" is not a string" in r.stderr, r.stderr
     assert not (tmp_path / "o1" / "ferry.idx").exists()
-    r = _run("--tokenizer", tok_path, "--skip-bad", "--json", "-o", tmp_path / "o2", tmp_path / "bad.jsonl")
+    r = _run("--tokenizer", tok_path, "--skip-bad", "--json", "-o", tmp_path / "o2", tmp_path / "bad.jsonl",
+             quiet=False)
     s = json.loads(r.stdout)
-    assert s["skipped"] == {"not_utf8": 1, "invalid_json": 1, "not_object": 1, "missing_key": 1,
-                            "not_string": 1, "empty": 1}, s
-    assert s["first_skipped"]["invalid_json"] == f"{tmp_path / 'bad.jsonl'}:22", s
-    assert (s["documents_read"], s["documents_written"]) == (26, 20), s
+    # the same reasons, under the same names, as ferry pack --skip-bad; an empty text is no bad line
+    assert s["skipped"] == {"utf8": 1, "json": 2, "no_key": 2, "type": 1}, s
+    assert (s["skipped_lines"], s["empty_documents"], s["documents_read"], s["samples"]) == (6, 1, 27, 20), s
+    assert f"skipped {tmp_path / 'bad.jsonl'}:22: not valid JSON" in r.stderr, r.stderr  # the first five named
+    assert f"bad.jsonl:27:" not in r.stderr, r.stderr
     with ferry.IndexedDataset(tmp_path / "o2") as ds:
         assert len(ds) == 20
     # nothing at all to pack is an error, as for ferry pack
@@ -160,4 +162,4 @@ def test_pack_api_summary(tmp_path, tok_path):
     docs = _docs(30, 6)
     _write_jsonl(tmp_path / "p.jsonl", docs)
     s = pack([tmp_path], tmp_path / "out", tok_path, append_eod="<|endoftext|>", workers=1)  # a directory input
-    assert (s["documents_written"], s["inputs"], s["shards"]) == (30, 1, 1), s
+    assert (s["samples"], s["inputs"], s["shards"]) == (30, 1, 1), s
