@@ -52,7 +52,8 @@ struct pack {
 	size_t nsrc, src_cap;
 	struct sample *s;
 	uint64_t n, cap;
-	int in, dtype, keys, skip_bad, quiet;
+	int in, dtype, keys, skip_bad, quiet, noted;
+	long threads;
 	const char *key; /* --json-key */
 	int want;        /* 's': the member is a string, 'a': an array of token ids */
 	uint64_t max;    /* the largest token id the dtype holds */
@@ -304,11 +305,50 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	return 0;
 }
 
-/* A line refused: an error (1), or with --skip-bad counted (0) and, for the first few, named. */
-static int bad_line(struct pack *p, const char *path, uint64_t lineno, int status, const struct ferry_jsonl_value *v,
-		    size_t len)
+/* A JSON Lines file bigger than this is scanned in parts of this size by --threads threads. */
+#define PART (32u << 20)
+#define NOTES 5
+
+/*
+ * The scan of the lines that start in [begin, end) of a JSON Lines file: its samples and counts,
+ * merged in file order, and its refused lines with their line numbers counted from its start
+ * (the merge knows how many lines the parts before it held).
+ */
+struct part {
+	uint64_t begin, end;
+	struct sample *s;
+	uint64_t n, cap, bytes;
+	uint64_t lines, blank, skipped[FERRY_JSONL__COUNT];
+	int refused;  /* notes[0] is the line that fails the pack (no --skip-bad) */
+	int nnotes;   /* the first NOTES lines refused or skipped */
+	struct {
+		uint64_t line;
+		char why[320];
+	} notes[NOTES];
+	char err[600]; /* an I/O or memory failure, the whole message */
+};
+
+static int part_add(struct part *t, uint32_t src, uint64_t off, uint64_t len, uint32_t span)
 {
-	char why[512];
+	if (t->n == t->cap) {
+		uint64_t c = t->cap ? t->cap * 2 : 1024;
+		struct sample *g = realloc(t->s, c * sizeof(*t->s));
+		if (!g) {
+			snprintf(t->err, sizeof(t->err), "out of memory listing %llu samples", (unsigned long long)c);
+			return -1;
+		}
+		t->s = g;
+		t->cap = c;
+	}
+	t->s[t->n++] = (struct sample){off, len, src, span};
+	t->bytes += len;
+	return 0;
+}
+
+/* A line refused: noted (the first few), and counted with --skip-bad (0) or failing the scan (-1). */
+static int bad_line(const struct pack *p, struct part *t, int status, const struct ferry_jsonl_value *v, size_t len)
+{
+	char why[320];
 	switch (status) {
 	case FERRY_JSONL_UTF8:
 		snprintf(why, sizeof(why), "invalid UTF-8 at byte %zu of the line (JSON Lines are UTF-8)", v->pos + 1);
@@ -329,66 +369,69 @@ static int bad_line(struct pack *p, const char *path, uint64_t lineno, int statu
 			 ferry_dtype_numpy_name(p->dtype), (unsigned long long)p->max);
 		break;
 	}
-	if (!p->skip_bad) {
-		fprintf(stderr, "ferry pack: %s:%llu: %s; --skip-bad skips and counts such lines\n", path,
-			(unsigned long long)lineno, why);
-		return 1;
+	if (t->nnotes < NOTES) {
+		t->notes[t->nnotes].line = t->lines;
+		snprintf(t->notes[t->nnotes].why, sizeof(t->notes[0].why), "%s", why);
+		t->nnotes++;
 	}
-	uint64_t all = 0;
-	for (int k = 0; k < FERRY_JSONL__COUNT; k++)
-		all += p->skipped[k];
-	if (all < 5 && !p->quiet)
-		fprintf(stderr, "ferry pack: skipped %s:%llu: %s\n", path, (unsigned long long)lineno, why);
-	p->skipped[status]++;
+	if (!p->skip_bad) {
+		t->refused = 1;
+		return -1;
+	}
+	t->skipped[status]++;
 	return 0;
 }
 
 /* One line (len bytes at file offset off, parsed in place): a sample, blank, or bad. 0 or -1. */
-static int jsonl_line(struct pack *p, uint32_t si, uint64_t lineno, char *b, size_t len, uint64_t off)
+static int jsonl_line(const struct pack *p, struct part *t, uint32_t si, char *b, size_t len, uint64_t off)
 {
 	struct ferry_jsonl_value v;
+	t->lines++;
 	int st = ferry_tools_jsonl_scan(b, len, p->key, p->want, p->max, &v);
 	if (st == FERRY_JSONL_BLANK) {
-		p->blank++;
+		t->blank++;
 		return 0;
 	}
 	if (st != FERRY_JSONL_OK)
-		return bad_line(p, p->srcs[si].path, lineno, st, &v, len) ? -1 : 0;
+		return bad_line(p, t, st, &v, len);
 	if (!p->key)
-		return add_sample(p, si, off, len);
+		return part_add(t, si, off, len, 0);
 	if (v.end - v.start > UINT32_MAX) {
-		fprintf(stderr, "ferry pack: %s:%llu: the value of \"%s\" is longer than 4 GiB\n", p->srcs[si].path,
-			(unsigned long long)lineno, p->key);
+		snprintf(t->err, sizeof(t->err), "the value of \"%s\" at byte %llu is longer than 4 GiB", p->key,
+			 (unsigned long long)(off + v.start));
 		return -1;
 	}
 	if (p->want == 's' && !v.escaped) /* copied as written, between the quotes */
-		return add_sample(p, si, off + v.start + 1, v.count);
-	return add_sample_span(p, si, off + v.start, v.count * (p->want == 's' ? 1 : p->esize),
-			       (uint32_t)(v.end - v.start));
+		return part_add(t, si, off + v.start + 1, v.count, 0);
+	return part_add(t, si, off + v.start, v.count * (p->want == 's' ? 1 : p->esize), (uint32_t)(v.end - v.start));
 }
 
-/* Reads the file once, a window at a time (a line longer than the window grows it). */
-static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
+/* Reads the part a window at a time (a line longer than the window grows it). 0 or -1. */
+static int scan_part(struct pack *p, uint32_t si, int fd, struct part *t)
 {
-	const char *path = p->srcs[si].path;
+	uint64_t size = p->srcs[si].size;
 	size_t cap = WINDOW, have = 0;
 	char *buf = malloc(cap);
-	uint64_t base = 0, got = 0, lineno = 0;
-	int rc = buf ? 0 : -1;
-	if (!buf)
-		fprintf(stderr, "ferry pack: %s: out of memory\n", path);
+	/* a part after the first starts at the line after the first newline at or after begin - 1 */
+	int skip_first = t->begin > 0;
+	uint64_t base = t->begin - (uint64_t)skip_first, got = base;
+	int rc = 0;
+	if (!buf) {
+		snprintf(t->err, sizeof(t->err), "out of memory");
+		return -1;
+	}
 	while (!rc) {
 		int eof = got == size;
 		if (!eof) {
 			size_t want = cap - have;
 			if (want > size - got)
 				want = (size_t)(size - got);
-			ssize_t r = read(fd, buf + have, want);
+			ssize_t r = pread(fd, buf + have, want, (off_t)got);
 			if (r < 0 && errno == EINTR)
 				continue;
 			if (r <= 0) {
-				fprintf(stderr, "ferry pack: %s: read at %llu: %s\n", path, (unsigned long long)got,
-					r < 0 ? strerror(errno) : "the file shrank while it was read");
+				snprintf(t->err, sizeof(t->err), "read at %llu: %s", (unsigned long long)got,
+					 r < 0 ? strerror(errno) : "the file shrank while it was read");
 				rc = -1;
 				break;
 			}
@@ -398,13 +441,23 @@ static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
 			eof = got == size;
 		}
 		size_t pos = 0;
-		for (char *nl; !rc && (nl = memchr(buf + pos, '\n', have - pos)); pos = (size_t)(nl - buf) + 1)
-			rc = jsonl_line(p, si, ++lineno, buf + pos, (size_t)(nl - buf) - pos, base + pos);
-		if (rc)
+		int done = 0;
+		for (char *nl; !rc && (nl = memchr(buf + pos, '\n', have - pos)); pos = (size_t)(nl - buf) + 1) {
+			if (skip_first) {
+				skip_first = 0;
+				continue;
+			}
+			if (base + pos >= t->end) {
+				done = 1;
+				break;
+			}
+			rc = jsonl_line(p, t, si, buf + pos, (size_t)(nl - buf) - pos, base + pos);
+		}
+		if (rc || done)
 			break;
 		if (eof) {
-			if (pos < have)
-				rc = jsonl_line(p, si, ++lineno, buf + pos, have - pos, base + pos);
+			if (pos < have && !skip_first && base + pos < t->end)
+				rc = jsonl_line(p, t, si, buf + pos, have - pos, base + pos);
 			break;
 		}
 		memmove(buf, buf + pos, have - pos);
@@ -413,7 +466,7 @@ static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
 		if (have == cap) {
 			char *g = realloc(buf, cap * 2);
 			if (!g) {
-				fprintf(stderr, "ferry pack: %s: a line of more than %zu bytes: out of memory\n", path, cap);
+				snprintf(t->err, sizeof(t->err), "a line of more than %zu bytes: out of memory", cap);
 				rc = -1;
 				break;
 			}
@@ -422,6 +475,104 @@ static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
 		}
 	}
 	free(buf);
+	return rc;
+}
+
+struct scanner {
+	struct pack *p;
+	uint32_t si;
+	struct part *parts;
+	size_t nparts;
+	atomic_size_t next, stop_at; /* parts after the first failed one are not scanned */
+};
+
+static void *scan_main(void *arg)
+{
+	struct scanner *c = arg;
+	int fd = open(c->p->srcs[c->si].path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+	for (size_t k; (k = atomic_fetch_add(&c->next, 1)) < c->nparts && k < atomic_load(&c->stop_at);) {
+		struct part *t = &c->parts[k];
+		if (fd < 0) {
+			char why[256];
+			snprintf(t->err, sizeof(t->err), "%s", errtext(errno, why, sizeof(why)));
+		}
+		if (fd < 0 || scan_part(c->p, c->si, fd, t)) {
+			size_t cur = atomic_load(&c->stop_at);
+			while (k < cur && !atomic_compare_exchange_weak(&c->stop_at, &cur, k))
+				;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	return NULL;
+}
+
+/*
+ * Reads the file once: in parts by up to --threads threads when it is big (each with its own
+ * descriptor), then merges the parts in order: samples, counts, and the refused lines' numbers.
+ */
+static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
+{
+	const char *path = p->srcs[si].path;
+	size_t nparts = size > PART && p->threads > 1 ? (size_t)((size + PART - 1) / PART) : 1;
+	struct scanner c = {.p = p, .si = si, .nparts = nparts, .parts = calloc(nparts, sizeof(struct part))};
+	if (!c.parts) {
+		fprintf(stderr, "ferry pack: %s: out of memory\n", path);
+		return -1;
+	}
+	atomic_init(&c.next, 0);
+	atomic_init(&c.stop_at, nparts);
+	for (size_t k = 0; k < nparts; k++) {
+		c.parts[k].begin = (uint64_t)k * PART;
+		c.parts[k].end = k + 1 == nparts ? size : (uint64_t)(k + 1) * PART;
+	}
+	if (nparts == 1) {
+		scan_part(p, si, fd, &c.parts[0]);
+	} else {
+		long nt = p->threads < (long)nparts ? p->threads : (long)nparts, started = 0;
+		pthread_t *tids = calloc((size_t)nt, sizeof(*tids));
+		for (long t = 0; tids && t < nt; t++)
+			if (pthread_create(&tids[started], NULL, scan_main, &c) == 0)
+				started++;
+		if (!started) /* no threads to be had: this one scans them all */
+			scan_main(&c);
+		for (long t = 0; t < started; t++)
+			pthread_join(tids[t], NULL);
+		free(tids);
+	}
+	uint64_t lines = 0;
+	int rc = 0;
+	for (size_t k = 0; k < nparts; k++) {
+		struct part *t = &c.parts[k];
+		for (int j = 0; !rc && j < t->nnotes; j++) {
+			unsigned long long line = (unsigned long long)(lines + t->notes[j].line);
+			if (t->refused) {
+				fprintf(stderr, "ferry pack: %s:%llu: %s; --skip-bad skips and counts such lines\n", path, line,
+					t->notes[j].why);
+				rc = -1;
+			} else if (p->noted < NOTES && !p->quiet) {
+				fprintf(stderr, "ferry pack: skipped %s:%llu: %s\n", path, line, t->notes[j].why);
+				p->noted++;
+			}
+		}
+		if (!rc && t->err[0]) {
+			fprintf(stderr, "ferry pack: %s: %s\n", path, t->err);
+			rc = -1;
+		}
+		for (uint64_t i = 0; !rc && i < t->n; i++)
+			rc = add_sample_span(p, t->s[i].src, t->s[i].off, t->s[i].len, t->s[i].span);
+		lines += t->lines;
+		p->blank += t->blank;
+		for (int r = 0; r < FERRY_JSONL__COUNT; r++)
+			p->skipped[r] += t->skipped[r];
+		free(t->s);
+		if (rc) /* the parts after a failed one are freed, not merged */
+			for (size_t q = k + 1; q < nparts; q++)
+				free(c.parts[q].s);
+		if (rc)
+			break;
+	}
+	free(c.parts);
 	return rc;
 }
 
@@ -827,7 +978,7 @@ static void stop_progress(struct pack *p, pthread_t *tid, struct progress *g)
 static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs)
 {
 	struct pack p = {.dtype = dtype, .in = o->in, .keys = o->keys, .skip_bad = o->skip_bad, .quiet = o->quiet,
-			 .key = o->json_key};
+			 .key = o->json_key, .threads = o->threads};
 	pthread_mutex_init(&p.mu, NULL);
 	const char *out = o->out;
 	int kind = o->kind, json = o->json, quiet = o->quiet;
