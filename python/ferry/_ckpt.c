@@ -606,8 +606,19 @@ static PyObject *writer_save(WriterObject *self, PyObject *args)
 		return NULL;
 	if (self->ck) {
 		step = PyLong_AsLongLong(target);
-		if (step == -1 && PyErr_Occurred())
+		if ((step == -1 && PyErr_Occurred()) || step < 0) {
+			/* Refused before the C save, which is what forgets the tensors added for it: a
+			 * save of step -1 refuses (-EINVAL) and forgets them, so that the next save does
+			 * not find them "added twice" (issue 20, save(step=2**63) then save(step=2)). */
+			int forget = ferry_ckpt_save(self->ck, -1);
+			(void)forget;
+			if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_OverflowError)) {
+				PyErr_Clear();
+				PyErr_Format(PyExc_ValueError, "checkpoint step %R: a step is an int from 0 to 2**63-1",
+					     target);
+			}
 			return NULL;
+		}
 	} else if (!PyUnicode_FSConverter(target, &bpath)) {
 		return NULL;
 	}
@@ -820,7 +831,28 @@ static PyObject *mod_have_xxh3(PyObject *mod, PyObject *unused)
 	Py_RETURN_TRUE;
 }
 
+/*
+ * xxh3(ptr, nbytes) -> int: xxh3-64 of host memory (ferry_xxh3, the shards' checksum), with the
+ * GIL released: ferry.checkpoint hashes replicated state at memory speed to find what every rank
+ * holds alike.
+ */
+static PyObject *mod_xxh3(PyObject *mod, PyObject *args)
+{
+	unsigned long long ptr, len;
+	uint64_t h = 0;
+	int r;
+	if (!PyArg_ParseTuple(args, "KK:xxh3", &ptr, &len))
+		return NULL;
+	if (!len)
+		ptr = (uintptr_t)&h; /* ferry_xxh3 refuses NULL, an empty tensor has no address */
+	FERRY_PY_NOGIL(NULL, r, ferry_xxh3((const void *)(uintptr_t)ptr, (size_t)len, &h));
+	if (ferry__py_failed(r, NULL))
+		return NULL;
+	return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef ckpt_functions[] = {
+	{"xxh3", mod_xxh3, METH_VARARGS, "xxh3(ptr, nbytes) -> xxh3-64 of host memory (GIL released)"},
 	{"st_open", mod_st_open, METH_VARARGS, "st_open(ctx, path) -> St"},
 	{"load_open", mod_load_open, METH_VARARGS, "load_open(ctx, path) -> Load (file, index, manifest or directory)"},
 	{"writer_create", mod_writer_create, METH_O, "writer_create(ctx) -> Writer"},

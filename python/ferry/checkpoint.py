@@ -24,14 +24,17 @@ structure and the non-tensor values are stored as JSON in the shard's ``__metada
 """
 from __future__ import annotations
 
+import errno as _errno
 import json as _json
 import os as _os
 import sys as _sys
 import threading as _threading
 import time as _time
 import uuid as _uuid
+import warnings as _warnings
 
 from . import _ferry
+from . import _replicated
 from . import default_context as _default_context
 from . import safetensors as _st
 
@@ -203,7 +206,8 @@ class SaveHandle:
         ``call.*`` and ``ckpt.prepare`` (ferry's C save on the caller's thread), ``writer.*`` (the
         background writer; complete once ``done()``), and ``blocked``: how long ``async_save``
         blocked the caller. Also ``bytes``, ``slots`` and ``pinned_new_bytes`` (pinned memory this
-        save allocated: 0 once the slots are reused or were reserved by ``prepare``)."""
+        save allocated: 0 once the slots are reused or were reserved by ``prepare``), and
+        ``replicated_bytes`` (the state found alike on every rank, of which this rank wrote 1/world)."""
         out = dict(self._phases)
         try:
             out.update(self._ck.stats())
@@ -256,7 +260,7 @@ class SaveHandle:
 
 
 def _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-          context, async_, recycle=None):
+          context, async_, recycle=None, replicated="auto"):
     t0 = t = _time.perf_counter()
     ph = {}
 
@@ -268,8 +272,8 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
 
     if busy not in ("wait", "refuse"):
         raise ValueError("busy must be 'wait' or 'refuse', not %r" % (busy,))
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError("step must be a non-negative int, not %r" % (step,))
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63:
+        raise ValueError("step must be an int from 0 to 2**63-1, not %r" % (step,))
     rank, world, dist = _ranks(rank, world_size)
     flat, tree = flatten(state)
     items = _st._check_tensors(flat, shared_ok=True, contiguous_ok=True)
@@ -278,7 +282,13 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
         raise ValueError("metadata key %r is ferry's own" % TREE_KEY)
     if tree is not None:
         metadata[TREE_KEY] = _json.dumps(tree, separators=(",", ":"))
+    if _replicated.META_KEY in metadata:
+        raise ValueError("metadata key %r is ferry's own" % _replicated.META_KEY)
     lap("py.flatten")  # and the checks (a non-contiguous tensor is copied here)
+    items, rep_meta, ph["replicated_bytes"] = _replicated.plan(items, rank, world, dist, replicated)
+    if rep_meta is not None:
+        metadata[_replicated.META_KEY] = rep_meta
+    lap("py.replicated")  # what every rank holds alike: the collectives, and hashing with "auto"
     d = _open_dir(directory, rank, world, dist, run, context)
     lap("py.open")
     _join_prepare(d)
@@ -346,7 +356,8 @@ def _join_prepare(d):
             raise e
 
 
-def prepare(state, directory, rank=None, world_size=None, *, run=None, background=False, context=None) -> int:
+def prepare(state, directory, rank=None, world_size=None, *, run=None, background=False, replicated="auto",
+            context=None) -> int:
     """Pin ahead the host memory that ``async_save(state, directory, ...)`` will snapshot into, so
     that the first asynchronous save blocks no longer than later ones. Pinning is slow (seconds
     for gigabytes); it is done once, and the memory is kept for every later save of the directory
@@ -355,7 +366,8 @@ def prepare(state, directory, rank=None, world_size=None, *, run=None, backgroun
     initialised, else host memory). ``background=True`` pins in a thread and returns at once (0);
     the next save of the directory waits for it and raises its error. Returns the bytes of pinned
     memory held for the directory. Under torch.distributed, call it on every rank (the first use
-    of a directory agrees on a run id)."""
+    of a directory agrees on a run id, and ``replicated``, as in ``save``, finds what this rank
+    will write of a state: its own tensors and 1/world of the replicated ones)."""
     rank, world, dist = _ranks(rank, world_size)
     if isinstance(state, int) and not isinstance(state, bool):
         nbytes, device = state, -1
@@ -365,6 +377,7 @@ def prepare(state, directory, rank=None, world_size=None, *, run=None, backgroun
     else:
         flat, _ = flatten(state)
         items = _st._check_tensors(flat, shared_ok=True, contiguous_ok=True)
+        items = _replicated.plan(items, rank, world, dist, replicated)[0]
         nbytes, device = 0, -1
         for _, v in items:
             nb = v.numel() * v.element_size()
@@ -393,7 +406,8 @@ def prepare(state, directory, rank=None, world_size=None, *, run=None, backgroun
 
 
 def save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
-         checksum=None, busy="wait", run=None, timeout=None, recycle=None, context=None) -> None:
+         checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
+         context=None) -> None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, durably; returns once committed.
 
     Args:
@@ -414,30 +428,74 @@ def save(state, directory, step, rank=None, world_size=None, keep=None, metadata
         recycle: the newest pruned step's shards are kept in ``directory/recycle`` and written
             over by the next save instead of new files (default True; docs/CHECKPOINTS.md,
             "Recycled shards"): one more checkpoint's space at rest, none more at the peak.
+        replicated: under torch.distributed with several ranks, tensors every rank holds alike
+            are written once, each rank writing 1/world of their bytes (docs/CHECKPOINTS.md,
+            "Replicated state"). "auto" (default): those with the same name, dtype, shape and
+            xxh3 of their bytes on every rank (a collective, and a hash of the state at memory
+            speed); True: every tensor (the ranks must hold the same names, dtypes and shapes;
+            no hashing); an iterable of names or prefixes (``"model"`` marks ``model.*``): those;
+            False: every rank writes all of its state. A collective: call it on every rank.
     """
     _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-          context, False, recycle)
+          context, False, recycle, replicated)
 
 
 def async_save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
-               checksum=None, busy="wait", run=None, timeout=None, recycle=None, context=None) -> SaveHandle:
+               checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
+               context=None) -> SaveHandle:
     """``save`` in the background: returns once every tensor is copied into pinned host memory
     (device-to-host copies at full speed, within the context's ``host_budget`` knob; a larger
     state blocks until written parts free memory), so the caller may change the tensors at once.
     Errors come from ``handle.wait()``. A second save while one is in flight waits for it
     (``busy="wait"``) or raises ferry.Error FERRY_EBUSY (``busy="refuse"``). Under
     torch.distributed no collective runs in the background: rank 0 commits when it sees every
-    rank's marker on the file system.
+    rank's marker on the file system; ``replicated`` (see ``save``) agrees on the replicated
+    tensors on the caller's thread, before the snapshot, so call it on every rank.
     """
     return _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run,
-                 timeout, context, True, recycle)
+                 timeout, context, True, recycle, replicated)
 
 
 # ------------------------------------------------------------------------------------ loads
 
-def latest_step(directory):
-    """The step ``latest`` names, or None when the directory has no committed checkpoint."""
-    return _ferry.ckpt_latest(_os.fspath(directory))
+def _checkpoint_dir(directory, missing_ok):
+    """The directory's path; None when it does not exist and ``missing_ok``; else
+    FileNotFoundError naming it (a misspelled path must not read as "no checkpoint yet")."""
+    d = _os.fspath(directory)
+    if _os.path.isdir(d):
+        return d
+    if _os.path.lexists(d):
+        raise NotADirectoryError(_errno.ENOTDIR, "checkpoint directory: not a directory", d)
+    if missing_ok:
+        return None
+    raise FileNotFoundError(_errno.ENOENT, "checkpoint directory does not exist (missing_ok=True "
+                            "when a new run may start without one)", d)
+
+
+def latest_step(directory, *, missing_ok=False):
+    """The step ``latest`` names; None when the directory exists but has no committed step (or
+    does not exist and ``missing_ok``). FileNotFoundError naming the directory when it does not
+    exist; ferry.Error (FERRY_ECORRUPT) when ``latest`` is unreadable."""
+    d = _checkpoint_dir(directory, missing_ok)
+    return None if d is None else _ferry.ckpt_latest(d)
+
+
+def _committed_steps(d, below):
+    """The committed steps of ``d`` (a manifest in their directory) older than ``below`` (all
+    when None), newest first: where load_latest falls back to. Step directories that are
+    symlinks, or whose names ferry would not have made, are not ferry's and are skipped."""
+    out = []
+    for name in _os.listdir(d):
+        if not name.startswith("step-") or not name[5:].isdigit():
+            continue
+        s = int(name[5:])
+        if s >= 1 << 63 or (below is not None and s >= below):
+            continue
+        p = _ferry.ckpt_path(d, s)
+        if _os.path.basename(p) == name and not _os.path.islink(p) and \
+                _os.path.isfile(_os.path.join(p, "manifest.json")):
+            out.append(s)
+    return sorted(out, reverse=True)
 
 
 def _manifest(directory, step):
@@ -453,7 +511,12 @@ def _reshard(directory, step, world, rank, world_size, shard_dims, device, verif
     paths = [_ferry.ckpt_path(_os.fspath(directory), step, k, world) for k in range(world)]
     held = []  # per saved rank: {name: shape}
     for p in paths:
-        held.append({t[0]: list(t[2]) for t in _ferry.st_open(ctx, p).tensors()})
+        held.append({t[0]: list(t[2]) for t in _ferry.st_open(ctx, p).tensors()
+                     if not _replicated.is_piece(t[0])})
+    rep = _replicated.restore(ctx, paths, device, verify, views)  # every rank's, whole
+    for n in shard_dims:
+        if n in rep:
+            raise ValueError("%r: saved replicated (whole on every rank), not sharded along a dim" % n)
     names = list(dict.fromkeys(n for h in held for n in h))
     for n in shard_dims:
         if n not in names:
@@ -495,13 +558,15 @@ def _reshard(directory, step, world, rank, world_size, shard_dims, device, verif
     got = [None] * world
     for k in range(world):
         if want[k]["keys"] or want[k]["slices"]:
+            v = _sums_stored(context, [paths[k]]) if verify is None else verify
             got[k] = _st.load_file(paths[k], device, keys=want[k]["keys"], slices=want[k]["slices"],
-                                   verify=verify, views=views, context=context)
+                                   verify=v, views=views, context=context)
     out = {}
     for n in names:
         parts = [got[k][n] for k, _ in pieces[n]]
         dim = pieces[n][0][1]
         out[n] = parts[0] if len(parts) == 1 else _torch().cat(parts, dim)
+    out.update(rep)
     return out
 
 
@@ -510,13 +575,16 @@ def _torch():
     return torch
 
 
-def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=False,
+def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=None,
          views=True, nested=True, context=None):
     """Load checkpoint ``step``: this rank's shard (``rank``; default torch.distributed's rank
     when it is initialised and the checkpoint was saved by as many ranks, else all shards of a
     one-rank checkpoint); ``rank="all"`` merges every shard (names must differ between shards).
     ``nested=False`` returns the flat ``dict[str, Tensor]`` even when the state was nested.
-    ``verify=True`` checks the stored checksums (ferry.Error FERRY_EVERIFY on a mismatch).
+    ``verify`` checks every loaded tensor against its stored checksum (ferry.Error FERRY_EVERIFY
+    on a mismatch): a damaged step raises, it never comes back as data. None (default): verify
+    each shard that stores checksums (every save does, unless ``checksum=False``); True: also
+    fail on a tensor without one; False: no check.
 
     Resharding (a step saved by N ranks, loaded by M): give ``world_size`` (default
     torch.distributed's) different from N, or ``shard_dims``, ``{name: dim}`` of the tensors
@@ -551,23 +619,136 @@ def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dim
         if not 0 <= int(rank) < world:
             raise ValueError("rank %r: step %d was saved by %d ranks" % (rank, step, world))
         path = _ferry.ckpt_path(_os.fspath(directory), step, int(rank), world)
-    flat = _st.load_file(path, device, verify=verify, views=views, context=context)
+    if verify is None:
+        verify = _sums_stored(context, [_ferry.ckpt_path(_os.fspath(directory), step, k, world)
+                                        for k in range(world)] if rank == "all" else [path])
+    flat = _replicated.load_file(directory, step, world, path, device, verify, views, context)
     if not nested or rank == "all":
         return flat
     ctx = context if context is not None else _default_context()
     tree = _ferry.st_open(ctx, path).metadata().get(TREE_KEY)
-    return unflatten(flat, _json.loads(tree)) if tree else flat
+    if not tree:
+        return flat
+    try:
+        return unflatten(flat, _json.loads(tree))
+    except ValueError as e:  # json.JSONDecodeError included: its position is in the message
+        raise _corrupt("%s: __metadata__[%r]: not the JSON of a state's structure: %s"
+                       % (path, TREE_KEY, e)) from None
+    except (KeyError, TypeError, AttributeError) as e:
+        raise _corrupt("%s: __metadata__[%r]: names no tensor of the file or is malformed: %r"
+                       % (path, TREE_KEY, e)) from None
 
 
-def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=False,
-                views=True, nested=True, context=None) -> tuple:
-    """``(step, state)`` of the checkpoint ``latest`` names, or ``(None, {})`` when there is none.
-    Takes load's keyword arguments (``world_size`` and ``shard_dims`` to reshard)."""
-    step = latest_step(directory)
-    if step is None:
+def _sums_stored(context, paths):
+    """True when any of the files holds a checksum (a shard saved with ``checksum=False`` holds
+    none, and loads unverified under ``verify=None``; one that holds some is verified whole, so a
+    tensor whose checksum went missing fails)."""
+    ctx = context if context is not None else _default_context()
+    for p in paths:
+        if any(k.startswith(_CHECKSUM_PREFIX) for k in _ferry.st_open(ctx, p).metadata()):
+            return True
+    return False
+
+
+_CHECKSUM_PREFIX = "ferry.xxh3:"  # FERRY_ST_CHECKSUM_PREFIX (ferry/safetensors.h)
+
+
+def _corrupt(what):
+    """ferry.Error FERRY_ECORRUPT, as the C library raises it for a malformed file."""
+    e = _ferry.Error("[FERRY_ECORRUPT] %s" % what)
+    e.code, e.name, e.strerror = _ferry.ERROR_CODES["FERRY_ECORRUPT"], "FERRY_ECORRUPT", what
+    return e
+
+
+def _bad_step(e):
+    """True for the errors of a step that is damaged (load_latest falls back to an older one),
+    False for the caller's or the machine's (raised as they are)."""
+    if isinstance(e, _ferry.Error):
+        return e.code in (_ferry.ERROR_CODES["FERRY_ECORRUPT"], _ferry.ERROR_CODES["FERRY_EVERIFY"])
+    return isinstance(e, (FileNotFoundError, NotADirectoryError, IsADirectoryError))
+
+
+def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=None,
+                views=True, nested=True, missing_ok=False, context=None) -> tuple:
+    """``(step, state)`` of the newest committed step that loads (and verifies), or ``(None,
+    {})`` when the directory exists and has no committed step (or does not exist and
+    ``missing_ok``). Takes load's keyword arguments (``world_size`` and ``shard_dims`` to
+    reshard).
+
+    ``verify`` as in ``load``: by default every loaded tensor is checked against its stored
+    checksum (shards saved with ``checksum=False`` have none). When the step ``latest`` names fails (a checksum mismatch, a corrupt or missing manifest or shard, or
+    an unreadable ``latest``), it falls back to the newest older committed step that loads, with
+    a warning naming the bad step and why; ferry.Error (FERRY_ECORRUPT) when none does. Raises
+    FileNotFoundError naming ``directory`` when it does not exist (unless ``missing_ok``). Under
+    torch.distributed it is a collective: every rank calls it, and all return the same step (the
+    newest that loads on every rank)."""
+    d = _checkpoint_dir(directory, missing_ok)
+    if d is None:
         return None, {}
-    return step, load(directory, step, device, rank=rank, world_size=world_size, shard_dims=shard_dims,
-                      verify=verify, views=views, nested=nested, context=context)
+    bad = {}  # step -> why it did not load, on this rank
+    try:
+        latest = _ferry.ckpt_latest(d)
+    except _ferry.Error as e:  # `latest` unreadable: the committed steps are still there
+        if not _bad_step(e):
+            raise
+        latest, bad["latest"] = None, e
+    steps = ([latest] if latest is not None else []) + _committed_steps(d, latest)
+    if latest is None and "latest" not in bad:
+        steps = []  # no step committed yet (a manifest without `latest` is an interrupted commit)
+    dist = _dist()
+    bound = None  # under torch.distributed: steps newer than one another rank could not load are out
+    while True:
+        step, state, fatal = None, None, None
+        for s in steps:
+            if (bound is not None and s > bound) or s in bad:
+                continue
+            try:
+                state = load(d, s, device, rank=rank, world_size=world_size, shard_dims=shard_dims,
+                             verify=verify, views=views, nested=nested, context=context)
+                step = s
+                break
+            except Exception as e:  # noqa: BLE001 (sorted by _bad_step; raised on every rank)
+                if not _bad_step(e):
+                    fatal = e
+                    break
+                bad[s] = e
+        if dist is None:
+            if fatal is not None:
+                raise fatal
+            break
+        # Every rank proposes the newest step it could load; all settle on the oldest proposal.
+        mine = (-1 if step is None else step, {k: str(v) for k, v in bad.items()},
+                None if fatal is None else "%s: %s" % (type(fatal).__name__, fatal))
+        got = [None] * dist.get_world_size()
+        dist.all_gather_object(got, mine)
+        if fatal is not None:
+            raise fatal
+        failed = [(r, g[2]) for r, g in enumerate(got) if g[2] is not None]
+        if failed:
+            raise RuntimeError("load_latest(%s): %s" % (d, "; ".join("rank %d failed: %s" % f for f in failed)))
+        low, high = min(g[0] for g in got), max(g[0] for g in got)
+        for r, g in enumerate(got):
+            for k, why in g[1].items():
+                if r != dist.get_rank() and k not in bad:
+                    bad[k] = "(rank %d) %s" % (r, why)
+        if low == high or low < 0:
+            step = None if low < 0 else step
+            break
+        bound, state = low, None
+    for k in sorted(bad, key=lambda k: -1 if k == "latest" else k, reverse=True):
+        if step is None or k == "latest" or k > step:
+            what = "'latest'" if k == "latest" else "step %d" % k
+            if step is not None:
+                _warnings.warn("ferry.checkpoint.load_latest(%s): %s is damaged, loading step %d instead: %s"
+                               % (d, what, step, bad[k]), RuntimeWarning, stacklevel=2)
+    if step is None:
+        if not bad:
+            return None, {}
+        raise _corrupt("%s: no committed step loads%s: %s" % (
+            d, "" if verify is False else " and verifies",
+            "; ".join("%s: %s" % ("'latest'" if k == "latest" else "step %d" % k, bad[k])
+                      for k in sorted(bad, key=lambda k: -1 if k == "latest" else k, reverse=True))))
+    return step, state
 
 
 def verify(directory, step=None, *, require_checksums=False, context=None) -> int:

@@ -1,12 +1,13 @@
 """Type stubs for ferry.checkpoint (docs/CHECKPOINTS.md, "Python")."""
 import os
-from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Literal, Mapping, Optional, Tuple, Union
 
 import ferry
 
 StrPath = Union[str, os.PathLike]
 Device = Union[str, int, Any]
 TREE_KEY: str
+Replicated = Union[bool, Literal["auto"], str, Iterable[str]]
 
 def flatten(state: Any) -> Tuple[Dict[str, Any], Optional[dict]]: ...
 def unflatten(flat: Dict[str, Any], tree: Optional[dict]) -> Any: ...
@@ -27,6 +28,7 @@ def prepare(
     *,
     run: Optional[str] = None,
     background: bool = False,
+    replicated: Replicated = "auto",
     context: Optional[ferry.Context] = None,
 ) -> int: ...
 
@@ -44,6 +46,7 @@ def save(
     run: Optional[str] = None,
     timeout: Optional[float] = None,
     recycle: Optional[bool] = None,
+    replicated: Replicated = "auto",
     context: Optional[ferry.Context] = None,
 ) -> None: ...
 def async_save(
@@ -60,9 +63,10 @@ def async_save(
     run: Optional[str] = None,
     timeout: Optional[float] = None,
     recycle: Optional[bool] = None,
+    replicated: Replicated = "auto",
     context: Optional[ferry.Context] = None,
 ) -> SaveHandle: ...
-def latest_step(directory: StrPath) -> Optional[int]: ...
+def latest_step(directory: StrPath, *, missing_ok: bool = False) -> Optional[int]: ...
 def load(
     directory: StrPath,
     step: int,
@@ -71,7 +75,7 @@ def load(
     rank: Union[int, Literal["all"], None] = None,
     world_size: Optional[int] = None,
     shard_dims: Optional[Mapping[str, int]] = None,
-    verify: bool = False,
+    verify: Optional[bool] = None,
     views: bool = True,
     nested: bool = True,
     context: Optional[ferry.Context] = None,
@@ -83,9 +87,10 @@ def load_latest(
     rank: Union[int, Literal["all"], None] = None,
     world_size: Optional[int] = None,
     shard_dims: Optional[Mapping[str, int]] = None,
-    verify: bool = False,
+    verify: Optional[bool] = None,
     views: bool = True,
     nested: bool = True,
+    missing_ok: bool = False,
     context: Optional[ferry.Context] = None,
 ) -> Tuple[Optional[int], Any]: ...
 def verify(directory: StrPath, step: Optional[int] = None, *, require_checksums: bool = False,
