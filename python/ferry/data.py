@@ -236,15 +236,85 @@ class IndexedDataset:
                 f"dtype={self.dtype.name}, shards={self.shards}, bytes={self.nbytes})")
 
 
+_CHECK_CHUNK = 1 << 22  # elements per vectorised min/max: a few MiB, so the check stays in cache
+
+
+def _value_error(i: int, what: str) -> ValueError:
+    return ValueError(f"write_dataset: sample {i}: {what} (cast=True converts with NumPy's casting, "
+                      f"wrapping out-of-range values)")
+
+
+def _first(np, a, bad):
+    """The first value of a where bad is true, as a Python number."""
+    return a.reshape(-1)[int(np.flatnonzero(bad.reshape(-1))[0])].item()
+
+
+def _check_values(np, arrays, src, target, idx) -> None:
+    """Raises ValueError naming the first sample (``idx[k]`` for ``arrays[k]``) and value that
+    ``target`` cannot hold: out of its range (negative ids for unsigned types), floats for an
+    integer type, non-numbers.
+    Vectorised: the samples of each run of one source dtype are checked a few MiB at a time."""
+    tk = target.kind
+    if tk in "iu":
+        info = np.iinfo(target)
+        lo, hi = info.min, info.max
+    elif tk == "f":
+        hi = float(np.finfo(target).max)
+        lo = -hi
+    else:  # pragma: no cover (datasets hold ints, floats and bytes)
+        return
+    i = 0
+    while i < len(arrays):
+        dt = src[i]
+        if dt == target or (dt.kind == "b" and tk in "iuf"):
+            i += 1
+            continue
+        if dt.kind not in "iuf":
+            raise _value_error(idx[i], f"{dt} values cannot be stored as {target}")
+        if tk in "iu" and dt.kind == "f":
+            a = arrays[i]
+            v = a.reshape(-1)[0].item() if a.size else "(empty)"
+            raise _value_error(idx[i], f"float value {v!r} ({dt}) for the integer dtype {target}")
+        # a run of samples of this source dtype, in chunks of about _CHECK_CHUNK elements
+        j, size = i, 0
+        while j < len(arrays) and src[j] == dt and size < _CHECK_CHUNK:
+            size += arrays[j].size
+            j += 1
+        flat = [a.reshape(-1) for a in arrays[i:j] if a.size]
+        if flat:
+            cat = flat[0] if len(flat) == 1 else np.concatenate(flat)
+            if dt.kind == "f":  # to a narrower float: finite values past its largest (inf, nan pass)
+                ok = bool(cat.min() >= lo and cat.max() <= hi)
+            else:
+                ok = (dt.kind == "u" or int(cat.min()) >= lo) and int(cat.max()) <= hi
+            if not ok:
+                for k in range(i, j):
+                    a = arrays[k]
+                    if not a.size:
+                        continue
+                    bad = (a < lo) | (a > hi)
+                    if dt.kind == "f":
+                        bad &= np.isfinite(a)
+                    if bad.any():
+                        v = _first(np, a, bad)
+                        why = "negative id" if tk == "u" and dt.kind != "f" and v < 0 else "value"
+                        raise _value_error(idx[k], f"{why} {v!r} is out of {target}'s range [{lo}, {hi}]")
+        i = j
+
+
 def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_size: int = 0,
-                  keys=None) -> int:
+                  keys=None, cast: bool = False) -> int:
     """Writes a packed dataset: ``format="ferry"`` (a directory of shards and ``ferry.idx``) or
     ``"megatron"`` (``path.bin`` + ``path.idx``, MMIDIDX version 1, each sample a document).
 
-    ``samples`` are array-likes (converted to ``dtype``: a NumPy dtype or name; default the
-    first sample's) or ``bytes``/``str`` (``dtype="bytes"``). ``shard_size`` in bytes (0: 1 GiB).
-    ``keys``: one ``bytes``/``str`` per sample (ferry format). The write is durable (data, then
-    index renamed into place). Returns the number of shards.
+    ``samples`` are array-likes of ``dtype`` (a NumPy dtype or name; default the first sample's)
+    or ``bytes``/``str`` (``dtype="bytes"``). Values are checked on the way in: a value ``dtype``
+    cannot hold (out of its range, a negative id for an unsigned type, a float for an integer
+    type) and samples of different dtypes (arrays whose dtypes differ; lists take the dtype NumPy
+    gives them) raise ``ValueError`` naming the sample and the value, before anything is written.
+    ``cast=True`` converts instead, as NumPy's ``astype`` does (out-of-range values wrap).
+    ``shard_size`` in bytes (0: 1 GiB). ``keys``: one ``bytes``/``str`` per sample (ferry format).
+    The write is durable (data, then index renamed into place). Returns the number of shards.
     """
     np = _numpy()
     samples = list(samples)
@@ -255,14 +325,45 @@ def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_siz
     name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
     elem = _ferry.elem_from_name(name)
     elem_name = _ferry.elem_name(elem)
+    target = np.dtype(_elem_numpy(elem_name))
     bufs = []
-    for s in samples:
+    rest = []  # (sample, array) left to the vectorised NumPy check: float datasets, float values
+    typed = None  # (sample, dtype) of the first sample that carries its own dtype
+    ints, is_bytes = target.kind in "iu", elem_name == "bytes"
+    asarray, contiguous, empty, narrow = np.asarray, np.ascontiguousarray, np.empty, _ferry.narrow_into
+    for i, s in enumerate(samples):
         if isinstance(s, str):
             s = s.encode()
-        if elem_name == "bytes" and isinstance(s, (bytes, bytearray, memoryview)):
+        if is_bytes and isinstance(s, (bytes, bytearray, memoryview)):
             bufs.append(s)
+            continue
+        a = asarray(s)
+        dt = a.dtype
+        if not cast and (a is s or hasattr(s, "dtype")):
+            if typed is None:
+                typed = (i, dt)
+            elif dt != typed[1]:
+                v = a.reshape(-1)[0].item() if a.size else "(empty)"
+                raise _value_error(i, f"mixed dtypes: it is {dt} (first value {v!r}), sample "
+                                      f"{typed[0]} is {typed[1]}; the dataset is {target}")
+        if dt == target or cast:
+            bufs.append(contiguous(a.astype(target, copy=False)).reshape(-1))
+        elif ints and dt.kind in "iu":
+            # integers to another integer type: converted and range-checked in one pass of C
+            out = empty(a.size, dtype=target)
+            bad = narrow(contiguous(a).reshape(-1), out)
+            if bad is not None:
+                why = "negative id" if target.kind == "u" and bad[1] < 0 else "value"
+                info = np.iinfo(target)
+                raise _value_error(i, f"{why} {bad[1]} is out of {target}'s range [{info.min}, {info.max}]")
+            bufs.append(out)
         else:
-            bufs.append(np.ascontiguousarray(s, dtype=_elem_numpy(elem_name)).reshape(-1))
+            bufs.append(None)
+            rest.append((i, a))
+    if rest:
+        _check_values(np, [a for _, a in rest], [a.dtype for _, a in rest], target, [i for i, _ in rest])
+        for i, a in rest:
+            bufs[i] = contiguous(a.astype(target, copy=False)).reshape(-1)
     if keys is not None:
         keys = [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
     kinds = {"ferry": _ferry.WRITE_FERRY, "megatron": _ferry.WRITE_MEGATRON}
