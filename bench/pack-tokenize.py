@@ -85,18 +85,44 @@ def make_tokenizer(path, corpus, vocab):
 
 # ------------------------------------------------------------- the baseline (preprocess_data.py)
 
+class RawTokenizer:
+    """The tokenizers file itself: encode(text).ids, the least work a baseline can do per document."""
+
+    def __init__(self, path):
+        from tokenizers import Tokenizer
+
+        self.t = Tokenizer.from_file(path)
+        self.eod = self.t.token_to_id("<|endoftext|>")
+        self.vocab_size = self.t.get_vocab_size(with_added_tokens=True)
+
+    def tokenize(self, text):
+        return self.t.encode(text).ids
+
+
+def load_tokenizer(kind, path):
+    if kind == "raw":
+        return RawTokenizer(path)
+    # What preprocess_data.py builds for --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR
+    # --tokenizer-hf-use-fast: megatron-core's wrapper of transformers' AutoTokenizer over the same
+    # tokenizer.json (DIR holds it and a tokenizer_config.json naming eos_token).
+    from megatron.core.tokenizers.text.libraries.huggingface_tokenizer import HuggingFaceTokenizer
+
+    h = HuggingFaceTokenizer(path, use_fast=True)
+    h.tokenize = h.text_to_ids
+    return h
+
+
 class Encoder:
     """tools/preprocess_data.py's Encoder, json_keys ["text"], no sentence splitting."""
 
-    def __init__(self, tokenizer_path, append_eod):
+    def __init__(self, kind, tokenizer_path, append_eod):
+        self.kind = kind
         self.tokenizer_path = tokenizer_path
         self.append_eod = append_eod
 
     def initializer(self):
-        from tokenizers import Tokenizer
-
-        Encoder.tokenizer = Tokenizer.from_file(self.tokenizer_path)
-        Encoder.eod = Encoder.tokenizer.token_to_id("<|endoftext|>")
+        Encoder.tokenizer = load_tokenizer(self.kind, self.tokenizer_path)
+        Encoder.eod = Encoder.tokenizer.eod
 
     def encode(self, json_line):
         data = json.loads(json_line)
@@ -108,7 +134,7 @@ class Encoder:
             doc_ids = []
             sentence_lens = []
             for sentence in sentences:
-                sentence_ids = Encoder.tokenizer.encode(sentence).ids
+                sentence_ids = Encoder.tokenizer.tokenize(sentence)
                 if len(sentence_ids) > 0:
                     doc_ids.extend(sentence_ids)
                     sentence_lens.append(len(sentence_ids))
@@ -120,17 +146,18 @@ class Encoder:
         return ids, lens, len(json_line)
 
 
-def baseline(corpus, tokenizer, prefix, workers):
+def baseline(kind, corpus, tokenizer, prefix, workers):
     import multiprocessing
 
     from megatron.core.datasets import indexed_dataset
-    from tokenizers import Tokenizer
 
+    if kind != "raw":
+        from megatron.core.tokenizers.text.libraries import huggingface_tokenizer  # noqa: F401 (imports)
     t0 = time.monotonic()
     c0 = cpu_now()
     fin = open(corpus, "r", encoding="utf-8")
-    encoder = Encoder(tokenizer, True)
-    vocab_size = Tokenizer.from_file(tokenizer).get_vocab_size(with_added_tokens=True)
+    encoder = Encoder(kind, tokenizer, True)
+    vocab_size = load_tokenizer(kind, tokenizer).vocab_size
     pool = multiprocessing.Pool(workers, initializer=encoder.initializer)
     encoded_docs = pool.imap(encoder.encode, fin, 32)
     builder = indexed_dataset.IndexedDatasetBuilder(
@@ -203,11 +230,13 @@ def main():
     ap.add_argument("--workers", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default="/tmp/ferry-pack-bench")
-    ap.add_argument("--baseline", nargs=4, metavar=("CORPUS", "TOKENIZER", "PREFIX", "WORKERS"),
+    ap.add_argument("--peers", default="raw,megatron-hf",
+                    help="baselines: raw (tokenizers' encode), megatron-hf (megatron-core's HuggingFaceTokenizer)")
+    ap.add_argument("--baseline", nargs=5, metavar=("KIND", "CORPUS", "TOKENIZER", "PREFIX", "WORKERS"),
                     help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.baseline:
-        return baseline(a.baseline[0], a.baseline[1], a.baseline[2], int(a.baseline[3]))
+        return baseline(a.baseline[0], a.baseline[1], a.baseline[2], a.baseline[3], int(a.baseline[4]))
     os.makedirs(a.dir, exist_ok=True)
     corpus = os.path.join(a.dir, f"corpus-{a.mb}m.jsonl")
     tok = os.path.join(a.dir, f"bpe-{a.vocab}.json")
@@ -219,42 +248,58 @@ def main():
         t = time.monotonic()
         make_tokenizer(tok, corpus, a.vocab)
         print(f"# tokenizer {tok}: {time.monotonic() - t:.0f} s to train", file=sys.stderr)
+    hf = os.path.join(a.dir, f"hf-{a.vocab}")
+    os.makedirs(hf, exist_ok=True)
+    with open(tok) as f, open(os.path.join(hf, "tokenizer.json"), "w") as g:
+        g.write(f.read())
+    with open(os.path.join(hf, "tokenizer_config.json"), "w") as g:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}, g)
     size = os.path.getsize(corpus)
     with open(corpus, "rb") as f:  # both runs read it from the page cache
         while f.read(1 << 24):
             pass
     env = dict(os.environ)
-    out_f, out_m = os.path.join(a.dir, "ferry"), os.path.join(a.dir, "megatron")
-    ferry_cmd = [sys.executable, "-m", "ferry.pack", "--tokenizer", tok, "--append-eod", "--format", "megatron",
-                 "--workers", str(a.workers), "--json", "-q", "-o", out_f, corpus]
-    base_cmd = [sys.executable, os.path.abspath(__file__), "--baseline", corpus, tok, out_m, str(a.workers)]
-    times = {k: [] for k in ("ferry", "ferry_in", "ferry_cpu", "ferry_cpuin", "base", "base_in", "base_cpu", "base_cpuin")}
+    out_f = os.path.join(a.dir, "ferry")
+    runs = {"ferry": ([sys.executable, "-m", "ferry.pack", "--tokenizer", tok, "--append-eod", "--format",
+                       "megatron", "--workers", str(a.workers), "--json", "-q", "-o", out_f, corpus], out_f)}
+    labels = {"ferry": "`python -m ferry.pack --format megatron`",
+              "raw": "baseline: preprocess_data.py's flow, `tokenizers` encode(text).ids",
+              "megatron-hf": "baseline: preprocess_data.py's flow, megatron-core's HuggingFaceTokenizer"}
+    for kind in a.peers.split(","):
+        out = os.path.join(a.dir, f"megatron-{kind}")
+        runs[kind] = ([sys.executable, os.path.abspath(__file__), "--baseline", kind, corpus,
+                       tok if kind == "raw" else hf, out, str(a.workers)], out)
+    wall, wall_in, cpu, cpu_in = ({k: [] for k in runs} for _ in range(4))
+    names = list(runs)
     for r in range(a.rounds):
-        order = [("ferry", ferry_cmd, out_f), ("base", base_cmd, out_m)]
-        for name, cmd, out in order if r % 2 == 0 else order[::-1]:
+        for name in names if r % 2 == 0 else names[::-1]:
+            cmd, out = runs[name]
             rm(out)
-            wall, cpu, s = run(cmd, env)
-            times[name].append(wall)
-            times[name + "_in"].append(s["seconds"])
-            times[name + "_cpu"].append(cpu)
-            times[name + "_cpuin"].append(s.get("cpu", s.get("cpu_seconds")))
-            print(f"# round {r + 1} {name}: wall {wall:.2f} s, inside {s['seconds']:.2f} s, CPU {cpu:.2f} s, "
-                  f"inside {times[name + '_cpuin'][-1]:.2f} s", file=sys.stderr)
-    same_bin, same_idx, docs_equal, ndocs = compare(out_f, out_m)
-    med = {k: statistics.median(v) for k, v in times.items()}
-    mbs = lambda t: size / 1e6 / t  # noqa: E731
+            w, c, s = run(cmd, env)
+            wall[name].append(w)
+            cpu[name].append(c)
+            wall_in[name].append(s["seconds"])
+            cpu_in[name].append(s.get("cpu", s.get("cpu_seconds")))
+            print(f"# round {r + 1} {name}: wall {w:.2f} s ({s['seconds']:.2f} after imports), CPU {c:.2f} s "
+                  f"({cpu_in[name][-1]:.2f} after imports)", file=sys.stderr)
+    med = lambda d, k: statistics.median(d[k])  # noqa: E731
     print(f"| run | wall s, median of {a.rounds} (each) | MB/s of JSONL | wall after imports | CPU s (process + "
-          "workers) | CPU after imports |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for name, label in (("base", "baseline (preprocess_data.py's flow, megatron-core IndexedDatasetBuilder)"),
-                        ("ferry", "`python -m ferry.pack --format megatron`")):
-        print(f"| {label} | {med[name]:.2f} ({', '.join(f'{t:.2f}' for t in times[name])}) | "
-              f"{mbs(med[name]):.1f} | {med[name + '_in']:.2f} | {med[name + '_cpu']:.2f} | {med[name + '_cpuin']:.2f} |")
-    print(f"| ratio baseline / ferry | **{med['base'] / med['ferry']:.2f}x** | | {med['base_in'] / med['ferry_in']:.2f}x | "
-          f"{med['base_cpu'] / med['ferry_cpu']:.2f}x | {med['base_cpuin'] / med['ferry_cpuin']:.2f}x |")
-    print(f"# corpus {size / 1e6:.0f} MB, {ndocs} documents, vocab {a.vocab}, workers {a.workers}; "
-          f".bin identical: {same_bin}, .idx identical: {same_idx}, every document equal (megatron-core "
-          f"IndexedDataset): {docs_equal}")
+          "workers) | CPU after imports | ratio to ferry: wall, after imports, CPU after imports |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for name in names:
+        ratio = "" if name == "ferry" else (
+            f"**{med(wall, name) / med(wall, 'ferry'):.2f}x**, **{med(wall_in, name) / med(wall_in, 'ferry'):.2f}x**, "
+            f"{med(cpu_in, name) / med(cpu_in, 'ferry'):.2f}x")
+        print(f"| {labels[name]} | {med(wall, name):.2f} ({', '.join(f'{t:.2f}' for t in wall[name])}) | "
+              f"{size / 1e6 / med(wall, name):.1f} | {med(wall_in, name):.2f} | {med(cpu, name):.2f} | "
+              f"{med(cpu_in, name):.2f} | {ratio} |")
+    docs_equal = True
+    for name in names[1:]:
+        same_bin, same_idx, equal, ndocs = compare(out_f, runs[name][1])
+        docs_equal &= equal
+        print(f"# {name}: .bin identical: {same_bin}, .idx identical: {same_idx}, every document equal "
+              f"(megatron-core IndexedDataset): {equal} ({ndocs} documents)")
+    print(f"# corpus {size / 1e6:.0f} MB, vocab {a.vocab}, workers {a.workers}")
     return 0 if docs_equal else 1
 
 
