@@ -67,11 +67,46 @@ def _bytes(v):
     return v.reshape(-1).view(_st._torch().uint8)
 
 
+# splitmix64's constants, as signed int64 (torch has no uint64 arithmetic on every device)
+_M1, _M2, _M3 = (c - (1 << 64) for c in (0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB))
+
+
+def device_hash(b) -> int:
+    """A 64-bit hash of a 1-D uint8 tensor computed where it lies (on the GPU: no copy of the state
+    to the host, at the memory's speed): each 64-bit word, mixed with its index by splitmix64's
+    finalizer, summed modulo 2**64 (the sum's order does not change it); the tail bytes by xxh3."""
+    torch = _st._torch()
+    n = b.numel()
+    n8 = n // 8 * 8
+    sums = []
+    for lo in range(0, n8, _CHUNK):
+        w = b[lo:min(n8, lo + _CHUNK)].view(torch.int64)
+        x = torch.arange(lo // 8, lo // 8 + w.numel(), dtype=torch.int64, device=b.device)
+        x.mul_(_M1).bitwise_xor_(w)
+        x.mul_(_M2)
+        x.bitwise_xor_(x >> 31)
+        x.mul_(_M3)
+        x.bitwise_xor_(x >> 29)
+        sums.append(x.sum())
+    tail = b[n8:].cpu()
+    words = [int(s) & ((1 << 64) - 1) for s in (torch.stack(sums).cpu().tolist() if sums else [])]
+    words += [_ferry.xxh3(tail.data_ptr(), tail.numel()) if tail.numel() else 0, n]
+    d = (_ctypes.c_uint64 * len(words))(*words)
+    return _ferry.xxh3(_ctypes.addressof(d), _ctypes.sizeof(d))
+
+
 def content_hash(v) -> int:
-    """A 64-bit hash of a tensor's bytes: xxh3 of them (of 64 MiB chunks' xxh3s when larger)."""
+    """A 64-bit hash of a tensor's bytes: on the host xxh3 of them (of 64 MiB chunks' xxh3s when
+    larger), on a GPU device_hash. Ranks compare hashes of the same kind only when their tensors
+    lie on the same kind of device; else the hashes differ and the tensor is saved per rank."""
     torch = _st._torch()
     b = _bytes(v)
     n = b.numel()
+    if b.device.type != "cpu":
+        try:
+            return device_hash(b)
+        except RuntimeError:  # a storage offset that no int64 view can take: through the host
+            pass
     if b.device.type == "cpu" and n <= _CHUNK:
         return _ferry.xxh3(b.data_ptr(), n)
     digests = []
@@ -284,3 +319,11 @@ def load_file(directory, step, world, path, device, verify, views, context):
     flat = _st.load_file(path, device, keys=keys, verify=verify, views=views, context=context) if keys else {}
     flat.update(restore(ctx, paths, device, verify, views))
     return flat
+
+
+def check(ctx, directory, step):
+    """ferry.Error FERRY_ECORRUPT unless the pieces of a committed step make up every replicated
+    tensor it holds (the shards' own structure and checksums are ferry_ckpt_verify's)."""
+    d = _os.fspath(directory)
+    world = _ferry.ckpt_world(d, step)
+    _table(ctx, [_ferry.ckpt_path(d, step, k, world) for k in range(world)])

@@ -189,6 +189,8 @@ def test_corrupted_piece_is_detected(saved, tmp_path):
         f.write(text.encode().ljust(n))
     with pytest.raises(ferry.Error, match="ECORRUPT.*replicated tensors, pieces of"):
         ck.load(c, 2, rank=0)
+    with pytest.raises(ferry.Error, match="ECORRUPT.*replicated tensors, pieces of"):
+        ck.verify(c, 2)
 
 
 def test_cli_verify_passes_on_the_replicated_layout(saved):
@@ -200,3 +202,25 @@ def test_cli_verify_passes_on_the_replicated_layout(saved):
         r = subprocess.run([cli, "ckpt", "verify", os.path.join(d, "step-%012d" % step)],
                            capture_output=True, text=True)
         assert r.returncode == 0, (step, r.stdout, r.stderr)
+
+
+def test_device_hash_tells_contents_apart():
+    # The hash "auto" uses for GPU tensors (computed by torch where the tensor lies), run here on the CPU.
+    from ferry import _replicated
+    b = torch.randint(0, 256, ((1 << 20) + 5,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    h = _replicated.device_hash(b)
+    assert h == _replicated.device_hash(b.clone())
+    seen = {h}
+    for change in ("swap", "tail", "middle", "longer"):
+        c = b.clone()
+        if change == "swap":
+            w = c[:16].view(torch.int64)
+            w[0], w[1] = w[1].clone(), w[0].clone()
+        elif change == "tail":
+            c[-1] ^= 1
+        elif change == "middle":
+            c[1 << 19] ^= 0x80
+        else:
+            c = torch.cat([c, torch.zeros(1, dtype=torch.uint8)])
+        seen.add(_replicated.device_hash(c))
+    assert len(seen) == 5, seen
