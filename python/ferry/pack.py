@@ -87,13 +87,15 @@ def default_dtype(vocab_size: int) -> str:
 _W = {}
 
 
-def _init_worker(tokenizer_path: str, key: str, eod, dtype: str, skip_bad: bool, threads: int) -> None:
+def _init_worker(tokenizer_path: str, key: str, eod, dtype: str, skip_bad: bool, threads: int,
+                 special: bool) -> None:
     # Before the tokenizer's first batch starts its thread pool (rayon reads this then). With a
     # worker per CPU, more threads per worker only spin: measured, 10% more CPU for the same work.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     tok = _tokenizers().Tokenizer.from_file(tokenizer_path)
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     _W.update(tok=tok, key=key, eod=eod, dtype=dtype, skip_bad=skip_bad,
-              encode=getattr(tok, "encode_batch_fast", tok.encode_batch))
+              encode=lambda texts: encode(texts, add_special_tokens=special))
 
 
 def _classify(line: bytes, key: str, loads=json.loads):
@@ -236,11 +238,13 @@ class _Progress:
 
 def pack(inputs, output, tokenizer, *, json_key: str = "text", append_eod=None, format: str = "ferry",
          workers: int | None = None, dtype: str | None = None, shard_size: int = 0,
-         skip_bad: bool = False, block_size: int = 1 << 20, progress: bool = False) -> dict:
+         skip_bad: bool = False, block_size: int = 1 << 20, add_special_tokens: bool = False,
+         progress: bool = False) -> dict:
     """Tokenizes the ``json_key`` field of every line of the JSONL ``inputs`` with the
     ``tokenizers`` file ``tokenizer`` in ``workers`` processes and packs one sample per document
     into ``output``: ferry shards (a directory) or Megatron's ``output.bin``/``output.idx``.
-    ``append_eod``: None, "auto", an id or a token. A line that is not a JSON object holding a
+    ``append_eod``: None, "auto", an id or a token. ``add_special_tokens``: what the tokenizer's
+    post-processor adds (a BOS, say); off, as in Megatron's HuggingFaceTokenizer. A line that is not a JSON object holding a
     string in ``json_key`` is refused (PackError naming file and line) unless ``skip_bad``, which
     counts it; documents without tokens are left out and counted (Megatron writes no tokens for
     them either). Returns the summary dict."""
@@ -306,7 +310,8 @@ def pack(inputs, output, tokenizer, *, json_key: str = "text", append_eod=None, 
     # Unnamed (O_TMPFILE where it exists): nothing is left behind by a crash. Beside the output so
     # that it takes space where the output will.
     with tempfile.TemporaryFile(dir=parent, prefix=".ferry-pack-") as spool:
-        init = (tok_path, json_key, eod, dtype, skip_bad, max(1, (os.cpu_count() or 1) // workers))
+        init = (tok_path, json_key, eod, dtype, skip_bad, max(1, (os.cpu_count() or 1) // workers),
+                bool(add_special_tokens))
         inflight = collections.deque()
         # apply_async with a bounded number of blocks in flight: Pool.imap would read the whole
         # corpus into its task queue as fast as the disk gives it.
@@ -392,6 +397,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("ferry", "megatron"), default="ferry", help="what to write (default ferry)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="tokenizing processes (default: number of CPUs)")
+    p.add_argument("--add-special-tokens", action="store_true",
+                   help="keep what the tokenizer's post-processor adds (a BOS, say); Megatron leaves it out")
     p.add_argument("--dtype", choices=tuple(_DTYPE_MAX), default=None,
                    help="token type (default uint16 when the vocabulary fits, else int32); range-checked")
     p.add_argument("--shard-size", type=_size, default=0, metavar="SIZE",
@@ -429,7 +436,8 @@ def main(argv=None) -> int:
     try:
         s = pack(a.inputs, a.output, a.tokenizer, json_key=a.json_key, append_eod=a.append_eod,
                  format=a.format, workers=a.workers, dtype=a.dtype, shard_size=a.shard_size,
-                 skip_bad=a.skip_bad, block_size=a.block_size, progress=not a.quiet)
+                 skip_bad=a.skip_bad, block_size=a.block_size, add_special_tokens=a.add_special_tokens,
+                 progress=not a.quiet)
     except PackError as e:
         print(f"python -m ferry.pack: {e}", file=sys.stderr)
         return 1

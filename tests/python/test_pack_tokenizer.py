@@ -77,7 +77,7 @@ def test_ids_equal_encode_plus_eod(tmp_path, tok_path, fmt):
     r = _run("--tokenizer", tok_path, "--append-eod", "--format", fmt, "--workers", 2, "--block-size", "8k",
              "--json", "-o", out, tmp_path / "a.jsonl", tmp_path / "b.jsonl")
     s = json.loads(r.stdout)
-    want = [tok.encode(t).ids + [eod] for t in a + b]
+    want = [tok.encode(t, add_special_tokens=False).ids + [eod] for t in a + b]
     assert (s["documents_read"], s["samples"], s["skipped_lines"], s["blank_lines"]) == (1000, 1000, 0, 2), s
     assert (s["eod"], s["dtype"], s["tokens"]) == (eod, "uint16", sum(map(len, want))), s
     ds = ferry.IndexedDataset(out)
@@ -163,3 +163,23 @@ def test_pack_api_summary(tmp_path, tok_path):
     _write_jsonl(tmp_path / "p.jsonl", docs)
     s = pack([tmp_path], tmp_path / "out", tok_path, append_eod="<|endoftext|>", workers=1)  # a directory input
     assert (s["samples"], s["inputs"], s["shards"]) == (30, 1, 1), s
+
+
+def test_special_tokens_left_out_as_megatron_does(tmp_path):
+    """A post-processor that adds a BOS: left out by default (Megatron's HuggingFaceTokenizer calls
+    tokenize + convert_tokens_to_ids), kept with --add-special-tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    vocab = {"[UNK]": 0, "<s>": 1, "</s>": 2, "a": 3, "b": 4}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.save(str(tmp_path / "t.json"))
+    assert tok.encode("a b").ids == [1, 3, 4]
+    _write_jsonl(tmp_path / "d.jsonl", ["a b", "b"])
+    _run("--tokenizer", tmp_path / "t.json", "--append-eod", "-o", tmp_path / "plain", tmp_path / "d.jsonl")
+    _run("--tokenizer", tmp_path / "t.json", "--append-eod", "--add-special-tokens", "-o", tmp_path / "bos",
+         tmp_path / "d.jsonl")
+    with ferry.IndexedDataset(tmp_path / "plain") as p, ferry.IndexedDataset(tmp_path / "bos") as b:
+        assert [p[0].tolist(), p[1].tolist()] == [[3, 4, 2], [4, 2]]  # </s> found as the EOD
+        assert [b[0].tolist(), b[1].tolist()] == [[1, 3, 4, 2], [1, 4, 2]]
