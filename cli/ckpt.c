@@ -1,4 +1,5 @@
 /* ferry ckpt: inspect, verify and benchmark safetensors files and checkpoint directories. */
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stddef.h>
@@ -88,6 +89,18 @@ static int64_t parse_step(const char *s)
 	return v;
 }
 
+static int has_step_dirs(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int found = 0;
+	while (d && !found && (e = readdir(d)))
+		found = parse_step(e->d_name) >= 0;
+	if (d)
+		closedir(d);
+	return found;
+}
+
 /*
  * Resolves PATH: a step directory (step-N, with or without a trailing '/'), a checkpoint directory
  * (it has `latest`, or --step was given), else a plain path. Returns 0, 1 after an error printed,
@@ -139,6 +152,9 @@ static int resolve(const struct cli_cmd *cmd, const struct cli_args *a, const ch
 			return fprintf(stderr, "ferry %s: %s: %s\n", cmd->name, ferry_strerror((int)l), ferry_last_error()), 1;
 		t->is_step = 1;
 		t->step = l;
+	} else if (has_step_dirs(t->dir)) {
+		return fprintf(stderr, "ferry %s: %s: a checkpoint directory without `latest`: no step committed (--step N "
+				       "names one)\n", cmd->name, path), 1;
 	}
 	return 0;
 }

@@ -216,6 +216,11 @@ try:
     rc, out, err = run("verify", "--step", "2", step_dir(d, 3))
     check("--step against a step directory of another step: usage error", rc == 2, (rc, out, err))
 
+    os.remove(os.path.join(d, "latest"))
+    rc, out, err = run("verify", d)
+    check("a checkpoint directory without latest: exit 1, says so", rc == 1 and "without `latest`" in err,
+          (rc, out, err))
+
     # --require-checksums
     d = make("nosum", sums=False)
     rc, out, err = run("verify", d)
