@@ -11,8 +11,45 @@
 #include "base/base.h"
 #include "base/durable.h"
 
+/*
+ * 1 when path's last component is a symlink that the kernel's fs.protected_symlinks would refuse
+ * to follow: in a sticky, world-writable directory (/tmp, /dev/shm, a shared scratch), owned by
+ * neither the follower nor the directory's owner: one planted by another user to redirect our
+ * writes. Refused whatever the sysctl says (containers often have it off). *owner: the link's.
+ */
+static int planted_link(const char *path, uid_t *owner)
+{
+	char p[PATH_MAX];
+	size_t n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	if (n >= sizeof(p))
+		return 0;
+	memcpy(p, path, n);
+	p[n] = '\0';
+	struct stat l, d;
+	if (lstat(p, &l) || !S_ISLNK(l.st_mode))
+		return 0;
+	char *slash = strrchr(p, '/');
+	if (!slash)
+		strcpy(p, ".");
+	else if (slash == p)
+		p[1] = '\0';
+	else
+		*slash = '\0';
+	if (stat(p, &d) || !(d.st_mode & S_ISVTX) || !(d.st_mode & S_IWOTH))
+		return 0;
+	*owner = l.st_uid;
+	return l.st_uid != geteuid() && l.st_uid != d.st_uid;
+}
+
 int ferry__dir_open(const char *dir, int flags)
 {
+	uid_t owner;
+	if ((flags & FERRY__DIR_FOLLOW) && planted_link(dir, &owner))
+		return ferry__error(-ELOOP, "open directory %s: a symlink of another user (uid %u) in a sticky, "
+				    "world-writable directory: refused, as fs.protected_symlinks does",
+				    dir, (unsigned)owner);
 	int nofollow = flags & FERRY__DIR_FOLLOW ? 0 : O_NOFOLLOW;
 	int fd = open(dir, O_RDONLY | O_DIRECTORY | nofollow | O_CLOEXEC);
 	if (fd < 0) {

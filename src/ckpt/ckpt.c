@@ -461,8 +461,12 @@ static void drop_own(ferry_ckpt *ck, int64_t step)
 /* 1 when DIR/latest names step (a commit whose last fsync failed still committed the step). */
 static int latest_is(const char *dir, int64_t step)
 {
+	char saved[1024]; /* the failed save's error is the one to report, not this lookup's */
+	snprintf(saved, sizeof(saved), "%s", ferry_last_error());
 	int64_t l = ferry_ckpt_latest(dir);
 	ferry__error_clear();
+	if (*saved)
+		(void)ferry__error(0, "%s", saved);
 	return l == step;
 }
 
@@ -489,6 +493,10 @@ static int own_temporary(const ferry_ckpt *ck, const char *name, int in_step)
 static void sweep_debris(ferry_ckpt *ck)
 {
 	char p[300];
+	/* A step with a manifest but newer than latest did not commit (killed between the two): a
+	 * save of it again finds earlier attempts' temporaries there. */
+	int64_t latest = ferry_ckpt_latest(ck->dir); /* < 0 when none: every step is swept */
+	ferry__error_clear();
 	int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
 	if (dfd < 0)
 		return;
@@ -512,8 +520,8 @@ static void sweep_debris(ferry_ckpt *ck)
 		    !S_ISDIR(st.st_mode))
 			continue;
 		snprintf(p, sizeof(p), "%s/manifest.json", e->d_name);
-		if (!fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW))
-			continue; /* committed: nothing of a dead writer's is in it */
+		if (parse_step_name(e->d_name) <= latest && !fstatat(dfd, p, &st, AT_SYMLINK_NOFOLLOW))
+			continue; /* committed by a save that swept it first: no temporaries in it */
 		int fd = open_subdir(dfd, e->d_name);
 		DIR *sd = fd < 0 ? NULL : fdopendir(fd);
 		if (!sd) {
