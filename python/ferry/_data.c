@@ -984,7 +984,10 @@ static int int_kind(const Py_buffer *v)
 
 /* GCC vectorizes these loops only from -O3 (at -O2 its "very cheap" cost model declines loops of
  * unknown length); clang does at -O2. Vectorized, the checked copy runs near NumPy's astype. */
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* and with AVX2 where the CPU has it (an ifunc picks at load time), as NumPy's own casts do */
+#define VECTORIZE __attribute__((optimize("O3"), target_clones("avx2", "default")))
+#elif defined(__GNUC__) && !defined(__clang__)
 #define VECTORIZE __attribute__((optimize("O3")))
 #else
 #define VECTORIZE

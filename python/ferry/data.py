@@ -404,10 +404,14 @@ class Loader:
     ``device``: ``"cuda"``, ``"cuda:N"``, a ``torch.device``, an int, or ``"cpu"``; None picks
     ``"cuda"`` when torch sees a GPU, else ``"cpu"`` (``loader.device`` says which).
     ``dtype``: the tensors' dtype (default the dataset's; a conversion is done in the copy).
+    ``documents=True``: each batch is a dict ``{"input_ids", "position_ids", "cu_seqlens",
+    "max_seqlen"}`` (plus ``"offsets"`` without ``seq_len``): ``int64`` position_ids restarting at 0
+    at each row and each document start, ``int32`` cu_seqlens of those sequences over the flattened
+    batch (FlashAttention's varlen form) and the longest; docs/DATA.md, "Documents in packed sequences".
 
-    Each ``iter(loader)`` runs to the end of the current epoch, then moves to the next one
-    (``set_epoch`` also works, as with DistributedSampler); an iteration left early continues
-    where it stopped. ``state_dict()``/``load_state_dict()`` give the exact continuation;
+    Each ``iter(loader)`` runs to the end of the current epoch, then moves to the next one; an
+    iteration left early continues where it stopped. ``set_epoch(e)`` (as DistributedSampler's)
+    keeps the position when ``e`` is the current epoch, else starts ``e`` at batch 0. ``state_dict()``/``load_state_dict()`` give the exact continuation;
     ``stats()`` the starvation metrics.
 
     Memory: on the GPU each batch's tensor is the device memory the loader uploaded it into, no

@@ -14,7 +14,7 @@ def distributed_indices(n: int, num_replicas: int, rank: int, shuffle: bool = ..
                         block: int = ...) -> np.ndarray: ...
 def write_dataset(path: StrPath, samples: Sequence[Any], *, dtype: Any = ...,
                   format: Literal["ferry", "megatron"] = ..., shard_size: int = ...,
-                  keys: Optional[Sequence[Union[bytes, str]]] = ...) -> int: ...
+                  keys: Optional[Sequence[Union[bytes, str]]] = ..., cast: bool = ...) -> int: ...
 
 class IndexedDataset:
     path: StrPath
@@ -53,6 +53,7 @@ class Loader:
     prefetch: int
     threads: int
     pin_memory: bool
+    documents: bool
     device: Any  # torch.device
     dtype: Any   # torch.dtype
     last_indices: Optional[np.ndarray]
@@ -62,9 +63,11 @@ class Loader:
                  order: Optional[Order] = ..., block: int = ..., drop_last: bool = ...,
                  drop_last_batch: bool = ..., device: Any = ..., prefetch: int = ...,
                  threads: int = ..., dtype: Any = ..., merge_gap: int = ...,
-                 pin_memory: bool = ..., epoch: int = ..., context: Any = ...) -> None: ...
+                 pin_memory: bool = ..., epoch: int = ..., documents: bool = ...,
+                 context: Any = ...) -> None: ...
     def __len__(self) -> int: ...
-    # torch.Tensor [batch, seq_len] with seq_len; (flat, offsets) without
+    # torch.Tensor [batch, seq_len] with seq_len; (flat, offsets) without; with documents=True a
+    # dict: input_ids, position_ids, cu_seqlens, max_seqlen (and offsets without seq_len)
     def __iter__(self) -> Iterator[Any]: ...
     @property
     def samples_per_epoch(self) -> int: ...
