@@ -601,7 +601,7 @@ static int64_t consume(struct job *j)
 			r = tmp_path(j);
 		lap(j, PH_W_LAYOUT, &t);
 		if (!r)
-			r = ferry_file_open(j->ctx, j->tmp, FERRY_O_WRONLY, &j->f);
+			r = ferry__file_open_made(j->ctx, j->dfd, j->t.name, j->t.fd, j->tmp, FERRY_O_WRONLY, &j->f);
 		lap(j, PH_W_OPEN, &t);
 		err = r;
 	}

@@ -16,6 +16,13 @@
 bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
 /* The buffered descriptor of an open file (always open; the file keeps it). */
 int ferry__file_fd(const ferry_file *f);
+/*
+ * ferry_file_open of the file a caller has just made (durable.h's temporary: made_fd open on it) as
+ * dirfd/name: opened relative to the directory, never through a symlink, and refused (-ESTALE) when
+ * the name no longer leads to that file. path: how errors and the file name it.
+ */
+int ferry__file_open_made(ferry_ctx *ctx, int dirfd, const char *name, int made_fd, const char *path,
+			  int flags, ferry_file **out);
 /* The context's host_budget knob: pinned host memory its users may hold (0: no limit). */
 uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx);
 

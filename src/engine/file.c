@@ -40,14 +40,21 @@ static void dio_alignment(int fd, uint32_t *offset_align, uint32_t *mem_align)
 	}
 }
 
-int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out)
+/*
+ * Opens dirfd/name (path: how errors name it); with `same` (a descriptor of the file the caller
+ * made), the file opened must be that file: the descriptors are opened relative to the directory,
+ * never through a symlink, and checked against it (no window between making a file and opening it
+ * in which its name could be pointed elsewhere).
+ */
+static int file_open(ferry_ctx *ctx, int dirfd, const char *name, const char *path, int flags, int same,
+		     ferry_file **out)
 {
 	struct ferry_file *f;
 	struct stat st;
-	int oflags = O_CLOEXEC, acc = flags & 0x3;
+	int oflags = O_CLOEXEC | (same >= 0 ? O_NOFOLLOW : 0), acc = flags & 0x3;
 
 	*out = NULL;
-	if (!ctx || !path)
+	if (!ctx || !path || !name)
 		return ferry__error(-EINVAL, "ferry_file_open: NULL context or path");
 	if (acc == FERRY_O_WRONLY)
 		oflags |= O_WRONLY;
@@ -66,10 +73,10 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 	f->writable = acc != FERRY_O_RDONLY;
 	f->gds_state = FERRY__GDS_UNPROBED;
 	pthread_mutex_init(&f->gds_mu, NULL);
-	f->fd_buf = open(path, oflags | (flags & FERRY_O_CREAT ? O_CREAT : 0) |
-				       (flags & FERRY_O_TRUNC ? O_TRUNC : 0) |
-				       (flags & FERRY_O_EXCL ? O_EXCL : 0),
-			 0644);
+	f->fd_buf = openat(dirfd, name, oflags | (flags & FERRY_O_CREAT ? O_CREAT : 0) |
+					       (flags & FERRY_O_TRUNC ? O_TRUNC : 0) |
+					       (flags & FERRY_O_EXCL ? O_EXCL : 0),
+			   0644);
 	if (f->fd_buf < 0) {
 		int err = -errno;
 		free(f->path);
@@ -83,12 +90,27 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 		free(f);
 		return ferry__error(-EISDIR, "open(%s): it is a directory, not a file", path);
 	}
+	struct stat made;
+	if (same >= 0 && (fstat(same, &made) || made.st_dev != st.st_dev || made.st_ino != st.st_ino)) {
+		close(f->fd_buf);
+		free(f->path);
+		free(f);
+		return ferry__error(-ESTALE, "open(%s): not the file ferry made there (replaced since)", path);
+	}
 	dio_alignment(f->fd_buf, &f->block_size, &f->mem_align);
 	if (ctx->cfg.direct == FERRY__DIRECT_OFF || (flags & FERRY_O_BUFFERED)) {
 		snprintf(f->direct_note, sizeof(f->direct_note), "O_DIRECT off (%s)",
 			 flags & FERRY_O_BUFFERED ? "FERRY_O_BUFFERED" : "direct=off");
 	} else {
-		f->fd_direct = open(path, oflags | O_DIRECT);
+		f->fd_direct = openat(dirfd, name, oflags | O_DIRECT);
+		if (f->fd_direct >= 0 && same >= 0 &&
+		    (fstat(f->fd_direct, &made) || made.st_dev != st.st_dev || made.st_ino != st.st_ino)) {
+			close(f->fd_direct);
+			close(f->fd_buf);
+			free(f->path);
+			free(f);
+			return ferry__error(-ESTALE, "open(%s, O_DIRECT): not the file ferry made there", path);
+		}
 		if (f->fd_direct < 0) {
 			int err = -errno;
 			snprintf(f->direct_note, sizeof(f->direct_note),
@@ -106,6 +128,19 @@ int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **ou
 	ferry__file_register(ctx, f);
 	*out = f;
 	return 0;
+}
+
+int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out)
+{
+	return file_open(ctx, AT_FDCWD, path, path, flags, -1, out);
+}
+
+int ferry__file_open_made(ferry_ctx *ctx, int dirfd, const char *name, int made_fd, const char *path,
+			  int flags, ferry_file **out)
+{
+	if (made_fd < 0)
+		return ferry__error(-EINVAL, "%s: no descriptor of the file made", path);
+	return file_open(ctx, dirfd, name, path, flags, made_fd, out);
 }
 
 void ferry_file_destroy(ferry_file *f)

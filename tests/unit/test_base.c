@@ -14,6 +14,7 @@
 #include "base/json.h"
 #include "base/sbuf.h"
 #include "base/xxh.h"
+#include "engine/export.h"
 #include "ferry/ckpt.h"
 #include "ferry/data.h"
 #include "ferry/safetensors.h"
@@ -543,6 +544,41 @@ static void test_ckpt_run_escaped(void)
 	T_CHECK(system(cmd) == 0);
 }
 
+/*
+ * The writer opens the temporary it made through the directory and checks it is the same file
+ * (issue 20): a name pointed elsewhere between making and opening (renamed over, a symlink) is
+ * refused with -ESTALE instead of written.
+ */
+static void test_open_made(void)
+{
+	char odir[600];
+	snprintf(odir, sizeof(odir), "%s/open-made-%d", t_tmpdir(), (int)getpid());
+	T_ASSERT(mkdir(odir, 0755) == 0);
+	int dfd = ferry__dir_open(odir, 0);
+	T_ASSERT(dfd >= 0);
+	ferry_ctx *ctx;
+	ferry_file *f;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	struct ferry__tmpfile t;
+	T_ASSERT(ferry__tmp_create(dfd, "x", 0644, 0, &t) == 0);
+	T_EQ_INT(ferry__file_open_made(ctx, dfd, t.name, t.fd, "dir/x.tmp", FERRY_O_WRONLY, &f), 0);
+	ferry_file_destroy(f);
+	/* another file renamed over the temporary's name */
+	int other = openat(dfd, "other", O_CREAT | O_EXCL | O_WRONLY, 0644);
+	T_ASSERT(other >= 0);
+	close(other);
+	T_ASSERT(renameat(dfd, "other", dfd, t.name) == 0);
+	T_EQ_INT(ferry__file_open_made(ctx, dfd, t.name, t.fd, "dir/x.tmp", FERRY_O_WRONLY, &f), -ESTALE);
+	/* a symlink there, to a file elsewhere: not followed */
+	T_ASSERT(unlinkat(dfd, t.name, 0) == 0 && symlinkat("/etc/hostname", dfd, t.name) == 0);
+	T_CHECK(ferry__file_open_made(ctx, dfd, t.name, t.fd, "dir/x.tmp", FERRY_O_WRONLY, &f) < 0);
+	ferry__tmp_abort(&t);
+	(void)unlinkat(dfd, t.name, 0);
+	close(dfd);
+	T_ASSERT(rmdir(odir) == 0);
+	ferry_ctx_destroy(ctx);
+}
+
 int main(void)
 {
 	test_json_strings();
@@ -557,5 +593,6 @@ int main(void)
 	test_durable();
 	test_dataset_writer_files();
 	test_ckpt_run_escaped();
+	test_open_made();
 	return t_result();
 }
