@@ -417,9 +417,10 @@ static int open_subdir(int dfd, const char *name);
 static int rm_tree(int dfd, const char *name);
 
 /*
- * Removes from the step's directory (never followed) the entries whose names begin with prefix,
- * and the directory itself when that empties it. Errors are not reported: this runs after a save
- * failed (its error is the one to report) or before a save, on debris.
+ * Removes from the step's directory (never followed) the entries whose names begin with prefix.
+ * Errors are not reported: this runs after a save failed (its error is the one to report). The
+ * directory stays, even when empty: another rank may have just made it for its own shard (an
+ * empty step older than latest is pruned as debris).
  */
 static void drop_prefixed(int dfd, const char *step_name, const char *prefix)
 {
@@ -437,13 +438,11 @@ static void drop_prefixed(int dfd, const char *step_name, const char *prefix)
 		if (!strncmp(e->d_name, prefix, n))
 			(void)unlinkat(fd, e->d_name, 0);
 	closedir(d);
-	(void)unlinkat(dfd, step_name, AT_REMOVEDIR); /* fails, as it should, unless empty */
 }
 
 /*
  * A save of this rank that failed gives its space back: its shard, temporaries and marker in the
- * step's directory go (the rank's lock says they are this process's), and the directory when that
- * empties it. A full disk after the shard's rename (at the marker) no longer leaves the whole
+ * step's directory go (the rank's lock says they are this process's). A full disk after the shard's rename (at the marker) no longer leaves the whole
  * shard behind for later saves to fail on.
  */
 static void drop_own(ferry_ckpt *ck, int64_t step)
@@ -533,8 +532,7 @@ static void sweep_debris(ferry_ckpt *ck)
 		while ((f = readdir(sd)))
 			if (own_temporary(ck, f->d_name, 1))
 				(void)unlinkat(fd, f->d_name, 0);
-		closedir(sd);
-		(void)unlinkat(dfd, e->d_name, AT_REMOVEDIR); /* an emptied step directory */
+		closedir(sd); /* the directory stays: another rank may be about to write into it */
 	}
 	closedir(d);
 	close(dfd);
