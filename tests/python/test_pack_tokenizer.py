@@ -114,12 +114,13 @@ def test_bad_lines_refused_or_counted(tmp_path, tok_path):
     _write_jsonl(tmp_path / "bad.jsonl", docs, extra=bad)
     with open(tmp_path / "bad.jsonl", "ab") as f:
         f.write(b'{"text": "\xff\xfe"}\n')
-    r = _run("--tokenizer", tok_path, "-o", tmp_path / "o1", tmp_path / "bad.jsonl", check=False)
+    # small blocks: line numbers must count across them
+    r = _run("--tokenizer", tok_path, "--block-size", "1k", "-o", tmp_path / "o1", tmp_path / "bad.jsonl", check=False)
     assert r.returncode == 1, r
     assert f"{tmp_path / 'bad.jsonl'}:21: member \"text\" is not a string" in r.stderr, r.stderr
     assert not (tmp_path / "o1" / "ferry.idx").exists()
-    r = _run("--tokenizer", tok_path, "--skip-bad", "--json", "-o", tmp_path / "o2", tmp_path / "bad.jsonl",
-             quiet=False)
+    r = _run("--tokenizer", tok_path, "--skip-bad", "--json", "--block-size", "1k", "-o", tmp_path / "o2",
+             tmp_path / "bad.jsonl", quiet=False)
     s = json.loads(r.stdout)
     # the same reasons, under the same names, as ferry pack --skip-bad; an empty text is no bad line
     assert s["skipped"] == {"utf8": 1, "json": 2, "no_key": 2, "type": 1}, s
