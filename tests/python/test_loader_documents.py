@@ -132,3 +132,24 @@ def test_documents_resume(tmp_path):
     assert len(rest) == len(full) - 3
     for (p, c), (p2, c2) in zip(full[3:], rest):
         assert torch.equal(p, p2) and torch.equal(c, c2)
+
+
+@pytest.mark.parametrize("seq_len", [40, None])
+def test_cuda_equals_cpu(tmp_path, seq_len):
+    # on the GPU (the data's device memory handed over without a copy) the dicts equal the CPU's
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device here (the CPU cases above cover the values)")
+    docs = make_docs(200, seed=5)
+    ferry.write_dataset(tmp_path / "ds", docs)
+    kw = dict(batch_size=6, seq_len=seq_len, seed=4, documents=True, threads=2)
+    cpu = list(ferry.Loader(tmp_path / "ds", device="cpu", **kw))
+    gpu = list(ferry.Loader(tmp_path / "ds", device="cuda", **kw))
+    torch.cuda.synchronize()
+    assert len(cpu) == len(gpu)
+    for c, g in zip(cpu, gpu):
+        assert set(c) == set(g)
+        for k in c:
+            if k == "max_seqlen":
+                assert c[k] == g[k]
+            else:
+                assert g[k].device.type == "cuda" and torch.equal(c[k], g[k].cpu()), k
