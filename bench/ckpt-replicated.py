@@ -7,7 +7,8 @@ a file:// store), --saves durable saves into a checkpoint directory with keep=1 
 warm-up save; the figure is the median save time (the slowest rank's, since save returns on every
 rank once step is committed). Then load_latest on every rank (replicated: every rank reads every
 piece from storage) and, beside it, the alternative a load could take: every rank reads 1/world and
-the ranks all_gather the rest (only the all_gather is timed, over the same process group).
+the ranks all_gather the rest (only the all_gather is timed, over the same process group, on
+--gather-mib per rank, scaled to the state).
 
     python3 bench/ckpt-replicated.py --size 2g --world 2 --dir /tmp/x [--device cpu|cuda] [--saves 3]
 
@@ -73,7 +74,7 @@ def worker(args):
     loads = [None] * world
     dist.all_gather_object(loads, load)
     # The alternative load: 1/world read here, the rest from the other ranks (only the exchange timed).
-    part = torch.empty(nbytes // world, dtype=torch.uint8)
+    part = torch.empty(min(nbytes // world, args.gather_mib << 20), dtype=torch.uint8)
     outs = [torch.empty_like(part) for _ in range(world)]
     dist.barrier()
     t = time.perf_counter()
@@ -85,7 +86,8 @@ def worker(args):
         per_save = [max(x) for x in zip(*all_t)]
         print(json.dumps({"mode": args.mode, "world": world, "state_bytes": nbytes, "device": args.device,
                           "save_s": per_save, "save_median_s": statistics.median(per_save),
-                          "disk_bytes": disk, "load_s": max(loads), "all_gather_s": max(gathers)}),
+                          "disk_bytes": disk, "load_s": max(loads),
+                          "all_gather_s": max(gathers) * (nbytes // world) / part.numel()}),
               flush=True)
     dist.destroy_process_group()
 
@@ -96,7 +98,8 @@ def run_mode(args, mode, root):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", "--rank", str(r),
                                "--world", str(args.world), "--store", store, "--dir", d, "--mode", mode,
-                               "--size", str(args.size), "--saves", str(args.saves), "--device", args.device],
+                               "--size", str(args.size), "--saves", str(args.saves), "--device", args.device,
+                               "--gather-mib", str(args.gather_mib)],
                               stdout=subprocess.PIPE, text=True, env=env)
              for r in range(args.world)]
     out = [p.communicate()[0] for p in procs]
@@ -116,6 +119,8 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--saves", type=int, default=3, help="timed saves per mode, after one warm-up")
     ap.add_argument("--modes", default="false,true,auto")
+    ap.add_argument("--gather-mib", type=int, default=256,
+                    help="MiB per rank the all_gather alternative moves (its time is scaled to the state)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)

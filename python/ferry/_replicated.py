@@ -126,6 +126,42 @@ def content_hash(v) -> int:
     return _ferry.xxh3(_ctypes.addressof(d), _ctypes.sizeof(d))
 
 
+def hashes(tensors) -> list:
+    """content_hash of each tensor; the host ones' 64 MiB chunks hashed by up to 4 threads at once
+    (xxh3 releases the GIL: one thread hashed at 1.3-2.8 GB/s on the 2-core CPU machine, less than
+    the save's own pipeline, which copies and hashes on two threads)."""
+    out = [None] * len(tensors)
+    jobs, parts = [], {}
+    for i, v in enumerate(tensors):
+        if v.device.type != "cpu":
+            out[i] = content_hash(v)
+            continue
+        b = _bytes(v)
+        n = b.numel()
+        parts[i] = [None] * max(1, -(-n // _CHUNK))
+        for j, lo in enumerate(range(0, n, _CHUNK)):
+            jobs.append((i, j, b.data_ptr() + lo, min(_CHUNK, n - lo)))
+
+    def run(job):
+        i, j, ptr, n = job
+        parts[i][j] = _ferry.xxh3(ptr, n)
+
+    threads = min(4, _os.cpu_count() or 1, len(jobs))
+    if threads > 1:
+        with _Pool(threads) as pool:
+            list(pool.map(run, jobs))
+    else:
+        for job in jobs:
+            run(job)
+    for i, digests in parts.items():
+        if len(digests) == 1:
+            out[i] = digests[0]
+        else:
+            d = (_ctypes.c_uint64 * len(digests))(*digests)
+            out[i] = _ferry.xxh3(_ctypes.addressof(d), _ctypes.sizeof(d))
+    return out
+
+
 def plan(items, rank, world, dist, replicated):
     """Splits a save's ``[(name, tensor)]`` (contiguous) into what this rank writes.
 
@@ -153,10 +189,10 @@ def plan(items, rank, world, dist, replicated):
             raise ValueError("replicated=%r: %s%s: not the same name, dtype and shape on every rank"
                              % (replicated, ", ".join(odd[:8]), " ..." if len(odd) > 8 else ""))
     else:
-        hashes = [content_hash(tensors[e[0]]) for e in agreed]
+        mine_h = hashes([tensors[e[0]] for e in agreed])
         every_h = [None] * world
-        dist.all_gather_object(every_h, hashes)
-        agreed = [e for i, e in enumerate(agreed) if all(h[i] == hashes[i] for h in every_h)]
+        dist.all_gather_object(every_h, mine_h)
+        agreed = [e for i, e in enumerate(agreed) if all(h[i] == mine_h[i] for h in every_h)]
     if not agreed:
         return items, None, 0
     total = sum(e[3] for e in agreed)
