@@ -139,6 +139,9 @@ def test_load_at_world_one_and_every_shard(saved):
             assert not any(k.startswith("ferry.rep:") for k in flat), list(flat)
     s = ck.load(d, 2, rank=1, views=False, verify=True)
     assert torch.equal(s["model"]["w"], expect[1]["model"]["w"])
+    # Resharding: replicated tensors come whole; naming one in shard_dims is a mistake, said so.
+    with pytest.raises(ValueError, match="saved replicated"):
+        ck.load(d, 2, rank=0, world_size=1, shard_dims={"model.w": 0})
 
 
 def test_mixed_state_keeps_what_differs_per_rank(saved):
