@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -68,6 +69,7 @@ struct pack {
 	ferry_dataset_writer *w;
 	pthread_mutex_t *shard_mu; /* one per shard: a thread writes its batch under it */
 	atomic_uint_fast64_t done, scanned, files_done;
+	atomic_uint_fast64_t listed, total_in; /* n and in_bytes as the progress thread reads them */
 	atomic_int phase, stop, failed;
 	char err[1024];
 	pthread_mutex_t mu;
@@ -78,6 +80,22 @@ static double now_s(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Set while a progress line is drawn on a terminal: a message first clears it. */
+static atomic_int progress_tty;
+
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	flockfile(stderr);
+	if (atomic_load(&progress_tty))
+		fputs("\r\033[K", stderr);
+	vfprintf(stderr, fmt, ap);
+	funlockfile(stderr);
+	va_end(ap);
 }
 
 /* strerror(e), and for the open-file limit the limit and what to change. */
@@ -97,14 +115,14 @@ static const char *errtext(int e, char *buf, size_t len)
 static void lib_error(int code)
 {
 	char why[256];
-	fprintf(stderr, "ferry pack: %s%s%s\n", ferry_last_error(), code == -EMFILE || code == -ENFILE ? ": " : "",
+	say("ferry pack: %s%s%s\n", ferry_last_error(), code == -EMFILE || code == -ENFILE ? ": " : "",
 		code == -EMFILE || code == -ENFILE ? errtext(-code, why, sizeof(why)) : "");
 }
 
 static void open_error(const char *path, int e)
 {
 	char why[256];
-	fprintf(stderr, "ferry pack: %s: %s\n", path, errtext(e, why, sizeof(why)));
+	say("ferry pack: %s: %s\n", path, errtext(e, why, sizeof(why)));
 }
 
 static int add_src(struct pack *p, const char *path, const struct stat *st)
@@ -130,7 +148,7 @@ static int add_sample_span(struct pack *p, uint32_t src, uint64_t off, uint64_t 
 		uint64_t c = p->cap ? p->cap * 2 : 1024;
 		struct sample *g = realloc(p->s, c * sizeof(*p->s));
 		if (!g) {
-			fprintf(stderr, "ferry pack: out of memory listing %llu samples\n", (unsigned long long)c);
+			say("ferry pack: out of memory listing %llu samples\n", (unsigned long long)c);
 			return -ENOMEM;
 		}
 		p->s = g;
@@ -197,7 +215,7 @@ static int walk(struct pack *p, const char *dir)
 	int oom = e != NULL; /* the loop stopped before the end: out of memory */
 	closedir(d);
 	if (oom) {
-		fprintf(stderr, "ferry pack: %s: out of memory listing it\n", dir);
+		say("ferry pack: %s: out of memory listing it\n", dir);
 		for (size_t i = 0; i < n; i++)
 			free(names[i]);
 		free(names);
@@ -214,11 +232,11 @@ static int walk(struct pack *p, const char *dir)
 			if (is_output(p, &dst, names[i], &st)) {
 				p->skipped_out++;
 				if (!p->quiet)
-					fprintf(stderr, "ferry pack: %s: left out, it is the output (-o)\n", path);
+					say("ferry pack: %s: left out, it is the output (-o)\n", path);
 			} else if (S_ISDIR(st.st_mode)) {
 				rc = walk(p, path);
 			} else if (S_ISREG(st.st_mode) && add_src(p, path, &st) < 0) {
-				fprintf(stderr, "ferry pack: out of memory listing the inputs\n");
+				say("ferry pack: out of memory listing the inputs\n");
 				rc = -1;
 			}
 		}
@@ -250,7 +268,7 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	ssize_t r = pread(fd, h, sizeof(h) - 1, 0);
 	const char *path = p->srcs[si].path;
 	if (r < 10 || memcmp(h, "\x93NUMPY", 6)) {
-		fprintf(stderr, "ferry pack: %s: not an .npy file\n", path);
+		say("ferry pack: %s: not an .npy file\n", path);
 		return -1;
 	}
 	h[r] = 0;
@@ -264,7 +282,7 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 		start = 12;
 	}
 	if (start + hl > (uint64_t)r) {
-		fprintf(stderr, "ferry pack: %s: .npy header too long\n", path);
+		say("ferry pack: %s: .npy header too long\n", path);
 		return -1;
 	}
 	h[start + hl] = 0;
@@ -272,17 +290,17 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	char *fortran = strstr(h + start, "'fortran_order':");
 	char d[16] = "";
 	if (!descr || !shape || sscanf(descr, "'descr': '%15[^']'", d) != 1 || npy_dtype(d) < 0) {
-		fprintf(stderr, "ferry pack: %s: unsupported .npy dtype '%s' (integers and floats, little-endian)\n",
+		say("ferry pack: %s: unsupported .npy dtype '%s' (integers and floats, little-endian)\n",
 			path, d);
 		return -1;
 	}
 	if (fortran && strstr(fortran, "True") == fortran + 17) {
-		fprintf(stderr, "ferry pack: %s: Fortran-ordered arrays are not supported\n", path);
+		say("ferry pack: %s: Fortran-ordered arrays are not supported\n", path);
 		return -1;
 	}
 	int dt = npy_dtype(d);
 	if (p->dtype >= 0 && p->dtype != dt) {
-		fprintf(stderr, "ferry pack: %s: dtype %s differs from the other inputs' %s\n", path,
+		say("ferry pack: %s: dtype %s differs from the other inputs' %s\n", path,
 			ferry_dtype_numpy_name(dt), ferry_dtype_numpy_name(p->dtype));
 		return -1;
 	}
@@ -290,13 +308,13 @@ static int scan_npy(struct pack *p, uint32_t si, int fd, uint64_t size)
 	unsigned long long a = 0, b = 0;
 	int dims = sscanf(shape, "'shape': (%llu, %llu", &a, &b);
 	if (dims < 1 || (dims == 1 && strstr(shape, "(") && strchr(shape, ')') && sscanf(shape, "'shape': (%llu,)", &a) != 1)) {
-		fprintf(stderr, "ferry pack: %s: unsupported shape\n", path);
+		say("ferry pack: %s: unsupported shape\n", path);
 		return -1;
 	}
 	uint64_t es = (uint64_t)ferry_dtype_bits(dt) / 8, data = start + hl;
 	uint64_t rows = dims == 2 ? a : 1, cols = dims == 2 ? b : a;
 	if (data + rows * cols * es > size) {
-		fprintf(stderr, "ferry pack: %s: truncated .npy (%llu bytes of data expected)\n", path,
+		say("ferry pack: %s: truncated .npy (%llu bytes of data expected)\n", path,
 			(unsigned long long)(rows * cols * es));
 		return -1;
 	}
@@ -355,8 +373,11 @@ static int bad_line(const struct pack *p, struct part *t, int status, const stru
 		snprintf(why, sizeof(why), "invalid UTF-8 at byte %zu of the line (JSON Lines are UTF-8)", v->pos + 1);
 		break;
 	case FERRY_JSONL_JSON:
-		snprintf(why, sizeof(why), "not one JSON value (%s at byte %zu of %zu: a broken or truncated line?)",
-			 v->why, v->pos + 1, len);
+		if (v->pos >= len)
+			snprintf(why, sizeof(why), "not one JSON value (%s at the end of the line: a truncated line?)",
+				 v->why);
+		else
+			snprintf(why, sizeof(why), "not one JSON value (%s at byte %zu of %zu)", v->why, v->pos + 1, len);
 		break;
 	case FERRY_JSONL_NO_KEY:
 		snprintf(why, sizeof(why), "no member \"%s\"%s%s%s", p->key, v->why ? " (" : "", v->why ? v->why : "",
@@ -518,7 +539,7 @@ static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
 	size_t nparts = size > PART && p->threads > 1 ? (size_t)((size + PART - 1) / PART) : 1;
 	struct scanner c = {.p = p, .si = si, .nparts = nparts, .parts = calloc(nparts, sizeof(struct part))};
 	if (!c.parts) {
-		fprintf(stderr, "ferry pack: %s: out of memory\n", path);
+		say("ferry pack: %s: out of memory\n", path);
 		return -1;
 	}
 	atomic_init(&c.next, 0);
@@ -548,16 +569,16 @@ static int scan_jsonl(struct pack *p, uint32_t si, int fd, uint64_t size)
 		for (int j = 0; !rc && j < t->nnotes; j++) {
 			unsigned long long line = (unsigned long long)(lines + t->notes[j].line);
 			if (t->refused) {
-				fprintf(stderr, "ferry pack: %s:%llu: %s; --skip-bad skips and counts such lines\n", path, line,
+				say("ferry pack: %s:%llu: %s; --skip-bad skips and counts such lines\n", path, line,
 					t->notes[j].why);
 				rc = -1;
 			} else if (p->noted < NOTES && !p->quiet) {
-				fprintf(stderr, "ferry pack: skipped %s:%llu: %s\n", path, line, t->notes[j].why);
+				say("ferry pack: skipped %s:%llu: %s\n", path, line, t->notes[j].why);
 				p->noted++;
 			}
 		}
 		if (!rc && t->err[0]) {
-			fprintf(stderr, "ferry pack: %s: %s\n", path, t->err);
+			say("ferry pack: %s: %s\n", path, t->err);
 			rc = -1;
 		}
 		for (uint64_t i = 0; !rc && i < t->n; i++)
@@ -592,7 +613,7 @@ static int scan(struct pack *p)
 			return -1;
 		}
 		if (!S_ISREG(st.st_mode)) {
-			fprintf(stderr, "ferry pack: %s: is a %s, not a regular file\n", s->path,
+			say("ferry pack: %s: is a %s, not a regular file\n", s->path,
 				S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : S_ISCHR(st.st_mode) ? "character device"
 				: S_ISBLK(st.st_mode) ? "block device" : "special file");
 			close(fd);
@@ -617,7 +638,7 @@ static int scan(struct pack *p)
 			if (in == IN_NPY)
 				rc = scan_npy(p, (uint32_t)si, fd, size);
 			else if (in == IN_RAW && size % ((uint64_t)ferry_dtype_bits(p->dtype) / 8)) {
-				fprintf(stderr, "ferry pack: %s: %llu bytes is not a whole number of %s\n", s->path,
+				say("ferry pack: %s: %llu bytes is not a whole number of %s\n", s->path,
 					(unsigned long long)size, ferry_dtype_numpy_name(p->dtype));
 				rc = -1;
 			} else {
@@ -628,6 +649,8 @@ static int scan(struct pack *p)
 		close(fd);
 		if (rc)
 			return rc;
+		atomic_store(&p->listed, p->n);
+		atomic_store(&p->total_in, p->in_bytes);
 		atomic_fetch_add(&p->files_done, 1);
 	}
 	return 0;
@@ -827,8 +850,9 @@ static void progress_line(struct pack *p, double t0, int tty)
 	if (atomic_load(&p->phase) == PHASE_SCAN) {
 		uint64_t sc = atomic_load(&p->scanned);
 		fprintf(stderr, "%sferry pack: scanning: %llu/%zu files, %.1f/%.1f MiB, %llu samples, %.0f MiB/s%s", start,
-			(unsigned long long)atomic_load(&p->files_done), p->nsrc, sc / 1048576.0, p->in_bytes / 1048576.0,
-			(unsigned long long)p->n, el > 0 ? sc / 1048576.0 / el : 0, end);
+			(unsigned long long)atomic_load(&p->files_done), p->nsrc, sc / 1048576.0,
+			atomic_load(&p->total_in) / 1048576.0, (unsigned long long)atomic_load(&p->listed),
+			el > 0 ? sc / 1048576.0 / el : 0, end);
 	} else {
 		uint64_t done = atomic_load(&p->done), total = p->bytes;
 		double frac = total ? (double)done / (double)total : 1;
@@ -874,7 +898,7 @@ static int mkdir_p(const char *path)
 {
 	char buf[4096];
 	if (snprintf(buf, sizeof(buf), "%s", path) >= (int)sizeof(buf)) {
-		fprintf(stderr, "ferry pack: %s: path too long\n", path);
+		say("ferry pack: %s: path too long\n", path);
 		return -1;
 	}
 	int dfd = open(buf[0] == '/' ? "/" : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -886,7 +910,7 @@ static int mkdir_p(const char *path)
 			char why[256];
 			errtext(errno, why, sizeof(why));
 			close(dfd);
-			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, why);
+			say("ferry pack: creating the output's directory %s: %s: %s\n", path, c, why);
 			return -1;
 		}
 		int next = openat(dfd, c, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -894,7 +918,7 @@ static int mkdir_p(const char *path)
 		errtext(errno, why, sizeof(why));
 		close(dfd);
 		if (next < 0) {
-			fprintf(stderr, "ferry pack: creating the output's directory %s: %s: %s\n", path, c, why);
+			say("ferry pack: creating the output's directory %s: %s: %s\n", path, c, why);
 			return -1;
 		}
 		dfd = next;
@@ -992,7 +1016,7 @@ int ferry_cmd_pack(int argc, char **argv)
 	if (o.dtype) {
 		enum ferry_dtype dt;
 		if (ferry_dtype_from_numpy_name(o.dtype, &dt) < 0) {
-			fprintf(stderr, "ferry pack: %s\n", ferry_last_error());
+			say("ferry pack: %s\n", ferry_last_error());
 			return 2;
 		}
 		dtype = dt;
@@ -1006,7 +1030,7 @@ int ferry_cmd_pack(int argc, char **argv)
 		while (k < nt && token_types[k].dt != dtype)
 			k++;
 		if (k == nt) {
-			fprintf(stderr, "ferry pack: --dtype %s: token ids are stored as uint8, int8, int16, uint16, int32 "
+			say("ferry pack: --dtype %s: token ids are stored as uint8, int8, int16, uint16, int32 "
 					"or int64 (the integer types of ferry and Megatron datasets)\n", o.dtype);
 			return 2;
 		}
@@ -1014,16 +1038,20 @@ int ferry_cmd_pack(int argc, char **argv)
 	return pack_run(&o, dtype, a.argv, a.argc);
 }
 
-static void stop_progress(struct pack *p, pthread_t *tid, struct progress *g)
+/* Ends the progress thread; on a terminal the last line stays (final) or is cleared. */
+static void stop_progress(struct pack *p, pthread_t *tid, struct progress *g, int final)
 {
 	if (!tid)
 		return;
 	atomic_store(&p->stop, 1);
 	pthread_join(*tid, NULL);
-	if (g->tty) {
+	if (g->tty && final) {
 		progress_line(p, g->t0, 1);
 		fputc('\n', stderr);
+	} else if (g->tty) {
+		fputs("\r\033[K", stderr);
 	}
+	atomic_store(&progress_tty, 0);
 }
 
 static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int ninputs)
@@ -1063,12 +1091,12 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 	for (int i = 0; i < ninputs; i++) {
 		struct stat st;
 		if (stat(inputs[i], &st) < 0) {
-			fprintf(stderr, "ferry pack: %s: %s\n", inputs[i], strerror(errno));
+			say("ferry pack: %s: %s\n", inputs[i], strerror(errno));
 			return 1;
 		}
 		if ((p.has_out_dir && S_ISDIR(st.st_mode) && same_file(&st, &p.out_dir)) ||
 		    (p.has_out_bin && same_file(&st, &p.out_bin)) || (p.has_out_idx && same_file(&st, &p.out_idx))) {
-			fprintf(stderr, "ferry pack: %s: is the output (-o %s): it would pack its own earlier output; "
+			say("ferry pack: %s: is the output (-o %s): it would pack its own earlier output; "
 					"write the output outside the inputs\n", inputs[i], out);
 			return 1;
 		}
@@ -1076,24 +1104,26 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		if (S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i], &st) < 0)
 			return 1;
 		if (S_ISDIR(st.st_mode) && p.nsrc == before) {
-			fprintf(stderr, "ferry pack: %s: the directory holds no files to pack%s\n", inputs[i],
+			say("ferry pack: %s: the directory holds no files to pack%s\n", inputs[i],
 				p.skipped_out ? " (but the output)" : "");
 			return 1;
 		}
 	}
+	atomic_store(&p.total_in, p.in_bytes);
 	struct progress g = {&p, t0, !quiet && isatty(2)};
+	atomic_store(&progress_tty, g.tty);
 	pthread_t ptid, *progress_tid = NULL;
 	if (!quiet && pthread_create(&ptid, NULL, progress_main, &g) == 0)
 		progress_tid = &ptid;
 	int failed = scan(&p);
 	double t_scan = now_s(), t_copy = t_scan;
 	if (!failed && !p.n) {
-		stop_progress(&p, progress_tid, &g);
+		stop_progress(&p, progress_tid, &g, 0);
 		progress_tid = NULL;
 		uint64_t sk = 0;
 		for (int k = 0; k < FERRY_JSONL__COUNT; k++)
 			sk += p.skipped[k];
-		fprintf(stderr, "ferry pack: no samples in %s%s%s: nothing to pack\n", ninputs ? inputs[0] : "the inputs",
+		say("ferry pack: no samples in %s%s%s: nothing to pack\n", ninputs ? inputs[0] : "the inputs",
 			ninputs > 1 ? " and the other inputs" : "", sk ? " (every line was skipped)" : "");
 		failed = 1;
 	}
@@ -1126,7 +1156,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		}
 		nshards = err ? 0 : ferry_dataset_writer_layout(p.w);
 		if (err || nshards < 0) {
-			stop_progress(&p, progress_tid, &g);
+			stop_progress(&p, progress_tid, &g, 0);
 			progress_tid = NULL;
 			lib_error(err ? err : nshards);
 			failed = 1;
@@ -1145,9 +1175,9 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		jobs = calloc((size_t)threads, sizeof(*jobs));
 		tids = calloc((size_t)threads, sizeof(*tids));
 		if (!jobs || !tids || !p.shard_mu) {
-			stop_progress(&p, progress_tid, &g);
+			stop_progress(&p, progress_tid, &g, 0);
 			progress_tid = NULL;
-			fprintf(stderr, "ferry pack: out of memory\n");
+			say("ferry pack: out of memory\n");
 			failed = 1;
 		}
 	}
@@ -1178,17 +1208,17 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 			copy_main(&(struct job){&p, jobs[started].first, p.n});
 		for (t = 0; t < started; t++)
 			pthread_join(tids[t], NULL);
-		stop_progress(&p, progress_tid, &g);
+		stop_progress(&p, progress_tid, &g, !atomic_load(&p.failed));
 		progress_tid = NULL;
 		if (atomic_load(&p.failed)) {
-			fprintf(stderr, "ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
+			say("ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
 			failed = 1;
 		} else if ((err = ferry_dataset_writer_finish(p.w))) {
 			lib_error(err);
 			failed = 1;
 		}
 	}
-	stop_progress(&p, progress_tid, &g);
+	stop_progress(&p, progress_tid, &g, 0);
 	double el = now_s() - t0, t_end = now_s();
 	ferry_dataset_writer_destroy(p.w);
 	ferry_ctx_destroy(ctx);

@@ -12,8 +12,10 @@ const char *ferry_tools_jsonl_status_name(int status)
 
 static int fail(struct ferry__json *j, struct ferry_jsonl_value *v, int status)
 {
-	v->pos = j->err ? j->err_pos : j->pos;
-	v->why = j->err ? j->err : "?";
+	if (!j->err) /* ferry__json_peek found no value: says 0 without recording why */
+		ferry__json_fail(j, j->pos, j->pos >= j->len ? "unexpected end of JSON" : "expected a value");
+	v->pos = j->err_pos;
+	v->why = j->err;
 	return status;
 }
 
