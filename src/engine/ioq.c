@@ -126,12 +126,24 @@ void ferry__ioq_push_finished(struct ferry__ioq *q, struct ferry__chunk *c)
  * submission. With cached_io=thread the worker copies them itself, one at a time, and starts each
  * one's copy to the GPU as soon as it lands.
  */
+/*
+ * Small resident reads into host memory are copied by the worker too. tmpfs (and other files
+ * without FMODE_NOWAIT) makes io_uring punt every read to an io-wq kernel thread: a wakeup and a
+ * context switch per piece. 4 KiB random reads from /dev/shm, read_batch of 32 (bench/small-reads.py,
+ * the 2-core VM, 2026-11-25): 14.1 -> 6.6 us of CPU per piece, 0.31 -> 0.25 voluntary switches per
+ * piece, and no iou-wrk thread left. Large chunks stay on the ring, where io-wq copies them in parallel.
+ */
+#define HOST_THREAD_MAX ((size_t)256 << 10)
+
 static bool copied_by_thread(const struct ferry__ioq *q, const struct ferry__chunk *c)
 {
 	if (c->unit.in)
 		return true;
-	return c->bounce.cached && c->bounce.staged && !c->is_write && q->ops != &ferry__backend_psync &&
-	       q->ctx->cfg.cached_io == FERRY__CACHED_IO_THREAD;
+	if (!c->bounce.cached || c->is_write || q->ops == &ferry__backend_psync)
+		return false;
+	if (c->bounce.staged)
+		return q->ctx->cfg.cached_io == FERRY__CACHED_IO_THREAD;
+	return c->len <= HOST_THREAD_MAX;
 }
 
 static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
