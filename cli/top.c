@@ -109,13 +109,58 @@ static int disk_rows_that_fit(const ferry_sampler *s, int tty)
 	int notes = 0, cols = ws.ws_col ? ws.ws_col : 80;
 	for (size_t k = 0; ferry_sampler_note(s, k); k++) /* a long note wraps */
 		notes += 1 + (int)(strlen(ferry_sampler_note(s, k)) / (size_t)cols);
-	int gpus = count_kind(s, "gpu"), procs = count_kind(s, "ferry");
+	int gpus = count_kind(s, "gpu"), procs = count_kind(s, "ferry") + count_kind(s, "activity");
 	int other = 2 /* title */ + 2 /* cpu */ + 1 /* disk header */ + (gpus ? 2 + gpus : 0) + notes + count_notes(s) +
 		    (procs ? 2 + procs : 2) + 1 /* the cursor's line */;
 	int fit = (int)ws.ws_row - other;
 	if (fit >= disks)
 		return disks;
 	return fit > 1 ? fit - 1 : 1; /* one line says how many are not shown */
+}
+
+/* Numbers that fit their columns whatever their size: 1234567 -> "1.23M". */
+static const char *human(double v, char *buf, size_t len)
+{
+	const char *unit = "";
+	if (!isfinite(v))
+		v = 0;
+	if (v >= 1e9)
+		v /= 1e9, unit = "G";
+	else if (v >= 1e6)
+		v /= 1e6, unit = "M";
+	else if (v >= 1e4)
+		v /= 1e3, unit = "k";
+	snprintf(buf, len, v < 10 && *unit ? "%.2f%s" : "%.0f%s", v, unit);
+	return buf;
+}
+
+/* A process's activity, indented under it: at most 100 columns. */
+static void draw_activity(ferry_sampler *s, size_t i)
+{
+	const char *kind = ferry_sampler_row_text(s, i, "kind"), *name = ferry_sampler_row_text(s, i, "name");
+	const char *phase = ferry_sampler_row_text(s, i, "phase");
+	char a[16], b[16];
+	kind = kind ? kind : "?";
+	name = name ? name : "";
+	/* the end of a long name (a path) says most */
+	size_t len = strlen(name);
+	if (len > 22)
+		name += len - 22;
+	printf("  %-6s %-22s %-8.8s", kind, name, phase ? phase : "");
+	if (!strcmp(kind, "loader")) {
+		printf(" %6s smp/s %6.1f bat/s %6.2f GB/s wait %5.1f%% %2.0f thr\n",
+		       human(val(s, i, "samples_per_s"), a, sizeof(a)), val(s, i, "batches_per_s"), val(s, i, "gbps"),
+		       val(s, i, "wait_pct"), val(s, i, "threads"));
+		return;
+	}
+	double step = val(s, i, "step"), pct = val(s, i, "progress_pct");
+	if (!isnan(step))
+		printf(" step %-7.0f", step);
+	else
+		printf(" %12s", "");
+	printf(" %3.0f%% %6sB %6.2f GB/s %5s tensors %5.1fs\n", isnan(pct) ? 0 : pct,
+	       human(val(s, i, "total_bytes"), a, sizeof(a)), val(s, i, "gbps"), human(val(s, i, "tensors"), b, sizeof(b)),
+	       val(s, i, "elapsed_s"));
 }
 
 static void draw(ferry_sampler *s, int tty)
@@ -189,6 +234,8 @@ static void draw(ferry_sampler *s, int tty)
 		printf("%-8s %-20.20s %-10.10s %9.1f %9.1f %9.0f %9.0f %6.1f\n", ferry_sampler_row_name(s, i),
 		       name ? name : "", path ? path : "", val(s, i, "read_mbps"), val(s, i, "write_mbps"),
 		       val(s, i, "read_iops"), val(s, i, "write_iops"), val(s, i, "wait_pct"));
+		for (size_t k = i + 1; k < n && !strcmp(ferry_sampler_row_kind(s, k), "activity"); k++)
+			draw_activity(s, k);
 	}
 	if (!procs)
 		printf("\nno ferry process publishes statistics\n");

@@ -28,9 +28,11 @@ struct metric {
 };
 
 struct row {
-	char kind[8];
+	char kind[12];
 	char name[64];
 	char text_name[64], text_path[32];
+	const char *text_kind, *text_phase; /* activities: "loader", "save", "load"; the phase */
+	int parent;                          /* activities: the ferry row they belong to */
 	int nm;
 	struct metric m[MAX_METRICS];
 };
@@ -44,7 +46,7 @@ struct disk_raw {
 struct proc_raw {
 	char file[96];
 	uint64_t start_ns;
-	struct ferry__publish pub;
+	struct ferry__publish pub; /* an older writer's 192 bytes: act[] all free */
 };
 
 struct snapshot {
@@ -55,6 +57,8 @@ struct snapshot {
 	int ndisks;
 	struct proc_raw *procs;
 	int nprocs;
+	int nnewer;       /* publications of a newer layout, not shown */
+	char newer[600];  /* what to tell about the first */
 };
 
 struct ferry_sampler {
@@ -64,7 +68,7 @@ struct ferry_sampler {
 	double wall;
 	struct row rows[MAX_ROWS];
 	size_t nrows;
-	char notes[4][600];
+	char notes[6][600];
 	size_t nnotes;
 	struct ferry__sbuf json, prom;
 };
@@ -191,6 +195,7 @@ static int pid_dead(int32_t pid)
 
 static void read_publications(struct snapshot *s)
 {
+	s->nnewer = 0;
 	const char *dir = ferry__publish_dir();
 	DIR *d = opendir(dir);
 	s->nprocs = 0;
@@ -209,15 +214,39 @@ static void read_publications(struct snapshot *s)
 		if (fd < 0)
 			continue;
 		struct ferry__publish p;
+		struct ferry__activity again[FERRY__PUBLISH_ACTIVITIES];
 		struct stat st;
 		memset(&p, 0, sizeof(p));
 		ssize_t got = pread(fd, &p, sizeof(p), 0);
+		/* the slots once more: one whose seq moved or is odd was being rewritten (publish.h) */
+		ssize_t got2 = pread(fd, again, sizeof(again), offsetof(struct ferry__publish, act));
 		int mine = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid();
 		close(fd);
-		/* A newer writer may have appended counters: read what this reader knows. */
-		if (got < (ssize_t)offsetof(struct ferry__publish, c) || p.magic != FERRY__PUBLISH_MAGIC ||
-		    p.version != FERRY__PUBLISH_VERSION || p.size < sizeof(p) || got < (ssize_t)sizeof(p))
+		if (got < (ssize_t)offsetof(struct ferry__publish, c) || p.magic != FERRY__PUBLISH_MAGIC)
 			continue;
+		if (p.version > FERRY__PUBLISH_VERSION) {
+			if (s->nnewer++ == 0)
+				snprintf(s->newer, sizeof(s->newer),
+					 "%s/%s: publication layout version %u is newer than this ferry top reads (%u): "
+					 "run the ferry top of that process's ferry version", dir, e->d_name, p.version,
+					 FERRY__PUBLISH_VERSION);
+			continue;
+		}
+		/* the header and counters; the activity slots where the writer appended them */
+		if (p.version < 1 || p.size < FERRY__PUBLISH_MIN_SIZE || got < FERRY__PUBLISH_MIN_SIZE)
+			continue;
+		int slots = p.size >= sizeof(p) && got >= (ssize_t)sizeof(p);
+		if (!slots)
+			memset(p.act, 0, sizeof(p.act));
+		for (int k = 0; slots && k < FERRY__PUBLISH_ACTIVITIES; k++) {
+			if (got2 != (ssize_t)sizeof(again) || (p.act[k].seq & 1) || again[k].seq != p.act[k].seq) {
+				p.act[k].kind = 0;
+				continue;
+			}
+			memcpy(p.act[k].v, again[k].v, sizeof(again[k].v)); /* the later counters */
+			p.act[k].end_ns = again[k].end_ns;
+			p.act[k].name[sizeof(p.act[k].name) - 1] = '\0';
+		}
 		if (pid_dead(p.pid)) {
 			/* Left by a publisher killed before it could remove it (SIGKILL, SIGTERM). Only our
 			 * own files, and only when the name carries the same pid and kill() says it is gone. */
@@ -284,6 +313,87 @@ static const struct proc_raw *find_proc(const struct snapshot *s, const struct p
 static double delta(unsigned long long now, unsigned long long before)
 {
 	return now >= before ? (double)(now - before) : 0.0;
+}
+
+static const char *activity_kind(uint32_t k)
+{
+	return k == FERRY__ACTIVITY_LOADER ? "loader" : k == FERRY__ACTIVITY_SAVE ? "save" : k == FERRY__ACTIVITY_LOAD ? "load" : NULL;
+}
+
+static const char *activity_phase(uint32_t kind, uint64_t ph)
+{
+	switch (ph) {
+	case FERRY__PHASE_PREPARE:
+		return kind == FERRY__ACTIVITY_SAVE ? "snapshot" : "plan";
+	case FERRY__PHASE_MOVE:
+		return kind == FERRY__ACTIVITY_SAVE ? "write" : kind == FERRY__ACTIVITY_LOAD ? "read" : "run";
+	case FERRY__PHASE_SYNC:
+		return "sync";
+	case FERRY__PHASE_COMMIT:
+		return "commit";
+	case FERRY__PHASE_DONE:
+		return "done";
+	case FERRY__PHASE_FAILED:
+		return "failed";
+	default:
+		return "?";
+	}
+}
+
+/*
+ * The rows of a process's activities, right after its ferry row. Rates: over the interval when the
+ * previous sample saw the same activity (same slot, same start), else the average since it began
+ * (until it ended, for a finished save or load).
+ */
+static void add_activities(ferry_sampler *s, int parent, const struct proc_raw *pr, const struct proc_raw *o,
+			   double dt)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	for (int k = 0; k < FERRY__PUBLISH_ACTIVITIES; k++) {
+		const struct ferry__activity *a = &pr->pub.act[k];
+		const char *kind = activity_kind(a->kind);
+		if (!kind)
+			continue;
+		const struct ferry__activity *b = o && o->pub.act[k].kind == a->kind &&
+							  o->pub.act[k].start_ns == a->start_ns ? &o->pub.act[k] : NULL;
+		uint64_t end = a->end_ns ? a->end_ns : now;
+		double span = end > a->start_ns ? (double)(end - a->start_ns) / 1e9 : 0;
+		int live = !a->end_ns, inter = b && live && dt > 0;
+		const uint64_t *v = a->v, *w = b ? b->v : NULL;
+#define RATE(f) (inter ? delta(v[f], w[f]) / dt : span > 0 ? (double)v[f] / span : 0)
+		char pid[16];
+		snprintf(pid, sizeof(pid), "%d", pr->pub.pid);
+		struct row *r = add_row(s, "activity", pid);
+		if (!r)
+			return;
+		r->parent = parent;
+		r->text_kind = kind;
+		r->text_phase = activity_phase(a->kind, v[FERRY__ACT_PHASE]);
+		snprintf(r->text_name, sizeof(r->text_name), "%s", a->name);
+		put(r, "slot", k);
+		put(r, "bytes_total", (double)v[FERRY__ACT_BYTES]);
+		put(r, "gbps", RATE(FERRY__ACT_BYTES) / 1e9);
+		put(r, "elapsed_s", span);
+		if (a->kind == FERRY__ACTIVITY_LOADER) {
+			put(r, "samples_total", (double)v[FERRY__ACT_ITEMS]);
+			put(r, "batches_total", (double)v[FERRY__ACT_BATCHES]);
+			put(r, "samples_per_s", RATE(FERRY__ACT_ITEMS));
+			put(r, "batches_per_s", RATE(FERRY__ACT_BATCHES));
+			double wait = 100.0 * RATE(FERRY__ACT_WAIT_NS) / 1e9;
+			put(r, "wait_pct", wait > 100 ? 100 : wait);
+			put(r, "threads", (double)v[FERRY__ACT_THREADS]);
+		} else {
+			put(r, "tensors", (double)v[FERRY__ACT_ITEMS]);
+			put(r, "total_bytes", (double)v[FERRY__ACT_TOTAL]);
+			if (v[FERRY__ACT_TOTAL])
+				put(r, "progress_pct", 100.0 * (double)v[FERRY__ACT_BYTES] / (double)v[FERRY__ACT_TOTAL]);
+			if (v[FERRY__ACT_STEP] != UINT64_MAX)
+				put(r, "step", (double)v[FERRY__ACT_STEP]);
+		}
+#undef RATE
+	}
 }
 
 static void build_rows(ferry_sampler *s, double dt)
@@ -368,6 +478,7 @@ static void build_rows(ferry_sampler *s, double dt)
 		put(r, "write_bytes_total", (double)a->bytes_written);
 		put(r, "errors_total", (double)a->errors);
 		put(r, "fallbacks_total", (double)a->fallbacks);
+		add_activities(s, (int)(r - s->rows), pr, o, dt);
 	}
 }
 
@@ -399,6 +510,9 @@ int ferry_sampler_sample(ferry_sampler *s)
 	const char *why = ferry__sys_nvml_reason();
 	if (why[0])
 		snprintf(s->notes[s->nnotes++], sizeof(s->notes[0]), "%s", why);
+	if (s->cur.nnewer)
+		snprintf(s->notes[s->nnotes++], sizeof(s->notes[0]), "%s%s", s->cur.newer,
+			 s->cur.nnewer > 1 ? " (and others like it)" : "");
 	return 0;
 }
 
@@ -444,6 +558,10 @@ const char *ferry_sampler_row_text(const ferry_sampler *s, size_t i, const char 
 		return r->text_name;
 	if (!strcmp(key, "path") && !strcmp(r->kind, "ferry"))
 		return r->text_path;
+	if (!strcmp(key, "kind") && r->text_kind)
+		return r->text_kind;
+	if (!strcmp(key, "phase") && r->text_phase)
+		return r->text_phase;
 	return NULL;
 }
 
@@ -453,6 +571,27 @@ const char *ferry_sampler_note(const ferry_sampler *s, size_t i)
 }
 
 /* ----------------------------------------------------------------------------------- output */
+
+/* A ferry row's "activities": [{"kind": ..., "name": ..., "phase": ..., metrics}, ...]. */
+static void json_activities(struct ferry__sbuf *b, const ferry_sampler *s, size_t parent)
+{
+	ferry__sbuf_printf(b, ", \"activities\": [");
+	int first = 1;
+	for (size_t i = parent + 1; i < s->nrows && !strcmp(s->rows[i].kind, "activity"); i++) {
+		const struct row *r = &s->rows[i];
+		ferry__sbuf_printf(b, "%s{\"kind\": ", first ? "" : ", ");
+		ferry__sbuf_json(b, r->text_kind);
+		ferry__sbuf_printf(b, ", \"name\": ");
+		ferry__sbuf_json(b, r->text_name);
+		ferry__sbuf_printf(b, ", \"phase\": ");
+		ferry__sbuf_json(b, r->text_phase);
+		for (int m = 0; m < r->nm; m++)
+			ferry__sbuf_printf(b, ", \"%s\": %.15g", r->m[m].key, r->m[m].v);
+		ferry__sbuf_put(b, "}", 1);
+		first = 0;
+	}
+	ferry__sbuf_put(b, "]", 1);
+}
 
 int ferry_sampler_json(ferry_sampler *s, const char **out)
 {
@@ -481,6 +620,8 @@ int ferry_sampler_json(ferry_sampler *s, const char **out)
 			}
 			for (int m = 0; m < r->nm; m++)
 				ferry__sbuf_printf(b, ", \"%s\": %.15g", r->m[m].key, r->m[m].v);
+			if (!strcmp(r->kind, "ferry"))
+				json_activities(b, s, i);
 			ferry__sbuf_put(b, "}", 1);
 			first = 0;
 		}
@@ -545,6 +686,14 @@ static const struct prom_metric {
 	{"ferry", "write_bytes_total", "ferry_process_written_bytes_total", "counter", "Bytes a ferry process wrote", 1},
 	{"ferry", "errors_total", "ferry_process_errors_total", "counter", "Failed requests of a ferry process", 1},
 	{"ferry", "fallbacks_total", "ferry_process_fallbacks_total", "counter", "Automatic fallbacks a ferry process took", 1},
+	{"activity", "samples_total", "ferry_loader_samples_total", "counter", "Samples a loader handed out", 1},
+	{"activity", "samples_per_s", "ferry_loader_samples_per_second", "gauge", "Samples a loader handed out per second", 1},
+	{"activity", "batches_per_s", "ferry_loader_batches_per_second", "gauge", "Batches a loader handed out per second", 1},
+	{"activity", "wait_pct", "ferry_loader_wait_percent", "gauge", "Time the loader's consumer waited for batches, percent", 1},
+	{"activity", "bytes_total", "ferry_activity_bytes_total", "counter", "Bytes a loader handed out, a save wrote or a load read", 1},
+	{"activity", "gbps", "ferry_activity_bytes_per_second", "gauge", "Bytes per second of a loader, save or load", 1e9},
+	{"activity", "step", "ferry_save_step", "gauge", "The step of a checkpoint save (in flight or last)", 1},
+	{"activity", "progress_pct", "ferry_activity_progress_percent", "gauge", "Bytes of a save or load done, percent", 1},
 };
 
 int ferry_sampler_prometheus(ferry_sampler *s, const char **out)
@@ -583,6 +732,15 @@ int ferry_sampler_prometheus(ferry_sampler *s, const char **out)
 				prom_label(b, r->text_name);
 				ferry__sbuf_printf(b, "\",path=\"");
 				prom_label(b, r->text_path);
+				ferry__sbuf_printf(b, "\"}");
+			} else if (!strcmp(r->kind, "activity")) {
+				ferry__sbuf_printf(b, "{pid=\"");
+				prom_label(b, r->name);
+				double slot = 0;
+				if (ferry_sampler_row_value(s, i, "slot", &slot))
+					slot = -1;
+				ferry__sbuf_printf(b, "\",kind=\"%s\",slot=\"%d\",name=\"", r->text_kind, (int)slot);
+				prom_label(b, r->text_name);
 				ferry__sbuf_printf(b, "\"}");
 			}
 			ferry__sbuf_printf(b, " %.9g\n", v * pm->scale);

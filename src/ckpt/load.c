@@ -19,6 +19,7 @@
 #include "ferry/gpu.h"
 #include "base/json.h"
 #include "format/safetensors.h"
+#include "engine/export.h"
 
 #define VIEW_ALIGN 256 /* cudaMalloc's alignment, so views keep every dtype aligned */
 #define INDEX_MAX (64u << 20)
@@ -563,6 +564,10 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 	ferry_batch *b = NULL;
 	if ((r = ferry_batch_create(ld->ctx, &b)))
 		return r;
+	struct ferry__activity *act = ferry__activity_begin(ld->ctx, FERRY__ACTIVITY_LOAD, ld->path);
+	for (size_t k = 0; act && k < ld->nsel; k++)
+		ferry__activity_add(act, FERRY__ACT_TOTAL, ld->sel[k].nbytes);
+	ferry__activity_set(act, FERRY__ACT_PHASE, FERRY__PHASE_MOVE);
 	/* Placement: per file, one allocation for the span of what loads whole, or one per tensor. */
 	for (size_t f = 0; f < ld->nfiles && !r; f++) {
 		ferry_st *st = ld->files[f];
@@ -662,6 +667,9 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 	for (size_t k = 0; k < ld->nsel; k++)
 		ld->bytes += ld->sel[k].nbytes;
 	ld->ns = ferry__now_ns() - t0;
+	ferry__activity_set(act, FERRY__ACT_ITEMS, r ? 0 : ld->nsel);
+	ferry__activity_set(act, FERRY__ACT_BYTES, r ? 0 : ld->bytes);
+	ferry__activity_end(act, r ? FERRY__PHASE_FAILED : FERRY__PHASE_DONE);
 	if (r) {
 		free_allocs(ld);
 		for (size_t k = 0; k < ld->nsel; k++)

@@ -142,6 +142,7 @@ struct job {
 	int hold, snapshot_done; /* hold: the writer starts once the snapshot is taken */
 	int prealloc_mode, prealloc; /* PREALLOC_*; whether this save's file was fallocated */
 	int recycled; /* 1: this save writes over j->reuse's blocks */
+	struct ferry__activity *act; /* what `ferry top` shows of this save (NULL: not publishing) */
 };
 
 struct ferry_st_writer {
@@ -546,6 +547,7 @@ static void job_free(struct job *j)
 	free(j->slots);
 	ferry_file_destroy(j->f);
 	ferry__tmp_abort(&j->t); /* the temporary this save made, if not committed; nothing else */
+	ferry__activity_end(j->act, FERRY__PHASE_FAILED); /* never started: its thread ends it */
 	if (j->dfd >= 0)
 		close(j->dfd);
 	free(j->tmp);
@@ -614,6 +616,7 @@ static int64_t consume(struct job *j)
 		pthread_mutex_unlock(&j->mu);
 		lap(j, PH_W_READY_WAIT, &t);
 	}
+	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_MOVE);
 	for (size_t c = 0; c < j->nchunks && !err; c++) {
 		struct slot *s = &j->slots[c % j->k];
 		pthread_mutex_lock(&j->mu);
@@ -666,6 +669,7 @@ static int64_t consume(struct job *j)
 			ferry_req_destroy(rq);
 			inflight_first = (inflight_first + 1) % MAX_INFLIGHT_CAP;
 			ninflight--;
+			ferry__activity_add(j->act, FERRY__ACT_BYTES, got > 0 ? (uint64_t)got : 0);
 			if (got != (ssize_t)chunk_len(j, oc) && !err)
 				err = got < 0 ? got : ferry__error(-EIO, "%s: short write at %llu", j->tmp,
 								   (unsigned long long)(j->data_start + (uint64_t)oc * j->chunk));
@@ -698,6 +702,8 @@ static int64_t consume(struct job *j)
 	lap(j, PH_W_HEADER, &t);
 	if (got != (ssize_t)j->data_start)
 		return got < 0 ? got : ferry__error(-EIO, "%s: short header write", j->tmp);
+	ferry__activity_add(j->act, FERRY__ACT_BYTES, j->data_start);
+	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_SYNC);
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
 		int r = ferry_file_sync(j->f, 1);
 		lap(j, PH_W_FSYNC, &t);
@@ -706,6 +712,7 @@ static int64_t consume(struct job *j)
 	}
 	ferry_file_destroy(j->f);
 	j->f = NULL;
+	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_COMMIT);
 	/* the data is fsynced above; the rename never replaces a file with FERRY_SAVE_EXCL */
 	int r = ferry__tmp_commit(&j->t, FERRY__DURABLE_NOSYNC | FERRY__DURABLE_NODIRSYNC |
 						 (j->flags & FERRY_SAVE_EXCL ? FERRY__DURABLE_NOREPLACE : 0));
@@ -733,6 +740,8 @@ static void *writer_thread(void *arg)
 		lap(j, PH_W_HOOK, &t);
 	}
 	j->ph[PH_W_TOTAL] = ferry__now_ns() - t0;
+	ferry__activity_end(j->act, res < 0 ? FERRY__PHASE_FAILED : FERRY__PHASE_DONE);
+	j->act = NULL;
 	pthread_mutex_lock(&w->mu);
 	for (int i = PH__FIRST_WRITER; i < PH__COUNT; i++)
 		w->stats.ns[i] = j->ph[i];
@@ -1071,6 +1080,13 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	 * starts writing only once the snapshot is taken, so that the writes cannot slow the copies
 	 * the caller waits for. Never with fewer slots: the snapshot then needs written slots back. */
 	j->hold = async && j->k >= j->nchunks && w->knobs.hold;
+	if ((j->act = ferry__activity_begin(j->ctx, FERRY__ACTIVITY_SAVE, j->path))) {
+		ferry__activity_set(j->act, FERRY__ACT_TOTAL, j->data_start + j->total);
+		ferry__activity_set(j->act, FERRY__ACT_ITEMS, j->n);
+		for (size_t i = 0; i < w->nm; i++) /* a checkpoint's shard says its step */
+			if (!strcmp(w->mk[i], "ferry.step"))
+				ferry__activity_set(j->act, FERRY__ACT_STEP, strtoull(w->mv[i], NULL, 10));
+	}
 	pthread_mutex_lock(&w->mu);
 	w->running = 1;
 	w->joined = 0;

@@ -270,19 +270,37 @@ static int choose_backend(ferry_ctx *ctx)
 	}
 }
 
+/* Opens the context's publication once it publishes and moves data (its I/O starts, or a loader,
+ * save or load begins on it); ctx->mu held. Best effort: a context that cannot publish still works. */
+static void publish_open_locked(ferry_ctx *ctx)
+{
+	if (!ctx->cfg.publish || ctx->pub)
+		return;
+	ctx->pub = ferry__publish_open(program_invocation_short_name);
+	if (ctx->pub) {
+		ferry__publish_set_path(ctx->pub, "host");
+		atomic_store_explicit(&ctx->pub_path, "host", memory_order_relaxed);
+	}
+}
+
+struct ferry__activity *ferry__activity_begin(ferry_ctx *ctx, enum ferry__activity_kind kind, const char *name)
+{
+	if (!ctx)
+		return NULL;
+	pthread_mutex_lock(&ctx->mu);
+	publish_open_locked(ctx);
+	struct ferry__activity *a = ctx->pub ? ferry__publish_activity(ctx->pub, kind, name) : NULL;
+	pthread_mutex_unlock(&ctx->mu);
+	return a;
+}
+
 int ferry__ctx_choose_backend(ferry_ctx *ctx)
 {
 	int ret = 0;
 
 	pthread_mutex_lock(&ctx->mu);
-	if (!ctx->backend && ctx->cfg.publish && !ctx->pub) {
-		/* best effort: a context that cannot publish still works */
-		ctx->pub = ferry__publish_open(program_invocation_short_name);
-		if (ctx->pub) {
-			ferry__publish_set_path(ctx->pub, "host");
-			atomic_store_explicit(&ctx->pub_path, "host", memory_order_relaxed);
-		}
-	}
+	if (!ctx->backend)
+		publish_open_locked(ctx);
 	if (!ctx->backend)
 		ret = choose_backend(ctx);
 	pthread_mutex_unlock(&ctx->mu);

@@ -26,4 +26,40 @@ int ferry__file_open_made(ferry_ctx *ctx, int dirfd, const char *name, int made_
 /* The context's host_budget knob: pinned host memory its users may hold (0: no limit). */
 uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx);
 
+/*
+ * What a process is doing, for `ferry top`: a loader, a checkpoint save, a safetensors load. When
+ * the context publishes (publish=1, FERRY_PUBLISH=1), ferry__activity_begin takes a slot of its
+ * publication (src/engine/publish.h) and returns it; otherwise, or when every slot is taken, NULL,
+ * which every other call accepts and ignores. Counters are relaxed atomic words: cheap enough for
+ * every batch. The caller ends what it began, before the context is destroyed.
+ */
+enum ferry__activity_kind { FERRY__ACTIVITY_LOADER = 1, FERRY__ACTIVITY_SAVE = 2, FERRY__ACTIVITY_LOAD = 3 };
+enum ferry__activity_field {
+	FERRY__ACT_ITEMS,   /* loader: samples handed out; save, load: tensors */
+	FERRY__ACT_BATCHES, /* loader: batches handed out */
+	FERRY__ACT_BYTES,   /* loader: bytes handed out; save: written; load: read */
+	FERRY__ACT_WAIT_NS, /* loader: time the consumer waited for its batches */
+	FERRY__ACT_TOTAL,   /* save, load: bytes the whole operation moves (0: not known) */
+	FERRY__ACT_STEP,    /* save: the checkpoint's step (UINT64_MAX: none) */
+	FERRY__ACT_PHASE,   /* enum ferry__activity_phase */
+	FERRY__ACT_THREADS, /* loader: pipeline threads */
+	FERRY__ACT__COUNT
+};
+enum ferry__activity_phase {
+	FERRY__PHASE_PREPARE, /* save: taking the snapshot; load: planning */
+	FERRY__PHASE_MOVE,    /* loader: running; save: writing; load: reading */
+	FERRY__PHASE_SYNC,    /* save: fsync */
+	FERRY__PHASE_COMMIT,  /* save: rename, directory sync, the checkpoint's commit */
+	FERRY__PHASE_DONE,
+	FERRY__PHASE_FAILED,
+};
+struct ferry__activity;
+/* name: what top shows (a dataset, a file; its last 39 bytes are kept). */
+struct ferry__activity *ferry__activity_begin(ferry_ctx *ctx, enum ferry__activity_kind kind, const char *name);
+void ferry__activity_add(struct ferry__activity *a, enum ferry__activity_field f, uint64_t v);
+void ferry__activity_set(struct ferry__activity *a, enum ferry__activity_field f, uint64_t v);
+/* A save or load stays shown as the last one (phase DONE or FAILED) until its kind begins again;
+ * a loader's slot is freed. a must not be used afterwards. */
+void ferry__activity_end(struct ferry__activity *a, enum ferry__activity_phase phase);
+
 #endif

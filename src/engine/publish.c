@@ -180,7 +180,88 @@ void ferry__publish_close(struct ferry__publish_counters *c)
 	}
 }
 
+static uint64_t realtime_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Rewrites a slot's identity under its seq (publish.h): kind 0 frees it. */
+static void slot_write(struct ferry__activity *a, uint32_t kind, const char *name)
+{
+	__atomic_fetch_add(&a->seq, 1, __ATOMIC_ACQ_REL);
+	__atomic_store_n(&a->kind, kind, __ATOMIC_RELAXED);
+	for (int f = 0; f < FERRY__ACT__COUNT; f++)
+		__atomic_store_n(&a->v[f], f == FERRY__ACT_STEP ? UINT64_MAX : 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&a->end_ns, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&a->start_ns, kind ? realtime_ns() : 0, __ATOMIC_RELAXED);
+	char tmp[sizeof(a->name)] = {0};
+	if (name) { /* the end of a long path says most */
+		size_t len = strlen(name);
+		snprintf(tmp, sizeof(tmp), "%s", len >= sizeof(tmp) ? name + len - (sizeof(tmp) - 1) : name);
+	}
+	memcpy(a->name, tmp, sizeof(tmp));
+	__atomic_fetch_add(&a->seq, 1, __ATOMIC_RELEASE);
+}
+
+struct ferry__activity *ferry__publish_activity(struct ferry__publish_counters *c, enum ferry__activity_kind kind,
+						const char *name)
+{
+	if (!c)
+		return NULL;
+	struct ferry__publish *p = header_of(c);
+	struct ferry__activity *same = NULL, *free_slot = NULL, *oldest = NULL;
+	pthread_mutex_lock(&pubs_mu);
+	/* A finished one of the same kind first (a save loop shows its last save, not eight old
+	 * ones), then a free slot, then the one that finished longest ago. */
+	for (int i = 0; i < FERRY__PUBLISH_ACTIVITIES; i++) {
+		struct ferry__activity *a = &p->act[i];
+		uint64_t end = a->end_ns;
+		if (!a->kind && !free_slot)
+			free_slot = a;
+		if (a->kind == (uint32_t)kind && end && (!same || end < same->end_ns))
+			same = a;
+		if (a->kind && end && (!oldest || end < oldest->end_ns))
+			oldest = a;
+	}
+	struct ferry__activity *pick = same ? same : free_slot ? free_slot : oldest;
+	if (pick)
+		slot_write(pick, (uint32_t)kind, name);
+	pthread_mutex_unlock(&pubs_mu);
+	return pick;
+}
+
+void ferry__activity_add(struct ferry__activity *a, enum ferry__activity_field f, uint64_t v)
+{
+	if (a && (unsigned)f < FERRY__ACT__COUNT)
+		__atomic_fetch_add(&a->v[f], v, __ATOMIC_RELAXED);
+}
+
+void ferry__activity_set(struct ferry__activity *a, enum ferry__activity_field f, uint64_t v)
+{
+	if (a && (unsigned)f < FERRY__ACT__COUNT)
+		__atomic_store_n(&a->v[f], v, __ATOMIC_RELAXED);
+}
+
+void ferry__activity_end(struct ferry__activity *a, enum ferry__activity_phase phase)
+{
+	if (!a)
+		return;
+	pthread_mutex_lock(&pubs_mu);
+	if (a->kind == FERRY__ACTIVITY_LOADER) {
+		slot_write(a, 0, NULL);
+	} else {
+		__atomic_store_n(&a->v[FERRY__ACT_PHASE], (uint64_t)phase, __ATOMIC_RELAXED);
+		__atomic_store_n(&a->end_ns, realtime_ns(), __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&pubs_mu);
+}
+
 /* The layout is an interface between processes of different builds (and tests/cli/test_top_*.py
  * writes it from Python): pin it. */
-_Static_assert(sizeof(struct ferry__publish) == 192, "publication layout changed: bump the version");
+_Static_assert(offsetof(struct ferry__publish, act) == FERRY__PUBLISH_MIN_SIZE, "publication layout changed: bump the version");
 _Static_assert(offsetof(struct ferry__publish, c) == 136, "publication layout changed: bump the version");
+_Static_assert(sizeof(struct ferry__activity) == 128, "publication layout changed: bump the version");
+_Static_assert(offsetof(struct ferry__activity, v) == 64, "publication layout changed: bump the version");
+_Static_assert(sizeof(struct ferry__publish) == 192 + 8 * 128, "publication layout changed: bump the version");

@@ -116,6 +116,7 @@ struct ferry_loader {
 	/* metrics */
 	uint64_t *waits, nwaits, waits_cap;
 	uint64_t t_start, bytes, samples, reads, merged, inline_reads;
+	struct ferry__activity *act; /* what `ferry top` shows of this loader (NULL: not publishing) */
 	int err;
 	char errmsg[768];
 };
@@ -820,6 +821,9 @@ int ferry_loader_start(ferry_loader *l)
 	}
 	l->started = 1;
 	l->t_start = ferry__now_ns();
+	l->act = ferry__activity_begin(l->ds->ctx, FERRY__ACTIVITY_LOADER, l->ds->path);
+	ferry__activity_set(l->act, FERRY__ACT_THREADS, l->threads);
+	ferry__activity_set(l->act, FERRY__ACT_PHASE, FERRY__PHASE_MOVE);
 	for (uint32_t t = 0; t < l->threads; t++) {
 		if (pthread_create(&l->workers[t].tid, NULL, worker_main, &l->workers[t])) {
 			err = ferry__error(-EAGAIN, "loader: pthread_create");
@@ -849,6 +853,8 @@ void ferry_loader_destroy(ferry_loader *l)
 	l->stop = 1;
 	pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
+	ferry__activity_end(l->act, FERRY__PHASE_DONE);
+	l->act = NULL;
 	void *prev = NULL;
 	int entered = l->gpu && !ferry__gpu_enter(l->device, &prev);
 	for (uint32_t t = 0; l->workers && t < l->threads; t++) {
@@ -996,6 +1002,10 @@ int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out)
 	if (l->nwaits < l->waits_cap)
 		l->waits[l->nwaits++] = wait;
 	pthread_mutex_unlock(&l->mu);
+	ferry__activity_add(l->act, FERRY__ACT_BATCHES, 1);
+	ferry__activity_add(l->act, FERRY__ACT_ITEMS, s->count);
+	ferry__activity_add(l->act, FERRY__ACT_BYTES, s->bytes);
+	ferry__activity_add(l->act, FERRY__ACT_WAIT_NS, wait);
 	*out = s;
 	return 1;
 }
