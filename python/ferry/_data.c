@@ -779,31 +779,38 @@ static PyObject *bt_indices(BatchObject *self, PyObject *unused)
 }
 
 /*
- * documents(out) -> (cu_seqlens bytes, max_seqlen): with the loader's documents knob, copies the
- * batch's int64 position_ids (one per element) into the writable host buffer out and returns the
- * int32 cu_seqlens; (None, 0) when documents is off. Call it before take().
+ * documents(pos, cu) -> (count, max_seqlen): with the loader's documents knob, copies the batch's
+ * int64 position_ids (one per element) into the writable host buffer pos and its int32 cu_seqlens
+ * (count of them, at most elements + 1) into cu; (0, 0) when documents is off. Before take().
  */
-static PyObject *bt_documents(BatchObject *self, PyObject *out)
+static PyObject *bt_documents(BatchObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
 	dl_dtype dt;
 
+	if (nargs != 2) {
+		PyErr_SetString(PyExc_TypeError, "documents(pos, cu) takes 2 arguments");
+		return NULL;
+	}
 	if (bt_check(self) < 0 || dl_type(self->elem, &dt) < 0)
 		return NULL;
 	uint32_t ncu = 0, maxlen = 0;
 	const int32_t *cu = ferry_loader_batch_cu_seqlens(self->b, &ncu, &maxlen);
 	const int64_t *pos = ferry_loader_batch_position_ids(self->b);
 	if (!cu || !pos)
-		return Py_BuildValue("(OI)", Py_None, 0u);
+		return Py_BuildValue("(II)", 0u, 0u);
 	size_t elems = ferry_loader_batch_bytes(self->b) / (dt.bits / 8);
-	struct ferry__py_buf v;
-	if (ferry__py_host_buf(out, &v, 1, elems * sizeof(int64_t), "documents: position_ids") < 0)
+	struct ferry__py_buf v, c;
+	if (ferry__py_host_buf(args[0], &v, 1, elems * sizeof(int64_t), "documents: position_ids") < 0)
 		return NULL;
+	if (ferry__py_host_buf(args[1], &c, 1, ncu * sizeof(int32_t), "documents: cu_seqlens") < 0) {
+		ferry__py_buf_release(&v);
+		return NULL;
+	}
 	memcpy(v.ptr, pos, elems * sizeof(int64_t));
+	memcpy(c.ptr, cu, ncu * sizeof(int32_t));
 	ferry__py_buf_release(&v);
-	PyObject *c = PyBytes_FromStringAndSize((const char *)cu, (Py_ssize_t)(ncu * sizeof(int32_t)));
-	if (!c)
-		return NULL;
-	return Py_BuildValue("(NI)", c, maxlen);
+	ferry__py_buf_release(&c);
+	return Py_BuildValue("(II)", ncu, maxlen);
 }
 
 #define BT_GETTER(name, expr)                                                                 \
@@ -830,9 +837,9 @@ static PyMethodDef bt_methods[] = {
 	 "dlpack() -> capsule: a view of the data, valid until release()."},
 	{"offsets", (PyCFunction)bt_offsets, METH_NOARGS, "offsets() -> bytes: uint64 byte offsets [samples + 1]"},
 	{"indices", (PyCFunction)bt_indices, METH_NOARGS, "indices() -> bytes: int64 item indices [samples]"},
-	{"documents", (PyCFunction)bt_documents, METH_O,
-	 "documents(out) -> (cu_seqlens bytes | None, max_seqlen): int64 position_ids copied into out "
-	 "(one per element) and the int32 sequence boundaries, with the loader's documents knob."},
+	{"documents", (PyCFunction)(void (*)(void))bt_documents, METH_FASTCALL,
+	 "documents(pos, cu) -> (count, max_seqlen): int64 position_ids (one per element) and the "
+	 "count int32 sequence boundaries copied into pos and cu, with the loader's documents knob."},
 	{"release", (PyCFunction)bt_release, METH_NOARGS, "release(): hand the slot back to the pipeline."},
 	{"take", (PyCFunction)(void (*)(void))bt_take, METH_FASTCALL,
 	 "take(stream, cols) -> capsule: the batch's device memory itself (no copy), given back after "

@@ -603,14 +603,20 @@ class Loader:
         self._last_idx = b.indices()
         if not self.documents:
             return self._data(b, n, offsets)
-        pos = torch.empty((n, self.seq_len) if self.seq_len else (b.nbytes // self._itemsize,),
-                          dtype=torch.int64, pin_memory=self._cdev >= 0)
-        cu, max_seqlen = b.documents(pos.numpy())  # before the batch is taken or released
-        cu = torch.frombuffer(bytearray(cu), dtype=torch.int32)
+        # pinned for the GPU: both copies are asynchronous on the current stream, as the batch is
+        elems = b.nbytes // self._itemsize
+        pin = self._cdev >= 0
+        pos = torch.empty((n, self.seq_len) if self.seq_len else (elems,), dtype=torch.int64,
+                          pin_memory=pin)
+        # at most a sequence per token, plus empty samples (seq_len=None)
+        cu = torch.empty(elems + n + 1, dtype=torch.int32, pin_memory=pin)
+        ncu, max_seqlen = b.documents(pos.numpy(), cu.numpy())  # before the batch is taken
         out = self._data(b, n, offsets)
-        if self._cdev >= 0:
+        if pin:
             pos = pos.to(self.device, non_blocking=True)
-            cu = cu.to(self.device)
+            cu = cu[:ncu].to(self.device, non_blocking=True)
+        else:
+            cu = cu[:ncu].clone()
         if self.seq_len:
             return {"input_ids": out, "position_ids": pos, "cu_seqlens": cu, "max_seqlen": max_seqlen}
         return {"input_ids": out[0], "offsets": out[1], "position_ids": pos, "cu_seqlens": cu,
