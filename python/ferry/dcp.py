@@ -1,0 +1,290 @@
+"""torch.distributed.checkpoint storage by ferry (docs/PYTHON.md, "torch.distributed.checkpoint").
+
+    import torch.distributed.checkpoint as dcp, ferry.dcp
+    dcp.save(state, storage_writer=ferry.dcp.Writer(path))      # was FileSystemWriter(path)
+    dcp.load(state, storage_reader=ferry.dcp.Reader(path))      # was FileSystemReader(path)
+
+The on-disk format is FileSystemWriter's: the same planning (``__<rank>_<n>.distcp`` files, the
+same items at the same offsets, each tensor item a torch.save zip as DCP frames it, the
+``.metadata`` pickle), so the stock FileSystemReader loads what ferry wrote and the other way
+round, resharded loads included. Only the data movement differs: tensor bytes go between memory
+(host or GPU) and the files through ferry's engine; the zip framing around each tensor is laid out
+by torch's own writer (``torch.serialization.skip_data``) so no torch.save serialisation copy of
+tensor bytes is made. Durability: each data file is written under a temporary name, fsynced and
+renamed, the directory fsynced, and ``.metadata`` written last the same way; a save over an
+existing checkpoint first removes its ``.metadata`` (durably), so a save killed midway never
+leaves a directory that a reader takes as complete.
+"""
+from __future__ import annotations
+
+import io as _io
+import os as _os
+import pickle as _pickle
+import sys as _sys
+from concurrent.futures import ThreadPoolExecutor as _Pool
+
+import torch as _torch
+from torch.distributed._shard._utils import narrow_tensor_by_index as _narrow
+from torch.distributed.checkpoint import filesystem as _fs
+from torch.distributed.checkpoint.metadata import Metadata as _Metadata
+from torch.distributed.checkpoint.planner import LoadItemType as _LoadItemType
+from torch.distributed.checkpoint.planner import WriteItemType as _WriteItemType
+from torch.distributed.checkpoint.storage import WriteResult as _WriteResult
+from torch.futures import Future as _Future
+
+import ferry as _ferry
+from . import torch as _ft
+
+__all__ = ["Writer", "Reader"]
+
+
+def _unlink_durably(path):
+    try:
+        _os.unlink(path)
+    except FileNotFoundError:
+        return
+    _ft._fsync_dir(_os.path.dirname(_os.path.abspath(path)))
+
+
+class Writer(_fs.FileSystemWriter):
+    """A ``StorageWriter`` for ``dcp.save`` and ``dcp.async_save``, FileSystemWriter's format.
+
+    Takes FileSystemWriter's arguments (``thread_count`` sets the number of files per rank, as
+    there) plus ``context`` (a ferry.Context). ``sync_files=False`` skips the fsyncs (not
+    crash-safe). Extensions (``_extensions``) and the SAFETENSORS serialization format are
+    written by the stock code path.
+    """
+
+    def __init__(self, path, *args, context=None, **kwargs):
+        super().__init__(path, *args, **kwargs)
+        self._ctx = context
+
+    def _stock(self):
+        return (self.transforms.extensions or
+                self.serialization_format != _fs.SerializationFormat.TORCH_SAVE)
+
+    def prepare_local_plan(self, plan):
+        plan = super().prepare_local_plan(plan)
+        if not self.use_collectives and self.rank is not None:
+            _unlink_durably(str(self._get_metadata_path(self.rank)))
+        return plan
+
+    def prepare_global_plan(self, plans):
+        # Every rank has checked for an existing checkpoint (prepare_local_plan) and none writes
+        # data before the plans come back: the old .metadata goes first, so that a save killed
+        # midway leaves no directory that reads as complete.
+        _unlink_durably(str(self._get_metadata_path()))
+        return super().prepare_global_plan(plans)
+
+    def _write_data(self, planner, file_queue):
+        if self._stock():
+            return super()._write_data(planner, file_queue)
+        ctx = self._ctx if self._ctx is not None else _ferry.default_context()
+        jobs = []
+        while not file_queue.empty():
+            jobs.append(file_queue.get_nowait())
+        if len(jobs) > 1 and self.thread_count > 1:
+            with _Pool(min(self.thread_count, len(jobs))) as pool:
+                parts = list(pool.map(lambda j: self._write_file(ctx, planner, *j), jobs))
+        else:
+            parts = [self._write_file(ctx, planner, *j) for j in jobs]
+        if self.sync_files and jobs:
+            _ft._fsync_dir(_os.path.abspath(str(self.path)))
+        fut = _Future()
+        fut.set_result([r for part in parts for r in part])
+        return fut
+
+    def _write_file(self, ctx, planner, path, storage_key, items):
+        out = _ft._Durable(str(path), ctx)
+        try:
+            results = []
+            at = 0
+            f = out.file
+            # The stock writer's order: byte items first, then the tensors.
+            for wi in items:
+                if wi.type != _WriteItemType.BYTE_IO:
+                    continue
+                data = planner.resolve_data(wi)
+                b = data.getbuffer() if isinstance(data, _io.BytesIO) else memoryview(data)
+                n = f.pwrite_from(b, at) if len(b) else 0
+                if n != len(b):
+                    raise OSError("%s: short write at offset %d" % (path, at))
+                results.append(_WriteResult(index=wi.index, size_in_bytes=len(b),
+                                            storage_data=_fs._StorageInfo(storage_key, at, len(b))))
+                at += len(b)
+            for wi in items:
+                if wi.type == _WriteItemType.BYTE_IO:
+                    continue
+                t = planner.resolve_data(wi).detach()
+                if t.untyped_storage().nbytes() != t.nbytes:
+                    t = t.clone()  # as the stock loader does: minimal storage, same strides
+                if t.device.type not in ("cpu", "cuda"):
+                    t = t.cpu()
+                # The zip is laid out for a CPU tensor of the same dtype, shape and strides
+                # (the stock writer saves CPU tensors: the pickle says "cpu"); its storage's
+                # bytes then come from t, wherever t lives.
+                shadow = _torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+                layout = _ft._Layout(shadow, str(path))
+                layout.holes = [(off, t.untyped_storage(), rec) for off, _s, rec in layout.holes]
+                n = _ft._write_layout(f, at, layout)
+                results.append(_WriteResult(index=wi.index, size_in_bytes=n,
+                                            storage_data=_fs._StorageInfo(storage_key, at, n)))
+                at += n
+        except BaseException:
+            out.abort()
+            raise
+        out.commit(self.sync_files)
+        return results
+
+    def finish(self, metadata, results):
+        metadata.version = _fs.CURRENT_DCP_VERSION
+        storage_md = {}
+        for wr_list in results:
+            storage_md.update({wr.index: wr.storage_data for wr in wr_list})
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        if not self.use_collectives and self.rank is not None:
+            final = str(self._get_metadata_path(self.rank))
+        else:
+            final = str(self._get_metadata_path())
+        blob = _pickle.dumps(metadata)
+        ctx = self._ctx if self._ctx is not None else _ferry.default_context()
+        out = _ft._Durable(final, ctx)
+        try:
+            if out.file.pwrite_from(blob, 0) != len(blob):
+                raise OSError("%s: short write" % out.tmp)
+        except BaseException:
+            out.abort()
+            raise
+        out.commit(self.sync_files)
+
+
+class Reader(_fs.FileSystemReader):
+    """A ``StorageReader`` for ``dcp.load``: FileSystemReader's format, tensors read by ferry.
+
+    A tensor item whose requested region is contiguous in the file is read straight into the
+    destination tensor (GPU memory included); others are read into host memory and copied.
+    Items with stream-transform extensions are read by the stock code path.
+    """
+
+    def __init__(self, path, *args, context=None, **kwargs):
+        super().__init__(path, *args, **kwargs)
+        self._ctx = context
+
+    def read_data(self, plan, planner):
+        ctx = self._ctx if self._ctx is not None else _ferry.default_context()
+        per_file = {}
+        stock = []
+        for req in plan.items:
+            md = self.storage_data[req.storage_index]
+            if md.transform_descriptors:
+                stock.append(req)
+            else:
+                per_file.setdefault(md.relative_path, []).append(req)
+        for rel, reqs in per_file.items():
+            path = str(self.fs.concat_path(self.path, rel))
+            with _ferry.open(path, "r", context=ctx) as f:
+                self._read_file(f, path, reqs, planner)
+        if stock:
+            from torch.distributed.checkpoint.planner import LoadPlan
+            super().read_data(LoadPlan(stock), planner)
+        fut = _Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_file(self, f, path, reqs, planner):
+        reqs = sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset)
+        pending = []  # (future, req, target, nbytes)
+        synced = set()
+        for req in reqs:
+            md = self.storage_data[req.storage_index]
+            if req.type == _LoadItemType.BYTE_IO:
+                buf = bytearray(md.length)
+                if md.length and f.pread_into(buf, md.offset) != md.length:
+                    raise _ft.FormatError("%s: item %s: %d bytes at offset %d run past the end"
+                                          % (path, req.storage_index.fqn, md.length, md.offset))
+                planner.load_bytes(req, _io.BytesIO(bytes(buf)))
+                continue
+            saved, data_at = self._item(f, path, md)
+            region = _narrow(saved, req.storage_offsets, req.lengths)
+            target = planner.resolve_tensor(req).detach()
+            if target.size() != region.size():
+                raise AssertionError("req %s mismatch sizes %s vs %s"
+                                     % (req.storage_index, target.size(), region.size()))
+            esize = region.element_size()
+            if (region.is_contiguous() and target.is_contiguous() and target.dtype == region.dtype
+                    and target.device.type in ("cpu", "cuda")):
+                nbytes = region.numel() * esize
+                off = data_at + region.storage_offset() * esize
+                if target.device.type == "cuda" and target.device not in synced:
+                    _torch.cuda.current_stream(target.device).synchronize()
+                    synced.add(target.device)
+                if nbytes:
+                    buf = target.view(-1).view(_torch.uint8) if target.dim() else \
+                        target.reshape(1).view(_torch.uint8)
+                    pending.append((f.pread_into_async(buf, off), req, target, nbytes, off))
+                else:
+                    planner.commit_tensor(req, target)
+                continue
+            # Not one run of bytes: the saved storage's span the region touches, then a copy.
+            lo = region.storage_offset()
+            hi = lo + 1 + sum((s - 1) * st for s, st in zip(region.size(), region.stride()))
+            if region.numel() == 0:
+                hi = lo
+            host = _torch.empty((hi - lo) * esize, dtype=_torch.uint8)
+            if hi > lo and f.pread_into(host, data_at + lo * esize) != host.numel():
+                raise _ft.FormatError("%s: item %s: short read at offset %d"
+                                      % (path, req.storage_index.fqn, data_at + lo * esize))
+            src = _torch.empty(0, dtype=region.dtype).set_(host.untyped_storage(), 0,
+                                                           region.size(), region.stride())
+            target.copy_(src)
+            planner.commit_tensor(req, target)
+        for fut, req, target, nbytes, off in pending:
+            n = fut.result()
+            if n != nbytes:
+                raise _ft.FormatError("%s: item %s: read %d of %d bytes at offset %d"
+                                      % (path, req.storage_index.fqn, n, nbytes, off))
+            planner.commit_tensor(req, target)
+
+    def _item(self, f, path, md):
+        """The saved tensor of one item (on the meta device) and where its bytes start."""
+        base, length = md.offset, md.length
+
+        def read(off, n):
+            n = max(0, min(n, length - off))
+            buf = bytearray(n)
+            got = f.pread_into(buf, base + off) if n else 0
+            return bytes(buf[:got])
+
+        zf = _ft._Zip("%s (item at offset %d)" % (path, base), read, base, length)
+        pkl = zf.get("data.pkl")
+        if pkl is None:
+            raise _ft.FormatError("%s: item at offset %d: no data.pkl record" % (path, base))
+        bo = zf.get("byteorder")
+        if bo is not None and bo.decode("ascii", "replace") != _sys.byteorder:
+            raise _ft.FormatError("%s: item at offset %d: byteorder %r; this reader reads %s"
+                                  % (path, base, bo, _sys.byteorder))
+        keys = []
+
+        def persistent_load(saved_id):
+            storage_type, key, _location, numel = saved_id[1:]
+            dtype = _torch.uint8 if storage_type is _torch.UntypedStorage else storage_type.dtype
+            keys.append(key)
+            s = _torch.UntypedStorage(numel * _torch._utils._element_size(dtype), device="meta")
+            return _torch.storage.TypedStorage(wrap_storage=s, dtype=dtype, _internal=True)
+
+        u = _ft._unpickler_class(True, None)(_io.BytesIO(pkl), encoding="utf-8")
+        u.persistent_load = persistent_load
+        t = u.load()
+        if not isinstance(t, _torch.Tensor) or len(keys) != 1:
+            raise _ft.FormatError("%s: item at offset %d: not one tensor" % (path, base))
+        rec = zf.find("data/%s" % keys[0])
+        if rec is None:
+            raise _ft.FormatError("%s: item at offset %d: record data/%s missing"
+                                  % (path, base, keys[0]))
+        at = zf.offset(rec)
+        if rec.size < t.untyped_storage().nbytes():
+            raise _ft.FormatError("%s: item at offset %d: record data/%s holds %d bytes, the "
+                                  "tensor needs %d" % (path, base, keys[0], rec.size,
+                                                       t.untyped_storage().nbytes()))
+        return t, base + at

@@ -1,0 +1,552 @@
+"""torch.save files read and written by ferry (docs/PYTHON.md, "torch.load and torch.save").
+
+    import ferry.torch
+    sd = ferry.torch.load("pytorch_model.bin", map_location="cuda")   # was torch.load(...)
+    ferry.torch.save(sd, "model.pt")                                  # was torch.save(...)
+
+``load`` parses the zip itself and reads each storage record with ferry straight into memory on
+its destination device (GPU memory included); the pickle is read by torch's own weights-only
+unpickler, so objects and structure are those of ``torch.load(path, map_location=...,
+weights_only=True)``. ``save`` lets torch lay the zip out (``torch.serialization.skip_data``: the
+same records, order and 64-byte alignment as ``torch.save``) and writes the storage bytes with
+ferry, durably: a temporary name created exclusively, fsync, rename, directory fsync.
+"""
+from __future__ import annotations
+
+import io as _io
+import os as _os
+import pickle as _pickle
+import secrets as _secrets
+import struct as _struct
+import sys as _sys
+import zlib as _zlib
+
+import torch as _torch
+
+import ferry as _ferry
+
+__all__ = ["load", "save", "FormatError"]
+
+
+class FormatError(RuntimeError):
+    """A torch.save file that cannot be read: "<path>: <what>: <why>"."""
+
+
+# ------------------------------------------------------------------------------------ the zip
+
+_EOCD = b"PK\x05\x06"
+_EOCD64_LOC = b"PK\x06\x07"
+_EOCD64 = b"PK\x06\x06"
+_CDH = b"PK\x01\x02"
+_LFH = b"PK\x03\x04"
+
+
+def _pread(fd, n, off):
+    out = bytearray()
+    while len(out) < n:
+        b = _os.pread(fd, n - len(out), off + len(out))
+        if not b:
+            break
+        out += b
+    return bytes(out)
+
+
+class _Record:
+    __slots__ = ("name", "method", "size", "csize", "crc", "header", "cd_at", "data")
+
+    def __init__(self, name, method, size, csize, crc, header, cd_at):
+        self.name, self.method, self.size, self.csize = name, method, size, csize
+        self.crc, self.header, self.cd_at, self.data = crc, header, cd_at, None
+
+
+class _Zip:
+    """The records of one zip archive lying at [base, base + length) of a file (or a bytes)."""
+
+    def __init__(self, path, reader, base, length):
+        self.path, self._read, self.base, self.length = path, reader, base, length
+        self.records = {}
+        self.prefix = ""
+        self._parse()
+
+    def _bad(self, what, why):
+        where = self.path if not self.base else "%s (the zip at offset %d)" % (self.path, self.base)
+        return FormatError("%s: %s: %s" % (where, what, why))
+
+    def _parse(self):
+        n = self.length
+        if n < 22:
+            raise self._bad("zip", "%d bytes: too short for a zip file (truncated?)" % n)
+        tail_n = min(n, 65557 + 20 + 56)
+        tail = self._read(n - tail_n, tail_n)
+        at = tail.rfind(_EOCD)
+        if at < 0 or at + 22 > len(tail):
+            raise self._bad("end of central directory", "not found in the last %d bytes "
+                            "(truncated or not a zip file)" % tail_n)
+        (_, _, _, count, _, cd_size, cd_off, _) = _struct.unpack_from("<IHHHHIIH", tail, at)
+        eocd_at = n - tail_n + at
+        if count == 0xFFFF or cd_off == 0xFFFFFFFF or cd_size == 0xFFFFFFFF:
+            loc = at - 20
+            if loc < 0 or tail[loc:loc + 4] != _EOCD64_LOC:
+                raise self._bad("zip64 end of central directory locator", "missing")
+            (rec_off,) = _struct.unpack_from("<Q", tail, loc + 8)
+            rec = self._read(rec_off, 56)
+            if len(rec) < 56 or rec[:4] != _EOCD64:
+                raise self._bad("zip64 end of central directory", "not at offset %d" % rec_off)
+            count, cd_size, cd_off = _struct.unpack_from("<QQQ", rec, 32)
+            eocd_at = rec_off
+        if cd_off + cd_size > eocd_at:
+            raise self._bad("central directory", "offset %d + size %d runs past the end "
+                            "records at %d (truncated?)" % (cd_off, cd_size, eocd_at))
+        cd = self._read(cd_off, cd_size)
+        p = 0
+        for i in range(count):
+            if cd[p:p + 4] != _CDH:
+                raise self._bad("central directory entry %d" % i, "bad signature at offset %d"
+                                % (cd_off + p))
+            (flag, method, crc, csize, size, nlen, xlen, clen, hdr) = _struct.unpack_from(
+                "<8xHH4xIIIHHH8xI", cd, p)
+            crc_at = p + 16
+            name = cd[p + 46:p + 46 + nlen].decode("utf-8", "replace")
+            extra = cd[p + 46 + nlen:p + 46 + nlen + xlen]
+            if 0xFFFFFFFF in (size, csize, hdr):
+                x = 0
+                while x + 4 <= len(extra):
+                    tag, ln = _struct.unpack_from("<HH", extra, x)
+                    if tag == 1:
+                        vals = list(_struct.unpack_from("<%dQ" % (ln // 8), extra, x + 4))
+                        if size == 0xFFFFFFFF:
+                            size = vals.pop(0)
+                        if csize == 0xFFFFFFFF:
+                            csize = vals.pop(0)
+                        if hdr == 0xFFFFFFFF:
+                            hdr = vals.pop(0)
+                        break
+                    x += 4 + ln
+            self.records[name] = _Record(name, method, size, csize, crc, hdr, cd_off + crc_at)
+            p += 46 + nlen + xlen + clen
+        if not self.records:
+            raise self._bad("zip", "no records")
+        first = next(iter(self.records))
+        self.prefix = first.split("/", 1)[0] + "/" if "/" in first else ""
+
+    def find(self, name):
+        return self.records.get(self.prefix + name)
+
+    def offset(self, rec):
+        """Where rec's data starts, from its local header; checks it lies inside the archive."""
+        if rec.data is None:
+            lh = self._read(rec.header, 30)
+            if len(lh) < 30 or lh[:4] != _LFH:
+                raise self._bad("record %s" % rec.name, "no local header at offset %d"
+                                % rec.header)
+            nlen, xlen = _struct.unpack_from("<HH", lh, 26)
+            rec.data = rec.header + 30 + nlen + xlen
+        if rec.method != 0:
+            raise self._bad("record %s" % rec.name, "compressed (method %d); torch.save "
+                            "records are stored" % rec.method)
+        if rec.data + rec.size > self.length:
+            raise self._bad("record %s" % rec.name, "data at offset %d + %d bytes runs past "
+                            "the end of the file (%d bytes)" % (rec.data, rec.size, self.length))
+        return rec.data
+
+    def get(self, name):
+        rec = self.find(name)
+        if rec is None:
+            return None
+        return self._read(self.offset(rec), rec.size)
+
+
+def _file_zip(path, fd, base=0, length=None):
+    if length is None:
+        length = _os.fstat(fd).st_size
+    return _Zip(path, lambda off, n: _pread(fd, n, base + off), base, length)
+
+
+def _bytes_zip(path, blob):
+    return _Zip(path, lambda off, n: bytes(blob[off:off + n]), 0, len(blob))
+
+
+# ------------------------------------------------------------------------------------ loading
+
+def _byte_view(storage):
+    """A 1-D uint8 tensor over all of an UntypedStorage (a buffer ferry takes through DLPack)."""
+    return _torch.empty(0, dtype=_torch.uint8, device=storage.device).set_(storage)
+
+
+def _cuda_location(location):
+    return location == "cuda" or (location.startswith("cuda") and location[4:5] in (":",) or
+                                  location[4:].isdigit())
+
+
+class _Loader:
+    def __init__(self, path, fd, zf, map_location, ctx):
+        self.path, self.fd, self.zf, self.map_location = path, fd, zf, map_location
+        self.ctx = ctx
+        self.file = None
+        self.pending = []
+        self.synced = set()
+        self.restore = _torch.serialization._get_restore_location(map_location)
+        bo = zf.get("byteorder")
+        if bo is not None and bo not in (b"little", b"big"):
+            raise FormatError("%s: record byteorder: %r is neither little nor big" % (path, bo))
+        self.byteorder = (bo or b"little").decode()
+
+    def _target(self, location):
+        """The location string the storage lands on, or None where only map_location knows."""
+        m = self.map_location
+        if m is None:
+            return location
+        if isinstance(m, dict):
+            return m.get(location, location)
+        if isinstance(m, (str, bytes)):
+            return m.decode() if isinstance(m, bytes) else m
+        if isinstance(m, _torch.device):
+            return str(m)
+        return None
+
+    def _read_into(self, storage, off, nbytes, wait):
+        if self.file is None:
+            self.file = _ferry.open(self.path, "r", context=self.ctx)
+        buf = _byte_view(storage)
+        if buf.device.type == "cuda" and buf.device not in self.synced:
+            # ferry copies on its own streams; the allocator's memory may still be in use by
+            # work queued on the current stream.
+            _torch.cuda.current_stream(buf.device).synchronize()
+            self.synced.add(buf.device)
+        if wait:
+            n = self.file.pread_into(buf, off)
+            self._check(n, nbytes, off)
+        else:
+            self.pending.append((self.file.pread_into_async(buf, off), nbytes, off))
+
+    def _check(self, n, nbytes, off):
+        if n != nbytes:
+            raise FormatError("%s: storage at offset %d: read %d of %d bytes (file shrank?)"
+                              % (self.path, off, n, nbytes))
+
+    def finish(self):
+        try:
+            for fut, nbytes, off in self.pending:
+                self._check(fut.result(), nbytes, off)
+        finally:
+            self.pending = []
+            if self.file is not None:
+                self.file.close()
+
+    def load_storage(self, dtype, nbytes, key, location):
+        rec = self.zf.find("data/%s" % key)
+        if rec is None:
+            raise FormatError("%s: record data/%s: missing (named by the pickle)" % (self.path, key))
+        off = self.zf.offset(rec)
+        if rec.size != nbytes:
+            raise FormatError("%s: record data/%s: %d bytes where the pickle says %d"
+                              % (self.path, key, rec.size, nbytes))
+        target = self._target(location)
+        swap = self.byteorder != _sys.byteorder
+        if target == "meta":
+            storage = _torch.UntypedStorage(nbytes, device="meta")
+        elif target is not None and (target == "cpu" or _cuda_location(target)):
+            dev = (_torch.device("cpu") if target == "cpu"
+                   else _torch.serialization._validate_device(target, "cuda"))
+            storage = _torch.UntypedStorage(nbytes, device=dev)
+            if nbytes:
+                self._read_into(storage, off, nbytes, wait=swap)
+            if swap:
+                storage.byteswap(dtype)
+        else:
+            # map_location is a callable, or the location another backend's: torch's own
+            # restore_location moves a host copy, as torch.load does.
+            storage = _torch.UntypedStorage(nbytes)
+            if nbytes:
+                self._read_into(storage, off, nbytes, wait=True)
+            if swap:
+                storage.byteswap(dtype)
+            storage = self.restore(storage, location)
+        return _torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+
+
+def _unpickler_class(weights_only, pickle_module):
+    base = _torch._weights_only_unpickler if weights_only else (pickle_module or _pickle)
+
+    class Unpickler(base.Unpickler):
+        def find_class(self, mod_name, name):  # what torch.serialization._load maps
+            if type(name) is str and "Storage" in name:
+                try:
+                    return _torch.serialization.StorageType(name)
+                except KeyError:
+                    pass
+            mod_name = {"torch.tensor": "torch._tensor"}.get(mod_name, mod_name)
+            return super().find_class(mod_name, name)
+
+    return Unpickler
+
+
+def load(path, map_location=None, *, weights_only=True, pickle_module=None, context=None,
+         **pickle_load_args):
+    """``torch.load(path, map_location, weights_only=True)`` with the storages read by ferry.
+
+    Each storage is read from the file straight into memory on its destination ("cuda" or
+    "cuda:N" map locations included; a dict, str or torch.device map_location is resolved before
+    reading, a callable gets a host storage as torch.load gives it). The pickle is read by
+    torch's weights-only unpickler unless ``weights_only=False`` (then ``pickle_module``, default
+    pickle: only for files you trust). Files in torch's legacy (pre-1.6, non-zip) format are
+    handed to ``torch.load`` itself (no ferry reads). Raises FormatError (a RuntimeError) naming
+    the file and record for a malformed zip, pickle.UnpicklingError for a pickle that
+    weights_only refuses.
+    """
+    if weights_only and pickle_module is not None:
+        raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
+    p = _os.fspath(path)
+    ctx = context if context is not None else _ferry.default_context()
+    fd = _os.open(p, _os.O_RDONLY | getattr(_os, "O_CLOEXEC", 0))
+    try:
+        magic = _pread(fd, 4, 0)
+        if magic != _LFH:
+            _os.close(fd)
+            fd = -1
+            return _torch.load(p, map_location=map_location, weights_only=weights_only,
+                               pickle_module=pickle_module, **pickle_load_args)
+        zf = _file_zip(p, fd)
+        if zf.find("data.pkl") is None:
+            if zf.find("constants.pkl") is not None:
+                raise FormatError("%s: a TorchScript archive: use torch.jit.load" % p)
+            raise FormatError("%s: record data.pkl: missing (not a torch.save file)" % p)
+        pkl = zf.get("data.pkl")
+        loader = _Loader(p, fd, zf, map_location, ctx)
+        cache = {}
+
+        def persistent_load(saved_id):
+            if not isinstance(saved_id, tuple) or not saved_id:
+                raise _pickle.UnpicklingError("%s: data.pkl: persistent id %r is not a storage"
+                                              % (p, saved_id))
+            typename = saved_id[0].decode("ascii") if isinstance(saved_id[0], bytes) else saved_id[0]
+            if typename != "storage" or len(saved_id) != 5:
+                raise _pickle.UnpicklingError("%s: data.pkl: unknown persistent id %r"
+                                              % (p, typename))
+            storage_type, key, location, numel = saved_id[1:]
+            if isinstance(location, bytes):
+                location = location.decode("ascii")
+            dtype = _torch.uint8 if storage_type is _torch.UntypedStorage else storage_type.dtype
+            nbytes = numel * _torch._utils._element_size(dtype)
+            ts = cache.get(key)
+            if ts is None:
+                ts = cache[key] = loader.load_storage(dtype, nbytes, key, location)
+            elif ts.dtype != dtype:
+                if ts._untyped_storage.nbytes() == nbytes:
+                    ts = _torch.storage.TypedStorage(wrap_storage=ts._untyped_storage, dtype=dtype,
+                                                     _internal=True)
+                else:
+                    ts = loader.load_storage(dtype, nbytes, key, location)
+            return ts
+
+        pickle_load_args.setdefault("encoding", "utf-8")
+        unpickler = _unpickler_class(weights_only, pickle_module)(_io.BytesIO(pkl),
+                                                                  **pickle_load_args)
+        unpickler.persistent_load = persistent_load
+        tls = _torch.serialization._serialization_tls
+        tls.map_location = map_location
+        try:
+            try:
+                result = unpickler.load()
+            except _pickle.UnpicklingError as e:
+                if weights_only:
+                    raise _pickle.UnpicklingError(
+                        "%s: weights_only load refused (pass weights_only=False only for a file "
+                        "you trust): %s" % (p, e)) from None
+                raise
+            finally:
+                tls.map_location = None
+                loader.finish()
+        except FormatError:
+            raise
+        _torch._utils._validate_loaded_sparse_tensors(weights_only=weights_only)
+        return result
+    finally:
+        if fd >= 0:
+            _os.close(fd)
+
+
+# ------------------------------------------------------------------------------------ saving
+
+class _Sink:
+    """What torch's zip writer writes, with the storages' data left as holes (skip_data)."""
+
+    def __init__(self):
+        self.pos = 0
+        self.parts = []
+
+    def write(self, b):
+        b = bytes(b)
+        self.parts.append((self.pos, b))
+        self.pos += len(b)
+        return len(b)
+
+    def seek(self, off, whence=0):
+        self.pos = off if whence == 0 else self.pos + off if whence == 1 else self.pos
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def flush(self):
+        pass
+
+    def blob(self):
+        out = bytearray(self.pos)
+        for at, b in self.parts:
+            out[at:at + len(b)] = b
+        return out
+
+
+def _storages(obj, pickle_module, protocol):
+    """The storages torch.save would write, by key: the same persistent_id walk, in order."""
+    found = {}
+    ids = {}
+
+    class P(pickle_module.Pickler):
+        def persistent_id(self, o):
+            if isinstance(o, _torch.storage.TypedStorage) or _torch.is_storage(o):
+                s = o._untyped_storage if isinstance(o, _torch.storage.TypedStorage) else o
+                key = ids.setdefault(s._cdata, str(len(ids)))
+                found[key] = s
+                return ("storage", key)
+            return None
+
+    P(_io.BytesIO(), protocol=protocol).dump(obj)
+    return found
+
+
+class _Layout:
+    """One torch.save zip: its bytes with holes, and where each storage's bytes go."""
+
+    def __init__(self, obj, name, pickle_module=_pickle, protocol=2):
+        storages = _storages(obj, pickle_module, protocol)
+        sink = _Sink()
+        with _torch.serialization.skip_data():
+            _torch.save(obj, sink, pickle_module=pickle_module, pickle_protocol=protocol)
+        self.size = sink.pos
+        self.blob = sink.blob()
+        zf = _bytes_zip(name, self.blob)
+        self.holes = []  # (offset, storage, record)
+        for key, s in storages.items():
+            rec = zf.find("data/%s" % key)
+            if rec is None or rec.size != s.nbytes():
+                raise FormatError("%s: torch's zip writer laid out no record data/%s of %d bytes"
+                                  % (name, key, s.nbytes()))
+            self.holes.append((zf.offset(rec), s, rec))
+        self.holes.sort(key=lambda h: h[0])
+
+    def segments(self):
+        """(offset, bytes) of everything that is not storage data."""
+        out, at = [], 0
+        for off, s, _rec in self.holes:
+            if off > at:
+                out.append((at, memoryview(self.blob)[at:off]))
+            at = off + s.nbytes()
+        if at < self.size:
+            out.append((at, memoryview(self.blob)[at:self.size]))
+        return out
+
+    def set_crc(self, rec, data_at, crc):
+        """Writes rec's crc32 where torch's writer puts it: the data descriptor and the
+        central directory (the local header carries 0: miniz streams with flag bit 3)."""
+        end = data_at + rec.size
+        if self.blob[end:end + 4] == b"PK\x07\x08":
+            _struct.pack_into("<I", self.blob, end + 4, crc)
+        _struct.pack_into("<I", self.blob, rec.cd_at, crc)
+
+
+def _host_bytes(s):
+    """(buffer ferry writes from, crc32 or None) for an UntypedStorage."""
+    v = _byte_view(s)
+    if not _torch.serialization.get_crc32_options():
+        return v, None
+    if v.device.type != "cpu":
+        v = v.cpu()  # the crc needs the bytes on the host
+    return v, _zlib.crc32(v.numpy()) if v.numel() else 0
+
+
+def _write_layout(f, base, layout):
+    """Writes one _Layout at file offset base: storages by ferry (host or GPU memory)."""
+    futs = []
+    bufs = []
+    for off, s, rec in layout.holes:
+        if not s.nbytes():
+            continue
+        buf, crc = _host_bytes(s)
+        if buf.device.type == "cuda":
+            _torch.cuda.current_stream(buf.device).synchronize()
+        if crc is not None:
+            layout.set_crc(rec, off, crc)
+        bufs.append(buf)
+        futs.append((f.pwrite_from_async(buf, base + off), buf.numel(), off))
+    for off, seg in layout.segments():
+        futs.append((f.pwrite_from_async(seg, base + off), len(seg), off))
+    for fut, n, off in futs:
+        got = fut.result()
+        if got != n:
+            raise OSError("%s: short write at offset %d: %d of %d bytes" % (f.name, base + off,
+                                                                             got, n))
+    return layout.size
+
+
+def _fsync_dir(d):
+    fd = _os.open(d or ".", _os.O_RDONLY | getattr(_os, "O_DIRECTORY", 0))
+    try:
+        _os.fsync(fd)
+    finally:
+        _os.close(fd)
+
+
+class _Durable:
+    """A new file at a random temporary name beside path (O_EXCL), renamed over path on commit."""
+
+    def __init__(self, path, ctx):
+        self.path = _os.fspath(path)
+        d, base = _os.path.split(_os.path.abspath(self.path))
+        self.dir = d
+        self.tmp = _os.path.join(d, ".%s.ferry-tmp-%s" % (base, _secrets.token_hex(6)))
+        self.file = _ferry.open(self.tmp, "x", context=ctx)
+
+    def commit(self, durable=True):
+        try:
+            if durable:
+                self.file.sync(full=True)
+        finally:
+            self.file.close()
+        _os.rename(self.tmp, self.path)
+        if durable:
+            _fsync_dir(self.dir)
+
+    def abort(self):
+        try:
+            self.file.close()
+        finally:
+            try:
+                _os.unlink(self.tmp)
+            except FileNotFoundError:
+                pass
+
+
+def save(obj, path, *, pickle_module=_pickle, pickle_protocol=2, durable=True, context=None):
+    """``torch.save(obj, path)``, with the storages written by ferry and the file durable.
+
+    The zip is laid out by torch's own writer (records, order, 64-byte storage alignment, the
+    crc32s when ``torch.serialization.get_crc32_options()``): ``torch.load`` and
+    ``ferry.torch.load`` read it. GPU storages are written from GPU memory through ferry's pinned
+    path (with crc32s on, they are first copied to the host for the checksum). The file appears
+    at ``path`` only complete: temporary name (exclusive create), fsync, rename, directory fsync;
+    ``durable=False`` skips the fsyncs. On error ``path`` is untouched.
+    """
+    p = _os.fspath(path)
+    layout = _Layout(obj, p, pickle_module, pickle_protocol)
+    ctx = context if context is not None else _ferry.default_context()
+    out = _Durable(p, ctx)
+    try:
+        _write_layout(out.file, 0, layout)
+    except BaseException:
+        out.abort()
+        raise
+    out.commit(durable)
+
+

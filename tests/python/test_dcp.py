@@ -1,0 +1,267 @@
+"""ferry.dcp.Writer / Reader against torch.distributed.checkpoint's FileSystemWriter / Reader
+(issue 24): all four pairings, world sizes 1, 2 and 4 over gloo (saved by 4, loaded by 2), nested
+state with tensors, scalars, strings and an optimizer's state, compared bit-exact; the files
+ferry writes equal the stock writer's byte for byte but for torch.save's random serialization
+ids; a save killed with SIGKILL leaves no directory that the stock reader takes as complete."""
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
+if not dist.is_available():
+    pytest.skip("torch.distributed is not available in this torch build", allow_module_level=True)
+dcp = pytest.importorskip("torch.distributed.checkpoint")
+if not dist.is_gloo_available():
+    pytest.skip("torch.distributed has no gloo backend here", allow_module_level=True)
+
+import ferry.dcp as fdcp  # noqa: E402
+import ferry.torch as ftorch  # noqa: E402
+
+WORKER = textwrap.dedent(r'''
+    import os, sys, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor, Shard
+    import ferry.dcp
+
+    def make(seed, mesh):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01 * (seed + 1))
+        torch.manual_seed(100 + seed)
+        model(torch.randn(4, 6)).pow(2).sum().backward()
+        opt.step()
+        g = torch.Generator().manual_seed(seed)
+        big = torch.randn(24, 7, generator=g)
+        return {
+            "model": model.state_dict(),
+            "optim": opt.state_dict(),
+            "sharded": distribute_tensor(big, mesh, [Shard(0)]),
+            "nested": {"bf16": torch.randn(9, generator=g).to(torch.bfloat16),
+                       "ints": torch.arange(30, dtype=torch.int64).reshape(5, 6).t() * (seed + 1),
+                       "u8": torch.randint(0, 255, (13,), dtype=torch.uint8, generator=g),
+                       "scalar": torch.tensor(3.5 * (seed + 1)),
+                       "empty": torch.empty(0, 4)},
+            "step": 17 * (seed + 1),
+            "lr": 0.125 * (seed + 1),
+            "name": "run-%d" % seed,
+        }
+
+    def full(v):
+        return v.full_tensor() if hasattr(v, "full_tensor") else v
+
+    def same(a, b, path="state"):
+        if isinstance(a, dict):
+            assert set(a) == set(b), (path, sorted(a), sorted(b))
+            for k in a:
+                same(a[k], b[k], "%s.%s" % (path, k))
+        elif isinstance(a, (list, tuple)):
+            assert len(a) == len(b), path
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, "%s[%d]" % (path, i))
+        elif isinstance(a, torch.Tensor):
+            x, y = full(a), full(b)
+            assert x.dtype == y.dtype and x.shape == y.shape, (path, x.dtype, y.dtype, x.shape, y.shape)
+            bx = x.reshape(-1).contiguous().view(torch.uint8)
+            by = y.reshape(-1).contiguous().view(torch.uint8)
+            assert torch.equal(bx, by), (path, x, y)
+        else:
+            assert type(a) is type(b) and a == b, (path, a, b)
+
+    port, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    writers = {"ferry": ferry.dcp.Writer, "stock": dcp.FileSystemWriter}
+    readers = {"ferry": ferry.dcp.Reader, "stock": dcp.FileSystemReader}
+    for op in sys.argv[4:]:  # save:<writer>:<dir> or load:<reader>:<dir>, in order
+        mode, which, d = op.split(":", 2)
+        if mode == "save":
+            dcp.save(make(0, mesh), storage_writer=writers[which](d))
+        else:
+            got = make(1, mesh)
+            dcp.load(got, storage_reader=readers[which](d))
+            same(make(0, mesh), got)
+            if rank == 0:
+                print("LOADED", which, d, flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+''')
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def _run(script, world, ops):
+    port = _port()
+    procs = [subprocess.Popen([sys.executable, str(script), port, str(r), str(world)] + ops,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
+                              text=True) for r in range(world)]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, "rank %d of %d failed:\n%s" % (r, world, out)
+    return outs[0]
+
+
+def test_four_pairings_world_sizes_and_resharding(tmp_path):
+    # three launches (4, 2 and 1 ranks): each saves with both writers, then loads what it and
+    # the launch before saved with both readers (4 -> 2, 2 -> 1 resharding).
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    d = {(w, n): str(tmp_path / ("%s-%d" % (w, n))) for w in ("ferry", "stock") for n in (1, 2, 4)}
+    prev = None
+    for n in (4, 2, 1):
+        ops = ["save:%s:%s" % (w, d[(w, n)]) for w in ("ferry", "stock")]
+        loads = ["load:%s:%s" % (r, d[(w, m)]) for m in ((n,) if prev is None else (n, prev))
+                 for w in ("ferry", "stock") for r in ("ferry", "stock")]
+        out = _run(script, n, ops + loads)
+        assert out.count("LOADED") == len(loads), out
+        prev = n
+    # each rank wrote its own file, as the stock writer does
+    assert sorted(os.listdir(d[("ferry", 4)])) == sorted(os.listdir(d[("stock", 4)]))
+
+
+def _state():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(5, 4)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 5)).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "note": "x" * 10,
+            "t": torch.arange(24, dtype=torch.float16).reshape(4, 6).t(),
+            "half_view": torch.arange(40, dtype=torch.int32)[10:30]}
+
+
+def _blank_ids(blob, storage_data, fname):
+    """blob with each tensor item's .data/serialization_id (random in torch.save) and its crc32s
+    zeroed, so that two saves of one state compare equal."""
+    out = bytearray(blob)
+    for info in storage_data.values():
+        if info.relative_path != fname:
+            continue
+        z = ftorch._bytes_zip(fname, out[info.offset:info.offset + info.length])
+        rec = z.find(".data/serialization_id")
+        if rec is None:
+            continue  # a BytesIO item
+        at = info.offset + z.offset(rec)
+        out[at:at + rec.size] = bytes(rec.size)
+        out[at + rec.size + 4:at + rec.size + 8] = bytes(4)  # data descriptor crc
+        out[info.offset + rec.cd_at:info.offset + rec.cd_at + 4] = bytes(4)
+    return bytes(out)
+
+
+def test_files_equal_the_stock_writers(tmp_path):
+    st = _state()
+    a, b = tmp_path / "ferry", tmp_path / "stock"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(st, storage_writer=fdcp.Writer(a))
+        dcp.save(st, storage_writer=dcp.FileSystemWriter(b))
+    ma = pickle.loads((a / ".metadata").read_bytes())
+    mb = pickle.loads((b / ".metadata").read_bytes())
+    assert {k: (v.relative_path, v.offset, v.length) for k, v in ma.storage_data.items()} == \
+        {k: (v.relative_path, v.offset, v.length) for k, v in mb.storage_data.items()}
+    assert ma.state_dict_metadata == mb.state_dict_metadata
+    names = sorted(n for n in os.listdir(a) if n.endswith(".distcp"))
+    assert names == sorted(n for n in os.listdir(b) if n.endswith(".distcp"))
+    for n in names:
+        fa = _blank_ids((a / n).read_bytes(), ma.storage_data, n)
+        fb = _blank_ids((b / n).read_bytes(), mb.storage_data, n)
+        assert len(fa) == len(fb)
+        diff = [i for i in range(len(fa)) if fa[i] != fb[i]]
+        assert not diff, "%s differs from the stock writer's at %s" % (n, diff[:10])
+    assert not [n for n in os.listdir(a) if "tmp" in n], os.listdir(a)
+
+
+def test_thread_count_and_async_save(tmp_path):
+    st = _state()
+    big = {"w%d" % i: torch.randn(300 + i, 17) for i in range(6)}
+    st.update(big)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.async_save(st, storage_writer=fdcp.Writer(tmp_path / "a", thread_count=3)).result()
+        got = {k: torch.zeros_like(v) for k, v in big.items()}
+        dcp.load(got, storage_reader=dcp.FileSystemReader(tmp_path / "a"))
+    assert len([n for n in os.listdir(tmp_path / "a") if n.endswith(".distcp")]) == 3
+    for k, v in big.items():
+        assert torch.equal(got[k], v), k
+
+
+def test_reader_reads_narrowed_and_noncontiguous_targets(tmp_path):
+    # a stock-saved column-major tensor read into a row-major target: the copy path
+    st = {"t": torch.arange(60, dtype=torch.float64).reshape(6, 10).t()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(st, storage_writer=dcp.FileSystemWriter(tmp_path / "c"))
+        got = {"t": torch.zeros(10, 6, dtype=torch.float64)}
+        dcp.load(got, storage_reader=fdcp.Reader(tmp_path / "c"))
+    assert torch.equal(got["t"], st["t"])
+
+
+KILLED = textwrap.dedent(r'''
+    import os, signal, sys, warnings
+    warnings.simplefilter("ignore")
+    import torch, torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import filesystem
+    import ferry.dcp, ferry.torch
+    which, d = sys.argv[1], sys.argv[2]
+    state = {"w%d" % i: torch.full((1000,), float(i)) for i in range(8)}
+    W = ferry.dcp.Writer if which == "ferry" else dcp.FileSystemWriter
+    dcp.save(state, storage_writer=W(d))           # a complete checkpoint
+    for k in state:
+        state[k] += 100
+    calls = [0]
+    def dying(real):
+        def f(*a, **k):
+            calls[0] += 1
+            if calls[0] == 4:                       # midway through the data file
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(*a, **k)
+        return f
+    if which == "ferry":
+        ferry.dcp._ft._write_layout = dying(ferry.dcp._ft._write_layout)
+    else:
+        filesystem.torch.save = dying(filesystem.torch.save)
+    dcp.save(state, storage_writer=W(d))           # overwritten, killed midway
+    print("not killed")
+''')
+
+
+@pytest.mark.parametrize("which", ["ferry", "stock"])
+def test_sigkill_mid_save(tmp_path, which):
+    script = tmp_path / "killed.py"
+    script.write_text(KILLED)
+    d = tmp_path / "ck"
+    p = subprocess.run([sys.executable, str(script), which, str(d)], env=_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
+    complete = (d / ".metadata").exists()
+    if which == "stock":
+        # The stock writer rewrites the data files under the old .metadata: a reader takes the
+        # half-written directory as complete. This is what ferry's writer fixes.
+        assert complete
+        return
+    assert not complete, sorted(os.listdir(d))
+    with pytest.raises(FileNotFoundError):
+        dcp.FileSystemReader(d).read_metadata()
+    with pytest.raises(dcp.api.CheckpointException):
+        dcp.load({"w0": torch.zeros(1000)}, storage_reader=dcp.FileSystemReader(d))
