@@ -55,6 +55,8 @@ WORKER = textwrap.dedent("""
     _, s = ck.load_latest(d)
     assert (s["model"]["w"] != -1).all() and torch.equal(s["model"]["b"], model["b"])
     assert torch.equal(s["optim"]["state"][0]["exp_avg"], optim["state"][0]["exp_avg"])
+    # prepare() agrees on the replicated tensors too (a collective), then pins what this rank writes.
+    assert ck.prepare(ddp, d + "-prepared", replicated=True) >= 0
     # replicated=True on tensors that differ in shape: refused on every rank, nothing hangs.
     try:
         ck.save({"x": torch.zeros(rank + 1)}, d, 5, keep=0, replicated=True)
