@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,7 @@ struct lsel {
 	void *dest;
 	size_t dest_len;
 	void *ptr;
+	int hash_after; /* verified: read by the batch into host memory, hashed there once it is in */
 };
 
 struct lalloc {
@@ -282,7 +284,9 @@ int ferry_st_load_open(ferry_ctx *ctx, const char *path, ferry_st_load **out)
 	}
 	ld->ctx = ctx;
 	int r;
-	if (stat(path, &sb))
+	if (strstr(path, "://")) /* s3://, http(s)://: one object, read by the remote backend (docs/REMOTE.md) */
+		r = add_file(ld, NULL, path);
+	else if (stat(path, &sb))
 		r = ferry__error(-errno, "stat(%s): %s", path, strerror(errno));
 	else if (S_ISDIR(sb.st_mode))
 		r = open_dir(ld, path);
@@ -457,19 +461,34 @@ static int alloc_mem(ferry_st_load *ld, int device, size_t len, void **out)
 	return 0;
 }
 
-/* Reads a whole tensor through host staging, hashing as it goes; FERRY_EVERIFY on mismatch. */
-static int read_verified(ferry_st_load *ld, struct lsel *s, void *dst, int on_dev, char *stage, size_t cap)
+/* A tensor's stored checksum: 0, FERRY_EVERIFY when it has none, FERRY_ECORRUPT when unreadable. */
+static int stored_sum(ferry_st *st, size_t idx, uint64_t *want)
 {
-	ferry_st *st = ld->files[s->file];
 	char key[4096];
-	uint64_t want, nb = ferry_st_nbytes(st, s->idx), off = ferry_st_offset(st, s->idx);
-	const char *name = ferry_st_name(st, s->idx);
+	const char *name = ferry_st_name(st, idx);
 	snprintf(key, sizeof(key), "%s%s", FERRY_ST_CHECKSUM_PREFIX, name);
 	const char *v = ferry_st_metadata_get(st, key);
 	if (!v)
 		return ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no stored checksum", ferry_st_path(st), name);
-	if (ferry__hex64(v, &want))
+	if (ferry__hex64(v, want))
 		return ferry__error(FERRY_ECORRUPT, "%s: __metadata__ \"%s\" is not 16 hex digits", ferry_st_path(st), key);
+	return 0;
+}
+
+static int sum_mismatch(ferry_st *st, size_t idx, uint64_t got, uint64_t want)
+{
+	return ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\": xxh3 %016llx, stored %016llx", ferry_st_path(st),
+			    ferry_st_name(st, idx), (unsigned long long)got, (unsigned long long)want);
+}
+
+/* Reads a whole tensor through host staging, hashing as it goes; FERRY_EVERIFY on mismatch. */
+static int read_verified(ferry_st_load *ld, struct lsel *s, void *dst, int on_dev, char *stage, size_t cap)
+{
+	ferry_st *st = ld->files[s->file];
+	uint64_t want, nb = ferry_st_nbytes(st, s->idx), off = ferry_st_offset(st, s->idx);
+	int sr = stored_sum(st, s->idx, &want);
+	if (sr)
+		return sr;
 	struct ferry__xxh3 *h = ferry__xxh3_create();
 	if (!h)
 		return ferry__error(-ENOMEM, "%s: verify: out of memory", ferry_st_path(st));
@@ -491,9 +510,94 @@ static int read_verified(ferry_st_load *ld, struct lsel *s, void *dst, int on_de
 	uint64_t got = ferry__xxh3_digest(h);
 	ferry__xxh3_destroy(h);
 	if (!r && got != want)
-		r = ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\": xxh3 %016llx, stored %016llx", ferry_st_path(st),
-				 name, (unsigned long long)got, (unsigned long long)want);
+		r = sum_mismatch(st, s->idx, got, want);
 	return r;
+}
+
+/*
+ * Verified loads, on several threads: a tensor read into host memory by the batch (hash_after) is
+ * hashed where it landed, one pass at memory speed; one bound for device memory is read through
+ * the thread's own staging, hashed and copied (read_verified). The error reported is the one of the
+ * first tensor in selection order that failed, whichever thread found it.
+ */
+struct vwork {
+	ferry_st_load *ld;
+	size_t cap, next, err_k;
+	int err;
+	char msg[1024];
+	pthread_mutex_t mu;
+};
+
+static void *verify_worker(void *arg)
+{
+	struct vwork *w = arg;
+	char *stage = NULL;
+	for (;;) {
+		pthread_mutex_lock(&w->mu);
+		size_t k = w->next;
+		while (k < w->ld->nsel && w->ld->sel[k].sliced)
+			k++;
+		w->next = k + 1;
+		int stop = k >= w->ld->nsel || (w->err && w->err_k < k);
+		pthread_mutex_unlock(&w->mu);
+		if (stop)
+			break;
+		struct lsel *s = &w->ld->sel[k];
+		ferry_st *st = w->ld->files[s->file];
+		int r = 0;
+		if (s->hash_after) {
+			uint64_t want;
+			r = stored_sum(st, s->idx, &want);
+			uint64_t got = r ? 0 : ferry__xxh3_64(s->ptr, (size_t)s->nbytes);
+			if (!r && got != want)
+				r = sum_mismatch(st, s->idx, got, want);
+		} else if (!stage && !(stage = ferry_alloc_aligned(w->cap))) {
+			r = ferry__error(-ENOMEM, "load: staging of %zu bytes", w->cap);
+		} else {
+			int on_dev = s->ptr && ferry_mem_kind(s->ptr, NULL) == FERRY_MEM_DEVICE;
+			r = read_verified(w->ld, s, s->ptr, on_dev, stage, w->cap);
+		}
+		if (r) {
+			pthread_mutex_lock(&w->mu);
+			if (!w->err || k < w->err_k) {
+				w->err = r;
+				w->err_k = k;
+				snprintf(w->msg, sizeof(w->msg), "%s", ferry_last_error());
+			}
+			pthread_mutex_unlock(&w->mu);
+		}
+	}
+	ferry_free_aligned(stage, w->cap);
+	return NULL;
+}
+
+/* Verifies every whole tensor of the selection on up to 8 threads; staging_budget split among them. */
+static int verify_all(ferry_st_load *ld, uint64_t staging_budget)
+{
+	size_t n = 0;
+	for (size_t k = 0; k < ld->nsel; k++)
+		n += !ld->sel[k].sliced;
+	if (!n)
+		return 0;
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+	size_t t = cpus < 1 ? 1 : cpus > 8 ? 8 : (size_t)cpus;
+	t = t > n ? n : t;
+	struct vwork w = {.ld = ld};
+	w.cap = (size_t)(staging_budget / t);
+	w.cap = w.cap < (1u << 20) ? (1u << 20) : w.cap;
+	pthread_mutex_init(&w.mu, NULL);
+	pthread_t th[8];
+	size_t started = 0;
+	for (; started + 1 < t; started++)
+		if (pthread_create(&th[started], NULL, verify_worker, &w))
+			break;
+	verify_worker(&w); /* this thread works too */
+	for (size_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	pthread_mutex_destroy(&w.mu);
+	if (w.err)
+		(void)ferry__error(0, "%s", w.msg); /* the worker's message, already with its reason */
+	return w.err;
 }
 
 /*
@@ -597,8 +701,20 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 		}
 		if (r)
 			break;
-		if (flags & FERRY_LOAD_VERIFY)
-			continue;
+		/* Verifying into host memory: the batch reads as without verifying, and the tensors are
+		 * hashed where they landed (verify_all). A file with a tensor bound for device memory is
+		 * read tensor by tensor through staging instead, hashed on the way. */
+		if (flags & FERRY_LOAD_VERIFY) {
+			int dev = 0;
+			for (size_t k = 0; k < ld->nsel && !dev; k++)
+				dev = ld->sel[k].file == f && !ld->sel[k].sliced && ld->sel[k].ptr &&
+				      ferry_mem_kind(ld->sel[k].ptr, NULL) == FERRY_MEM_DEVICE;
+			for (size_t k = 0; k < ld->nsel; k++)
+				if (ld->sel[k].file == f)
+					ld->sel[k].hash_after = !dev && !ld->sel[k].sliced;
+			if (dev)
+				continue;
+		}
 		/*
 		 * The reads: one for the span, one per other whole tensor, except that tensors that
 		 * follow each other both in the file and in memory (destinations the caller laid out
@@ -630,24 +746,18 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 	if (!r && ferry_batch_count(b))
 		r = ferry_batch_submit(b);
 	int submitted = !r && ferry_batch_count(b);
-	/* Slices and verified loads run on this thread while the batch is in flight. */
-	char *stage = NULL;
-	size_t cap = (size_t)staging_budget;
+	/* Slices run on this thread while the batch is in flight (verified: the whole tensor is
+	 * checked first); whole tensors are verified once the batch is in (verify_all). */
 	for (size_t k = 0; k < ld->nsel && !r; k++) {
 		struct lsel *s = &ld->sel[k];
 		ferry_st *st = ld->files[s->file];
-		if (!s->sliced && !(flags & FERRY_LOAD_VERIFY))
-			continue; /* read by the batch: nothing to do per tensor while it runs */
-		int on_dev = (flags & FERRY_LOAD_VERIFY) && s->ptr && ferry_mem_kind(s->ptr, NULL) == FERRY_MEM_DEVICE;
-		if ((flags & FERRY_LOAD_VERIFY) && (!stage && !(stage = ferry_alloc_aligned(cap))))
-			r = ferry__error(-ENOMEM, "load: staging of %zu bytes", cap);
-		if (!r && (flags & FERRY_LOAD_VERIFY) && s->sliced) {
+		if (!s->sliced)
+			continue; /* read by the batch, or verified below */
+		if (flags & FERRY_LOAD_VERIFY) {
 			int v = ferry_st_verify(st, s->idx);
 			r = v == 0 ? ferry__error(FERRY_EVERIFY, "%s: tensor \"%s\" has no stored checksum",
 						  ferry_st_path(st), ferry_st_name(st, s->idx))
 				   : v < 0 ? v : 0;
-		} else if (!r && (flags & FERRY_LOAD_VERIFY)) {
-			r = read_verified(ld, s, s->ptr, on_dev, stage, cap);
 		}
 		if (!r && s->sliced) {
 			ssize_t got = ferry_st_read_slice(st, s->idx, s->dim, s->start, s->stop, s->ptr,
@@ -655,7 +765,6 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 			r = got < 0 ? (int)got : 0;
 		}
 	}
-	ferry_free_aligned(stage, cap);
 	if (submitted) {
 		int w = ferry_batch_wait(b, -1);
 		if (w > 0)
@@ -663,6 +772,8 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 		if (!r)
 			r = w;
 	}
+	if (!r && (flags & FERRY_LOAD_VERIFY))
+		r = verify_all(ld, staging_budget);
 	ferry_batch_destroy(b);
 	for (size_t k = 0; k < ld->nsel; k++)
 		ld->bytes += ld->sel[k].nbytes;
