@@ -197,7 +197,7 @@ def main():
         while r.read(1 << 24):
             pass
     ctx = ferry.default_context()
-    f = ferry.open(a.file, "r", context=ctx, buffered=True)
+    f = ferry.open(a.file, "r", context=ctx)  # as a user would: direct=auto, resident data read buffered
     if a.device == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")  # the CUDA context, outside the timers
