@@ -16,6 +16,7 @@ from __future__ import annotations
 import io as _io
 import os as _os
 import pickle as _pickle
+import re as _re
 import secrets as _secrets
 import struct as _struct
 import sys as _sys
@@ -174,8 +175,8 @@ def _byte_view(storage):
 
 
 def _cuda_location(location):
-    return location == "cuda" or (location.startswith("cuda") and location[4:5] in (":",) or
-                                  location[4:].isdigit())
+    # the locations torch's "cuda" deserializer takes (torch.serialization._deserialize)
+    return location == "cuda" or _re.match("cuda(:|[0-9]+)", location) is not None
 
 
 class _Loader:
@@ -346,19 +347,16 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
         tls = _torch.serialization._serialization_tls
         tls.map_location = map_location
         try:
-            try:
-                result = unpickler.load()
-            except _pickle.UnpicklingError as e:
-                if weights_only:
-                    raise _pickle.UnpicklingError(
-                        "%s: weights_only load refused (pass weights_only=False only for a file "
-                        "you trust): %s" % (p, e)) from None
-                raise
-            finally:
-                tls.map_location = None
-                loader.finish()
-        except FormatError:
+            result = unpickler.load()
+        except _pickle.UnpicklingError as e:
+            if weights_only:
+                raise _pickle.UnpicklingError(
+                    "%s: weights_only load refused (pass weights_only=False only for a file "
+                    "you trust): %s" % (p, e)) from None
             raise
+        finally:
+            tls.map_location = None
+            loader.finish()
         _torch._utils._validate_loaded_sparse_tensors(weights_only=weights_only)
         return result
     finally:
