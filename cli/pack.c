@@ -626,7 +626,9 @@ static int scan(struct pack *p)
 		s->mtime = st.st_mtim;
 		uint64_t size = s->size;
 		int in = p->in;
-		if (in == IN_AUTO) {
+		if (in == IN_AUTO && p->key) {
+			in = IN_JSONL; /* a .json or .ndjson file is not taken whole, silently, as one sample */
+		} else if (in == IN_AUTO) {
 			size_t l = strlen(s->path);
 			in = l > 6 && !strcmp(s->path + l - 6, ".jsonl") ? IN_JSONL
 			     : l > 4 && !strcmp(s->path + l - 4, ".npy") ? IN_NPY : IN_FILES;
@@ -953,8 +955,8 @@ static const struct cli_opt rows[] = {
 	{.name = "input", .kind = CLI_CHOICE, .off = PO(in), .choices = input_kinds,
 	 .help = "how to read INPUTs (default auto: by extension)"},
 	{.name = "json-key", .kind = CLI_STR, .off = PO(json_key), .arg = "KEY",
-	 .help = "JSON Lines: a sample is member KEY of each line's object: a string (its UTF-8 bytes) or,\n"
-		 "with --dtype, an array of token ids"},
+	 .help = "every input is JSON Lines, a sample the member KEY of each line's object: a string (its\n"
+		 "UTF-8 bytes) or, with --dtype, an array of token ids"},
 	{.name = "dtype", .kind = CLI_STR, .off = PO(dtype), .arg = "T",
 	 .help = "element type: of raw inputs (uint16, int32, ...), or of --json-key's token ids (uint8, int8,\n"
 		 "int16, uint16, int32, int64; each id range-checked)"},

@@ -41,6 +41,14 @@ check "the decoded strings, byte for byte" 'cmp -s "$T/got" "$T/expect.bin"'
 check "each sample is one string ($(sizes "$T/tm.idx") vs $(cat "$T/sizes"))" '[ "$(sizes "$T/tm.idx")" = "$(cat "$T/sizes")" ]'
 check "megatron data too" 'cmp -s "$T/tm.bin" "$T/expect.bin"'
 
+# with --json-key every input is JSON Lines, whatever its name (not one sample of the whole file)
+cp "$T/text.jsonl" "$T/text.ndjson"
+"$FERRY" pack -q --json --json-key text -o "$T/nd" "$T/text.ndjson" >"$T/json" 2>"$T/err"; r=$?
+check "a .ndjson file is read as JSON Lines (rc $r: $(cat "$T/err"))" '[ $r = 0 ] && grep -q "\"samples\": 7, " "$T/json"'
+printf 'not json\n' >"$T/README"
+"$FERRY" pack -q --json-key text -o "$T/rd" "$T/README" >/dev/null 2>"$T/err"; r=$?
+check "a file that is not JSON Lines is refused, not packed whole (rc $r: $(cat "$T/err"))" '[ $r = 1 ] && grep -qF "$T/README:1" "$T/err"'
+
 # invalid escapes are refused, naming the line
 bad() { # name, line text, words...
 	local name=$1 line=$2; shift 2
