@@ -29,7 +29,7 @@ python_tests() {
 	if [ ! -x "$py" ]; then
 		python3 -m venv .venv || return 1
 	fi
-	"$py" -m pip install -q --disable-pip-version-check numpy pytest safetensors tokenizers || return 1
+	"$py" -m pip install -q --disable-pip-version-check numpy pytest safetensors tokenizers 'moto[server]' || return 1
 	if [ "${FERRY_TORCH:-1}" != 0 ] && ! "$py" -c 'import torch' 2>/dev/null; then
 		local t0=$SECONDS
 		"$py" -m pip install -q --disable-pip-version-check "${FERRY_TORCH_SPEC:-torch}" || return 1
@@ -53,7 +53,11 @@ fi
 if command -v clang >/dev/null; then
 	run "build fuzz" env CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON \
 		-DFERRY_SANITIZE=address,undefined
-	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_shard_index
+	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_shard_index fuzz_aws_config
+	# --- remote (issue 23): the ~/.aws INI reader and S3 error bodies, likewise
+	run "fuzz aws config 20s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_aws_config -max_total_time=20 \
+		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/aws_config 2>&1 |
+		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
 	run "fuzz safetensors 60s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_safetensors -max_total_time=60 \
 		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/safetensors 2>&1 |
 		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'

@@ -151,6 +151,7 @@ void ferry__chunk_op(const struct ferry__chunk *c, struct ferry__op *op)
 	op->len = c->plan.io_len - c->done;
 	op->off = c->plan.io_off + c->done;
 	op->tag = (void *)c;
+	op->remote = f->remote;
 }
 
 static void finish(struct ferry__chunk *c)

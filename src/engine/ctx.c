@@ -89,6 +89,13 @@ static const struct ferry__knob ctx_rows[] = {
 	    .doc = "worker rings without IORING_SETUP_COOP_TASKRUN (for comparison)"),
 	CTX("uring_defer", uring_defer, BOOL, 1, 0, 1, .env = "FERRY_URING_DEFER", .flags = FIXED,
 	    .doc = "queue rings with IORING_SETUP_DEFER_TASKRUN (0: off, for comparison)"),
+	/* remote backend (docs/REMOTE.md, docs/CONFIG.md for the defaults' reasons) */
+	CTX("remote_connections", remote_connections, UINT, 16, 1, 1024, .env = "FERRY_REMOTE_CONNECTIONS",
+	    .doc = "ranged GETs in flight per read of a remote object (connections kept alive)"),
+	CTX("remote_part_size", remote_part_size, SIZE, 8 * MiB, 64 * KiB, 1 * GiB,
+	    .env = "FERRY_REMOTE_PART_SIZE", .doc = "bytes of one ranged GET of a remote object"),
+	CTX("remote_retries", remote_retries, UINT, 5, 0, 100, .env = "FERRY_REMOTE_RETRIES",
+	    .doc = "retries of a GET on 5xx, SlowDown, timeouts and resets (exponential backoff, jitter)"),
 };
 #undef CTX
 #undef NUM

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "engine/engine.h"
+#include "engine/remote.h"
 #include "engine/publish.h"
 
 struct ferry_req {
@@ -174,6 +175,12 @@ void ferry__entry_chunk_done(ferry_ctx *ctx, struct ferry__entry *e, uint64_t ch
 static int entry_error_detail(const struct ferry__entry *e)
 {
 	ferry_ctx *ctx = e->f->ctx;
+	if (e->f->remote) { /* the worker's detail: URL, range, HTTP status, S3 Code */
+		char why[1536];
+		ferry__remote_last_error(e->f->remote, why, sizeof(why));
+		return ferry__error((int)e->result, "pread(%s, offset %llu, %llu bytes): %s", e->f->path,
+				    (unsigned long long)e->err_off, (unsigned long long)e->len, why);
+	}
 	return ferry__error((int)e->result, "%s(%s, offset %llu, %llu bytes) on %s, %s",
 			    e->is_write ? "pwrite" : "pread", e->f->path, (unsigned long long)e->err_off,
 			    (unsigned long long)e->len, ferry__backend_name(ctx),
@@ -297,6 +304,11 @@ static ssize_t transfer(ferry_file *f, void *buf, size_t len, uint64_t off, bool
 	ret = ferry__resolve_path(ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
+	if (f->remote && path == FERRY__P_HOST) { /* parallel ranged GETs straight into buf (remote.c) */
+		int64_t n = ferry__remote_read(f->remote, buf, len, off);
+		account(ctx, false, n);
+		return (ssize_t)n;
+	}
 	if (path == FERRY__P_HOST && ferry__chunk_count(off, len, ctx->cfg.chunk_size) == 1)
 		return transfer_inline(f, buf, len, off, is_write);
 	group_init(&r.g, 1);

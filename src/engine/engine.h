@@ -41,6 +41,9 @@ struct ferry__config {
 	uint64_t copy_units;   /* copy units per device */
 	uint64_t uring_no_coop; /* worker rings without IORING_SETUP_COOP_TASKRUN */
 	uint64_t uring_defer;   /* queue rings with IORING_SETUP_DEFER_TASKRUN */
+	uint64_t remote_connections; /* remote backend: ranged GETs in flight per read (docs/REMOTE.md) */
+	uint64_t remote_part_size;   /* remote backend: bytes of one ranged GET */
+	uint64_t remote_retries;     /* remote backend: retries of a failed GET before the error */
 };
 
 enum { FERRY__CACHED_IO_THREAD, FERRY__CACHED_IO_RING };
@@ -66,6 +69,7 @@ struct ferry_file {
 	void *gds_handle;
 	atomic_int gds_fallback_counted; /* auto's fallback from GDS counted once per file */
 	char gds_note[384];
+	struct ferry__remote *remote; /* a remote object (src/engine/remote.c): no descriptors, or NULL */
 };
 #define FERRY__GDS_UNPROBED (-1)
 
@@ -177,6 +181,7 @@ struct ferry__op {
 	size_t len;
 	uint64_t off;
 	void *tag;
+	struct ferry__remote *remote; /* a read of a remote object: ferry__psync_do does ranged GETs */
 };
 
 enum { FERRY__CH_FINISHED, FERRY__CH_AGAIN };
@@ -235,6 +240,7 @@ struct ferry__ring_opts {
 /* What a backend moves (ferry__backend_ops.caps). */
 #define FERRY__CAP_HOST 1u   /* storage and host memory: a context's storage backend (auto tries these) */
 #define FERRY__CAP_DEVICE 2u /* storage and device memory directly (GPUDirect Storage) */
+#define FERRY__CAP_REMOTE 4u /* object storage and HTTP(S) URLs into host memory (src/engine/remote.c) */
 
 /* A backend: psync, io_uring, cufile (and the remote backends to come) are each one of these. */
 struct ferry__backend_ops {
@@ -261,6 +267,7 @@ struct ferry__backend_ops {
 extern const struct ferry__backend_ops ferry__backend_psync;
 extern const struct ferry__backend_ops ferry__backend_uring;
 extern const struct ferry__backend_ops ferry__backend_cufile;
+extern const struct ferry__backend_ops ferry__backend_remote;
 /* Every backend; `auto` tries those with FERRY__CAP_HOST in this order. */
 extern const struct ferry__backend_ops *const ferry__backends[];
 

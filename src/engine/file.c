@@ -12,6 +12,7 @@
 
 #include "gpu/shim.h"
 #include "engine/engine.h"
+#include "engine/remote.h"
 
 #ifndef STATX_DIOALIGN
 #define STATX_DIOALIGN 0x00002000U
@@ -132,6 +133,8 @@ static int file_open(ferry_ctx *ctx, int dirfd, const char *name, const char *pa
 
 int ferry_file_open(ferry_ctx *ctx, const char *path, int flags, ferry_file **out)
 {
+	if (ferry__is_url(path)) /* s3://, http(s):// (docs/REMOTE.md) */
+		return ferry__remote_file_open(ctx, path, flags, out);
 	return file_open(ctx, AT_FDCWD, path, path, flags, -1, out);
 }
 
@@ -147,6 +150,10 @@ void ferry_file_destroy(ferry_file *f)
 {
 	if (!f)
 		return;
+	if (f->remote) {
+		ferry__remote_file_destroy(f);
+		return;
+	}
 	ferry__file_unregister(f->ctx, f);
 	ferry__file_gds_close(f);
 	pthread_mutex_destroy(&f->gds_mu);
@@ -161,6 +168,8 @@ int64_t ferry_file_size(ferry_file *f)
 {
 	struct stat st;
 
+	if (f->remote)
+		return (int64_t)ferry__remote_size(f->remote);
 	if (fstat(f->fd_buf, &st) < 0)
 		return ferry__error(-errno, "fstat(%s)", f->path);
 	if (S_ISBLK(st.st_mode)) {
@@ -213,6 +222,8 @@ int ferry_file_path_info(ferry_file *f, char *buf, size_t len)
 	char gds[512] = "";
 	int n;
 
+	if (f->remote)
+		return ferry__remote_info(f->remote, buf, len);
 	pthread_mutex_lock(&f->gds_mu);
 	if (f->gds_state == FERRY__GDS_UNPROBED && f->gds_note[0])
 		snprintf(gds, sizeof(gds), "; device memory: %s; %s", ferry__path_name(FERRY__P_PIPE), f->gds_note);

@@ -151,7 +151,7 @@ static void prep(struct ferry__ioq *q, struct ferry__chunk *c)
 	struct ferry__op op;
 	int ret;
 
-	if (copied_by_thread(q, c)) {
+	if (c->f->remote || copied_by_thread(q, c)) { /* remote: ranged GETs in this thread (remote.c) */
 		ferry__chunk_append(&q->sync_head, &q->sync_tail, c);
 		return;
 	}

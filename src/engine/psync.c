@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "engine/engine.h"
+#include "engine/remote.h"
 
 struct ferry__ring {
 	unsigned depth;
@@ -16,6 +17,8 @@ struct ferry__ring {
 
 int64_t ferry__psync_do(const struct ferry__op *op)
 {
+	if (op->remote) /* a remote object (no descriptor): ranged GETs, src/engine/remote.c */
+		return ferry__remote_read(op->remote, op->addr, op->len, op->off);
 	ssize_t n = op->is_write ? pwrite(op->fd, op->addr, op->len, (off_t)op->off)
 				 : pread(op->fd, op->addr, op->len, (off_t)op->off);
 	return n < 0 ? -errno : n;

@@ -255,4 +255,4 @@ const struct ferry__backend_ops ferry__backend_uring = {
 #endif
 
 const struct ferry__backend_ops *const ferry__backends[] = {&ferry__backend_uring, &ferry__backend_psync,
-							   &ferry__backend_cufile, NULL};
+							   &ferry__backend_cufile, &ferry__backend_remote, NULL};
