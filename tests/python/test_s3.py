@@ -1,0 +1,253 @@
+"""The remote backend against moto's S3 server (issue 23, docs/REMOTE.md): servers started here on
+127.0.0.1 and stopped after. Reads of 0, 1 and several-part objects (bytes checked), through pread,
+the workers (async, batch) and ferry.read; missing bucket and key, wrong credentials, unsigned
+(public) access, credentials from a profile file, an object replaced during a read, and
+safetensors' load_file from s3://."""
+import errno
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import need
+
+moto = pytest.importorskip("moto", reason="moto is not installed (pip install 'moto[server]')")
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (moto[server] brings it)")
+import ferry  # noqa: E402
+
+BUCKET = "ferry-test"
+PART = 64 * 1024  # remote_part_size for these tests: several parts from a small object
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """moto's S3 server in a process of its own; auth=True checks signatures and keys."""
+
+    def __init__(self, auth):
+        self.port = _free_port()
+        self.endpoint = "http://127.0.0.1:%d" % self.port
+        env = dict(os.environ)
+        if auth:
+            # the first 3 requests (the IAM user, its policy, its key) go unchecked; the rest need
+            # that key and a valid SigV4 signature
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                      "-p", str(self.port)], env=env, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail("moto's server did not start on port %d" % self.port)
+                time.sleep(0.1)
+        self.key_id, self.secret = "testing", "testing"
+        if auth:
+            iam = self._client("iam")
+            iam.create_user(UserName="ferry")
+            iam.put_user_policy(UserName="ferry", PolicyName="all", PolicyDocument=(
+                '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", '
+                '"Resource": "*"}]}'))
+            k = iam.create_access_key(UserName="ferry")["AccessKey"]
+            self.key_id, self.secret = k["AccessKeyId"], k["SecretAccessKey"]
+        self.s3 = self._client("s3")
+        self.s3.create_bucket(Bucket=BUCKET)
+
+    def _client(self, service):
+        return boto3.client(service, endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=getattr(self, "key_id", "testing"),
+                            aws_secret_access_key=getattr(self, "secret", "testing"))
+
+    def put(self, key, data, **kw):
+        self.s3.put_object(Bucket=BUCKET, Key=key, Body=data, **kw)
+        return "s3://%s/%s" % (BUCKET, key)
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def open_server():
+    s = Server(auth=False)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def auth_server():
+    s = Server(auth=True)
+    yield s
+    s.stop()
+
+
+_AWS_VARS = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+             "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+             "AWS_ENDPOINT_URL_S3", "AWS_NO_SIGN_REQUEST", "AWS_SHARED_CREDENTIALS_FILE",
+             "AWS_CONFIG_FILE", "FERRY_S3_ADDRESSING"]
+
+
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """A clean AWS environment with an empty HOME; returns a function that points it at a server."""
+    for v in _AWS_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    def use(server, keys=True):
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)
+        monkeypatch.setenv("AWS_REGION", "us-east-1")
+        if keys:
+            monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.key_id)
+            monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret)
+    return use
+
+
+def _ctx():
+    return ferry.Context(remote_part_size=PART, remote_connections=4, remote_retries=1, threads=2,
+                         chunk_size="64k")
+
+
+@pytest.mark.parametrize("size", [0, 1, 3 * PART + 5])
+def test_read_sizes(open_server, aws_env, size):
+    aws_env(open_server)
+    data = os.urandom(size)
+    url = open_server.put("sizes/%d.bin" % size, data)
+    ctx = _ctx()
+    with ferry.open(url, context=ctx) as f:
+        assert f.size == size
+        buf = bytearray(size + 10)
+        assert f.pread_into(buf, 0) == size  # pread: parallel parts straight into buf
+        assert bytes(buf[:size]) == data
+        if size > 2:
+            mid = bytearray(PART + 3)  # across a part boundary, short at the end
+            n = f.pread_into(mid, size - PART - 1)
+            assert n == PART + 1 and bytes(mid[:n]) == data[size - PART - 1:]
+            a = bytearray(size)  # the workers: chunk by chunk, each a ranged GET
+            assert f.pread_into_async(a, 0).result() == size
+            assert bytes(a) == data
+            b1, b2 = bytearray(100), bytearray(PART)
+            assert f.read_batch([(7, b1), (PART * 2, b2)]) == [100, PART]
+            assert bytes(b1) == data[7:107] and bytes(b2) == data[2 * PART:3 * PART]
+        assert "ETag" in f.path_info() and url in f.path_info()
+    got = ferry.read(url, context=ctx, like="numpy" if size else None)
+    assert bytes(got) == data
+
+
+def test_missing_bucket_and_key(open_server, aws_env):
+    aws_env(open_server)
+    with pytest.raises(FileNotFoundError) as e:
+        ferry.open("s3://%s/no/such/key" % BUCKET, context=_ctx())
+    msg = str(e.value)
+    assert "s3://%s/no/such/key" % BUCKET in msg and "HTTP 404" in msg and "NoSuchKey" in msg, msg
+    with pytest.raises(FileNotFoundError) as e:
+        ferry.open("s3://no-such-bucket-ferry/k", context=_ctx())
+    msg = str(e.value)
+    assert "s3://no-such-bucket-ferry/k" in msg and "HTTP 404" in msg and "NoSuchBucket" in msg, msg
+
+
+def test_signed_and_wrong_credentials(auth_server, aws_env, monkeypatch):
+    aws_env(auth_server)
+    data = os.urandom(2 * PART + 1)
+    url = auth_server.put("signed.bin", data)
+    # the right key: libcurl's SigV4 signature is checked by the server
+    assert bytes(ferry.read(url, context=_ctx(), like="numpy")) == data
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    with pytest.raises(PermissionError) as e:
+        ferry.open(url, context=_ctx())
+    msg = str(e.value)
+    assert url in msg and "HTTP 403" in msg and "SignatureDoesNotMatch" in msg, msg
+    assert "environment" in msg, msg  # where the credentials came from
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY0000000")
+    with pytest.raises(PermissionError) as e:
+        ferry.open(url, context=_ctx())
+    assert "HTTP 403" in str(e.value) and "InvalidAccessKeyId" in str(e.value), str(e.value)
+    # no credentials at all: unsigned, and this server refuses that
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    with pytest.raises(PermissionError) as e:
+        ferry.open(url, context=_ctx())
+    assert "HTTP 403" in str(e.value) and "unsigned" in str(e.value), str(e.value)
+
+
+def test_public_unsigned(open_server, aws_env, monkeypatch):
+    aws_env(open_server, keys=False)  # no credentials anywhere: unsigned requests
+    data = os.urandom(PART + 7)
+    url = open_server.put("public.bin", data, ACL="public-read")
+    with ferry.open(url, context=_ctx()) as f:
+        assert "unsigned" in f.path_info()
+        buf = bytearray(len(data))
+        assert f.pread_into(buf) == len(data) and bytes(buf) == data
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    monkeypatch.setenv("AWS_NO_SIGN_REQUEST", "true")
+    with ferry.open(url, context=_ctx()) as f:
+        assert "AWS_NO_SIGN_REQUEST" in f.path_info()
+    # plain https?/http:// URLs are read the same way, unsigned
+    with ferry.open("%s/%s/public.bin" % (open_server.endpoint, BUCKET), context=_ctx()) as f:
+        buf = bytearray(len(data))
+        assert f.pread_into(buf) == len(data) and bytes(buf) == data
+
+
+def test_profile_file(auth_server, aws_env, monkeypatch, tmp_path):
+    aws_env(auth_server, keys=False)
+    data = os.urandom(1000)
+    url = auth_server.put("profile.bin", data)
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text(
+        "[default]\naws_access_key_id = AKIADEFAULTWRONG0000\naws_secret_access_key = nope\n\n"
+        "[ci]\naws_access_key_id = %s\naws_secret_access_key = %s\n" % (auth_server.key_id,
+                                                                        auth_server.secret))
+    (tmp_path / ".aws" / "config").write_text("[profile ci]\nregion = us-east-1\n")
+    with pytest.raises(PermissionError) as e:  # the default profile's key is wrong
+        ferry.open(url, context=_ctx())
+    assert "credentials [default]" in str(e.value), str(e.value)
+    monkeypatch.setenv("AWS_PROFILE", "ci")
+    with ferry.open(url, context=_ctx()) as f:
+        assert "credentials [ci]" in f.path_info(), f.path_info()
+        buf = bytearray(1000)
+        assert f.pread_into(buf) == 1000 and bytes(buf) == data
+
+
+def test_replaced_during_read(open_server, aws_env):
+    aws_env(open_server)
+    old = os.urandom(3 * PART)
+    url = open_server.put("replaced.bin", old)
+    with ferry.open(url, context=_ctx()) as f:  # HEAD: size and ETag
+        open_server.put("replaced.bin", os.urandom(3 * PART))  # same size, other bytes
+        buf = bytearray(3 * PART)
+        with pytest.raises(OSError) as e:
+            f.pread_into(buf)
+        assert e.value.errno == errno.ESTALE
+        msg = str(e.value)
+        assert url in msg and "HTTP 412" in msg and "If-Match" in msg and "bytes=" in msg, msg
+        with pytest.raises(OSError) as e:  # through the workers: the same detail
+            f.pread_into_async(buf).result()
+        assert e.value.errno == errno.ESTALE and "HTTP 412" in str(e.value), str(e.value)
+
+
+def test_safetensors_load_file(open_server, aws_env):
+    torch = need("torch")
+    st = need("safetensors.torch")
+    import ferry.safetensors as fst
+    aws_env(open_server)
+    tensors = {"a": torch.arange(100000, dtype=torch.float32), "b": torch.ones(3, 5, dtype=torch.int64)}
+    url = open_server.put("model.safetensors", st.save(tensors))
+    got = fst.load_file(url, context=_ctx())
+    assert sorted(got) == ["a", "b"]
+    for k, v in tensors.items():
+        assert torch.equal(got[k], v), k
