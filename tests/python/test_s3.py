@@ -251,3 +251,115 @@ def test_safetensors_load_file(open_server, aws_env):
     assert sorted(got) == ["a", "b"]
     for k, v in tensors.items():
         assert torch.equal(got[k], v), k
+
+
+class FaultProxy:
+    """A tiny HTTP proxy of the test's own in front of moto: each ranged GET takes the next fault
+    of the list ("503": S3's SlowDown, "reset": half the body, then the connection is reset;
+    None: passed through). HEADs and GETs without Range pass through."""
+
+    def __init__(self, upstream_port, faults):
+        import http.client
+        import http.server
+        import struct
+        import threading
+        self.faults = list(faults)
+        self.lock = threading.Lock()
+        self.seen = []
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _forward(self, method):
+                fault = None
+                if method == "GET" and "Range" in self.headers:
+                    with proxy.lock:
+                        fault = proxy.faults.pop(0) if proxy.faults else None
+                        proxy.seen.append(fault)
+                if fault == "503":
+                    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                            b'<Message>Please reduce your request rate.</Message></Error>')
+                    self.send_response(503)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(method, self.path, headers=headers)
+                resp = conn.getresponse()
+                body = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "date",
+                                         "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body) if method == "GET" else
+                                                       resp.getheader("Content-Length", "0")))
+                self.end_headers()
+                if method != "GET":
+                    return
+                if fault == "reset" and len(body) > 2:
+                    self.wfile.write(body[:len(body) // 2])
+                    self.wfile.flush()
+                    # SO_LINGER 0: close sends RST, the client sees a reset mid-body
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                               struct.pack("ii", 1, 0))
+                    self.close_connection = True
+                    self.connection.close()
+                    return
+                self.wfile.write(body)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_HEAD(self):
+                self._forward("HEAD")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_retries_slowdown_and_reset(open_server, aws_env, monkeypatch):
+    aws_env(open_server)
+    data = os.urandom(4 * PART)
+    url = open_server.put("faults.bin", data)
+    proxy = FaultProxy(open_server.port, ["503", "reset", None, "503", "reset"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        ctx = ferry.Context(remote_part_size=PART, remote_connections=2, remote_retries=3)
+        with ferry.open(url, context=ctx) as f:
+            buf = bytearray(len(data))
+            assert f.pread_into(buf) == len(data)
+            assert bytes(buf) == data  # the retried parts (the reset ones resumed) are exact
+        assert proxy.seen[:5] == ["503", "reset", None, "503", "reset"], proxy.seen
+        assert ctx.stats()["retries"] >= 4, ctx.stats()
+        # with no retries the first fault is the error, naming the range, status and Code
+        ctx = ferry.Context(remote_part_size=PART, remote_connections=1, remote_retries=0)
+        proxy.faults = ["503"]
+        with ferry.open(url, context=ctx) as f:
+            with pytest.raises(OSError) as e:
+                f.pread_into(bytearray(len(data)))
+        msg = str(e.value)
+        assert url in msg and "bytes=0-%d" % (PART - 1) in msg and "HTTP 503 SlowDown" in msg, msg
+        assert "after 0 retries" in msg, msg
+        proxy.faults = ["reset"]
+        with ferry.open(url, context=ctx) as f:
+            with pytest.raises(ConnectionResetError) as e:
+                f.pread_into(bytearray(len(data)))
+        assert url in str(e.value) and "bytes=" in str(e.value), str(e.value)
+    finally:
+        proxy.stop()
