@@ -236,6 +236,14 @@ FERRY_API uint64_t ferry_loader_batch_step(const ferry_loader_batch *b);
 FERRY_API const int64_t *ferry_loader_batch_position_ids(const ferry_loader_batch *b);
 FERRY_API const int32_t *ferry_loader_batch_cu_seqlens(const ferry_loader_batch *b, uint32_t *count,
 						       uint32_t *max_seqlen);
+/*
+ * With documents=1, a batch's memory holds its position_ids at *pos_offset bytes from its data
+ * (ferry_loader_batch_data, or ferry_loader_buffer_data of a taken buffer: on a device they are
+ * uploaded with the data) and its cu_seqlens at *cu_offset. Returns 0, or -EINVAL when documents
+ * is off or the loader has not started.
+ */
+FERRY_API FERRY_WUR int ferry_loader_documents_layout(const ferry_loader *l, size_t *pos_offset,
+						      size_t *cu_offset);
 
 /*
  * The resume point after the batches returned so far, as a NUL-terminated line

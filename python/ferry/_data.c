@@ -691,36 +691,77 @@ static PyObject *bt_dlpack(BatchObject *self, PyObject *unused)
 	return ferry__py_dl_export(&v->m, ferry_loader_batch_data(self->b), self->device, 1);
 }
 
-/* A batch's device memory taken from the loader (Batch.take), as a DLPack tensor whose deleter
- * gives it back in the order of the stream it was taken for. */
+/* A batch's device memory taken from the loader (Batch.take), as DLPack tensors (the data, and
+ * with documents its position_ids and cu_seqlens) whose last deleter gives it back in the order
+ * of the stream it was taken for. */
+struct taken_buf {
+	ferry_loader_buffer *buf;
+	void *stream;
+	atomic_int refs;
+};
+
 struct taken {
 	dl_managed m;
 	int64_t shape[2];
-	ferry_loader_buffer *buf;
-	void *stream;
+	struct taken_buf *tb;
 };
+
+static void taken_put(struct taken_buf *tb)
+{
+	/* any thread, GIL or not; an error cannot be reported here (the memory is freed instead) */
+	if (atomic_fetch_sub(&tb->refs, 1) == 1) {
+		(void)ferry_loader_buffer_destroy(tb->buf, tb->stream);
+		free(tb);
+	}
+}
 
 static void taken_delete(dl_managed *m)
 {
 	struct taken *t = (struct taken *)m;
-	/* any thread, GIL or not; an error cannot be reported here (the memory is freed instead) */
-	(void)ferry_loader_buffer_destroy(t->buf, t->stream);
+	struct taken_buf *tb = t->tb;
 	free(t);
+	taken_put(tb);
+}
+
+/* A view of n (or n / cols x cols) elements of type dt at offset bytes of the taken memory. */
+static PyObject *taken_view(struct taken_buf *tb, int device, size_t offset, dl_dtype dt, int64_t n,
+			    int64_t cols)
+{
+	struct taken *t = calloc(1, sizeof(*t));
+	if (!t) {
+		taken_put(tb); /* the reference this view was to hold */
+		return PyErr_NoMemory();
+	}
+	t->tb = tb;
+	if (cols) {
+		t->shape[0] = n / cols;
+		t->shape[1] = cols;
+	} else {
+		t->shape[0] = n;
+	}
+	t->m.t.dtype = dt;
+	t->m.t.shape = t->shape;
+	t->m.manager_ctx = t;
+	t->m.deleter = taken_delete;
+	return ferry__py_dl_export(&t->m, (uint8_t *)ferry_loader_buffer_data(tb->buf) + offset, device,
+				   cols ? 2 : 1);
 }
 
 /*
- * take(stream, cols) -> "dltensor" capsule: the batch's device memory itself, no copy
- * (ferry_loader_take), shaped (nbytes / itemsize / cols, cols), or 1-D when cols is 0. The
+ * take(stream, cols, documents=False) -> "dltensor" capsule: the batch's device memory itself, no
+ * copy (ferry_loader_take), shaped (nbytes / itemsize / cols, cols), or 1-D when cols is 0. The
  * memory belongs to the capsule's consumer and goes back to the loader when the consumer drops
  * it, ordered after the work queued on `stream` (an int CUstream, the consumer's current one)
- * by then: as memory allocated on that stream. The batch is released in every case.
+ * by then: as memory allocated on that stream. With documents (the loader's documents knob):
+ * (data, position_ids, cu_seqlens) capsules over the same memory, given back once all three are
+ * dropped. The batch is released in every case.
  */
 static PyObject *bt_take(BatchObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
 	dl_dtype dt;
 
-	if (nargs != 2) {
-		PyErr_SetString(PyExc_TypeError, "take(stream, cols) takes 2 arguments");
+	if (nargs != 2 && nargs != 3) {
+		PyErr_SetString(PyExc_TypeError, "take(stream, cols, documents=False) takes 2 or 3 arguments");
 		return NULL;
 	}
 	if (bt_check(self) < 0)
@@ -734,31 +775,42 @@ static PyObject *bt_take(BatchObject *self, PyObject *const *args, Py_ssize_t na
 			PyErr_SetString(PyExc_ValueError, "take: cols must be >= 0");
 		return NULL;
 	}
-	if (dl_type(self->elem, &dt) < 0)
+	int docs = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+	if (docs < 0 || dl_type(self->elem, &dt) < 0)
 		return NULL;
-	struct taken *t = calloc(1, sizeof(*t));
-	if (!t)
+	size_t pos_off = 0, cu_off = 0;
+	uint32_t ncu = 0;
+	if (docs && (!ferry_loader_batch_cu_seqlens(self->b, &ncu, NULL) ||
+		     ferry__py_failed(ferry_loader_documents_layout(self->h->l, &pos_off, &cu_off), NULL))) {
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "take: the loader's documents knob is off");
+		return NULL;
+	}
+	struct taken_buf *tb = calloc(1, sizeof(*tb));
+	if (!tb)
 		return PyErr_NoMemory();
 	ferry_loader_batch *b = self->b;
 	self->b = NULL;
 	int64_t n = (int64_t)(ferry_loader_batch_bytes(b) / (dt.bits / 8));
-	int err = ferry_loader_take(self->h->l, b, &t->buf);
+	int err = ferry_loader_take(self->h->l, b, &tb->buf);
 	if (ferry__py_failed(err, NULL)) {
-		free(t);
+		free(tb);
 		return NULL;
 	}
-	t->stream = stream;
-	if (cols) {
-		t->shape[0] = n / cols;
-		t->shape[1] = cols;
-	} else {
-		t->shape[0] = n;
+	tb->stream = stream;
+	atomic_init(&tb->refs, docs ? 3 : 1);
+	PyObject *data = taken_view(tb, self->device, 0, dt, n, cols);
+	if (!docs)
+		return data;
+	PyObject *pos = taken_view(tb, self->device, pos_off, (dl_dtype){DL_INT, 64, 1}, n, cols);
+	PyObject *cu = taken_view(tb, self->device, cu_off, (dl_dtype){DL_INT, 32, 1}, ncu, 0);
+	if (!data || !pos || !cu) {
+		Py_XDECREF(data);
+		Py_XDECREF(pos);
+		Py_XDECREF(cu);
+		return NULL;
 	}
-	t->m.t.dtype = dt;
-	t->m.t.shape = t->shape;
-	t->m.manager_ctx = t;
-	t->m.deleter = taken_delete;
-	return ferry__py_dl_export(&t->m, ferry_loader_buffer_data(t->buf), self->device, cols ? 2 : 1);
+	return Py_BuildValue("(NNN)", data, pos, cu);
 }
 
 static PyObject *bt_offsets(BatchObject *self, PyObject *unused)
@@ -825,6 +877,13 @@ BT_GETTER(samples, PyLong_FromUnsignedLong(ferry_loader_batch_samples(self->b)))
 BT_GETTER(epoch, PyLong_FromUnsignedLongLong(ferry_loader_batch_epoch(self->b)))
 BT_GETTER(step, PyLong_FromUnsignedLongLong(ferry_loader_batch_step(self->b)))
 BT_GETTER(ptr, PyLong_FromVoidPtr(ferry_loader_batch_data(self->b)))
+static PyObject *bt_max_seqlen(const ferry_loader_batch *b)
+{
+	uint32_t m = 0;
+	(void)ferry_loader_batch_cu_seqlens(b, NULL, &m);
+	return PyLong_FromUnsignedLong(m);
+}
+BT_GETTER(max_seqlen, bt_max_seqlen(self->b))
 #undef BT_GETTER
 
 static PyObject *bt_get_device(BatchObject *self, void *closure)
@@ -842,8 +901,9 @@ static PyMethodDef bt_methods[] = {
 	 "count int32 sequence boundaries copied into pos and cu, with the loader's documents knob."},
 	{"release", (PyCFunction)bt_release, METH_NOARGS, "release(): hand the slot back to the pipeline."},
 	{"take", (PyCFunction)(void (*)(void))bt_take, METH_FASTCALL,
-	 "take(stream, cols) -> capsule: the batch's device memory itself (no copy), given back after "
-	 "the work on stream (a CUstream as int) once dropped; the batch is released."},
+	 "take(stream, cols, documents=False) -> capsule (with documents: data, position_ids and "
+	 "cu_seqlens capsules): the batch's device memory itself (no copy), given back after the work "
+	 "on stream (a CUstream as int) once dropped; the batch is released."},
 	{NULL},
 };
 
@@ -853,6 +913,7 @@ static PyGetSetDef bt_getset[] = {
 	{"epoch", (getter)bt_get_epoch, NULL, NULL, NULL},
 	{"step", (getter)bt_get_step, NULL, NULL, NULL},
 	{"ptr", (getter)bt_get_ptr, NULL, NULL, NULL},
+	{"max_seqlen", (getter)bt_get_max_seqlen, NULL, NULL, NULL},
 	{"device", (getter)bt_get_device, NULL, NULL, NULL},
 	{NULL},
 };

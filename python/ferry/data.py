@@ -603,7 +603,19 @@ class Loader:
         self._last_idx = b.indices()
         if not self.documents:
             return self._data(b, n, offsets)
-        # pinned for the GPU: both copies are asynchronous on the current stream, as the batch is
+        if self._direct:
+            # the batch's device memory holds its position_ids and cu_seqlens too (uploaded with
+            # the data by the pipeline): three views, no copy
+            max_seqlen = b.max_seqlen
+            data, pos, cu = b.take(self._raw_stream(self._cdev), self.seq_len or 0, True)
+            data, pos, cu = (self._from_dlpack(x) for x in (data, pos, cu))
+            if self.seq_len:
+                return {"input_ids": data, "position_ids": pos, "cu_seqlens": cu,
+                        "max_seqlen": max_seqlen}
+            offs = torch.frombuffer(bytearray(offsets), dtype=torch.int64) // self._itemsize
+            return {"input_ids": data, "offsets": offs.to(self.device), "position_ids": pos,
+                    "cu_seqlens": cu, "max_seqlen": max_seqlen}
+        # (a dtype conversion) pinned for the GPU: both copies are asynchronous on the current stream
         elems = b.nbytes // self._itemsize
         pin = self._cdev >= 0
         pos = torch.empty((n, self.seq_len) if self.seq_len else (elems,), dtype=torch.int64,

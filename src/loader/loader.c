@@ -53,9 +53,10 @@ struct ferry_loader_batch {
 	struct ferry__ring_gpu *ring; /* the ring that uploaded it (ticket: the slot's index) */
 	uint64_t *offsets; /* [batch_size + 1] */
 	int64_t *indices;  /* [batch_size] */
-	/* documents=1: each element's position in its sequence, and the sequences' cumulative lengths */
+	/* documents=1: each element's position in its sequence, and the sequences' cumulative lengths,
+	 * in the slot after the data (pos_off, cu_off): uploaded with it */
 	int64_t *pos;      /* [slot elements] */
-	int32_t *cu;       /* [ncu], grown as needed */
+	int32_t *cu;       /* [ncu], at most cu_cap */
 	uint32_t ncu, cu_cap, max_seqlen;
 };
 
@@ -95,6 +96,8 @@ struct ferry_loader {
 	/* derived */
 	uint64_t items, per_rank, bpe, end_seq;
 	size_t esize, slot_bytes;
+	size_t pos_off, cu_off; /* documents=1: where position_ids and cu_seqlens lie in a slot */
+	uint32_t cu_max;
 	uint64_t *cum; /* token mode: byte prefix sums of the samples, [n + 1] */
 	uint8_t *doc_start; /* documents=1, Megatron: sample i starts a document; NULL: every one does */
 	/* pipeline */
@@ -356,14 +359,8 @@ static void iota64(int64_t *p, int64_t base, uint64_t n)
 /* documents=1: a sequence of the batch starts at element `at`. */
 static int cu_push(struct ferry_loader_batch *s, uint64_t at, uint64_t *seg)
 {
-	if (s->ncu == s->cu_cap) {
-		uint32_t c = s->cu_cap ? s->cu_cap * 2 : 64;
-		int32_t *p = realloc(s->cu, c * sizeof(*p));
-		if (!p)
-			return ferry__error(-ENOMEM, "loader: cu_seqlens of %u sequences", c);
-		s->cu = p;
-		s->cu_cap = c;
-	}
+	if (s->ncu == s->cu_cap) /* not reached: a batch has at most elements + samples + 1 */
+		return ferry__error(-EOVERFLOW, "loader: cu_seqlens past its %u entries", s->cu_cap);
 	if (s->ncu && at - (uint64_t)s->cu[s->ncu - 1] > s->max_seqlen)
 		s->max_seqlen = (uint32_t)(at - (uint64_t)s->cu[s->ncu - 1]);
 	s->cu[s->ncu++] = (int32_t)at; /* setup bounds a batch's elements by INT32_MAX */
@@ -659,6 +656,12 @@ static void *worker_main(void *arg)
 			e = slot_buffer(w, s);
 		if (!e && l->device >= 0) {
 			e = ferry__ring_h2d(w->ring, s->buf->dev, s->host, s->bytes, s->pinned);
+			if (!e && l->documents && s->bytes)
+				e = ferry__ring_h2d(w->ring, s->buf->dev + l->pos_off, s->pos,
+						    s->bytes / l->esize * sizeof(int64_t), s->pinned);
+			if (!e && l->documents)
+				e = ferry__ring_h2d(w->ring, s->buf->dev + l->cu_off, s->cu,
+						    s->ncu * sizeof(int32_t), s->pinned);
 			if (!e)
 				e = ferry__ring_record(w->ring, (unsigned)(s - l->slots));
 			if (e)
@@ -725,9 +728,19 @@ static int setup(struct ferry_loader *l, int with_cum)
 		l->slot_bytes = 1;
 	if (l->documents && !l->esize)
 		return ferry__error(FERRY_EBADOPT, "loader: documents needs a dataset of tokens");
-	if (l->documents && l->slot_bytes / l->esize > INT32_MAX)
+	if (l->documents && l->slot_bytes / l->esize > INT32_MAX - l->batch_size - 1)
 		return ferry__error(FERRY_EBADOPT, "loader: documents: a batch of %zu elements; cu_seqlens are "
-				    "int32 (at most %d elements a batch)", l->slot_bytes / l->esize, INT32_MAX);
+				    "int32 (at most %d elements a batch)", l->slot_bytes / l->esize,
+				    INT32_MAX - (int)l->batch_size - 1);
+	if (l->documents) {
+		/* a slot: the data, then (256-byte aligned) position_ids, then cu_seqlens, so that one
+		 * upload carries all three and a taken device buffer holds them all */
+		size_t elems = l->slot_bytes / l->esize;
+		l->pos_off = (l->slot_bytes + 255) & ~(size_t)255;
+		l->cu_off = l->pos_off + elems * sizeof(int64_t);
+		l->cu_max = (uint32_t)(elems + l->batch_size + 1);
+		l->slot_bytes = l->cu_off + (size_t)l->cu_max * sizeof(int32_t);
+	}
 	/* Megatron: a document is the run of sequences from one document index to the next; in a
 	 * ferry dataset every sample is a document */
 	if (l->documents && with_cum && x->format == 1 && x->ndocs) {
@@ -790,15 +803,18 @@ int ferry_loader_start(ferry_loader *l)
 		s->l = l;
 		s->offsets = malloc((l->batch_size + 1) * sizeof(uint64_t));
 		s->indices = malloc(l->batch_size * sizeof(int64_t));
-		if (l->documents)
-			s->pos = malloc(l->slot_bytes / l->esize * sizeof(int64_t) + 1);
-		if (!s->offsets || !s->indices || (l->documents && !s->pos)) {
+		if (!s->offsets || !s->indices) {
 			err = ferry__error(-ENOMEM, "loader: batch %u", i);
 			goto out;
 		}
 		if ((err = ferry__pinned_alloc(l->pool, l->slot_bytes, &s->host, &s->pinned))) {
 			ferry__error_append("loader: %u batches of %zu bytes", l->nslots, l->slot_bytes);
 			goto out;
+		}
+		if (l->documents) {
+			s->pos = (int64_t *)(void *)((uint8_t *)s->host + l->pos_off);
+			s->cu = (int32_t *)(void *)((uint8_t *)s->host + l->cu_off);
+			s->cu_cap = l->cu_max;
 		}
 		if (l->device >= 0) {
 			if ((err = buf_new(l, &s->buf)))
@@ -878,8 +894,6 @@ void ferry_loader_destroy(ferry_loader *l)
 			buf_destroy(l, s->buf);
 		free(s->offsets);
 		free(s->indices);
-		free(s->pos);
-		free(s->cu);
 	}
 	pthread_mutex_lock(&l->mu);
 	struct ferry_loader_buffer *spare = l->spare;
@@ -1094,6 +1108,18 @@ uint64_t ferry_loader_batch_step(const ferry_loader_batch *b) { return b ? b->st
 const int64_t *ferry_loader_batch_position_ids(const ferry_loader_batch *b)
 {
 	return b && b->l->documents ? b->pos : NULL;
+}
+
+int ferry_loader_documents_layout(const ferry_loader *l, size_t *pos_offset, size_t *cu_offset)
+{
+	if (!l || !l->documents || !l->started || l->failed)
+		return ferry__error(-EINVAL, "ferry_loader_documents_layout: %s",
+				    !l ? "NULL loader" : !l->documents ? "documents is off" : "the loader has not started");
+	if (pos_offset)
+		*pos_offset = l->pos_off;
+	if (cu_offset)
+		*cu_offset = l->cu_off;
+	return 0;
 }
 
 const int32_t *ferry_loader_batch_cu_seqlens(const ferry_loader_batch *b, uint32_t *count,

@@ -345,6 +345,11 @@ int main(int argc, char **argv)
 			uint32_t n = ferry_loader_batch_samples(b), ncu = 0, maxlen = 0, nwant = 0, wmax = 0;
 			const int32_t *cu = ferry_loader_batch_cu_seqlens(b, &ncu, &maxlen);
 			T_ASSERT(pos && cu);
+			/* both lie in the batch's memory, where ferry_loader_documents_layout says */
+			size_t po = 0, co = 0;
+			T_EQ_INT(ferry_loader_documents_layout(l, &po, &co), 0);
+			T_CHECK((const uint8_t *)pos == (const uint8_t *)ferry_loader_batch_data(b) + po &&
+				(const uint8_t *)cu == (const uint8_t *)ferry_loader_batch_data(b) + co);
 			uint64_t elems = o[n] / 2;
 			for (uint32_t r = 0; r < n; r++) {
 				uint64_t e0 = o[r] / 2, e1 = o[r + 1] / 2;
@@ -395,6 +400,7 @@ int main(int argc, char **argv)
 		uint32_t ncu = 7;
 		T_CHECK(ferry_loader_batch_position_ids(b) == NULL &&
 			ferry_loader_batch_cu_seqlens(b, &ncu, NULL) == NULL && ncu == 0);
+		T_EQ_INT(ferry_loader_documents_layout(l, NULL, NULL), -EINVAL);
 		ferry_loader_batch_destroy(b);
 		ferry_loader_destroy(l);
 	}
