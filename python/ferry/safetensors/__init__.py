@@ -18,6 +18,7 @@ docs/CHECKPOINTS.md ("Python") has the details.
 """
 from __future__ import annotations
 
+import functools as _functools
 import os as _os
 import threading as _threading
 
@@ -77,6 +78,16 @@ def _st_dtype_name(dtype) -> str:
             return name
     raise ValueError("torch dtype %s has no safetensors equivalent ferry knows (%s)"
                      % (dtype, ", ".join(_torch_dtypes())))
+
+
+@_functools.lru_cache(maxsize=4096)
+def _contiguous_strides(shape):
+    """torch's strides of a contiguous tensor of this shape."""
+    acc, out = 1, []
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
 
 
 def _torch_shape(name, dtype_name, shape):
@@ -217,14 +228,21 @@ class _TorchAlloc:
         for size, group in regions.values():
             buf = self.empty((size,), torch.uint8)
             base = buf.data_ptr()
+            typed = {}  # dtype -> the region as that dtype
             for i, name, at, nb, dtype, tshape in group:
-                if at % dtype.itemsize:
+                isz = dtype.itemsize
+                if at % isz:
                     # A file whose offsets do not keep this dtype aligned: its own allocation.
                     t = self.empty(tshape, dtype)
                     out[name] = t
                     dests[i] = (t.data_ptr(), nb)
                     continue
-                out[name] = buf[at:at + nb].view(dtype).view(tshape)
+                # one as_strided of the region's typed view: 2.7 us a tensor where slice, view
+                # and view took 6-7 (4,000 tensors: 15 ms, issue 22)
+                tv = typed.get(dtype)
+                if tv is None:
+                    tv = typed[dtype] = buf[:size - size % isz].view(dtype)
+                out[name] = tv.as_strided(tshape, _contiguous_strides(tshape), at // isz)
                 dests[i] = (base + at, nb)
         _sync_device(self.dev)
         # The dict in the order of the entries (file order, or the selection's).
