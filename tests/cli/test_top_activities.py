@@ -6,7 +6,10 @@ grow, and one saving checkpoints in a loop with a "save" activity (step, bytes, 
 The processes import the installed package: $FERRY_PYTHON (default: the repository's
 .venv/bin/python, else this interpreter) with the caller's PYTHONPATH, e.g.
 PYTHONPATH=/tmp/me-py ctest -R top_activities. Where ferry, numpy or torch cannot be imported the
-test says skipped, and why (exit 77)."""
+test says skipped, and why (exit 77); likewise when neither FERRY_PYTHON nor PYTHONPATH names the
+package and the default one is older than the library's sources (a stale `pip install`: CI's
+ctest runs before it reinstalls; tests/python/test_top_activities.py runs this file afterwards,
+against the package just installed)."""
 import json
 import os
 import shutil
@@ -35,6 +38,16 @@ if probe.returncode != 0:
     shutil.rmtree(tmp)
     sys.exit(77)
 print("package: %s" % probe.stdout.strip())
+if not os.environ.get("FERRY_PYTHON") and not os.environ.get("PYTHONPATH"):
+    pkg = os.path.dirname(probe.stdout.strip())
+    built = max([os.path.getmtime(os.path.join(pkg, f)) for f in os.listdir(pkg) if f.endswith(".so")] or [0])
+    newest = max(os.path.getmtime(os.path.join(dp, f)) for top in ("src", "include")
+                 for dp, _, fs in os.walk(os.path.join(src, top)) for f in fs if f.endswith((".c", ".h")))
+    if built < newest:
+        print("skipped: the package at %s is older than the sources in %s (reinstall it, or name one with "
+              "FERRY_PYTHON / PYTHONPATH)" % (pkg, src))
+        shutil.rmtree(tmp)
+        sys.exit(77)
 
 CHILD = r"""
 import os, sys, time
