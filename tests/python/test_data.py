@@ -424,3 +424,12 @@ def test_loaders_leave_no_threads(data):
         del loader, it
     gc.collect()
     assert len(os.listdir("/proc/self/task")) <= base
+
+
+def test_distributed_indices_replicas_out_of_range():
+    """num_replicas beyond the sampler's 32 bits is refused naming it, not truncated to 0
+    ("rank 0 of 0 replicas"; issue 20, finding 8)."""
+    with pytest.raises(ValueError, match=r"num_replicas 9223372036854775808 is out of range"):
+        ferry.distributed_indices(10, 2**63, 0)
+    with pytest.raises(ValueError, match=r"num_replicas 4294967296 is out of range"):
+        ferry.distributed_indices(10, 2**32, 1)
