@@ -449,6 +449,7 @@ int64_t ferry__remote_read(struct ferry__remote *r, void *buf, size_t len, uint6
 		}
 		CURLMsg *msg;
 		int left;
+		bool freed = false; /* a handle came free: give it the next part before waiting */
 		while (!err && (msg = curl_multi_info_read(s->multi, &left))) {
 			if (msg->msg != CURLMSG_DONE)
 				continue;
@@ -457,6 +458,7 @@ int64_t ferry__remote_read(struct ferry__remote *r, void *buf, size_t len, uint6
 			CURLcode rc = msg->data.result;
 			curl_multi_remove_handle(s->multi, x->e);
 			active--;
+			freed = true;
 			struct part *p = x->p;
 			int v = judge(r, x, rc, why, sizeof(why), &err);
 			x->p = NULL;
@@ -479,6 +481,8 @@ int64_t ferry__remote_read(struct ferry__remote *r, void *buf, size_t len, uint6
 		}
 		if (err || done == np)
 			break;
+		if (freed)
+			continue;
 		int timeout = 100;
 		if (!active && wake) {
 			uint64_t t2 = now_ms();

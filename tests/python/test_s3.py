@@ -363,3 +363,19 @@ def test_retries_slowdown_and_reset(open_server, aws_env, monkeypatch):
         assert url in str(e.value) and "bytes=" in str(e.value), str(e.value)
     finally:
         proxy.stop()
+
+
+def test_next_part_starts_at_once(open_server, aws_env):
+    """A connection that finishes a part takes the next one without waiting: one connection, 40
+    parts. (It used to sleep 100 ms after each part when no other transfer was running: 4 s here.)"""
+    aws_env(open_server)
+    data = os.urandom(40 * PART)
+    url = open_server.put("serial.bin", data)
+    ctx = ferry.Context(remote_part_size=PART, remote_connections=1)
+    with ferry.open(url, context=ctx) as f:
+        buf = bytearray(len(data))
+        t0 = time.monotonic()
+        assert f.pread_into(buf) == len(data)
+        elapsed = time.monotonic() - t0
+    assert bytes(buf) == data
+    assert elapsed < 3.0, "40 parts over one connection took %.2f s" % elapsed
