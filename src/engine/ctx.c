@@ -2,6 +2,7 @@
 #include <sched.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,6 +322,60 @@ const char *ferry__backend_name(const ferry_ctx *ctx)
 	return backend_choices[ctx->cfg.backend];
 }
 
+/*
+ * The workers set up their own queues (ring, slots, registered buffers), all at once: one after
+ * the other in the starting thread, 4 workers took 10-64 ms on the 2-core VM, the first call's
+ * critical path (issue 22). A gate in front of the
+ * workers' array counts them in; the start returns when every one is ready or one failed.
+ */
+struct start_gate {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	unsigned arrived, n;
+	int err;
+	char msg[512];
+	_Alignas(max_align_t) char workers[];
+};
+
+static struct start_gate *gate_of(struct ferry__worker *w)
+{
+	return (struct start_gate *)((char *)(w - w->index) - offsetof(struct start_gate, workers));
+}
+
+static void gate_free(struct ferry__worker *w)
+{
+	if (!w)
+		return;
+	struct start_gate *g = gate_of(w);
+	pthread_mutex_destroy(&g->mu);
+	pthread_cond_destroy(&g->cv);
+	free(g);
+}
+
+/* In a new worker: its queue, then the news at the gate. 0 when it may work. */
+static int worker_setup(struct ferry__worker *w)
+{
+	ferry_ctx *ctx = w->ctx;
+	struct start_gate *g = gate_of(w);
+	int ret = ferry__ioq_init(&w->q, ctx, (unsigned)ctx->cfg.queue_depth, (unsigned)ctx->cfg.slots,
+				  FERRY__IOQ_REG_BUFS);
+
+	pthread_mutex_lock(&g->mu);
+	if (ret && !g->err) {
+		/* the message without its ": <strerror>" tail, which the starting thread's error adds again */
+		const char *m = ferry_last_error(), *why = ferry_strerror(ret);
+		size_t len = strlen(m), wl = strlen(why);
+		if (len >= wl + 2 && !strcmp(m + len - wl, why) && !strncmp(m + len - wl - 2, ": ", 2))
+			len -= wl + 2;
+		g->err = ret;
+		snprintf(g->msg, sizeof(g->msg), "worker %u: %.*s", w->index, (int)len, m);
+	}
+	g->arrived++;
+	pthread_cond_broadcast(&g->cv);
+	pthread_mutex_unlock(&g->mu);
+	return ret;
+}
+
 int ferry__ctx_start(ferry_ctx *ctx)
 {
 	int ret = 0;
@@ -333,49 +388,58 @@ int ferry__ctx_start(ferry_ctx *ctx)
 	}
 	pthread_mutex_unlock(&ctx->mu);
 
-	/* Ring setup happens outside the lock (rings register themselves). */
 	ret = ferry__ctx_choose_backend(ctx);
 	unsigned n = (unsigned)ctx->cfg.threads;
-	struct ferry__worker *w = ret ? NULL : calloc(n, sizeof(*w));
-	if (!ret && !w)
+	struct start_gate *g = ret ? NULL : calloc(1, sizeof(*g) + n * sizeof(struct ferry__worker));
+	struct ferry__worker *w = g ? (struct ferry__worker *)g->workers : NULL;
+	if (!ret && !g)
 		ret = ferry__error(-ENOMEM, "allocating %u workers", n);
-	unsigned made = 0;
-	for (; !ret && made < n; made++) {
-		w[made].ctx = ctx;
-		w[made].index = made;
-		ret = ferry__ioq_init(&w[made].q, ctx, (unsigned)ctx->cfg.queue_depth,
-				      (unsigned)ctx->cfg.slots, FERRY__IOQ_REG_BUFS);
-		if (ret)
-			break;
+	if (g) {
+		pthread_mutex_init(&g->mu, NULL);
+		pthread_cond_init(&g->cv, NULL);
+		g->n = n;
 	}
 	pthread_mutex_lock(&ctx->mu);
-	if (ctx->started) { /* another thread won the race */
+	if (ctx->started || ctx->workers) { /* another thread started them, or is starting them */
+		while (!ctx->started)
+			pthread_cond_wait(&ctx->work_cv, &ctx->mu);
+		ret = ctx->start_error;
 		pthread_mutex_unlock(&ctx->mu);
-		for (unsigned i = 0; i < made; i++)
-			ferry__ioq_exit(&w[i].q);
-		free(w);
-		return ferry__ctx_start(ctx);
+		gate_free(w);
+		return ret;
 	}
+	/* Rings are set up outside ctx->mu (they register themselves): the workers wait for the
+	 * start to be decided (started, under ctx->mu) before they take work. */
+	unsigned made = 0;
 	if (!ret) {
 		ctx->workers = w;
-		for (unsigned i = 0; i < n; i++) {
-			int e = pthread_create(&w[i].thread, NULL, worker_main, &w[i]);
+		for (; made < n; made++) {
+			w[made].ctx = ctx;
+			w[made].index = made;
+			int e = pthread_create(&w[made].thread, NULL, worker_main, &w[made]);
 			if (e) {
-				ret = ferry__error(-e, "starting worker thread %u", i);
-				ctx->stopping = true;
+				ret = ferry__error(-e, "starting worker thread %u", made);
 				break;
 			}
-			ctx->nworkers++;
 		}
+		ctx->nworkers = made;
 	}
+	pthread_mutex_unlock(&ctx->mu);
+	if (g) {
+		pthread_mutex_lock(&g->mu);
+		while (g->arrived < made)
+			pthread_cond_wait(&g->cv, &g->mu);
+		if (!ret && g->err)
+			ret = ferry__error(g->err, "%s", g->msg);
+		pthread_mutex_unlock(&g->mu);
+	}
+	pthread_mutex_lock(&ctx->mu);
+	if (ret && ctx->workers)
+		ctx->stopping = true; /* the workers that started leave */
 	ctx->started = true;
 	ctx->start_error = ret;
+	pthread_cond_broadcast(&ctx->work_cv);
 	pthread_mutex_unlock(&ctx->mu);
-	if (ret && !ctx->workers) {
-		for (unsigned i = 0; i < made; i++)
-			ferry__ioq_exit(&w[i].q);
-		free(w);
-	}
 	return ret;
 }
 
@@ -404,10 +468,10 @@ void ferry_ctx_destroy(ferry_ctx *ctx)
 	for (unsigned i = 0; i < n; i++)
 		pthread_join(ctx->workers[i].thread, NULL);
 	if (ctx->workers)
-		for (unsigned i = 0; i < (unsigned)ctx->cfg.threads; i++)
+		for (unsigned i = 0; i < n; i++) /* the rest never started */
 			if (ctx->workers[i].q.chunks)
 				ferry__ioq_exit(&ctx->workers[i].q);
-	free(ctx->workers);
+	gate_free(ctx->workers);
 	ferry__units_free(ctx);
 	for (unsigned i = 0; i < ctx->nslot_cache; i++)
 		ferry_free_aligned(ctx->slot_cache[i], ferry__slot_size(ctx));
@@ -568,13 +632,15 @@ static void *worker_main(void *arg)
 	struct ferry__worker *w = arg;
 	ferry_ctx *ctx = w->ctx;
 	struct ferry__ioq *q = &w->q;
+	if (worker_setup(w))
+		return NULL; /* the start fails: the others stop */
 	struct ferry__chunk **done = calloc(q->depth, sizeof(*done));
 
 	if (!done)
 		return NULL; /* the other workers carry on; nothing was taken */
 	for (;;) {
 		pthread_mutex_lock(&ctx->mu);
-		while (!ctx->stopping && !ctx->work_head && q->pending == 0)
+		while (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0)))
 			pthread_cond_wait(&ctx->work_cv, &ctx->mu);
 		if (ctx->stopping && !ctx->work_head && q->pending == 0) {
 			pthread_mutex_unlock(&ctx->mu);

@@ -1,0 +1,104 @@
+"""The first call in a fresh process (issue 22): the workers set up their own queues in parallel
+(the starting thread no longer builds every ring and slot one after the other), and load_file's
+spans are there for the asking (ferry.safetensors.last_trace(), FERRY_TRACE=1 on stderr)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import ferry
+
+START = textwrap.dedent("""
+    import os, threading, ferry
+    def cpu():
+        out = {}
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open("/proc/self/task/%s/schedstat" % t) as f:
+                    out[int(t)] = int(f.read().split()[0])
+            except OSError:
+                pass
+        return out
+    c = ferry.Context()
+    c.set("threads", "4")
+    c.set("slots", "16")
+    if c.backend != "io_uring" or c.get("register") != "1":
+        print("SKIP backend %s, register %s: queue setup costs little here" % (c.backend, c.get("register")))
+        raise SystemExit(0)
+    me = threading.get_native_id()
+    b = cpu()
+    c.start()
+    a = cpu()
+    main = a[me] - b.get(me, 0)
+    others = sum(v - b.get(k, 0) for k, v in a.items() if k != me)
+    print("CPU", main, others)
+    data = os.urandom(1 << 20)
+    with open(os.environ["T_PATH"], "wb") as w:
+        w.write(data)
+    with c.open(os.environ["T_PATH"]) as f:
+        buf = bytearray(len(data))
+        assert f.pread_into(buf, 0) == len(data) and bytes(buf) == data
+""")
+
+
+def test_workers_set_up_their_own_queues(tmp_path):
+    if not os.path.exists("/proc/self/task/%d/schedstat" % os.getpid()):
+        pytest.skip("no /proc/<pid>/task/<tid>/schedstat (per-thread CPU time) here")
+    env = dict(os.environ, T_PATH=str(tmp_path / "x.bin"))
+    out = subprocess.run([sys.executable, "-c", START], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.startswith("SKIP"):
+        pytest.skip(out.stdout[5:].strip())
+    main, others = (int(x) for x in out.stdout.split("CPU", 1)[1].split()[:2])
+    # the rings' setup and buffer registration (milliseconds) ran on the workers' threads
+    assert others > main, (main, others)
+
+
+def test_context_start_twice_and_threads():
+    """Concurrent starts agree; every worker takes work after the start."""
+    import threading
+    c = ferry.Context()
+    c.set("threads", "3")
+    errs = []
+
+    def go():
+        try:
+            c.start()
+        except Exception as e:  # noqa: BLE001
+            errs.append(e)
+
+    ts = [threading.Thread(target=go) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errs, errs
+    c.start()
+
+
+def test_start_failure_is_reported(tmp_path):
+    """A worker whose queue cannot be set up fails the start, and every later one, with its reason."""
+    code = textwrap.dedent("""
+        import resource, ferry
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+        c = ferry.Context()
+        c.set("threads", "3")
+        c.set("chunk_size", "256m")
+        c.set("slots", "64")  # 16 GiB of slots a worker
+        for i in (1, 2):
+            try:
+                c.start()
+            except OSError as e:
+                print("ERR%d" % i, e)
+            else:
+                print("OK%d" % i)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("ERR1") and "allocating a queue" in lines[0], out.stdout
+    assert lines[1].startswith("ERR2") and lines[1][4:] == lines[0][4:], out.stdout
+    assert lines[0].count("Cannot allocate memory") == 1, lines[0]
