@@ -695,17 +695,20 @@ class Loader:
         """Continue exactly after the batches a ``state_dict()`` had counted: the next ``iter()``
         starts there, and ``set_epoch`` of that epoch keeps it. The configuration (world_size,
         rank, seed, order, block, batch_size, seq_len, drop_last, the dataset's samples and bytes)
-        must match; a mismatch raises ``ferry.Error`` (``FERRY_EBADOPT``) naming the field (a state
-        saved at another world size names both; it is not remapped)."""
+        must match; a mismatch raises ``ferry.Error`` (``FERRY_EBADOPT``) naming the field. A state
+        saved at another world size resumes where that is exact: the samples all ranks had taken
+        (batch x batch_size x old world size) are a whole number of this world size's steps, and
+        the next batch is the one after them; otherwise it raises, naming both world sizes."""
         line = state["state"]
-        fields = dict(kv.split("=", 1) for kv in line.split()[2:] if "=" in kv)
         self._reset()
-        self._epoch, self._batch = int(fields["epoch"]), int(fields["batch"])
         try:
             self._cl = self._make(line)
         except BaseException:
             self._cl = None
             raise
+        # where the C loader resumes (at another world size, the remapped batch)
+        fields = dict(kv.split("=", 1) for kv in self._cl.state().split()[2:] if "=" in kv)
+        self._epoch, self._batch = int(fields["epoch"]), int(fields["batch"])
 
     def stats(self) -> dict:
         """Starvation and throughput since the pipeline (re)started: ``steps``, ``wait_total_ns``,

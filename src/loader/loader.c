@@ -1178,19 +1178,15 @@ static int set_state(struct ferry_loader *l, const char *v)
 		       &dl, &dlb);
 	if (n != 13)
 		return ferry__error(FERRY_EBADOPT, "loader state: not a ferry-loader-state 1 line: '%.80s'", v);
-	/* A state holds the positions of one rank of one world size: at another world size the same
-	 * batch number is another place in the global order (and the padding differs), so it is
-	 * refused rather than remapped (docs/DATA.md, "Epochs, iteration and resumption"). */
-	if (world != l->world_size || rank != l->rank)
+	/* At its own world size a state resumes its own rank only (another rank's batches are other
+	 * samples); at another world size it is remapped below when that is exact. */
+	if (world == l->world_size && rank != l->rank)
 		return ferry__error(FERRY_EBADOPT, "loader state: it was saved by rank %u of world_size %u, "
-				    "this loader is rank %u of world_size %u: a state resumes only the rank "
-				    "of the world size that saved it", rank, world, l->rank, l->world_size);
+				    "this loader is rank %u of world_size %u", rank, world, l->rank, l->world_size);
 #define SAME(field, have, want)                                                                  \
 	if ((uint64_t)(have) != (uint64_t)(want))                                                \
 		return ferry__error(FERRY_EBADOPT, "loader state: %s was %llu, the loader has %llu", \
 				    field, (unsigned long long)(have), (unsigned long long)(want));
-	SAME("world_size", world, l->world_size)
-	SAME("rank", rank, l->rank)
 	SAME("seed", seed, l->seed)
 	SAME("batch_size", bs, l->batch_size)
 	SAME("seq_len", seq_len, l->seq_len)
@@ -1215,6 +1211,27 @@ static int set_state(struct ferry_loader *l, const char *v)
 		if (bytes != l->ds->x.bytes)
 			return ferry__error(FERRY_EBADOPT, "loader state: the dataset had %" PRIu64 " bytes, "
 					    "this one has %" PRIu64 " (another dataset)", bytes, l->ds->x.bytes);
+	}
+	if (world != l->world_size) {
+		/*
+		 * Every rank of `world` has taken b full batches (only an epoch's last batch is short):
+		 * together the first b * bs * world entries of the epoch's global order, which holds no
+		 * padding before n. At this world size that prefix is b' whole steps when it divides,
+		 * and the rest of the epoch is the rest of the same order: exact. Otherwise refused.
+		 */
+		uint64_t done = b * bs * (uint64_t)world, step = (uint64_t)l->batch_size * l->world_size;
+		uint64_t total = l->per_rank * l->world_size;
+		if (done % step || done > l->items || done > total || (l->bpe && done / step > l->bpe))
+			return ferry__error(FERRY_EBADOPT, "loader state: it was saved by rank %u of world_size %u "
+					    "after %" PRIu64 " batches of %u (%" PRIu64 " samples of epoch %" PRIu64
+					    " across its ranks), this loader is rank %u of world_size %u: that is not a "
+					    "whole number of its steps of %" PRIu64 " samples (or reaches past the "
+					    "epoch's unpadded samples), so it cannot resume there exactly (docs/DATA.md, "
+					    "\"Epochs, iteration and resumption\")", rank, world, b, bs, done, epoch,
+					    l->rank, l->world_size, step);
+		b = done / step;
+		if (l->bpe && b == l->bpe)
+			b = 0, epoch++;
 	}
 	if (l->bpe && b >= l->bpe)
 		return ferry__error(FERRY_EBADOPT, "loader state: batch %" PRIu64 " of %" PRIu64, b, l->bpe);

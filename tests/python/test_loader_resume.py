@@ -1,6 +1,7 @@
 """The loader's epoch and position semantics (issue 21, item 1): set_epoch after load_state_dict
 keeps the resumed position; set_epoch of another epoch starts it at batch 0; iter() mid-epoch and
-after the end; the state names its world size, and a state resumed at another one is refused."""
+after the end; the state names its world size, and a state resumed at another one is remapped
+where that is exact (every sample once over the epoch) and refused otherwise."""
 import pytest
 
 from conftest import need
@@ -98,19 +99,43 @@ def test_iter_semantics(path):
     assert nxt == ferry.distributed_indices(N, 1, 0, seed=3, epoch=1)[:4].tolist()
 
 
-def test_state_names_world_size_and_is_refused_elsewhere(path):
+def test_state_names_world_size_and_is_refused_where_not_exact(path):
     a = loader(path, world_size=2, rank=1)
-    batches(a, 2)
+    batches(a, 3)
     st = a.state_dict()
     assert (st["world_size"], st["rank"], st["batch_size"], st["seed"]) == (2, 1, 4, 3)
     assert " world_size=2 rank=1 " in st["state"] and " dataset_bytes=" in st["state"]
+    # 3 batches x 4 x 2 ranks = 24 samples: not whole steps of 4 x 4 at world size 4
     b = loader(path, world_size=4, rank=1)
     with pytest.raises(ferry.Error, match=r"rank 1 of world_size 2.*rank 1 of world_size 4"):
         b.load_state_dict(st)
-    # the same world size resumes
+    # another rank of the same world size is refused; the same rank resumes
+    with pytest.raises(ferry.Error, match="rank 1 of world_size 2, this loader is rank 0"):
+        loader(path, world_size=2, rank=0).load_state_dict(st)
     c = loader(path, world_size=2, rank=1)
     c.load_state_dict(st)
-    assert c.state_dict()["batch"] == 2
+    assert c.state_dict()["batch"] == 3
+
+
+def test_state_remapped_to_another_world_size_exactly(path):
+    # 2 ranks take 4 batches of 4 (32 samples); 4 ranks resume at their batch 2: over the epoch
+    # every sample is seen once, plus only the 4-rank order's padding (104 - 101 = 3 repeats)
+    seen, st = [], None
+    for r in range(2):
+        a = loader(path, world_size=2, rank=r)
+        seen += sum(batches(a, 4), [])
+        st = a.state_dict()
+    for r in range(4):
+        b = loader(path, world_size=4, rank=r)
+        b.load_state_dict(st)
+        assert (b.epoch, b.state_dict()["batch"]) == (0, 2)
+        rest = sum(batches(b, len(b)), [])
+        # the rest is what an uninterrupted 4-rank run gives from its batch 2
+        assert rest == ferry.distributed_indices(N, 4, r, seed=3)[8:].tolist()
+        seen += rest
+        assert b.epoch == 1
+    counts = np.bincount(seen, minlength=N)
+    assert len(seen) == 104 and counts.min() == 1 and (counts == 2).sum() == 3
 
 
 def test_state_refuses_another_dataset(path, tmp_path):

@@ -262,10 +262,11 @@ int main(int argc, char **argv)
 		T_EQ_INT(k, nfull);
 		T_CHECK(memcmp(full, part, k * 8) == 0);
 		/* a state from another configuration is refused, naming the field */
-		const char *kv2[] = {"batch_size", "7", "world_size", "3", "rank", "1", "order", "shuffle", NULL};
+		const char *kv2[] = {"batch_size", "7", "world_size", "2", "rank", "1", "order", "shuffle",
+				     "seed", "4", "seq_len", tokens ? "33" : "0", NULL};
 		l = make_loader(ds, kv2);
 		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT);
-		T_CHECK(strstr(ferry_last_error(), "world_size") != NULL);
+		T_CHECK(strstr(ferry_last_error(), "seed was 3") != NULL);
 		ferry_loader_destroy(l);
 		free(full);
 		free(part);
@@ -404,19 +405,26 @@ int main(int argc, char **argv)
 		ferry_loader_batch_destroy(b);
 		ferry_loader_destroy(l);
 	}
-	/* a state names its world size: resuming it at another is refused, saying both */
+	/* a state names its world size; at another world size it resumes only where that is exact
+	 * (the samples taken so far are whole steps there), else it is refused saying both */
 	{
 		const char *kv[] = {"batch_size", "7", "world_size", "2", "rank", "1", NULL};
 		ferry_loader *l = make_loader(ds, kv);
 		char st[512];
+		T_EQ_INT(drain(l, 0, (int64_t[32]){0}, 3, NULL), 21);
 		T_ASSERT(ferry_loader_state(l, st, sizeof(st)) > 0);
 		T_CHECK(strstr(st, " world_size=2 rank=1 ") && strstr(st, " dataset_bytes="));
 		ferry_loader_destroy(l);
 		const char *kv4[] = {"batch_size", "7", "world_size", "4", "rank", "1", NULL};
 		l = make_loader(ds, kv4);
-		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT);
+		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT); /* 42 samples, steps of 28 */
 		T_CHECK(strstr(ferry_last_error(), "rank 1 of world_size 2") &&
 			strstr(ferry_last_error(), "rank 1 of world_size 4"));
+		ferry_loader_destroy(l);
+		/* another rank at the same world size is refused */
+		const char *kv0[] = {"batch_size", "7", "world_size", "2", "rank", "0", NULL};
+		l = make_loader(ds, kv0);
+		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT);
 		ferry_loader_destroy(l);
 		/* another dataset of as many samples (dataset_bytes differs) is refused too */
 		char other[600];
@@ -431,6 +439,48 @@ int main(int argc, char **argv)
 		*strstr(other, " dataset_bytes=") = 0;
 		T_EQ_INT(ferry_loader_set(l, "state", other), 0);
 		ferry_loader_destroy(l);
+	}
+	/* the exact remap: 2 ranks take 4 batches of 7 (56 samples), 4 ranks resume from one of their
+	 * states at batch 2 of theirs; together every sample of the epoch is seen once, plus only the
+	 * 4-rank order's padding (1000 - 997 = 3 repeats) */
+	{
+		uint64_t *seen = calloc(N, sizeof(uint64_t)), total = 0;
+		int64_t *ix = malloc(N * 8 * 2);
+		char st[512];
+		for (int r = 0; r < 2; r++) {
+			const char *kv[] = {"batch_size", "7", "world_size", "2", "rank", r ? "1" : "0", "seed", "5",
+					    "epochs", "1", NULL};
+			ferry_loader *l = make_loader(ds, kv);
+			uint64_t k = drain(l, 0, ix, 4, NULL);
+			T_EQ_INT(k, 28);
+			for (uint64_t i = 0; i < k; i++)
+				seen[ix[i]]++, total++;
+			T_ASSERT(ferry_loader_state(l, st, sizeof(st)) > 0);
+			ferry_loader_destroy(l);
+		}
+		for (int r = 0; r < 4; r++) {
+			char rs[4];
+			snprintf(rs, sizeof(rs), "%d", r);
+			const char *kv[] = {"batch_size", "7", "world_size", "4", "rank", rs, "seed", "5", "epochs", "1", NULL};
+			ferry_loader *l = make_loader(ds, kv);
+			T_ASSERT(ferry_loader_set(l, "state", st) == 0);
+			char now[512];
+			T_ASSERT(ferry_loader_state(l, now, sizeof(now)) > 0);
+			T_CHECK(strstr(now, " epoch=0 batch=2 ") != NULL);
+			uint64_t k = drain(l, 0, ix, 0, NULL);
+			T_EQ_INT(k, 250 - 14);
+			for (uint64_t i = 0; i < k; i++)
+				seen[ix[i]]++, total++;
+			ferry_loader_destroy(l);
+		}
+		uint64_t once = 0, twice = 0;
+		for (uint64_t i = 0; i < N; i++)
+			once += seen[i] == 1, twice += seen[i] == 2;
+		T_EQ_INT(total, 1000);
+		T_EQ_INT(once + twice, N);
+		T_EQ_INT(twice, 3);
+		free(seen);
+		free(ix);
 	}
 	/* held batches are bounded by prefetch */
 	{
