@@ -249,8 +249,10 @@ FERRY_API FERRY_WUR int ferry_loader_documents_layout(const ferry_loader *l, siz
  * The resume point after the batches returned so far, as a NUL-terminated line
  * ("ferry-loader-state 1 epoch=E batch=K samples=N world_size=W rank=R seed=S order=O ...").
  * Setting it as the `state` knob of a loader with the same configuration continues exactly
- * there; a different configuration is FERRY_EBADOPT naming the field. Returns its length, or
- * -ENOSPC when len is too small.
+ * there; a different configuration is FERRY_EBADOPT naming the field. At another world_size it
+ * resumes where that is exact (the samples all ranks had taken are whole steps of the new world
+ * size: docs/DATA.md), else FERRY_EBADOPT naming both. Returns its length, or -ENOSPC when len is
+ * too small.
  */
 FERRY_API FERRY_WUR int ferry_loader_state(const ferry_loader *l, char *buf, size_t len);
 
