@@ -102,3 +102,45 @@ def test_start_failure_is_reported(tmp_path):
     assert lines[0].startswith("ERR1") and "allocating a queue" in lines[0], out.stdout
     assert lines[1].startswith("ERR2") and lines[1][4:] == lines[0][4:], out.stdout
     assert lines[0].count("Cannot allocate memory") == 1, lines[0]
+
+
+TRACE = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    import ferry.safetensors as st
+    assert st.last_trace() is None
+    st.save_file({"a": __import__("torch").arange(1000), "b": __import__("torch").ones(3, 4)}, sys.argv[1])
+    for i in (1, 2):
+        out = st.load_file(sys.argv[1])
+        assert out["a"].tolist() == list(range(1000)) and out["b"].sum().item() == 12
+        print("TRACE%d" % i, " ".join(sorted(st.last_trace())))
+""")
+
+
+def test_load_spans(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed in this environment")
+    env = dict(os.environ, FERRY_TRACE="1")
+    env.pop("FERRY_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", TRACE, str(tmp_path / "m.safetensors")],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.split("TRACE1", 1)[1].splitlines()[0].split()
+    second = out.stdout.split("TRACE2", 1)[1].splitlines()[0].split()
+    for k in ("context", "open", "plan", "alloc", "read", "total"):
+        assert k in first and k in second, (k, first, second)
+    # the save started the default context's workers already? then no load starts them
+    assert "workers_start" not in second, second
+    assert out.stderr.count("ferry.safetensors.load_file: ") == 2, out.stderr
+    assert "read=" in out.stderr and "total=" in out.stderr, out.stderr
+
+
+def test_first_load_starts_workers_in_background(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+    import ferry.safetensors as st
+    path = tmp_path / "w.safetensors"
+    st.save_file({"x": torch.arange(10)}, path)
+    code = ("import sys, ferry.safetensors as st; o = st.load_file(sys.argv[1]); "
+            "assert o['x'].tolist() == list(range(10)); print('KEYS', sorted(st.last_trace()))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "'workers_start'" in out.stdout, out.stdout

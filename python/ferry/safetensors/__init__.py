@@ -20,12 +20,16 @@ from __future__ import annotations
 
 import functools as _functools
 import os as _os
+import sys as _sys
 import threading as _threading
+import time as _time
+import weakref as _weakref
 
 from .. import _ferry
 from .. import default_context as _default_context
 
-__all__ = ["load_file", "save_file", "load_model_dir", "safe_open", "SafetensorError", "have_checksums"]
+__all__ = ["load_file", "save_file", "load_model_dir", "safe_open", "SafetensorError", "have_checksums",
+           "last_trace"]
 
 
 class SafetensorError(Exception):
@@ -155,9 +159,64 @@ def _normalize_slice(name, shape, spec):
     return dim, start, stop
 
 
+# ------------------------------------------------------------------------------------ spans
+
+_last_trace = None
+_started = _weakref.WeakSet()  # contexts whose workers a load started in the background
+_started_lock = _threading.Lock()
+
+
+def last_trace():
+    """The spans of this process's last load_file, in seconds: {"context": ..., "open": ...,
+    "plan": ..., "alloc": ..., "read": ..., "total": ..., "workers_start": ...} (``workers_start``
+    only when that load started the context's workers, beside the other spans). None before the
+    first load. FERRY_TRACE=1 prints them to stderr after each load as well."""
+    return dict(_last_trace) if _last_trace is not None else None
+
+
+def _start_workers(ctx, spans):
+    """Starts the context's workers (threads, rings, slots) in the background, so that they come
+    up while the header is parsed and the result allocated (issue 22: a fresh process's first
+    load paid them first). A failure is reported by the load's read, which starts them too."""
+    with _started_lock:
+        try:
+            if ctx in _started:
+                return None
+            _started.add(ctx)
+        except TypeError:  # not weak-referenceable: start in the read, as before
+            return None
+
+    def run():
+        t = _time.perf_counter()
+        try:
+            ctx.start()
+        except Exception:  # noqa: BLE001 - the read reports it
+            pass
+        spans["workers_start"] = _time.perf_counter() - t
+
+    th = _threading.Thread(target=run, name="ferry-start", daemon=True)
+    th.start()
+    return th
+
+
+def _trace_done(spans, t0):
+    global _last_trace
+    spans["total"] = _time.perf_counter() - t0
+    _last_trace = spans
+    if _os.environ.get("FERRY_TRACE", "") not in ("", "0"):
+        _sys.stderr.write("ferry.safetensors.load_file: %s\n" % " ".join(
+            "%s=%.3fms" % (k, v * 1e3) for k, v in spans.items()))
+
+
 def _load_torch(path, device, keys, slices, verify, views, staging_budget, context, alloc):
     """The load behind load_file (torch) and ferry.safetensors.numpy.load_file (alloc decides)."""
+    clock = _time.perf_counter
+    t0 = clock()
+    spans = {}
     ctx = context if context is not None else _default_context()
+    starter = _start_workers(ctx, spans)
+    t = clock()
+    spans["context"] = t - t0
     ld = _ferry.load_open(ctx, _os.fspath(path))
     files = ld.files()
     where = {}  # name -> (file index, offset, dtype, shape, nbytes)
@@ -181,13 +240,23 @@ def _load_torch(path, device, keys, slices, verify, views, staging_budget, conte
             else:
                 ld.select(k)
     entries = ld.entries()
+    t1 = clock()
+    spans["open"] = t1 - t
     # Where the C loader would place each entry (ferry_st_load_place): views of one region per file.
     places = [ld.place(i, 0) for i in range(len(entries))] if views else None
+    t = clock()
+    spans["plan"] = t - t1
     out, dests = alloc(entries, places)
     for i, (ptr, length) in enumerate(dests):
         ld.set_dest(i, ptr, length)
+    t1 = clock()
+    spans["alloc"] = t1 - t
     flags = _ferry.LOAD_VERIFY if verify else 0
     ld.run(alloc.device_index, flags, int(staging_budget or 0))
+    spans["read"] = clock() - t1
+    if starter is not None:
+        starter.join()
+    _trace_done(spans, t0)
     return out
 
 
