@@ -27,10 +27,31 @@ struct publication {
 	struct publication *next;
 	struct ferry__publish *p;
 	int dirfd;
+	pid_t pid; /* the process that made it: a fork()ed child inherits the list, not the files */
 	char name[64];
 };
 static pthread_mutex_t pubs_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct publication *pubs;
+static pthread_once_t atexit_once = PTHREAD_ONCE_INIT;
+
+/*
+ * A process that exits without destroying its contexts (Python's interpreter does not) takes its
+ * publications with it: the names are unlinked (the mappings stay valid for threads still writing
+ * until the process is gone). Files of processes that died (SIGKILL) are left for `ferry top`.
+ */
+static void unlink_at_exit(void)
+{
+	pthread_mutex_lock(&pubs_mu);
+	for (struct publication *pub = pubs; pub; pub = pub->next)
+		if (pub->pid == getpid())
+			(void)unlinkat(pub->dirfd, pub->name, 0);
+	pthread_mutex_unlock(&pubs_mu);
+}
+
+static void register_atexit(void)
+{
+	(void)atexit(unlink_at_exit);
+}
 
 /*
  * A directory other users can write to and we cannot trust to keep our file ours: one owned by
@@ -125,6 +146,8 @@ struct ferry__publish_counters *ferry__publish_open(const char *name)
 	__atomic_store_n(&p->magic, FERRY__PUBLISH_MAGIC, __ATOMIC_RELEASE);
 	pub->p = p;
 	pub->dirfd = dfd;
+	pub->pid = getpid();
+	pthread_once(&atexit_once, register_atexit);
 	pthread_mutex_lock(&pubs_mu);
 	pub->next = pubs;
 	pubs = pub;
@@ -174,7 +197,8 @@ void ferry__publish_close(struct ferry__publish_counters *c)
 	pthread_mutex_unlock(&pubs_mu);
 	munmap(p, sizeof(*p));
 	if (pub) {
-		unlinkat(pub->dirfd, pub->name, 0);
+		if (pub->pid == getpid())
+			unlinkat(pub->dirfd, pub->name, 0);
 		close(pub->dirfd);
 		free(pub);
 	}
