@@ -76,6 +76,114 @@ static int parse_io(const char *fn, PyObject *const *args, Py_ssize_t nargs, PyO
 	return ooff ? ferry__py_u64(ooff, "offset", off) : 0;
 }
 
+/* ---------------------------------------------------------------------------- torch tensors */
+
+/*
+ * torch.Tensor without DLPack: torch's __dlpack__ (Python code) took 11-12 us a tensor on the
+ * 2-core VM where NumPy's buffer protocol takes 0.6: most of a per-piece future's or a batch
+ * entry's cost (issue 22). data_ptr(), nbytes and the checks DLPack makes (no grad, no conj or
+ * neg bit, contiguous, CPU or CUDA) take about 1 us. Anything else (a subclass, a stream to
+ * order with, a tensor DLPack would refuse) goes the general way, which says why.
+ */
+static PyTypeObject *torch_tensor; /* torch.Tensor, once one was seen */
+static PyObject *s_requires_grad, *s_is_contiguous, *s_is_conj, *s_is_neg, *s_is_cuda, *s_is_cpu,
+	*s_get_device, *s_data_ptr, *s_nbytes;
+
+static int is_torch_tensor(PyObject *obj)
+{
+	PyTypeObject *t = Py_TYPE(obj);
+
+	if (torch_tensor)
+		return t == torch_tensor;
+	if (strcmp(t->tp_name, "Tensor") || !t->tp_base || strcmp(t->tp_base->tp_name, "torch._C.TensorBase"))
+		return 0;
+	if (!s_requires_grad) {
+		s_requires_grad = PyUnicode_InternFromString("requires_grad");
+		s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
+		s_is_conj = PyUnicode_InternFromString("is_conj");
+		s_is_neg = PyUnicode_InternFromString("is_neg");
+		s_is_cuda = PyUnicode_InternFromString("is_cuda");
+		s_is_cpu = PyUnicode_InternFromString("is_cpu");
+		s_get_device = PyUnicode_InternFromString("get_device");
+		s_data_ptr = PyUnicode_InternFromString("data_ptr");
+		s_nbytes = PyUnicode_InternFromString("nbytes");
+		if (!s_requires_grad || !s_is_contiguous || !s_is_conj || !s_is_neg || !s_is_cuda ||
+		    !s_is_cpu || !s_get_device || !s_data_ptr || !s_nbytes) {
+			PyErr_Clear();
+			return 0;
+		}
+	}
+	torch_tensor = (PyTypeObject *)Py_NewRef((PyObject *)t);
+	return 1;
+}
+
+/* 1 when obj's attribute (call: method) is True, 0 False, -1 anything else. */
+static int torch_flag(PyObject *obj, PyObject *name, int call)
+{
+	PyObject *v = call ? PyObject_CallMethodNoArgs(obj, name) : PyObject_GetAttr(obj, name);
+	int r = v == Py_True ? 1 : v == Py_False ? 0 : -1;
+
+	Py_XDECREF(v);
+	return r;
+}
+
+/* 1 with b set, 0 when obj is not a tensor this path takes (no error set). */
+static int torch_buf(PyObject *obj, struct ferry__py_buf *b)
+{
+	int cuda, cpu;
+	long long dev = -1;
+	unsigned long long ptr;
+	Py_ssize_t n;
+	PyObject *v;
+
+	if (!is_torch_tensor(obj))
+		return 0;
+	if (torch_flag(obj, s_requires_grad, 0) != 0 || torch_flag(obj, s_is_conj, 1) != 0 ||
+	    torch_flag(obj, s_is_neg, 1) != 0 || torch_flag(obj, s_is_contiguous, 1) != 1)
+		goto other;
+	cuda = torch_flag(obj, s_is_cuda, 0);
+	cpu = torch_flag(obj, s_is_cpu, 0);
+	if (cuda < 0 || cpu < 0 || cuda == cpu)
+		goto other;
+	if (cuda) {
+		if (!(v = PyObject_CallMethodNoArgs(obj, s_get_device)))
+			goto other;
+		dev = PyLong_AsLongLong(v);
+		Py_DECREF(v);
+		if (dev < 0 || dev > INT_MAX)
+			goto other;
+	}
+	if (!(v = PyObject_CallMethodNoArgs(obj, s_data_ptr)))
+		goto other;
+	ptr = PyLong_AsUnsignedLongLong(v);
+	Py_DECREF(v);
+	if (!(v = PyObject_GetAttr(obj, s_nbytes)))
+		goto other;
+	n = PyLong_AsSsize_t(v);
+	Py_DECREF(v);
+	if (PyErr_Occurred() || n < 0)
+		goto other;
+	memset(b, 0, sizeof(*b));
+	b->ptr = (void *)(uintptr_t)ptr;
+	b->len = (size_t)n;
+	b->cuda = cuda;
+	b->device = cuda ? (int)dev : -1;
+	b->how = FERRY_PY_BUF_CAI; /* nothing to release but the reference */
+	b->owner = Py_NewRef(obj);
+	return 1;
+other:
+	PyErr_Clear();
+	return 0;
+}
+
+/* ferry__py_buf_get, torch tensors first (stream: a stream-ordered call's, for __dlpack__). */
+static int buf_get(PyObject *obj, struct ferry__py_buf *b, int writable, PyObject *stream)
+{
+	if (!stream && torch_buf(obj, b))
+		return 0;
+	return ferry__py_buf_get(obj, b, writable, stream);
+}
+
 /* ------------------------------------------------------------------------------------ Context */
 
 typedef struct {
@@ -260,7 +368,7 @@ static PyObject *file_transfer(FileObject *self, PyObject *const *args, Py_ssize
 		return NULL;
 	if (stream)
 		return file_transfer_stream(self, obj, off, stream, is_write);
-	if (ferry__py_buf_get(obj, &b, !is_write, NULL) < 0)
+	if (buf_get(obj, &b, !is_write, NULL) < 0)
 		return NULL;
 	FERRY_PY_NOGIL(&self->inflight, n, is_write ? ferry_pwrite(self->f, b.ptr, b.len, off)
 						    : ferry_pread(self->f, b.ptr, b.len, off));
@@ -514,7 +622,7 @@ static RequestObject *req_new(FileObject *self, PyObject *obj, uint64_t off, int
 
 	if (!r)
 		return NULL;
-	if (ferry__py_buf_get(obj, &r->buf, !is_write, stream) < 0) {
+	if (buf_get(obj, &r->buf, !is_write, stream) < 0) {
 		Py_DECREF(r);
 		return NULL;
 	}
@@ -710,7 +818,7 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 		FileObject *fo;
 
 		if (batch_entry(PySequence_Fast_GET_ITEM(seq, got), deffile, ctx, &fo, &off, &obj) < 0 ||
-		    ferry__py_buf_get(obj, &bufs[got], !is_write, NULL) < 0) {
+		    buf_get(obj, &bufs[got], !is_write, NULL) < 0) {
 			PyObject *type, *value, *tb;
 			PyErr_Fetch(&type, &value, &tb);
 			PyErr_NormalizeException(&type, &value, &tb);
