@@ -305,8 +305,9 @@ static ssize_t transfer(ferry_file *f, void *buf, size_t len, uint64_t off, bool
 	if (ret)
 		return ret;
 	if (f->remote && path == FERRY__P_HOST) { /* parallel ranged GETs straight into buf (remote.c) */
-		int64_t n = ferry__remote_read(f->remote, buf, len, off);
-		account(ctx, false, n);
+		int64_t n = is_write ? ferry__remote_write(f->remote, buf, len, off)
+				     : ferry__remote_read(f->remote, buf, len, off);
+		account(ctx, is_write, n);
 		return (ssize_t)n;
 	}
 	if (path == FERRY__P_HOST && ferry__chunk_count(off, len, ctx->cfg.chunk_size) == 1)

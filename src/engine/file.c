@@ -203,6 +203,8 @@ const char *ferry_file_path(const ferry_file *f)
 
 int ferry_file_sync(ferry_file *f, int full)
 {
+	if (f->remote) /* a remote object written: the commit that makes it visible */
+		return ferry__remote_commit(f->remote);
 	if ((full ? fsync(f->fd_buf) : fdatasync(f->fd_buf)) < 0)
 		return ferry__error(-errno, "%s(%s)", full ? "fsync" : "fdatasync", f->path);
 	return 0;

@@ -17,8 +17,9 @@ struct ferry__ring {
 
 int64_t ferry__psync_do(const struct ferry__op *op)
 {
-	if (op->remote) /* a remote object (no descriptor): ranged GETs, src/engine/remote.c */
-		return ferry__remote_read(op->remote, op->addr, op->len, op->off);
+	if (op->remote) /* a remote object (no descriptor): ranged GETs or parts of an upload (remote.c) */
+		return op->is_write ? ferry__remote_write(op->remote, op->addr, op->len, op->off)
+				    : ferry__remote_read(op->remote, op->addr, op->len, op->off);
 	ssize_t n = op->is_write ? pwrite(op->fd, op->addr, op->len, (off_t)op->off)
 				 : pread(op->fd, op->addr, op->len, (off_t)op->off);
 	return n < 0 ? -errno : n;

@@ -52,11 +52,20 @@ void ferry__remote_last_error(struct ferry__remote *r, char *buf, size_t len)
 	if (len)
 		buf[0] = 0;
 }
+int64_t ferry__remote_write(struct ferry__remote *r, const void *buf, size_t len, uint64_t off)
+{
+	return ferry__error(FERRY_EBACKEND, "remote write: built without libcurl");
+}
+int ferry__remote_commit(struct ferry__remote *r)
+{
+	return 0;
+}
 
 #else
 
 #define EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 #define BODY_MAX 4096 /* of an error body: S3's XML error is a few hundred bytes */
+#define MIN_PART (5u << 20) /* S3's smallest part but the last */
 
 /* A multi handle and its easy handles: one read at a time uses a set; idle sets wait in the pool. */
 struct conn_set {
@@ -81,6 +90,28 @@ struct ferry__remote {
 	pthread_mutex_t mu; /* pool, err */
 	struct conn_set *pool;
 	char err[1536];
+	/* writes (a new object, in order): parts of wpart_size buffered, uploaded remote_connections
+	 * at a time as parts of a multipart upload; committed by ferry_file_sync, aborted otherwise */
+	bool writing, committed;
+	int write_err;      /* the first failure: every later write and the commit return it */
+	uint64_t written;   /* bytes taken so far */
+	size_t wpart_size;
+	char upload_id[1024]; /* "" until the first full batch of parts goes up */
+	struct wpart *wparts; /* buffered, not yet uploaded: connections of them */
+	unsigned nwparts;
+	char **etags;       /* of the uploaded parts, by part number - 1 */
+	unsigned nuploaded, etags_cap;
+	pthread_mutex_t wmu; /* one writer at a time */
+};
+
+static void abort_upload(struct ferry__remote *r);
+
+struct wpart {
+	char *buf;
+	size_t len, sent;
+	unsigned num; /* part number, from 1 */
+	unsigned tries;
+	char etag[256];
 };
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
@@ -613,14 +644,16 @@ int ferry__remote_open(ferry_ctx *ctx, const char *url, int flags, struct ferry_
 	int ret;
 
 	*out = NULL;
-	if ((flags & 0x3) != FERRY_O_RDONLY)
-		return ferry__error(-EOPNOTSUPP, "open(%s): remote objects open read-only (writes are not done yet: "
-				    "docs/REMOTE.md)", url);
+	bool writing = (flags & 0x3) == FERRY_O_WRONLY;
+	if ((flags & 0x3) == FERRY_O_RDWR || (flags & FERRY_O_EXCL) || (writing && strncasecmp(url, "s3://", 5)))
+		return ferry__error(-EOPNOTSUPP, "open(%s): a remote object opens for reading, or (s3:// only) for "
+				    "writing a new object in order; not read/write, not exclusive (docs/REMOTE.md)", url);
 	if ((ret = remote_probe(why, sizeof(why))))
 		return ferry__error(ret, "open(%s): %s", url, why);
 	if (!(r = calloc(1, sizeof(*r))))
 		return ferry__error(-ENOMEM, "open(%s)", url);
 	pthread_mutex_init(&r->mu, NULL);
+	pthread_mutex_init(&r->wmu, NULL);
 	r->ctx = ctx;
 	r->connections = (unsigned)ctx->cfg.remote_connections;
 	r->part_size = (size_t)ctx->cfg.remote_part_size;
@@ -649,6 +682,16 @@ int ferry__remote_open(ferry_ctx *ctx, const char *url, int flags, struct ferry_
 		snprintf(r->http, 8192, "%s", url);
 		snprintf(r->aws.cred_source, sizeof(r->aws.cred_source), "none (plain HTTP)");
 	}
+	if (writing) {
+		r->writing = true;
+		r->wpart_size = r->part_size < MIN_PART ? MIN_PART : r->part_size;
+		if (!(r->wparts = calloc(r->connections, sizeof(*r->wparts)))) {
+			ferry__remote_close(r);
+			return ferry__error(-ENOMEM, "open(%s)", url);
+		}
+		*out = r;
+		return 0;
+	}
 	if ((ret = head(r))) {
 		ferry__remote_close(r);
 		return ret;
@@ -666,6 +709,17 @@ void ferry__remote_close(struct ferry__remote *r)
 {
 	if (!r)
 		return;
+	if (r->writing && !r->committed) { /* never committed: nothing becomes visible */
+		for (unsigned i = 0; i < r->nwparts; i++)
+			ferry_free_aligned(r->wparts[i].buf, r->wpart_size);
+		r->nwparts = 0;
+		abort_upload(r);
+	}
+	for (unsigned i = 0; i < r->etags_cap; i++)
+		free(r->etags ? r->etags[i] : NULL);
+	free(r->etags);
+	free(r->wparts);
+	pthread_mutex_destroy(&r->wmu);
 	while (r->pool) {
 		struct conn_set *s = r->pool;
 		r->pool = s->next;
@@ -680,15 +734,460 @@ void ferry__remote_close(struct ferry__remote *r)
 
 uint64_t ferry__remote_size(const struct ferry__remote *r)
 {
-	return r->size;
+	return r->writing && !r->committed ? r->written : r->size;
 }
 
 int ferry__remote_info(const struct ferry__remote *r, char *buf, size_t len)
 {
+	if (r->writing)
+		return snprintf(buf, len, "%s: remote (%s), writing a new object in order: parts of %zu bytes, up to %u "
+				"uploaded at once, visible at ferry_file_sync; credentials: %s", r->url, r->http,
+				r->wpart_size, r->connections, r->aws.cred_source);
 	return snprintf(buf, len, "%s: remote (%s), %llu bytes, ETag %s, ranged GETs of %zu bytes over up to %u "
 			"connections, %u retries; credentials: %s", r->url, r->http, (unsigned long long)r->size,
 			r->etag[0] ? r->etag : "none (a change during a read goes unnoticed)", r->part_size,
 			r->connections, r->retries, r->s3 ? r->aws.cred_source : "none (plain HTTP)");
+}
+
+/* --------------------------------------------------------------------------------------- writes */
+
+/*
+ * A new object written in order: pwrite at the end of what was written (anything else is
+ * -ESPIPE). The bytes fill parts of wpart_size (remote_part_size, at least S3's 5 MiB minimum);
+ * every remote_connections full parts go up at once as parts of a multipart upload (created with
+ * the first batch). ferry_file_sync commits: a small object is one PUT, a large one the last parts
+ * and CompleteMultipartUpload; only then is the object visible. A failure, or a file destroyed
+ * before its commit, aborts the upload: no half object is ever visible.
+ */
+
+#define WBODY_MAX (64 * 1024) /* of a response body kept: the UploadId, an error */
+
+struct wreq {
+	struct wpart *p; /* the body sent, or NULL */
+	char etag[256];
+	char body[WBODY_MAX];
+	size_t blen;
+	long status;
+	CURL *e;
+	struct curl_slist *hdrs;
+};
+
+static size_t on_wbody(char *data, size_t size, size_t nmemb, void *ud)
+{
+	struct wreq *w = ud;
+	size_t n = size * nmemb, room = sizeof(w->body) - 1 - w->blen, k = n < room ? n : room;
+	memcpy(w->body + w->blen, data, k);
+	w->blen += k;
+	w->body[w->blen] = 0;
+	return n;
+}
+
+static size_t on_wheader(char *data, size_t size, size_t nmemb, void *ud)
+{
+	struct wreq *w = ud;
+	struct head h;
+
+	h.etag[0] = 0;
+	on_header(data, size, nmemb, &h);
+	if (h.etag[0])
+		memcpy(w->etag, h.etag, sizeof(w->etag));
+	return size * nmemb;
+}
+
+static size_t on_read_part(char *dst, size_t size, size_t nmemb, void *ud)
+{
+	struct wpart *p = ud;
+	size_t n = size * nmemb, left = p->len - p->sent, k = n < left ? n : left;
+	memcpy(dst, p->buf + p->sent, k);
+	p->sent += k;
+	return k;
+}
+
+/* r->http with a query ("?uploads=", "?partNumber=1&uploadId=..."): the upload ID percent-encoded,
+ * so that the query as sent is the canonical one SigV4 signs. */
+static void write_url(const struct ferry__remote *r, char *out, size_t len, const char *query, unsigned part)
+{
+	char id[3 * sizeof(r->upload_id)];
+	size_t k = 0;
+	for (const unsigned char *s = (const unsigned char *)r->upload_id; *s && k + 4 < sizeof(id); s++) {
+		if ((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') ||
+		    *s == '-' || *s == '_' || *s == '.' || *s == '~')
+			id[k++] = (char)*s;
+		else
+			k += (size_t)sprintf(id + k, "%%%02X", *s);
+	}
+	id[k] = 0;
+	if (!strcmp(query, "uploads"))
+		snprintf(out, len, "%s?uploads=", r->http);
+	else if (part)
+		snprintf(out, len, "%s?partNumber=%u&uploadId=%s", r->http, part, id);
+	else
+		snprintf(out, len, "%s?uploadId=%s", r->http, id);
+}
+
+/* Sets up e for one write request: method, URL, the body (p, or post/plen), signing headers. */
+static void wreq_setup(struct ferry__remote *r, struct wreq *w, const char *method, const char *url,
+		       struct wpart *p, const char *post, size_t plen)
+{
+	CURL *e = w->e;
+
+	curl_easy_reset(e);
+	w->p = p;
+	w->blen = 0;
+	w->body[0] = 0;
+	w->etag[0] = 0;
+	w->status = 0;
+	if (!w->hdrs) {
+		/* bodies are not hashed (UNSIGNED-PAYLOAD, which S3 takes over HTTP and HTTPS). No
+		 * "Expect:" to drop curl's 100-continue: libcurl would sign it as an empty header
+		 * that the server never sees (SignatureDoesNotMatch); the wait is cut instead. */
+		w->hdrs = curl_slist_append(w->hdrs, "x-amz-content-sha256: UNSIGNED-PAYLOAD");
+		if (!strcmp(method, "POST")) /* not a form: a server would parse the XML away */
+			w->hdrs = curl_slist_append(w->hdrs, "Content-Type: application/xml");
+		for (struct curl_slist *h = r->headers; h; h = h->next)
+			if (strncasecmp(h->data, "x-amz-content-sha256:", 21))
+				w->hdrs = curl_slist_append(w->hdrs, h->data);
+	}
+	common_opts(r, e);
+	curl_easy_setopt(e, CURLOPT_URL, url);
+	curl_easy_setopt(e, CURLOPT_HTTPHEADER, w->hdrs);
+	curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_wbody);
+	curl_easy_setopt(e, CURLOPT_WRITEDATA, w);
+	curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_wheader);
+	curl_easy_setopt(e, CURLOPT_HEADERDATA, w);
+	curl_easy_setopt(e, CURLOPT_PRIVATE, w);
+	if (p) {
+		curl_easy_setopt(e, CURLOPT_EXPECT_100_TIMEOUT_MS, 0L);
+		p->sent = 0;
+		curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(e, CURLOPT_READFUNCTION, on_read_part);
+		curl_easy_setopt(e, CURLOPT_READDATA, p);
+		curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, (curl_off_t)p->len);
+	} else if (!strcmp(method, "POST")) {
+		curl_easy_setopt(e, CURLOPT_POST, 1L);
+		curl_easy_setopt(e, CURLOPT_POSTFIELDS, post ? post : "");
+		curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)plen);
+	} else {
+		curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, method);
+	}
+}
+
+static void wreq_free(struct wreq *w)
+{
+	if (w->e)
+		curl_easy_cleanup(w->e);
+	curl_slist_free_all(w->hdrs);
+}
+
+/* "HTTP 403 AccessDenied (...)" or the curl error of a finished write request. */
+static void wreq_describe(struct wreq *w, CURLcode rc, char *buf, size_t len)
+{
+	char code[64], msg[320];
+	if (rc != CURLE_OK) {
+		snprintf(buf, len, "%s (curl error %d)", curl_easy_strerror(rc), (int)rc);
+		return;
+	}
+	ferry__s3_error_code(w->body, w->blen, code, sizeof(code), msg, sizeof(msg));
+	if (code[0])
+		snprintf(buf, len, "HTTP %ld %s (%s)", w->status, code, msg);
+	else
+		snprintf(buf, len, "HTTP %ld", w->status);
+}
+
+/* One request, retried like a read's parts; 0 with w filled, or the error (what names the step). */
+static int wreq_run(struct ferry__remote *r, struct wreq *w, const char *method, const char *url,
+		    struct wpart *p, const char *post, size_t plen, const char *what)
+{
+	char why[512];
+	for (unsigned tries = 0;; tries++) {
+		wreq_setup(r, w, method, url, p, post, plen);
+		CURLcode rc = curl_easy_perform(w->e);
+		curl_easy_getinfo(w->e, CURLINFO_RESPONSE_CODE, &w->status);
+		/* CompleteMultipartUpload can fail after its 200: the error is in the body */
+		bool body_error = rc == CURLE_OK && w->status == 200 && strstr(w->body, "<Error>");
+		if (rc == CURLE_OK && w->status >= 200 && w->status < 300 && !body_error)
+			return 0;
+		wreq_describe(w, rc, why, sizeof(why));
+		bool again = rc != CURLE_OK ? retryable_curl(rc) : body_error || retryable_status(w->status);
+		if (again && tries < r->retries) {
+			ferry__stat_add(r->ctx, FERRY_STAT_RETRIES, 1);
+			usleep((useconds_t)backoff_ms(tries + 1) * 1000u);
+			continue;
+		}
+		int code = rc != CURLE_OK ? curl_code_errno(rc) : body_error ? -EIO : status_errno(w->status);
+		return fail(r, code, "%s: %s %s (%s): %s%s", r->url, what, method, url, why,
+			    again ? ", after retries" : "");
+	}
+}
+
+static int start_upload(struct ferry__remote *r)
+{
+	struct wreq *w = calloc(1, sizeof(*w));
+	char url[9000];
+	int ret;
+
+	if (!w || !(w->e = curl_easy_init())) {
+		free(w);
+		return fail(r, -ENOMEM, "%s: CreateMultipartUpload: out of memory", r->url);
+	}
+	write_url(r, url, sizeof(url), "uploads", 0);
+	ret = wreq_run(r, w, "POST", url, NULL, NULL, 0, "CreateMultipartUpload");
+	if (!ret) {
+		char *s = strstr(w->body, "<UploadId>"), *e = s ? strstr(s, "</UploadId>") : NULL;
+		size_t n = s && e ? (size_t)(e - s - 10) : 0;
+		if (!n || n >= sizeof(r->upload_id))
+			ret = fail(r, -EIO, "%s: CreateMultipartUpload POST %s: no UploadId in the answer", r->url, url);
+		else {
+			memcpy(r->upload_id, s + 10, n);
+			r->upload_id[n] = 0;
+		}
+	}
+	wreq_free(w);
+	free(w);
+	return ret;
+}
+
+/* Uploads the buffered parts, all at once (at most remote_connections), each retried on its own. */
+static int upload_parts(struct ferry__remote *r)
+{
+	unsigned n = r->nwparts;
+	struct wreq *ws = calloc(n, sizeof(*ws));
+	CURLM *m = curl_multi_init();
+	char (*urls)[9000] = calloc(n, sizeof(*urls));
+	int err = 0;
+
+	if (!ws || !m || !urls) {
+		err = fail(r, -ENOMEM, "%s: upload of %u parts: out of memory", r->url, n);
+		goto out;
+	}
+	for (unsigned i = 0; i < n && !err; i++) {
+		if (!(ws[i].e = curl_easy_init())) {
+			err = fail(r, -ENOMEM, "%s: curl_easy_init failed", r->url);
+			break;
+		}
+		write_url(r, urls[i], sizeof(urls[i]), "", r->wparts[i].num);
+		r->wparts[i].tries = 0;
+		wreq_setup(r, &ws[i], "PUT", urls[i], &r->wparts[i], NULL, 0);
+		curl_multi_add_handle(m, ws[i].e);
+	}
+	unsigned left = err ? 0 : n;
+	while (left && !err) {
+		int running = 0;
+		curl_multi_perform(m, &running);
+		CURLMsg *msg;
+		int q;
+		while (!err && (msg = curl_multi_info_read(m, &q))) {
+			if (msg->msg != CURLMSG_DONE)
+				continue;
+			struct wreq *w = NULL;
+			curl_easy_getinfo(msg->easy_handle, CURLINFO_PRIVATE, (char **)&w);
+			CURLcode rc = msg->data.result;
+			curl_easy_getinfo(w->e, CURLINFO_RESPONSE_CODE, &w->status);
+			curl_multi_remove_handle(m, w->e);
+			struct wpart *p = w->p;
+			if (rc == CURLE_OK && w->status >= 200 && w->status < 300 && w->etag[0]) {
+				memcpy(p->etag, w->etag, sizeof(p->etag));
+				left--;
+				continue;
+			}
+			char why[512];
+			wreq_describe(w, rc, why, sizeof(why));
+			bool again = rc != CURLE_OK ? retryable_curl(rc) : retryable_status(w->status);
+			if (again && p->tries++ < r->retries) {
+				ferry__stat_add(r->ctx, FERRY_STAT_RETRIES, 1);
+				usleep((useconds_t)backoff_ms(p->tries) * 1000u);
+				wreq_setup(r, w, "PUT", urls[w - ws], p, NULL, 0);
+				curl_multi_add_handle(m, w->e);
+				continue;
+			}
+			int code = rc != CURLE_OK ? curl_code_errno(rc) : w->status < 300 ? -EIO : status_errno(w->status);
+			err = fail(r, code, "%s: UploadPart %u (bytes %llu-%llu) PUT %s: %s%s", r->url, p->num,
+				   (unsigned long long)(p->num - 1) * r->wpart_size,
+				   (unsigned long long)(p->num - 1) * r->wpart_size + p->len - 1, urls[w - ws],
+				   w->status < 300 && rc == CURLE_OK ? "no ETag in the answer" : why,
+				   again ? ", after retries" : "");
+		}
+		if (left && !err)
+			curl_multi_poll(m, NULL, 0, 100, NULL);
+	}
+	for (unsigned i = 0; !err && i < n; i++) {
+		struct wpart *p = &r->wparts[i];
+		if (p->num > r->etags_cap) {
+			unsigned cap = r->etags_cap ? 2 * r->etags_cap : 64;
+			while (cap < p->num)
+				cap *= 2;
+			char **e = realloc(r->etags, cap * sizeof(*e));
+			if (!e) {
+				err = fail(r, -ENOMEM, "%s: out of memory", r->url);
+				break;
+			}
+			memset(e + r->etags_cap, 0, (cap - r->etags_cap) * sizeof(*e));
+			r->etags = e;
+			r->etags_cap = cap;
+		}
+		if (!(r->etags[p->num - 1] = strdup(p->etag)))
+			err = fail(r, -ENOMEM, "%s: out of memory", r->url);
+		else
+			r->nuploaded++;
+	}
+out:
+	for (unsigned i = 0; ws && i < n; i++) {
+		if (ws[i].e && m)
+			curl_multi_remove_handle(m, ws[i].e);
+		wreq_free(&ws[i]);
+	}
+	if (m)
+		curl_multi_cleanup(m);
+	free(ws);
+	free(urls);
+	for (unsigned i = 0; i < r->nwparts; i++)
+		ferry_free_aligned(r->wparts[i].buf, r->wpart_size);
+	r->nwparts = 0;
+	return err;
+}
+
+/* Best effort: AbortMultipartUpload of a started upload (its parts are then discarded). */
+static void abort_upload(struct ferry__remote *r)
+{
+	struct wreq *w;
+	char url[9000];
+
+	if (!r->upload_id[0] || !(w = calloc(1, sizeof(*w))))
+		return;
+	if ((w->e = curl_easy_init())) {
+		write_url(r, url, sizeof(url), "", 0);
+		if (wreq_run(r, w, "DELETE", url, NULL, NULL, 0, "AbortMultipartUpload") == 0)
+			r->upload_id[0] = 0;
+	}
+	wreq_free(w);
+	free(w);
+}
+
+static int write_failed(struct ferry__remote *r, int err)
+{
+	r->write_err = err;
+	for (unsigned i = 0; i < r->nwparts; i++)
+		ferry_free_aligned(r->wparts[i].buf, r->wpart_size);
+	r->nwparts = 0;
+	char keep[sizeof(r->err)];
+	ferry__remote_last_error(r, keep, sizeof(keep));
+	abort_upload(r);
+	return fail(r, err, "%s (the upload is aborted: no object was written)", keep);
+}
+
+int64_t ferry__remote_write(struct ferry__remote *r, const void *buf, size_t len, uint64_t off)
+{
+	int64_t ret = (int64_t)len;
+
+	pthread_mutex_lock(&r->wmu);
+	if (!r->writing)
+		ret = fail(r, -EBADF, "pwrite(%s): opened read-only", r->url);
+	else if (r->write_err)
+		ret = ferry__error(r->write_err, "pwrite(%s): an earlier write failed; the upload was aborted", r->url);
+	else if (r->committed)
+		ret = fail(r, -EROFS, "pwrite(%s): the object is committed (ferry_file_sync); open it again to "
+			   "write a new one", r->url);
+	else if (off != r->written)
+		ret = fail(r, -ESPIPE, "pwrite(%s, offset %llu): a remote object is written in order, and the next "
+			   "byte is %llu", r->url, (unsigned long long)off, (unsigned long long)r->written);
+	for (size_t done = 0; ret >= 0 && done < len;) {
+		struct wpart *p = r->nwparts ? &r->wparts[r->nwparts - 1] : NULL;
+		if (!p || p->len == r->wpart_size) {
+			if (r->nwparts == r->connections) { /* a full batch: up it goes */
+				int e = 0;
+				if (!r->upload_id[0])
+					e = start_upload(r);
+				if (!e)
+					e = upload_parts(r);
+				if (e) {
+					ret = write_failed(r, e);
+					break;
+				}
+			}
+			p = &r->wparts[r->nwparts];
+			memset(p, 0, sizeof(*p));
+			if (!(p->buf = ferry_alloc_aligned(r->wpart_size))) {
+				ret = write_failed(r, fail(r, -ENOMEM, "%s: a part buffer of %zu bytes", r->url, r->wpart_size));
+				break;
+			}
+			p->num = r->nuploaded + r->nwparts + 1;
+			r->nwparts++;
+		}
+		size_t k = len - done < r->wpart_size - p->len ? len - done : r->wpart_size - p->len;
+		memcpy(p->buf + p->len, (const char *)buf + done, k);
+		p->len += k;
+		done += k;
+		r->written += k;
+	}
+	pthread_mutex_unlock(&r->wmu);
+	return ret;
+}
+
+int ferry__remote_commit(struct ferry__remote *r)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&r->wmu);
+	if (!r->writing || r->committed) {
+		pthread_mutex_unlock(&r->wmu);
+		return 0; /* nothing to commit: reads, or already visible */
+	}
+	if (r->write_err) {
+		ret = ferry__error(r->write_err, "commit(%s): an earlier write failed; the upload was aborted", r->url);
+		goto out;
+	}
+	if (!r->upload_id[0] && r->nwparts <= 1) { /* small: one PUT */
+		struct wpart empty = {0};
+		struct wreq *w = calloc(1, sizeof(*w));
+		if (!w || !(w->e = curl_easy_init())) {
+			free(w);
+			ret = write_failed(r, fail(r, -ENOMEM, "%s: PUT: out of memory", r->url));
+			goto out;
+		}
+		ret = wreq_run(r, w, "PUT", r->http, r->nwparts ? &r->wparts[0] : &empty, NULL, 0, "PutObject");
+		wreq_free(w);
+		free(w);
+		if (ret)
+			ret = write_failed(r, ret);
+		for (unsigned i = 0; i < r->nwparts; i++)
+			ferry_free_aligned(r->wparts[i].buf, r->wpart_size);
+		r->nwparts = 0;
+		goto out;
+	}
+	if (!r->upload_id[0])
+		ret = start_upload(r);
+	if (!ret && r->nwparts)
+		ret = upload_parts(r);
+	if (!ret) {
+		size_t cap = 128 + (size_t)r->nuploaded * 360, n = 0;
+		char *xml = malloc(cap), url[9000];
+		struct wreq *w = calloc(1, sizeof(*w));
+		if (!xml || !w || !(w->e = curl_easy_init())) {
+			ret = fail(r, -ENOMEM, "%s: CompleteMultipartUpload: out of memory", r->url);
+		} else {
+			n += (size_t)snprintf(xml + n, cap - n, "<CompleteMultipartUpload>");
+			for (unsigned i = 0; i < r->nuploaded; i++)
+				n += (size_t)snprintf(xml + n, cap - n, "<Part><PartNumber>%u</PartNumber><ETag>%s</ETag></Part>",
+						      i + 1, r->etags[i]);
+			n += (size_t)snprintf(xml + n, cap - n, "</CompleteMultipartUpload>");
+			write_url(r, url, sizeof(url), "", 0);
+			ret = wreq_run(r, w, "POST", url, NULL, xml, n, "CompleteMultipartUpload");
+		}
+		if (w)
+			wreq_free(w);
+		free(w);
+		free(xml);
+	}
+	if (ret)
+		ret = write_failed(r, ret);
+out:
+	if (!ret) {
+		r->committed = true;
+		r->upload_id[0] = 0;
+		r->size = r->written;
+	}
+	pthread_mutex_unlock(&r->wmu);
+	return ret;
 }
 
 #endif /* FERRY_HAVE_LIBCURL */
@@ -713,6 +1212,7 @@ int ferry__remote_file_open(ferry_ctx *ctx, const char *url, int flags, ferry_fi
 	}
 	f->ctx = ctx;
 	f->remote = r;
+	f->writable = (flags & 0x3) != FERRY_O_RDONLY;
 	f->fd_buf = -1;
 	f->fd_direct = -1;
 	f->slot = -1;

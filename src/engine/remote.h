@@ -69,6 +69,15 @@ int ferry__remote_info(const struct ferry__remote *r, char *buf, size_t len);
  * for ferry__remote_last_error (a worker's failure reported by the waiting thread).
  */
 int64_t ferry__remote_read(struct ferry__remote *r, void *buf, size_t len, uint64_t off);
+/*
+ * Writes of a new object opened FERRY_O_WRONLY (s3:// only): in order (off must be the bytes
+ * written so far, else -ESPIPE), buffered into parts uploaded remote_connections at a time as a
+ * multipart upload. Returns len or a negative code; a failure aborts the upload.
+ */
+int64_t ferry__remote_write(struct ferry__remote *r, const void *buf, size_t len, uint64_t off);
+/* Makes the written object visible (one PUT, or the last parts and CompleteMultipartUpload); a
+ * file closed without it leaves nothing behind (AbortMultipartUpload). 0 for reads. */
+int ferry__remote_commit(struct ferry__remote *r);
 /* Copies the detail of r's last failure into buf ("" if none). */
 void ferry__remote_last_error(struct ferry__remote *r, char *buf, size_t len);
 

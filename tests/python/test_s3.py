@@ -276,10 +276,13 @@ class FaultProxy:
 
             def _forward(self, method):
                 fault = None
-                if method == "GET" and "Range" in self.headers:
+                if (method == "GET" and "Range" in self.headers) or (method == "PUT" and
+                                                                     "partNumber=" in self.path):
                     with proxy.lock:
                         fault = proxy.faults.pop(0) if proxy.faults else None
                         proxy.seen.append(fault)
+                n = int(self.headers.get("Content-Length") or 0)
+                payload = self.rfile.read(n) if n else None
                 if fault == "503":
                     body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
                             b'<Message>Please reduce your request rate.</Message></Error>')
@@ -291,7 +294,7 @@ class FaultProxy:
                     return
                 conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(method, self.path, headers=headers)
+                conn.request(method, self.path, body=payload, headers=headers)
                 resp = conn.getresponse()
                 body = resp.read()
                 conn.close()
@@ -300,10 +303,10 @@ class FaultProxy:
                     if k.lower() not in ("transfer-encoding", "connection", "content-length", "date",
                                          "server"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body) if method == "GET" else
+                self.send_header("Content-Length", str(len(body) if method != "HEAD" else
                                                        resp.getheader("Content-Length", "0")))
                 self.end_headers()
-                if method != "GET":
+                if method == "HEAD":
                     return
                 if fault == "reset" and len(body) > 2:
                     self.wfile.write(body[:len(body) // 2])
@@ -321,6 +324,15 @@ class FaultProxy:
 
             def do_HEAD(self):
                 self._forward("HEAD")
+
+            def do_PUT(self):
+                self._forward("PUT")
+
+            def do_POST(self):
+                self._forward("POST")
+
+            def do_DELETE(self):
+                self._forward("DELETE")
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -379,3 +391,113 @@ def test_next_part_starts_at_once(open_server, aws_env):
         elapsed = time.monotonic() - t0
     assert bytes(buf) == data
     assert elapsed < 3.0, "40 parts over one connection took %.2f s" % elapsed
+
+
+# ------------------------------------------------------------------------------------- writes
+
+MIB = 1 << 20
+
+
+def _exists(server, key):
+    try:
+        server.s3.head_object(Bucket=BUCKET, Key=key)
+        return True
+    except Exception as e:  # botocore's ClientError: 404
+        assert "404" in str(e), e
+        return False
+
+
+def _write_in_pieces(f, data, piece):
+    off = 0
+    while off < len(data):
+        n = f.pwrite_from(memoryview(data)[off:off + piece], off)
+        assert n == min(piece, len(data) - off)
+        off += n
+
+
+def test_write_small_object(open_server, aws_env):
+    aws_env(open_server)
+    data = os.urandom(100000)
+    url = "s3://%s/written/small.bin" % BUCKET
+    with ferry.open(url, "w", context=_ctx()) as f:
+        _write_in_pieces(f, data, 30000)
+        assert f.size == len(data)
+        assert not _exists(open_server, "written/small.bin")  # nothing visible before the commit
+        f.sync()
+    assert open_server.s3.get_object(Bucket=BUCKET, Key="written/small.bin")["Body"].read() == data
+    assert bytes(ferry.read(url, context=_ctx(), like="numpy")) == data
+    with ferry.open("s3://%s/written/empty.bin" % BUCKET, "w", context=_ctx()) as f:
+        f.sync()
+    assert open_server.s3.get_object(Bucket=BUCKET, Key="written/empty.bin")["Body"].read() == b""
+
+
+def test_write_multipart(auth_server, aws_env):
+    aws_env(auth_server)  # signed: the parts' PUTs and the POSTs checked by the server
+    data = os.urandom(11 * MIB + 12345)  # parts of 5 MiB: 3, the first two uploaded before the commit
+    url = "s3://%s/written/multi.bin" % BUCKET
+    ctx = ferry.Context(remote_part_size="5m", remote_connections=2)
+    with ferry.open(url, "w", context=ctx) as f:
+        _write_in_pieces(f, data, MIB + 3)
+        uploads = auth_server.s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads", [])
+        assert [u["Key"] for u in uploads] == ["written/multi.bin"]  # under way, not visible
+        assert not _exists(auth_server, "written/multi.bin")
+        with pytest.raises(OSError) as e:  # in order only
+            f.pwrite_from(b"x", 5)
+        assert e.value.errno == errno.ESPIPE and url in str(e.value), str(e.value)
+        f.sync()
+    obj = auth_server.s3.get_object(Bucket=BUCKET, Key="written/multi.bin")
+    assert obj["ETag"].strip('"').endswith("-3"), obj["ETag"]  # a multipart upload of 3 parts
+    assert obj["Body"].read() == data
+    assert not auth_server.s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+
+
+def test_write_not_committed_is_aborted(open_server, aws_env):
+    aws_env(open_server)
+    url = "s3://%s/written/dropped.bin" % BUCKET
+    ctx = ferry.Context(remote_part_size="5m", remote_connections=1)
+    with ferry.open(url, "w", context=ctx) as f:
+        _write_in_pieces(f, os.urandom(6 * MIB), MIB)  # the first part went up
+        assert open_server.s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    # closed without sync: the upload is aborted, no object
+    assert not open_server.s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+    assert not _exists(open_server, "written/dropped.bin")
+
+
+def test_write_failure_aborts(open_server, aws_env, monkeypatch):
+    aws_env(open_server)
+    proxy = FaultProxy(open_server.port, ["503"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        url = "s3://%s/written/failed.bin" % BUCKET
+        ctx = ferry.Context(remote_part_size="5m", remote_connections=1, remote_retries=0)
+        with ferry.open(url, "w", context=ctx) as f:
+            with pytest.raises(OSError) as e:
+                _write_in_pieces(f, os.urandom(6 * MIB), MIB)
+            msg = str(e.value)
+            assert "UploadPart 1" in msg and "HTTP 503 SlowDown" in msg and "aborted" in msg, msg
+            with pytest.raises(OSError):  # the commit fails too: nothing is made visible
+                f.sync()
+        assert proxy.seen == ["503"], proxy.seen
+        assert not open_server.s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads")
+        assert not _exists(open_server, "written/failed.bin")
+        # retried, the same write goes through
+        proxy.faults = ["503"]
+        data = os.urandom(6 * MIB)
+        ctx = ferry.Context(remote_part_size="5m", remote_connections=1, remote_retries=2)
+        with ferry.open(url, "w", context=ctx) as f:
+            _write_in_pieces(f, data, MIB)
+            f.sync()
+        assert open_server.s3.get_object(Bucket=BUCKET, Key="written/failed.bin")["Body"].read() == data
+    finally:
+        proxy.stop()
+
+
+def test_write_modes_refused(open_server, aws_env):
+    aws_env(open_server)
+    for mode in ("r+", "x", "w+"):
+        with pytest.raises(OSError) as e:
+            ferry.open("s3://%s/written/x.bin" % BUCKET, mode, context=_ctx())
+        assert e.value.errno == errno.EOPNOTSUPP, (mode, e.value)
+    with pytest.raises(OSError) as e:
+        ferry.open("%s/%s/x.bin" % (open_server.endpoint, BUCKET), "w", context=_ctx())
+    assert e.value.errno == errno.EOPNOTSUPP
