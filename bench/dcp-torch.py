@@ -50,7 +50,10 @@ def child(op, a):
     size = _size(a.size)
     d = a.dir
     out = os.path.join(d, "out")
-    shutil.rmtree(out, ignore_errors=True)
+    if os.path.isdir(out):
+        shutil.rmtree(out)
+    elif os.path.exists(out):
+        os.unlink(out)
     if op.startswith("dcp.save") or op.endswith(".save"):
         st = _state(size, dev)
     else:

@@ -94,6 +94,13 @@ class Writer(_fs.FileSystemWriter):
         fut.set_result([r for part in parts for r in part])
         return fut
 
+    def _overlapping(self):
+        # Where the stock writer takes _OverlappingCpuLoader (its _write_files_from_queue), it
+        # writes the tensors smallest first; the same order keeps the files the same.
+        custom = getattr(_torch, _torch._C._get_privateuse1_backend_name(), None)
+        return (self.thread_count == 1 and self.per_thread_copy_ahead > 0 and
+                (_torch.cuda.is_available() or bool(custom and custom.is_available())))
+
     def _write_file(self, ctx, planner, path, storage_key, items):
         out = _ft._Durable(str(path), ctx)
         try:
@@ -112,9 +119,10 @@ class Writer(_fs.FileSystemWriter):
                 results.append(_WriteResult(index=wi.index, size_in_bytes=len(b),
                                             storage_data=_fs._StorageInfo(storage_key, at, len(b))))
                 at += len(b)
-            for wi in items:
-                if wi.type == _WriteItemType.BYTE_IO:
-                    continue
+            tensor_items = [wi for wi in items if wi.type != _WriteItemType.BYTE_IO]
+            if self._overlapping():
+                tensor_items.sort(key=_fs._item_size)  # _OverlappingCpuLoader's order
+            for wi in tensor_items:
                 t = planner.resolve_data(wi).detach()
                 if t.untyped_storage().nbytes() != t.nbytes:
                     t = t.clone()  # as the stock loader does: minimal storage, same strides

@@ -282,6 +282,15 @@ def _unpickler_class(weights_only, pickle_module):
     return Unpickler
 
 
+def _validate_sparse(weights_only):
+    f = _torch._utils._validate_loaded_sparse_tensors
+    import inspect
+    if "weights_only" in inspect.signature(f).parameters:  # torch >= 2.12 or so
+        f(weights_only=weights_only)
+    else:
+        f()
+
+
 def load(path, map_location=None, *, weights_only=True, pickle_module=None, context=None,
          **pickle_load_args):
     """``torch.load(path, map_location, weights_only=True)`` with the storages read by ferry.
@@ -357,7 +366,7 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
         finally:
             tls.map_location = None
             loader.finish()
-        _torch._utils._validate_loaded_sparse_tensors(weights_only=weights_only)
+        _validate_sparse(weights_only)
         return result
     finally:
         if fd >= 0:
