@@ -355,11 +355,3 @@ def load_file(directory, step, world, path, device, verify, views, context):
     flat = _st.load_file(path, device, keys=keys, verify=verify, views=views, context=context) if keys else {}
     flat.update(restore(ctx, paths, device, verify, views))
     return flat
-
-
-def check(ctx, directory, step):
-    """ferry.Error FERRY_ECORRUPT unless the pieces of a committed step make up every replicated
-    tensor it holds (the shards' own structure and checksums are ferry_ckpt_verify's)."""
-    d = _os.fspath(directory)
-    world = _ferry.ckpt_world(d, step)
-    _table(ctx, [_ferry.ckpt_path(d, step, k, world) for k in range(world)])

@@ -760,7 +760,6 @@ def verify(directory, step=None, *, require_checksums=False, context=None) -> in
             raise FileNotFoundError("%s: no committed checkpoint (no 'latest')" % _os.fspath(directory))
     ctx = context if context is not None else _default_context()
     _ferry.ckpt_verify(ctx, _os.fspath(directory), step, require_checksums)
-    _replicated.check(ctx, directory, step)  # replicated state: its pieces make up every tensor
     return step
 
 

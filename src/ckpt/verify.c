@@ -31,10 +31,22 @@ struct vfile {
 	int listed, has_bytes, present, rank, world; /* rank, world: from the name, -1 when it is not one */
 };
 
+/* A piece of a replicated tensor (python/ferry/_replicated.py: the shard's "ferry.replicated"). */
+struct rpiece {
+	char *name, *dtype, *file;
+	uint64_t shape[FERRY_ST_MAX_DIMS];
+	int ndim;
+	uint64_t off, nbytes;
+};
+
 struct ferry_ckpt_report {
 	uint64_t s[FERRY_VERIFY_STAT__COUNT];
 	struct vfile *f;
 	size_t nf, cf;
+	struct rpiece *rp; /* the step's replicated pieces, from every shard */
+	size_t nrp, crp, rep_shards;
+	uint64_t rep_tensors, rep_bytes;
+	int rep_counts_set;
 	char *msg[KEEP_PROBLEMS];
 	int code[KEEP_PROBLEMS];
 	size_t nmsg;
@@ -306,6 +318,190 @@ static void check_ties(ferry_ckpt_report *rep, struct vfile *f, const char *path
 	}
 }
 
+/*
+ * The replicated pieces a shard holds, described by its "ferry.replicated" metadata:
+ * {"world": N, "tensors": T, "bytes": B, "pieces": [[piece, name, dtype, [shape], offset], ...]}.
+ * Each piece must be a tensor of the shard; the pieces of all shards are checked together
+ * (check_replicated) to make up every replicated tensor exactly.
+ */
+static void read_replicated(ferry_ckpt_report *rep, struct vfile *f, const char *path, ferry_st *st)
+{
+	const char *md = ferry_st_metadata_get(st, "ferry.replicated");
+	if (!md)
+		return;
+	rep->rep_shards++;
+	size_t len = strlen(md);
+	char *buf = malloc(len + 1);
+	if (!buf) {
+		problem(rep, f, -ENOMEM, "%s: out of memory", path);
+		return;
+	}
+	memcpy(buf, md, len + 1);
+	struct ferry__json j;
+	char *k, *v;
+	size_t kl, kpos, vl;
+	uint64_t tensors = 0, bytes = 0;
+	int m, have_t = 0, have_b = 0, have_p = 0;
+	if (ferry__json_init(&j, buf, len) || ferry__json_object_begin(&j))
+		goto bad;
+	while ((m = ferry__json_object_next(&j, &k, &kl, &kpos)) == 1) {
+		if (!strcmp(k, "tensors")) {
+			if (ferry__json_uint(&j, &tensors))
+				goto bad;
+			have_t = 1;
+		} else if (!strcmp(k, "bytes")) {
+			if (ferry__json_uint(&j, &bytes))
+				goto bad;
+			have_b = 1;
+		} else if (!strcmp(k, "pieces")) {
+			have_p = 1;
+			if (ferry__json_array_begin(&j))
+				goto bad;
+			int a;
+			while ((a = ferry__json_array_next(&j)) == 1) {
+				struct rpiece rp = {0};
+				char *piece;
+				size_t pl;
+				if (ferry__json_array_begin(&j) || ferry__json_array_next(&j) != 1 ||
+				    ferry__json_string(&j, &piece, &pl))
+					goto bad;
+				int idx = ferry_st_find(st, piece);
+				if (idx < 0) {
+					problem(rep, f, FERRY_ECORRUPT,
+						"%s: metadata ferry.replicated names piece \"%.200s\", which the shard does not hold",
+						path, piece);
+				}
+				if (ferry__json_array_next(&j) != 1 || ferry__json_string(&j, &v, &vl) ||
+				    !(rp.name = strdup(v)))
+					goto bad_piece;
+				if (ferry__json_array_next(&j) != 1 || ferry__json_string(&j, &v, &vl) ||
+				    !(rp.dtype = strdup(v)))
+					goto bad_piece;
+				if (ferry__json_array_next(&j) != 1 || ferry__json_array_begin(&j))
+					goto bad_piece;
+				int d;
+				while ((d = ferry__json_array_next(&j)) == 1) {
+					if (rp.ndim == FERRY_ST_MAX_DIMS || ferry__json_uint(&j, &rp.shape[rp.ndim++]))
+						goto bad_piece;
+				}
+				if (d < 0 || ferry__json_array_next(&j) != 1 || ferry__json_uint(&j, &rp.off) ||
+				    ferry__json_array_next(&j) != 0)
+					goto bad_piece;
+				if (idx < 0) {
+					free(rp.name);
+					free(rp.dtype);
+					continue;
+				}
+				rp.nbytes = ferry_st_nbytes(st, (size_t)idx);
+				rp.file = f->name;
+				if (rep->nrp == rep->crp) {
+					size_t c = rep->crp ? rep->crp * 2 : 64;
+					struct rpiece *q = realloc(rep->rp, c * sizeof(*q));
+					if (!q)
+						goto bad_piece;
+					rep->rp = q;
+					rep->crp = c;
+				}
+				rep->rp[rep->nrp++] = rp;
+				continue;
+bad_piece:
+				free(rp.name);
+				free(rp.dtype);
+				goto bad;
+			}
+			if (a < 0)
+				goto bad;
+		} else if (ferry__json_skip(&j)) {
+			goto bad;
+		}
+	}
+	if (m < 0 || ferry__json_end(&j) || !have_t || !have_b || !have_p)
+		goto bad;
+	if (!rep->rep_counts_set) {
+		rep->rep_tensors = tensors;
+		rep->rep_bytes = bytes;
+		rep->rep_counts_set = 1;
+	} else if (rep->rep_tensors != tensors || rep->rep_bytes != bytes) {
+		problem(rep, f, FERRY_ECORRUPT,
+			"%s: metadata ferry.replicated says %llu tensors of %llu bytes, another shard %llu of %llu", path,
+			(unsigned long long)tensors, (unsigned long long)bytes, (unsigned long long)rep->rep_tensors,
+			(unsigned long long)rep->rep_bytes);
+	}
+	free(buf);
+	return;
+bad:
+	problem(rep, f, FERRY_ECORRUPT, "%s: metadata ferry.replicated is malformed (byte %zu: %s)", path, j.err_pos,
+		j.err ? j.err : "not the expected layout");
+	free(buf);
+}
+
+static int cmp_piece(const void *a, const void *b)
+{
+	const struct rpiece *x = a, *y = b;
+	int c = strcmp(x->name, y->name);
+	return c ? c : x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* The step's replicated pieces make up each of its replicated tensors exactly, once. */
+static void check_replicated(ferry_ckpt_report *rep, const char *sp, size_t present)
+{
+	if (!rep->rep_shards)
+		return;
+	if (rep->rep_shards != present)
+		problem(rep, NULL, FERRY_ECORRUPT,
+			"%s: %zu of %zu shards describe replicated state (metadata ferry.replicated): every shard must",
+			sp, rep->rep_shards, present);
+	qsort(rep->rp, rep->nrp, sizeof(*rep->rp), cmp_piece);
+	uint64_t tensors = 0, total = 0;
+	for (size_t i = 0; i < rep->nrp;) {
+		struct rpiece *t = &rep->rp[i];
+		size_t e = i;
+		uint64_t at = 0;
+		int bad = 0;
+		for (; e < rep->nrp && !strcmp(rep->rp[e].name, t->name); e++) {
+			struct rpiece *q = &rep->rp[e];
+			if (!bad && (strcmp(q->dtype, t->dtype) || q->ndim != t->ndim ||
+				     memcmp(q->shape, t->shape, sizeof(t->shape[0]) * (size_t)t->ndim))) {
+				problem(rep, NULL, FERRY_ECORRUPT, "%s: replicated tensor \"%.200s\" has another dtype or shape in %s than in %s",
+					sp, t->name, q->file, t->file);
+				bad = 1;
+			}
+			if (!bad && q->off != at) {
+				problem(rep, NULL, FERRY_ECORRUPT,
+					q->off > at ? "%s: replicated tensor \"%.200s\": bytes [%llu, %llu) are in no shard of the step"
+						    : "%s: replicated tensor \"%.200s\": pieces overlap at byte %llu (%llu)",
+					sp, t->name, (unsigned long long)at, (unsigned long long)q->off);
+				bad = 1;
+			}
+			at = q->off + q->nbytes;
+		}
+		enum ferry_dtype dt;
+		uint64_t want = 0;
+		if (!bad && ferry_dtype_from_name(t->dtype, &dt)) {
+			problem(rep, NULL, FERRY_ECORRUPT, "%s: replicated tensor \"%.200s\": dtype \"%.32s\" unknown", sp,
+				t->name, t->dtype);
+			bad = 1;
+		} else if (!bad) {
+			want = (uint64_t)ferry_dtype_bits(dt);
+			for (int d = 0; d < t->ndim; d++)
+				want *= t->shape[d];
+			want /= 8;
+			if (at != want)
+				problem(rep, NULL, FERRY_ECORRUPT,
+					"%s: replicated tensor \"%.200s\": bytes [%llu, %llu) are in no shard of the step", sp,
+					t->name, (unsigned long long)at, (unsigned long long)want);
+		}
+		tensors++;
+		total += at;
+		i = e;
+	}
+	if (rep->rep_counts_set && (tensors != rep->rep_tensors || total != rep->rep_bytes))
+		problem(rep, NULL, FERRY_ECORRUPT,
+			"%s: %llu replicated tensors of %llu bytes in the step's shards, their metadata says %llu of %llu", sp,
+			(unsigned long long)tensors, (unsigned long long)total, (unsigned long long)rep->rep_tensors,
+			(unsigned long long)rep->rep_bytes);
+}
+
 static void check_shard(ferry_ctx *ctx, ferry_ckpt_report *rep, struct vfile *f, const char *path, int64_t step,
 			const char *run, int rank, uint64_t world, int require_sums)
 {
@@ -316,6 +512,7 @@ static void check_shard(ferry_ctx *ctx, ferry_ckpt_report *rep, struct vfile *f,
 		return;
 	}
 	check_ties(rep, f, path, st, step, run, rank, world);
+	read_replicated(rep, f, path, st);
 	size_t n = ferry_st_count(st);
 	f->s[FERRY_VERIFY_TENSORS] = n;
 	for (size_t i = 0; i < n; i++) {
@@ -432,6 +629,10 @@ static int verify_step(ferry_ctx *ctx, const char *dir, int64_t step, int requir
 		uint64_t world = f->world >= 0 ? (uint64_t)f->world : m.world;
 		check_shard(ctx, rep, f, p, step, run, rank, world, require_sums);
 	}
+	size_t present = 0;
+	for (size_t i = 0; i < rep->nf; i++)
+		present += rep->f[i].present;
+	check_replicated(rep, sp, present);
 	manifest_free(&m);
 	return 0;
 oom:
@@ -472,6 +673,11 @@ void ferry_ckpt_report_destroy(ferry_ckpt_report *rep)
 		free(rep->f[i].name);
 	for (size_t i = 0; i < rep->nmsg; i++)
 		free(rep->msg[i]);
+	for (size_t i = 0; i < rep->nrp; i++) {
+		free(rep->rp[i].name);
+		free(rep->rp[i].dtype);
+	}
+	free(rep->rp);
 	free(rep->f);
 	free(rep);
 }

@@ -194,8 +194,13 @@ def test_corrupted_piece_is_detected(saved, tmp_path):
         f.write(text.encode().ljust(n))
     with pytest.raises(ferry.Error, match="ECORRUPT.*replicated tensors, pieces of"):
         ck.load(c, 2, rank=0)
-    with pytest.raises(ferry.Error, match="ECORRUPT.*replicated tensors, pieces of"):
+    # verify is the C check (ferry_ckpt_verify), the same for the CLI
+    with pytest.raises(ferry.Error, match="ECORRUPT.*replicated tensor"):
         ck.verify(c, 2)
+    cli = os.environ.get("FERRY_CLI") or os.path.join(os.path.dirname(__file__), "..", "..", "build", "ferry")
+    if os.access(cli, os.X_OK):
+        r = subprocess.run([cli, "ckpt", "verify", os.path.join(c, "step-%012d" % 2)], capture_output=True, text=True)
+        assert r.returncode == 1 and "replicated tensor" in r.stderr, (r.stdout, r.stderr)
 
 
 def test_cli_verify_passes_on_the_replicated_layout(saved):
