@@ -66,6 +66,13 @@ struct pack {
 	struct stat out_dir, out_bin, out_idx, out_parent;
 	int has_out_dir, has_out_bin, has_out_idx, has_out_parent;
 	const char *out_base;
+	/* directories walked (device, inode): a hash set, so that a symlink loop or a second path to
+	 * a directory does not pack its files again */
+	struct dirid {
+		dev_t dev;
+		ino_t ino;
+	} *seen;
+	size_t nseen, seen_cap;
 	ferry_dataset_writer *w;
 	pthread_mutex_t *shard_mu; /* one per shard: a thread writes its batch under it */
 	atomic_uint_fast64_t done, scanned, files_done;
@@ -184,7 +191,36 @@ static int is_output(struct pack *p, const struct stat *dir, const char *name, c
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-/* Files of a directory tree, in name order so that packing is reproducible. */
+/* 1 when the directory was walked already, else records it: 0, or -1 out of memory. */
+static int walked(struct pack *p, const struct stat *st)
+{
+	if (2 * (p->nseen + 1) > p->seen_cap) {
+		size_t cap = p->seen_cap ? p->seen_cap * 2 : 256;
+		struct dirid *t = calloc(cap, sizeof(*t));
+		if (!t)
+			return -1;
+		for (size_t i = 0; i < p->seen_cap; i++) /* ino 0: an empty slot (no directory has it) */
+			if (p->seen[i].ino) {
+				size_t h = (size_t)(p->seen[i].ino * 0x9e3779b97f4a7c15ull ^ p->seen[i].dev) & (cap - 1);
+				while (t[h].ino)
+					h = (h + 1) & (cap - 1);
+				t[h] = p->seen[i];
+			}
+		free(p->seen);
+		p->seen = t;
+		p->seen_cap = cap;
+	}
+	size_t h = (size_t)(st->st_ino * 0x9e3779b97f4a7c15ull ^ st->st_dev) & (p->seen_cap - 1);
+	for (; p->seen[h].ino; h = (h + 1) & (p->seen_cap - 1))
+		if (p->seen[h].ino == st->st_ino && p->seen[h].dev == st->st_dev)
+			return 1;
+	p->seen[h] = (struct dirid){st->st_dev, st->st_ino};
+	p->nseen++;
+	return 0;
+}
+
+/* Files of a directory tree, in name order so that packing is reproducible. 0, 1 when the
+ * directory was walked already (a symlink loop, a second path to it: left out), or -1. */
 static int walk(struct pack *p, const char *dir)
 {
 	DIR *d = opendir(dir);
@@ -194,6 +230,16 @@ static int walk(struct pack *p, const char *dir)
 		if (d)
 			closedir(d);
 		return -1;
+	}
+	int again = walked(p, &dst);
+	if (again) {
+		closedir(d);
+		if (again < 0)
+			say("ferry pack: %s: out of memory listing the inputs\n", dir);
+		else if (!p->quiet)
+			say("ferry pack: %s: left out, the directory was walked already (a symlink loop, or a second "
+			    "path to it)\n", dir);
+		return again;
 	}
 	char **names = NULL;
 	size_t n = 0, cap = 0;
@@ -226,7 +272,10 @@ static int walk(struct pack *p, const char *dir)
 	int rc = 0;
 	for (size_t i = 0; i < n; i++) {
 		char path[4096];
-		snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+		if (!rc && snprintf(path, sizeof(path), "%s/%s", dir, names[i]) >= (int)sizeof(path)) {
+			say("ferry pack: %s/%s: path too long\n", dir, names[i]);
+			rc = -1;
+		}
 		struct stat st;
 		if (!rc && stat(path, &st) == 0) {
 			if (is_output(p, &dst, names[i], &st)) {
@@ -234,7 +283,7 @@ static int walk(struct pack *p, const char *dir)
 				if (!p->quiet)
 					say("ferry pack: %s: left out, it is the output (-o)\n", path);
 			} else if (S_ISDIR(st.st_mode)) {
-				rc = walk(p, path);
+				rc = walk(p, path) < 0 ? -1 : 0;
 			} else if (S_ISREG(st.st_mode) && add_src(p, path, &st) < 0) {
 				say("ferry pack: out of memory listing the inputs\n");
 				rc = -1;
@@ -1103,9 +1152,10 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 			return 1;
 		}
 		size_t before = p.nsrc;
-		if (S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i], &st) < 0)
+		int w = S_ISDIR(st.st_mode) ? walk(&p, inputs[i]) : add_src(&p, inputs[i], &st) < 0 ? -1 : 0;
+		if (w < 0)
 			return 1;
-		if (S_ISDIR(st.st_mode) && p.nsrc == before) {
+		if (S_ISDIR(st.st_mode) && !w && p.nsrc == before) {
 			say("ferry pack: %s: the directory holds no files to pack%s\n", inputs[i],
 				p.skipped_out ? " (but the output)" : "");
 			return 1;
@@ -1266,6 +1316,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 	for (size_t i = 0; i < p.nsrc; i++)
 		free(p.srcs[i].path);
 	free(p.srcs);
+	free(p.seen);
 	free(p.s);
 	free(jobs);
 	free(tids);
