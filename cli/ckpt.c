@@ -486,6 +486,7 @@ static const struct ferry_cli_command ckpt_commands[] = {
 	{"inspect", "tensors, dtypes, shapes, offsets, metadata", cmd_inspect},
 	{"verify", "a checkpoint step's manifest, shards, metadata and checksums", cmd_verify},
 	{"bench", "save/load throughput on a transformer-shaped set", ferry_cmd_ckpt_bench},
+	{"plan", "the checkpoint interval that loses least time (Young, Daly)", ferry_cmd_ckpt_plan},
 	{NULL, NULL, NULL},
 };
 

@@ -15,5 +15,6 @@ int ferry_cmd_loader_bench(int argc, char **argv); /* cli/loader_bench.c */
 int ferry_cmd_top(int argc, char **argv);          /* cli/top.c */
 int ferry_cmd_ckpt(int argc, char **argv);         /* cli/ckpt.c */
 int ferry_cmd_ckpt_bench(int argc, char **argv);   /* cli/ckpt_bench.c: ferry ckpt bench */
+int ferry_cmd_ckpt_plan(int argc, char **argv);    /* cli/ckpt_plan.c: ferry ckpt plan */
 
 #endif
