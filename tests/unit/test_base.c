@@ -579,6 +579,58 @@ static void test_open_made(void)
 	ferry_ctx_destroy(ctx);
 }
 
+/*
+ * ferry__json_string's word-at-a-time scan (plain_run) against a plain reading: a quote, a
+ * backslash escape or a control character at every position of strings of 0-40 bytes, so that
+ * each falls at every place in an 8-byte word, with escapes before and after moving the text.
+ */
+static void test_json_string_runs(void)
+{
+	char text[128], buf[128];
+	for (int len = 0; len <= 40; len++) {
+		for (int at = 0; at <= len; at++) {
+			for (int kind = 0; kind < 3; kind++) {
+				/* "xxxx<special>yyyy" with kind 0: \n escape, 1: \u00e9, 2: a raw tab (refused) */
+				int n = 0;
+				text[n++] = '"';
+				for (int i = 0; i < len; i++) {
+					if (i == at)
+						n += snprintf(text + n, sizeof(text) - (size_t)n, "%s",
+							      kind == 0 ? "\\n" : kind == 1 ? "\\u00e9" : "\t");
+					text[n++] = (char)('a' + i % 26);
+				}
+				text[n++] = '"';
+				memcpy(buf, text, (size_t)n);
+				struct ferry__json j;
+				char *out;
+				size_t olen;
+				T_ASSERT(ferry__json_init(&j, buf, (size_t)n) == 0);
+				int r = ferry__json_string(&j, &out, &olen);
+				if (kind == 2 && at < len) {
+					T_CHECK(r != 0);
+					continue;
+				}
+				T_EQ_INT(r, 0);
+				if (r)
+					continue;
+				char want[128];
+				size_t w = 0;
+				for (int i = 0; i < len; i++) {
+					if (i == at && kind == 0)
+						want[w++] = '\n';
+					if (i == at && kind == 1) {
+						want[w++] = (char)0xc3;
+						want[w++] = (char)0xa9;
+					}
+					want[w++] = (char)('a' + i % 26);
+				}
+				T_EQ_INT(olen, w);
+				T_CHECK(olen == w && !memcmp(out, want, w));
+			}
+		}
+	}
+}
+
 int main(void)
 {
 	test_json_strings();
@@ -594,5 +646,6 @@ int main(void)
 	test_dataset_writer_files();
 	test_ckpt_run_escaped();
 	test_open_made();
+	test_json_string_runs();
 	return t_result();
 }
