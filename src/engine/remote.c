@@ -265,9 +265,37 @@ struct xfer {
 	bool whole;   /* the part is the whole object: a 200 without Range is the same bytes */
 	long status;
 	bool refused; /* the write callback stopped the transfer (too many bytes, Range ignored) */
+	uint64_t want; /* the first byte asked for */
+	char range[96]; /* the answer's Content-Range, "" if none */
 	char body[BODY_MAX];
 	size_t blen;
 };
+
+static size_t on_range_header(char *data, size_t size, size_t nmemb, void *ud)
+{
+	struct xfer *x = ud;
+	size_t n = size * nmemb;
+
+	if (n > 14 && !strncasecmp(data, "Content-Range:", 14)) {
+		size_t s = 14;
+		while (s < n && (data[s] == ' ' || data[s] == '\t'))
+			s++;
+		size_t k = n - s < sizeof(x->range) - 1 ? n - s : sizeof(x->range) - 1;
+		memcpy(x->range, data + s, k);
+		x->range[k] = 0;
+	}
+	return n;
+}
+
+/* A 206 for other bytes than asked (another start, or an object of another size: changed on a
+ * server without ETags, or a proxy that misbehaves) must not land in the buffer. */
+static bool range_ok(const struct xfer *x)
+{
+	unsigned long long a, b, total;
+	if (sscanf(x->range, " bytes %llu-%llu/%llu", &a, &b, &total) == 3)
+		return a == x->want && total == x->r->size;
+	return sscanf(x->range, " bytes %llu-%llu/*", &a, &b) == 2 && a == x->want;
+}
 
 static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 {
@@ -283,7 +311,8 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 		x->blen += k;
 		return n;
 	}
-	if ((x->status == 200 && !(x->whole && x->p->got == 0 && x->p->off == 0)) || x->p->got + n > x->p->len) {
+	if ((x->status == 200 && !(x->whole && x->p->got == 0 && x->p->off == 0)) || x->p->got + n > x->p->len ||
+	    (x->status == 206 && !range_ok(x))) {
 		x->refused = true;
 		return 0;
 	}
@@ -302,9 +331,13 @@ static void start_part(struct ferry__remote *r, CURLM *m, struct xfer *x, struct
 	x->status = 0;
 	x->refused = false;
 	x->blen = 0;
+	x->want = p->off + p->got;
+	x->range[0] = 0;
 	p->active = true;
 	common_opts(r, x->e);
 	curl_easy_setopt(x->e, CURLOPT_HTTPGET, 1L);
+	curl_easy_setopt(x->e, CURLOPT_HEADERFUNCTION, on_range_header);
+	curl_easy_setopt(x->e, CURLOPT_HEADERDATA, x);
 	snprintf(range, sizeof(range), "%llu-%llu", (unsigned long long)(p->off + p->got),
 		 (unsigned long long)(p->off + p->len - 1));
 	curl_easy_setopt(x->e, CURLOPT_RANGE, range);
@@ -335,6 +368,16 @@ static int judge(struct ferry__remote *r, struct xfer *x, CURLcode rc, char *why
 
 	if (!x->status)
 		curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &x->status);
+	if (rc == CURLE_WRITE_ERROR && x->refused && x->status == 206 && !range_ok(x)) {
+		size_t l = strlen(x->range);
+		while (l && (x->range[l - 1] == '\r' || x->range[l - 1] == '\n'))
+			l--;
+		*err = fail(r, -ESTALE, "%s: GET bytes=%llu-%llu (%s): HTTP 206 Content-Range \"%.*s\" for bytes from %llu of an "
+			    "object of %llu bytes: the object changed, or the server answered other bytes; none of "
+			    "them is returned", r->url, a, b, r->http, (int)l, x->range, (unsigned long long)x->want,
+			    (unsigned long long)r->size);
+		return PART_FAILED;
+	}
 	if (rc == CURLE_WRITE_ERROR && x->refused) {
 		*err = fail(r, -EIO, "%s: GET bytes=%llu-%llu (%s): HTTP %ld: the server sent %s", r->url, a, b,
 			    r->http, x->status, x->status == 200 ? "the whole object (it ignored Range)"

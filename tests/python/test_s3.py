@@ -256,7 +256,8 @@ def test_safetensors_load_file(open_server, aws_env):
 class FaultProxy:
     """A tiny HTTP proxy of the test's own in front of moto: each ranged GET takes the next fault
     of the list ("503": S3's SlowDown, "reset": half the body, then the connection is reset;
-    None: passed through). HEADs and GETs without Range pass through."""
+    "shiftrange", "othersize": a Content-Range for other bytes, or of an object of another size;
+    None: passed through). HEADs and GETs without Range, and PUTs but parts', pass through."""
 
     def __init__(self, upstream_port, faults):
         import http.client
@@ -300,6 +301,14 @@ class FaultProxy:
                 conn.close()
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
+                    if k.lower() == "content-range" and fault in ("shiftrange", "othersize"):
+                        unit, _, rest = v.partition(" ")
+                        span, _, total = rest.partition("/")
+                        a, _, b = span.partition("-")
+                        if fault == "shiftrange":  # the bytes that follow, as a bad cache might
+                            v = "%s %d-%d/%s" % (unit, int(a) + 1, int(b) + 1, total)
+                        else:  # an object of another size (changed on a server without ETags)
+                            v = "%s %s/%d" % (unit, span, int(total) + 1)
                     if k.lower() not in ("transfer-encoding", "connection", "content-length", "date",
                                          "server"):
                         self.send_header(k, v)
@@ -501,3 +510,26 @@ def test_write_modes_refused(open_server, aws_env):
     with pytest.raises(OSError) as e:
         ferry.open("%s/%s/x.bin" % (open_server.endpoint, BUCKET), "w", context=_ctx())
     assert e.value.errno == errno.EOPNOTSUPP
+
+
+@pytest.mark.parametrize("fault", ["shiftrange", "othersize"])
+def test_other_bytes_refused(open_server, aws_env, monkeypatch, fault):
+    """A 206 whose Content-Range is not the range asked for (other bytes, or an object of another
+    size) is an error, never bytes in the buffer: the ETag alone does not cover servers without one."""
+    aws_env(open_server)
+    data = os.urandom(3 * PART)
+    url = open_server.put("ranges.bin", data)
+    proxy = FaultProxy(open_server.port, [None, fault])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        ctx = ferry.Context(remote_part_size=PART, remote_connections=1, remote_retries=3)
+        with ferry.open(url, context=ctx) as f:
+            buf = bytearray(len(data))
+            with pytest.raises(OSError) as e:
+                f.pread_into(buf)
+        assert e.value.errno == errno.ESTALE, e.value
+        msg = str(e.value)
+        assert url in msg and "Content-Range" in msg and "bytes=%d-%d" % (PART, 2 * PART - 1) in msg, msg
+        assert proxy.seen == [None, fault], proxy.seen  # not retried: no other part ran after it
+    finally:
+        proxy.stop()
