@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "bench_suite.h"
+#include "progress.h"
 
 struct suite_case {
 	const char *label;
@@ -200,6 +202,7 @@ static void print_table(FILE *out, const char *path, uint64_t size)
 		}
 		fprintf(out, "  -> %s\n", s->reading);
 	}
+	suite_gpu_print(out);
 }
 
 /* ----------------------------------------------------------------------------------------- HTML */
@@ -278,7 +281,8 @@ static int write_report(const char *file, const char *path, uint64_t size, const
 	      "td:first-child,th:first-child{text-align:left}tr:nth-child(even){background:#f4f4f4}\n"
 	      ".reading{background:#eef5ff;border-left:4px solid #3a7bd5;padding:.5em .8em}\n"
 	      ".skip{color:#a60}.meta{color:#555}\n"
-	      "svg .b{fill:#3a7bd5}svg text{font-size:13px;font-family:system-ui,sans-serif}\n"
+	      "svg .b{fill:#3a7bd5}svg .s{fill:#ccc}svg text{font-size:13px;font-family:system-ui,sans-serif}\n"
+	      "svg .ceil{stroke:#c33;stroke-width:2;stroke-dasharray:6 4}svg .ceil-t{fill:#c33}\n"
 	      "</style>\n</head>\n<body>\n<h1>ferry bench --suite</h1>\n<p class=\"meta\">",
 	      f);
 	fprintf(f, "ferry %s &middot; ", ferry_version());
@@ -325,6 +329,7 @@ static int write_report(const char *file, const char *path, uint64_t size, const
 		html_esc(f, s->reading);
 		fprintf(f, "</p>\n");
 	}
+	suite_gpu_html(f);
 	fprintf(f, "<p class=\"meta\">Latency is per I/O, submit to completion. CPU cores: process "
 		   "CPU time (user+sys) divided by wall time. Reproduce with <code>ferry bench --suite</code>; "
 		   "single cases with <code>ferry bench --filename F --rw R --bs B --iodepth Q --direct D</code>.</p>\n"
@@ -358,9 +363,25 @@ static void json_suite(struct bench_json *j, void *arg)
 		bench_json_close_obj(j);
 	}
 	bench_json_close_arr(j);
+	suite_gpu_json(j);
 }
 
 /* -------------------------------------------------------------------------------------- the run */
+
+struct tick_state {
+	struct cli_progress *bar;
+	unsigned n, total;
+};
+
+/* A GPU step begins: the bar advances, or (not on a terminal) the step's line as the host cases have. */
+static void tick(void *arg, const char *what)
+{
+	struct tick_state *t = arg;
+	if (t->bar->on)
+		cli_progress_set(t->bar, t->n++);
+	else
+		fprintf(stderr, "ferry bench --suite: %u/%u GPU: %s\n", ++t->n, t->total, what);
+}
 
 /* O_DIRECT is refused by some file systems (tmpfs): then the suite's direct cases run buffered. */
 static int direct_works(const char *path)
@@ -430,7 +451,9 @@ int bench_suite(const struct bench_suite_opts *so)
 	free(probe);
 	int direct_ok = direct_works(path);
 
-	unsigned nrun = 0, total = NCASES;
+	unsigned nrun = 0, total = NCASES + suite_gpu_steps();
+	struct cli_progress bar;
+	cli_progress_start(&bar, "ferry bench --suite", "steps", total, 0, NULL, NULL);
 	for (unsigned i = 0; i < NCASES; i++) {
 		struct suite_case *c = &cases[i];
 		if (!strcmp(c->engine, "io_uring") && !have_uring) {
@@ -463,14 +486,36 @@ int bench_suite(const struct bench_suite_opts *so)
 			if (bad)
 				goto out;
 		}
-		fprintf(stderr, "ferry bench --suite: %u/%u %s\n", ++nrun, total, c->label);
+		if (bar.on)
+			cli_progress_set(&bar, nrun++);
+		else
+			fprintf(stderr, "ferry bench --suite: %u/%u %s\n", ++nrun, total, c->label);
 		c->res = calloc(1, sizeof(*c->res));
 		if (!c->res || bench_run(&o, c->res)) {
+			cli_progress_stop(&bar, 0);
 			free(c->res);
 			c->res = NULL;
 			goto out;
 		}
 	}
+	struct tick_state ts = {&bar, nrun, total};
+	const char *slash = strrchr(path, '/');
+	char gdir[4096];
+	if (slash && slash != path)
+		snprintf(gdir, sizeof(gdir), "%.*s", (int)(slash - path), path);
+	else
+		snprintf(gdir, sizeof(gdir), "%s", slash ? "/" : ".");
+	struct suite_gpu_in gin = {
+		.file = path,
+		.dir = gdir,
+		.size = size,
+		.runtime = runtime,
+		.storage_gbps = gbps(&cases[0]),
+		.tick = tick,
+		.arg = &ts,
+	};
+	suite_gpu_run(&gin);
+	cli_progress_stop(&bar, 0);
 	read_sections();
 
 	if (so->json) {
