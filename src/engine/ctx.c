@@ -97,6 +97,8 @@ static const struct ferry__knob ctx_rows[] = {
 	    .env = "FERRY_REMOTE_PART_SIZE", .doc = "bytes of one ranged GET of a remote object"),
 	CTX("remote_retries", remote_retries, UINT, 5, 0, 100, .env = "FERRY_REMOTE_RETRIES",
 	    .doc = "retries of a GET on 5xx, SlowDown, timeouts and resets (exponential backoff, jitter)"),
+	CTX("remote_timeout", remote_timeout, UINT, 30, 1, 3600, .env = "FERRY_REMOTE_TIMEOUT",
+	    .doc = "seconds a remote transfer may stall (under 1 KiB/s) before it is cut and retried"),
 };
 #undef CTX
 #undef NUM

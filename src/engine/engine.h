@@ -44,6 +44,7 @@ struct ferry__config {
 	uint64_t remote_connections; /* remote backend: ranged GETs in flight per read (docs/REMOTE.md) */
 	uint64_t remote_part_size;   /* remote backend: bytes of one ranged GET */
 	uint64_t remote_retries;     /* remote backend: retries of a failed GET before the error */
+	uint64_t remote_timeout;     /* remote backend: seconds a transfer may stall before a retry */
 };
 
 enum { FERRY__CACHED_IO_THREAD, FERRY__CACHED_IO_RING };

@@ -85,7 +85,7 @@ struct ferry__remote {
 	char etag[256];
 	uint64_t size;
 	struct curl_slist *headers; /* If-Match, x-amz-security-token, x-amz-content-sha256 */
-	unsigned connections, retries;
+	unsigned connections, retries, timeout;
 	size_t part_size;
 	pthread_mutex_t mu; /* pool, err */
 	struct conn_set *pool;
@@ -235,10 +235,10 @@ static void common_opts(struct ferry__remote *r, CURL *e)
 	curl_easy_setopt(e, CURLOPT_URL, r->http);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
-	/* a connection that cannot be made in 10 s, or a transfer below 1 KiB/s for 30 s, is retried */
-	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
+	/* a connection not made, or a transfer below 1 KiB/s, for remote_timeout seconds is retried */
+	curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)r->timeout * 1000L);
 	curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-	curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 30L);
+	curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)r->timeout);
 	curl_easy_setopt(e, CURLOPT_HTTPHEADER, r->headers);
 	if (r->s3 && r->aws.sign) {
 		curl_easy_setopt(e, CURLOPT_AWS_SIGV4, r->sigv4);
@@ -701,6 +701,7 @@ int ferry__remote_open(ferry_ctx *ctx, const char *url, int flags, struct ferry_
 	r->connections = (unsigned)ctx->cfg.remote_connections;
 	r->part_size = (size_t)ctx->cfg.remote_part_size;
 	r->retries = (unsigned)ctx->cfg.remote_retries;
+	r->timeout = (unsigned)ctx->cfg.remote_timeout;
 	r->s3 = !strncasecmp(url, "s3://", 5);
 	if (!(r->url = strdup(url)) || !(r->http = malloc(8192))) {
 		ferry__remote_close(r);

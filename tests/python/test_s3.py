@@ -257,6 +257,7 @@ class FaultProxy:
     """A tiny HTTP proxy of the test's own in front of moto: each ranged GET takes the next fault
     of the list ("503": S3's SlowDown, "reset": half the body, then the connection is reset;
     "shiftrange", "othersize": a Content-Range for other bytes, or of an object of another size;
+    "stall": no answer for 3 s;
     None: passed through). HEADs and GETs without Range, and PUTs but parts', pass through."""
 
     def __init__(self, upstream_port, faults):
@@ -284,6 +285,10 @@ class FaultProxy:
                         proxy.seen.append(fault)
                 n = int(self.headers.get("Content-Length") or 0)
                 payload = self.rfile.read(n) if n else None
+                if fault == "stall":  # nothing at all for 3 s, then the connection closes
+                    time.sleep(3)
+                    self.close_connection = True
+                    return
                 if fault == "503":
                     body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
                             b'<Message>Please reduce your request rate.</Message></Error>')
@@ -531,5 +536,35 @@ def test_other_bytes_refused(open_server, aws_env, monkeypatch, fault):
         msg = str(e.value)
         assert url in msg and "Content-Range" in msg and "bytes=%d-%d" % (PART, 2 * PART - 1) in msg, msg
         assert proxy.seen == [None, fault], proxy.seen  # not retried: no other part ran after it
+    finally:
+        proxy.stop()
+
+
+def test_stalled_server(open_server, aws_env, monkeypatch):
+    """A server that stops answering: the request is cut after remote_timeout and retried (exact
+    bytes), or with no retries the error is ETIMEDOUT naming the range."""
+    aws_env(open_server)
+    data = os.urandom(2 * PART)
+    url = open_server.put("stall.bin", data)
+    proxy = FaultProxy(open_server.port, ["stall"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        ctx = ferry.Context(remote_part_size=PART, remote_connections=2, remote_retries=2,
+                            remote_timeout=1)
+        with ferry.open(url, context=ctx) as f:
+            buf = bytearray(len(data))
+            t0 = time.monotonic()
+            assert f.pread_into(buf) == len(data)
+            assert bytes(buf) == data
+            assert time.monotonic() - t0 < 2.9  # cut after about 1 s, not after the stall's 3
+        assert proxy.seen[0] == "stall" and ctx.stats()["retries"] >= 1
+        proxy.faults = ["stall"]
+        ctx = ferry.Context(remote_part_size=PART, remote_connections=1, remote_retries=0,
+                            remote_timeout=1)
+        with ferry.open(url, context=ctx) as f:
+            with pytest.raises(TimeoutError) as e:
+                f.pread_into(bytearray(len(data)))
+        msg = str(e.value)
+        assert url in msg and "bytes=0-%d" % (PART - 1) in msg and "after 0 retries" in msg, msg
     finally:
         proxy.stop()
