@@ -6,7 +6,8 @@ ROUNDS rounds; the best rate and the least CPU per batch of each are printed. CP
 figure to compare on a shared machine: rates move with the other processes.
 
     PYTHONPATH=<ferry package> python bench/loader-documents.py [DIR] [ROUNDS]
-DEVICE=cuda puts ferry.Loader's batches on the GPU (position_ids copied from pinned memory).
+DEVICE=cuda puts ferry.Loader's batches on the GPU. OFF_ONLY=1 runs documents off only, without
+naming the knob: for a package from before it existed (the off path against the commit before).
 """
 import os
 import shutil
@@ -21,6 +22,7 @@ from ferry import _ferry
 DIR = sys.argv[1] if len(sys.argv) > 1 else "/dev/shm"
 ROUNDS = int(sys.argv[2]) if len(sys.argv) > 2 else 5
 DEVICE = os.environ.get("DEVICE", "cpu")
+MODES = (0,) if os.environ.get("OFF_ONLY") else (0, 1)
 B, L = 16, 2048
 path = os.path.join(DIR, "ferry-bench-docs")
 shutil.rmtree(path, ignore_errors=True)
@@ -35,8 +37,10 @@ cu = np.empty(B * L + 1, np.int32)
 
 
 def c_loader(docs, batches=800):
-    cl = _ferry.Loader(ds._ds, {"batch_size": B, "seq_len": L, "order": "shuffle", "seed": 1,
-                                "documents": docs, "threads": 1, "prefetch": 4}, -1)
+    knobs = {"batch_size": B, "seq_len": L, "order": "shuffle", "seed": 1, "threads": 1, "prefetch": 4}
+    if docs:
+        knobs["documents"] = 1
+    cl = _ferry.Loader(ds._ds, knobs, -1)
     for _ in range(20):
         cl.next().release()
     m0 = cl.metrics()["cpu_ns"]
@@ -53,7 +57,8 @@ def c_loader(docs, batches=800):
 
 
 def py_loader(docs, batches=400):
-    ld = ferry.Loader(ds, batch_size=B, seq_len=L, device=DEVICE, documents=docs, seed=1)
+    ld = ferry.Loader(ds, batch_size=B, seq_len=L, device=DEVICE, seed=1,
+                      **({"documents": True} if docs else {}))
     it = iter(ld)
     for _ in range(20):
         next(it)
@@ -70,16 +75,16 @@ def py_loader(docs, batches=400):
 
 res = {k: [] for k in ("c0", "c1", "p0", "p1")}
 for _ in range(ROUNDS):
-    for d in (0, 1):
+    for d in MODES:
         res[f"c{d}"].append(c_loader(d))
         res[f"p{d}"].append(py_loader(bool(d)))
-for d in (0, 1):
+for d in MODES:
     r = res[f"c{d}"]
     pipe = min(x[1] for x in r)
     print(f"C loader     documents={d}: {max(x[0] for x in r):9.0f} windows/s, pipeline CPU "
           f"{pipe / 1e3:6.1f} us/batch ({pipe / B / L:.2f} ns/token), process CPU "
           f"{min(x[2] for x in r) / 1e3:6.1f} us/batch")
-for d in (0, 1):
+for d in MODES:
     r = res[f"p{d}"]
     print(f"ferry.Loader ({DEVICE}) documents={d}: {max(x[0] for x in r):9.0f} windows/s, process CPU "
           f"{min(x[1] for x in r) / 1e3:6.1f} us/batch")
