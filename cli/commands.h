@@ -16,5 +16,7 @@ int ferry_cmd_top(int argc, char **argv);          /* cli/top.c */
 int ferry_cmd_ckpt(int argc, char **argv);         /* cli/ckpt.c */
 int ferry_cmd_ckpt_bench(int argc, char **argv);   /* cli/ckpt_bench.c: ferry ckpt bench */
 int ferry_cmd_ckpt_plan(int argc, char **argv);    /* cli/ckpt_plan.c: ferry ckpt plan */
+int ferry_cmd_snapshot(int argc, char **argv);     /* cli/snapshot.c */
+int ferry_cmd_restore(int argc, char **argv);      /* cli/snapshot.c */
 
 #endif

@@ -21,6 +21,8 @@ const struct ferry_cli_command ferry_cli_commands[] = {
 	{"loader-bench", "measure the data loader: samples/s, bytes/s, how long each step waited", ferry_cmd_loader_bench},
 	{"doctor", "check the machine and the storage under PATHs against the tuning checklist", ferry_cmd_doctor},
 	{"top", "live view of block devices, CPU, GPUs and ferry transfers (--json, --prometheus)", ferry_cmd_top},
+	{"snapshot", "suspend a CUDA process (GPU state, then CRIU) into a directory", ferry_cmd_snapshot},
+	{"restore", "bring back a process from ferry snapshot's directory", ferry_cmd_restore},
 	{"version", "print the version", cmd_version},
 	{NULL, NULL, NULL},
 };

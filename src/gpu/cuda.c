@@ -59,6 +59,13 @@ static const struct ferry__sym cuda_syms[] = {
 	SYM("cuMemGetAddressRange_v2", MemGetAddressRange, "cuMemGetAddressRange", 3),
 	SYM("cuPointerGetAttributes", PointerGetAttributes, "cuPointerGetAttributes", 4),
 	SYM("cuGetProcAddress_v2", GetProcAddress, NULL, 5),
+	/* No base name: cuGetProcAddress at FERRY__CUDA_ABI_VERSION (12.0) predates them (12.8). */
+	SYM("cuCheckpointProcessGetRestoreThreadId", CheckpointProcessGetRestoreThreadId, NULL, 6),
+	SYM("cuCheckpointProcessGetState", CheckpointProcessGetState, NULL, 7),
+	SYM("cuCheckpointProcessLock", CheckpointProcessLock, NULL, 8),
+	SYM("cuCheckpointProcessCheckpoint", CheckpointProcessCheckpoint, NULL, 9),
+	SYM("cuCheckpointProcessRestore", CheckpointProcessRestore, NULL, 10),
+	SYM("cuCheckpointProcessUnlock", CheckpointProcessUnlock, NULL, 11),
 };
 
 const struct ferry__sym *ferry__cuda_symbols(size_t *n)
@@ -91,6 +98,7 @@ static const struct {
 	{ 101, "CUDA_ERROR_INVALID_DEVICE", NULL },
 	{ 201, "CUDA_ERROR_INVALID_CONTEXT", NULL },
 	{ 304, "CUDA_ERROR_OPERATING_SYSTEM", NULL },
+	{ 401, "CUDA_ERROR_ILLEGAL_STATE", "the process is not in the state this checkpoint call needs" },
 	{ 500, "CUDA_ERROR_NOT_FOUND", NULL },
 	{ 600, "CUDA_ERROR_NOT_READY", NULL },
 	{ 712, "CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", NULL },

@@ -31,6 +31,14 @@ typedef CUdevice_attribute ferry__CUdevice_attribute;
 typedef CUpointer_attribute ferry__CUpointer_attribute;
 typedef CUdriverProcAddressQueryResult ferry__CUdriverProcAddressQueryResult;
 typedef cuuint64_t ferry__cuuint64_t;
+#if CUDA_VERSION >= 12080 /* the checkpoint API */
+typedef CUprocessState ferry__CUprocessState;
+typedef CUcheckpointLockArgs ferry__CUcheckpointLockArgs;
+typedef CUcheckpointCheckpointArgs ferry__CUcheckpointCheckpointArgs;
+typedef CUcheckpointRestoreArgs ferry__CUcheckpointRestoreArgs;
+typedef CUcheckpointUnlockArgs ferry__CUcheckpointUnlockArgs;
+#define FERRY__ABI_HAS_CHECKPOINT 1
+#endif
 #else
 typedef int ferry__CUresult;
 typedef int ferry__CUdevice;
@@ -44,6 +52,31 @@ typedef int ferry__CUpointer_attribute;
 typedef int ferry__CUdriverProcAddressQueryResult;
 typedef uint64_t ferry__cuuint64_t;
 #endif
+#ifndef FERRY__ABI_HAS_CHECKPOINT
+/* The checkpoint API's types (cuda.h 12.8, drivers 570 and later). */
+typedef int ferry__CUprocessState; /* FERRY__CU_PROCESS_STATE_* */
+typedef struct {
+	unsigned int timeoutMs; /* 0: wait as long as it takes */
+	unsigned int reserved0;
+	uint64_t reserved1[7];
+} ferry__CUcheckpointLockArgs;
+typedef struct {
+	uint64_t reserved[8];
+} ferry__CUcheckpointCheckpointArgs;
+typedef struct {
+	void *gpuPairs; /* CUcheckpointGpuPair *: GPUs to remap; NULL restores onto the same ones */
+	unsigned int gpuPairsCount;
+	char reserved[52 - sizeof(void *)];
+	uint64_t reserved1;
+} ferry__CUcheckpointRestoreArgs;
+typedef struct {
+	uint64_t reserved[8];
+} ferry__CUcheckpointUnlockArgs;
+#endif
+#define FERRY__CU_PROCESS_STATE_RUNNING 0
+#define FERRY__CU_PROCESS_STATE_LOCKED 1
+#define FERRY__CU_PROCESS_STATE_CHECKPOINTED 2
+#define FERRY__CU_PROCESS_STATE_FAILED 3
 
 /* CUresult values (cuda.h, enum cudaError_enum). */
 #define FERRY__CUDA_SUCCESS 0
@@ -161,6 +194,14 @@ struct ferry__cuda_api {
 	ferry__CUresult (*GetProcAddress)(const char *symbol, void **pfn, int cuda_version,
 					  ferry__cuuint64_t flags,
 					  ferry__CUdriverProcAddressQueryResult *status);
+	/* optional, each on its own (drivers 570 and later): the checkpoint API, which acts on
+	 * another process (pid). NULL when absent: tools/snapshot.c names the missing ones. */
+	ferry__CUresult (*CheckpointProcessGetRestoreThreadId)(int pid, int *tid);
+	ferry__CUresult (*CheckpointProcessGetState)(int pid, ferry__CUprocessState *state);
+	ferry__CUresult (*CheckpointProcessLock)(int pid, ferry__CUcheckpointLockArgs *args);
+	ferry__CUresult (*CheckpointProcessCheckpoint)(int pid, ferry__CUcheckpointCheckpointArgs *args);
+	ferry__CUresult (*CheckpointProcessRestore)(int pid, ferry__CUcheckpointRestoreArgs *args);
+	ferry__CUresult (*CheckpointProcessUnlock)(int pid, ferry__CUcheckpointUnlockArgs *args);
 };
 
 /*

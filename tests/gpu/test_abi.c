@@ -87,6 +87,22 @@ SAME_VALUE(FERRY__CU_EVENT_BLOCKING_SYNC, CU_EVENT_BLOCKING_SYNC);
 SAME_VALUE(FERRY__CU_GET_PROC_ADDRESS_LEGACY_STREAM, CU_GET_PROC_ADDRESS_LEGACY_STREAM);
 SAME_VALUE(FERRY__CU_GET_PROC_ADDRESS_SUCCESS, CU_GET_PROC_ADDRESS_SUCCESS);
 _Static_assert(CUDA_VERSION >= FERRY__CUDA_ABI_VERSION, "cuda.h older than the ABI ferry pins");
+#if CUDA_VERSION >= 12080 /* the checkpoint API (tools/snapshot.c) */
+SAME_TYPE_SIZE(ferry__CUprocessState, CUprocessState);
+SAME_VALUE(FERRY__CU_PROCESS_STATE_RUNNING, CU_PROCESS_STATE_RUNNING);
+SAME_VALUE(FERRY__CU_PROCESS_STATE_LOCKED, CU_PROCESS_STATE_LOCKED);
+SAME_VALUE(FERRY__CU_PROCESS_STATE_CHECKPOINTED, CU_PROCESS_STATE_CHECKPOINTED);
+SAME_VALUE(FERRY__CU_PROCESS_STATE_FAILED, CU_PROCESS_STATE_FAILED);
+SAME_TYPE_SIZE(ferry__CUcheckpointLockArgs, CUcheckpointLockArgs);
+SAME_FIELD(ferry__CUcheckpointLockArgs, CUcheckpointLockArgs, timeoutMs);
+SAME_FIELD(ferry__CUcheckpointLockArgs, CUcheckpointLockArgs, reserved1);
+SAME_TYPE_SIZE(ferry__CUcheckpointCheckpointArgs, CUcheckpointCheckpointArgs);
+SAME_TYPE_SIZE(ferry__CUcheckpointRestoreArgs, CUcheckpointRestoreArgs);
+SAME_FIELD(ferry__CUcheckpointRestoreArgs, CUcheckpointRestoreArgs, gpuPairs);
+SAME_FIELD(ferry__CUcheckpointRestoreArgs, CUcheckpointRestoreArgs, gpuPairsCount);
+SAME_FIELD(ferry__CUcheckpointRestoreArgs, CUcheckpointRestoreArgs, reserved1);
+SAME_TYPE_SIZE(ferry__CUcheckpointUnlockArgs, CUcheckpointUnlockArgs);
+#endif
 
 #ifdef HAVE_CUFILE
 SAME_TYPE_SIZE(ferry__CUfileError_t, CUfileError_t);

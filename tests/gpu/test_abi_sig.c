@@ -67,6 +67,14 @@ CU(MemGetInfo, cuMemGetInfo_v2);
 CU(MemGetAddressRange, cuMemGetAddressRange_v2);
 CU(PointerGetAttributes, cuPointerGetAttributes);
 CU(GetProcAddress, cuGetProcAddress_v2);
+#if CUDA_VERSION >= 12080
+CU(CheckpointProcessGetRestoreThreadId, cuCheckpointProcessGetRestoreThreadId);
+CU(CheckpointProcessGetState, cuCheckpointProcessGetState);
+CU(CheckpointProcessLock, cuCheckpointProcessLock);
+CU(CheckpointProcessCheckpoint, cuCheckpointProcessCheckpoint);
+CU(CheckpointProcessRestore, cuCheckpointProcessRestore);
+CU(CheckpointProcessUnlock, cuCheckpointProcessUnlock);
+#endif
 
 #ifdef HAVE_CUFILE
 #define CF(field, fn) SIG(ferry__cufile_api, field, fn)

@@ -19,6 +19,7 @@
 #include "gpu/ring.h"
 #include "gpu/shim.h"
 #include "engine/engine.h"
+#include "ferry_snapshot.h"
 
 #define HAS(hay, needle) has_((hay), (needle), #hay, __FILE__, __LINE__)
 
@@ -774,6 +775,9 @@ struct fake {
 static const struct fake fakes[] = {
 	{ "cuda_ok.so", "fake_libcuda.c", "-DFAKE_DEVICES=2" },
 	{ "cuda_attrs.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_ATTRIBUTES" },
+	{ "cuda_ckpt.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT" },
+	{ "cuda_ckpt_partial.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT -DcuCheckpointProcessRestore=renamed_r "
+	  "-DcuCheckpointProcessGetRestoreThreadId=renamed_t" },
 	{ "cuda_missing.so", "fake_libcuda.c", "-DcuMemcpyHtoDAsync_v2=renamed_1" },
 	{ "cuda_missing2.so", "fake_libcuda.c", "-DcuStreamCreate=renamed_1 -DcuMemcpyHtoDAsync_v2=renamed_2" },
 	{ "cuda_nodevice.so", "fake_libcuda.c", "-DFAKE_INIT_RESULT=100" },
@@ -786,6 +790,293 @@ static const struct fake fakes[] = {
 	{ "nvml_ok.so", "fake_libnvml.c", "" },
 	{ "nvml_init.so", "fake_libnvml.c", "-DFAKE_NVML_INIT=9" },
 };
+
+/* ------------------------------------------------- the checkpoint API (tools/snapshot.c) */
+
+static const char *ckpt_trace(void)
+{
+	void *h = dlopen(getenv("FERRY_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+	const char *(*fn)(void);
+	const char *v;
+
+	if (!h)
+		return "";
+	*(void **)&fn = dlsym(h, "fake_ckpt_trace");
+	v = fn ? fn() : "";
+	dlclose(h);
+	return v;
+}
+
+/* A driver without the checkpoint API (before 570): every entry point named, nothing called. */
+static int sc_ckpt_absent(void)
+{
+	struct ferry_snapshot_driver d;
+	int st = -1;
+
+	T_CHECK(ferry__cuda() != NULL);
+	T_CHECK(ferry__cuda()->CheckpointProcessLock == NULL);
+	T_EQ_INT(ferry_snapshot_driver_probe(&d), -ENOTSUP);
+	T_EQ_INT(d.usable, 1);
+	T_EQ_INT(d.driver_version, 12080);
+	T_EQ_INT(d.present, 0);
+	HAS(d.missing, "cuCheckpointProcessGetState, cuCheckpointProcessLock, cuCheckpointProcessCheckpoint, "
+		       "cuCheckpointProcessRestore, cuCheckpointProcessUnlock, cuCheckpointProcessGetRestoreThreadId");
+	HAS(d.why, "the CUDA driver (12.8) lacks the checkpoint API");
+	HAS(d.why, "drivers 570 and later");
+	T_EQ_INT(ferry_snapshot_gpu_suspend(getpid(), 0), -ENOTSUP);
+	HAS(ferry_last_error(), "cuCheckpointProcessLock");
+	T_EQ_INT(ferry_snapshot_gpu_state(getpid(), &st), -ENOTSUP);
+	T_EQ_INT(st, -1);
+	return t_result();
+}
+
+/* Some present, some not: the absent ones named, the call refused before any runs. */
+static int sc_ckpt_partial(void)
+{
+	struct ferry_snapshot_driver d;
+
+	T_EQ_INT(ferry_snapshot_driver_probe(&d), -ENOTSUP);
+	T_EQ_INT(d.present, 4);
+	T_EQ_STR(d.missing, "cuCheckpointProcessRestore, cuCheckpointProcessGetRestoreThreadId");
+	T_CHECK(ferry__cuda()->CheckpointProcessLock != NULL);
+	T_EQ_INT(ferry_snapshot_gpu_resume(getpid()), -ENOTSUP);
+	HAS(ferry_last_error(), "cuCheckpointProcessRestore, cuCheckpointProcessGetRestoreThreadId missing");
+	T_EQ_STR(ckpt_trace(), "");
+	return t_result();
+}
+
+static int sc_ckpt_nodriver(void)
+{
+	struct ferry_snapshot_driver d;
+
+	T_EQ_INT(ferry_snapshot_driver_probe(&d), FERRY_ENOGPU);
+	T_EQ_INT(d.usable, 0);
+	HAS(d.why, "no usable CUDA driver: libcuda.so.1 not loaded from /nonexistent/libcuda.so.1");
+	T_EQ_INT(ferry_snapshot_take(getpid(), "/nonexistent/snap", NULL, NULL), FERRY_ENOGPU);
+	HAS(ferry_last_error(), "cannot snapshot pid");
+	HAS(ferry_last_error(), "libcuda.so.1 not loaded");
+	return t_result();
+}
+
+static int state_of(int pid)
+{
+	int st = -1;
+	T_EQ_INT(ferry_snapshot_gpu_state(pid, &st), 0);
+	return st;
+}
+
+/* lock -> checkpoint -> restore -> unlock, and what each failure leaves. */
+static int sc_ckpt_states(void)
+{
+	struct ferry_snapshot_driver d;
+	char pid_s[32];
+	int pid = (int)getpid(), st = -1;
+
+	snprintf(pid_s, sizeof(pid_s), "%d", pid);
+	setenv("FAKE_CKPT_PID", pid_s, 1);
+	unsetenv("FAKE_CKPT_FAIL");
+	T_EQ_INT(ferry_snapshot_driver_probe(&d), 0);
+	T_EQ_INT(d.present, 6);
+	T_EQ_STR(d.missing, "");
+
+	T_EQ_INT(state_of(pid), FERRY_SNAP_RUNNING);
+	T_EQ_INT(ferry_snapshot_gpu_suspend(pid, 500), 0);
+	T_EQ_INT(state_of(pid), FERRY_SNAP_CHECKPOINTED);
+	/* twice: the lock refuses (401), the state is said */
+	T_EQ_INT(ferry_snapshot_gpu_suspend(pid, 0), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuCheckpointProcessLock(pid ");
+	HAS(ferry_last_error(), "CUDA_ERROR_ILLEGAL_STATE (401)");
+	HAS(ferry_last_error(), "(its GPU state is now checkpointed)");
+	T_EQ_INT(ferry_snapshot_gpu_resume(pid), 0);
+	T_EQ_INT(state_of(pid), FERRY_SNAP_RUNNING);
+	/* resuming a running process does nothing */
+	T_EQ_INT(ferry_snapshot_gpu_resume(pid), 0);
+	HAS(ckpt_trace(), "state,lock,checkpoint,state,lock,state,state,restore,unlock,state,state");
+
+	/* another pid: the driver's error, nothing changed */
+	T_EQ_INT(ferry_snapshot_gpu_state(pid + 100000, &st), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuCheckpointProcessGetState(pid ");
+	HAS(ferry_last_error(), "CUDA_ERROR_INVALID_VALUE (1)");
+
+	/* the lock times out: still running */
+	setenv("FAKE_CKPT_FAIL", "lock", 1);
+	T_EQ_INT(ferry_snapshot_gpu_suspend(pid, 10), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuCheckpointProcessLock(pid ");
+	HAS(ferry_last_error(), "timeout 10 ms): CUDA_ERROR_NOT_READY (600)");
+	HAS(ferry_last_error(), "(its GPU state is now running)");
+
+	/* the checkpoint fails: unlocked again */
+	setenv("FAKE_CKPT_FAIL", "checkpoint", 1);
+	T_EQ_INT(ferry_snapshot_gpu_suspend(pid, 0), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuCheckpointProcessCheckpoint(pid ");
+	HAS(ferry_last_error(), "CUDA_ERROR_NOT_SUPPORTED (801)");
+	HAS(ferry_last_error(), "unlocked again, the process runs on");
+	T_EQ_INT(state_of(pid), FERRY_SNAP_RUNNING);
+
+	/* the checkpoint fails and so does the unlock: both said, the state (locked) too */
+	setenv("FAKE_CKPT_FAIL", "checkpoint,unlock", 1);
+	T_EQ_INT(ferry_snapshot_gpu_suspend(pid, 0), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuCheckpointProcessCheckpoint(pid ");
+	HAS(ferry_last_error(), "; and then cuCheckpointProcessUnlock(pid ");
+	HAS(ferry_last_error(), "(its GPU state is now locked)");
+	T_EQ_INT(state_of(pid), FERRY_SNAP_LOCKED);
+	/* from locked, resume is the unlock alone */
+	unsetenv("FAKE_CKPT_FAIL");
+	T_EQ_INT(ferry_snapshot_gpu_resume(pid), 0);
+	T_EQ_INT(state_of(pid), FERRY_SNAP_RUNNING);
+
+	/* the restore fails: the driver says FAILED, and resume refuses from there */
+	T_EQ_INT(ferry_snapshot_gpu_suspend(pid, 0), 0);
+	setenv("FAKE_CKPT_FAIL", "restore", 1);
+	T_EQ_INT(ferry_snapshot_gpu_resume(pid), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuCheckpointProcessRestore(pid ");
+	HAS(ferry_last_error(), "CUDA_ERROR_UNKNOWN (999)");
+	HAS(ferry_last_error(), "(its GPU state is now failed)");
+	T_EQ_INT(ferry_snapshot_gpu_resume(pid), FERRY_ECUDA);
+	HAS(ferry_last_error(), "its GPU state is failed: it cannot be resumed");
+	T_EQ_STR(ferry_snapshot_state_name(FERRY_SNAP_FAILED), "failed");
+	T_EQ_STR(ferry_snapshot_state_name(7), "unknown");
+	return t_result();
+}
+
+/* A stand-in for criu: --version, check, dump and restore, each writing what it was given into
+ * args.txt in the images directory; $FAKE_CRIU_FAIL=1 makes dump fail as CRIU does (log line). */
+static const char fake_criu[] =
+	"#!/bin/sh\n"
+	"case \"$1\" in\n"
+	"--version) echo 'Version: 3.17.1'; exit 0;;\n"
+	"check) echo 'Warn  (criu/kerndat.c:1): something optional'; echo 'Looks good.'; exit 0;;\n"
+	"esac\n"
+	"d=; prev=; for a in \"$@\"; do [ \"$prev\" = -D ] && d=$a; prev=$a; done\n"
+	"echo \"$*\" >>\"$d/args.txt\"\n"
+	"if [ \"$1\" = dump ]; then\n"
+	"  echo image >\"$d/core-1.img\"\n"
+	"  if [ \"${FAKE_CRIU_FAIL:-0}\" = 1 ]; then\n"
+	"    printf '(00.01) Error (criu/cr-dump.c:2093): Dumping FAILED.\\n' >\"$d/dump.log\"; exit 1\n"
+	"  fi\n"
+	"  echo '(00.02) Dumping finished successfully' >\"$d/dump.log\"\n"
+	"else\n"
+	"  echo '(00.03) Restore finished successfully' >\"$d/restore.log\"\n"
+	"fi\n"
+	"exit 0\n";
+
+static char *slurp(const char *path, char *buf, size_t len)
+{
+	FILE *f = fopen(path, "r");
+	size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+	if (f)
+		fclose(f);
+	buf[n] = '\0';
+	return buf;
+}
+
+static int sc_snapshot_criu(void)
+{
+	char base[4096], criu[4200], d1[4200], d2[4200], d3[4200], p[4300], buf[4096], pid_s[32];
+	struct ferry_snapshot_criu c;
+	struct ferry_snapshot_opts o = {.lock_timeout_ms = 0, .leave_running = 0, .criu_args = "--ext-unix-sk  --x"};
+	int pid = (int)getpid();
+	double t[2] = {-1, -1};
+
+	snprintf(base, sizeof(base), "%s/gpu_shim_snap_%d", t_tmpdir(), pid);
+	T_ASSERT(mkdir(base, 0755) == 0 || errno == EEXIST);
+	snprintf(criu, sizeof(criu), "%s/criu", base);
+	FILE *f = fopen(criu, "w");
+	T_ASSERT(f && fputs(fake_criu, f) >= 0 && fclose(f) == 0);
+	T_ASSERT(chmod(criu, 0755) == 0);
+	snprintf(pid_s, sizeof(pid_s), "%d", pid);
+	setenv("FAKE_CKPT_PID", pid_s, 1);
+
+	setenv("FERRY_CRIU", "/nonexistent/criu", 1);
+	T_EQ_INT(ferry_snapshot_criu_probe(&c, 0), -ENOENT);
+	HAS(ferry_last_error(), "FERRY_CRIU=/nonexistent/criu is not an executable file");
+	snprintf(d1, sizeof(d1), "%s/s1", base);
+	T_EQ_INT(ferry_snapshot_take(pid, d1, &o, t), -ENOENT);
+	HAS(ferry_last_error(), "cannot snapshot pid");
+
+	setenv("FERRY_CRIU", criu, 1);
+	T_EQ_INT(ferry_snapshot_criu_probe(&c, 1), 0);
+	T_EQ_STR(c.path, criu);
+	T_EQ_STR(c.version, "Version: 3.17.1");
+	T_EQ_INT(c.check_rc, 0);
+	T_EQ_STR(c.check, "Looks good.");
+
+	/* dump fails: GPU resumed, the process runs on, no manifest, CRIU's error quoted */
+	setenv("FAKE_CRIU_FAIL", "1", 1);
+	T_EQ_INT(ferry_snapshot_take(pid, d1, &o, t), -EIO);
+	HAS(ferry_last_error(), "criu dump -t ");
+	HAS(ferry_last_error(), "failed (exit 1): (00.01) Error (criu/cr-dump.c:2093): Dumping FAILED.");
+	HAS(ferry_last_error(), "/s1/dump.log)");
+	HAS(ferry_last_error(), "its GPU state was resumed, the process runs on");
+	T_EQ_INT(state_of(pid), FERRY_SNAP_RUNNING);
+	snprintf(p, sizeof(p), "%s/ferry-snapshot.json", d1);
+	T_CHECK(access(p, F_OK) != 0);
+	/* d1 now holds CRIU's files: a second snapshot into it is refused */
+	unsetenv("FAKE_CRIU_FAIL");
+	T_EQ_INT(ferry_snapshot_take(pid, d1, &o, t), -EEXIST);
+	HAS(ferry_last_error(), "not empty");
+
+	/* dump succeeds: checkpointed (the real process would have ended), the manifest written */
+	snprintf(d2, sizeof(d2), "%s/s2", base);
+	T_EQ_INT(ferry_snapshot_take(pid, d2, &o, t), 0);
+	T_CHECK(t[0] >= 0 && t[1] >= 0);
+	T_EQ_INT(state_of(pid), FERRY_SNAP_CHECKPOINTED);
+	snprintf(p, sizeof(p), "%s/args.txt", d2);
+	HAS(slurp(p, buf, sizeof(buf)), "dump -t ");
+	HAS(buf, " --shell-job -o dump.log -v4 --ext-unix-sk --x\n");
+	T_CHECK(!strstr(buf, "--leave-running"));
+	snprintf(p, sizeof(p), "%s/ferry-snapshot.json", d2);
+	HAS(slurp(p, buf, sizeof(buf)), "\"format\":\"ferry-snapshot\",\"version\":1,\"pid\":");
+	HAS(buf, "\"driver_version\":12080,\"criu\":\"Version: 3.17.1\",\"left_running\":0");
+	/* the process is checkpointed: a second snapshot is refused before CRIU runs */
+	snprintf(d3, sizeof(d3), "%s/s3", base);
+	T_EQ_INT(ferry_snapshot_take(pid, d3, &o, t), -EBUSY);
+	HAS(ferry_last_error(), "its GPU state is checkpointed, not running");
+
+	/* restore: refused while the pid is in use (it is ours) */
+	T_EQ_INT(ferry_snapshot_restore(d2, &o, t), -EEXIST);
+	HAS(ferry_last_error(), "is in use, and CRIU restores the process under its old pid");
+	/* a pid that has ended stands for the dumped process: CRIU restores it, the GPU resumes */
+	pid_t dead = fork();
+	if (dead == 0)
+		_exit(0);
+	T_ASSERT(dead > 0 && waitpid(dead, NULL, 0) == dead);
+	char man[512];
+	snprintf(man, sizeof(man), "{\"format\":\"ferry-snapshot\",\"version\":1,\"pid\":%d}\n", (int)dead);
+	snprintf(p, sizeof(p), "%s/ferry-snapshot.json", d2);
+	f = fopen(p, "w");
+	T_ASSERT(f && fputs(man, f) >= 0 && fclose(f) == 0);
+	snprintf(pid_s, sizeof(pid_s), "%d", (int)dead);
+	setenv("FAKE_CKPT_PID", pid_s, 1);
+	T_EQ_INT(ferry_snapshot_restore(d2, &o, t), (int)dead);
+	T_EQ_INT(state_of((int)dead), FERRY_SNAP_RUNNING);
+	snprintf(p, sizeof(p), "%s/args.txt", d2);
+	HAS(slurp(p, buf, sizeof(buf)), " --shell-job --restore-detached -o restore.log -v4 --ext-unix-sk --x\n");
+	HAS(ckpt_trace(), "restore,unlock");
+
+	/* --leave-running: the GPU state resumed after the dump */
+	setenv("FAKE_CKPT_PID", pid_s, 1);
+	o.leave_running = 1;
+	T_EQ_INT(ferry_snapshot_take((int)getpid(), d3, &o, t), FERRY_ECUDA); /* not the fake's pid */
+	HAS(ferry_last_error(), "cuCheckpointProcessGetState");
+	snprintf(pid_s, sizeof(pid_s), "%d", pid);
+	setenv("FAKE_CKPT_PID", pid_s, 1);
+	rmdir(d3);
+	T_EQ_INT(ferry_snapshot_take(pid, d3, &o, t), 0);
+	T_EQ_INT(state_of(pid), FERRY_SNAP_RUNNING);
+	snprintf(p, sizeof(p), "%s/args.txt", d3);
+	HAS(slurp(p, buf, sizeof(buf)), " --leave-running");
+	snprintf(p, sizeof(p), "%s/ferry-snapshot.json", d3);
+	HAS(slurp(p, buf, sizeof(buf)), "\"left_running\":1");
+
+	/* a directory without a manifest is not a snapshot */
+	T_EQ_INT(ferry_snapshot_restore(base, &o, t), -ENOENT);
+	HAS(ferry_last_error(), "ferry-snapshot.json: cannot open it");
+	char cmd[4400];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
+	T_CHECK(system(cmd) == 0);
+	return t_result();
+}
 
 struct scenario {
 	const char *name;
@@ -812,6 +1103,11 @@ static const struct scenario scenarios[] = {
 	{ "cufile_nocuda", sc_cufile_nocuda, NX "libcuda.so.1", "cufile_ok.so", NX "n" },
 	{ "nvml_ok", sc_nvml_ok, NX "c", NX "c", "nvml_ok.so" },
 	{ "nvml_init", sc_nvml_init, NX "c", NX "c", "nvml_init.so" },
+	{ "ckpt_absent", sc_ckpt_absent, "cuda_ok.so", NX "c", NX "n" },
+	{ "ckpt_partial", sc_ckpt_partial, "cuda_ckpt_partial.so", NX "c", NX "n" },
+	{ "ckpt_nodriver", sc_ckpt_nodriver, NX "libcuda.so.1", NX "c", NX "n" },
+	{ "ckpt_states", sc_ckpt_states, "cuda_ckpt.so", NX "c", NX "n" },
+	{ "snapshot_criu", sc_snapshot_criu, "cuda_ckpt.so", NX "c", NX "n" },
 };
 #define NSCEN (sizeof(scenarios) / sizeof(scenarios[0]))
 

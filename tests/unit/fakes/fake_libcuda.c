@@ -2,7 +2,8 @@
  * A stand-in for libcuda.so.1, built by tests/unit/test_gpu_shim.c at test time (cc -shared). It
  * keeps "device memory" in host memory so that the shim's logic runs without a GPU. Knobs:
  * -DFAKE_INIT_RESULT=n (cuInit's result), -DFAKE_DEVICES=n, -DFAKE_ATTRIBUTES (export
- * cuPointerGetAttributes), and -D<symbol>=renamed_<symbol> to leave a symbol out.
+ * cuPointerGetAttributes), -DFAKE_CHECKPOINT (export the checkpoint API, below), and
+ * -D<symbol>=renamed_<symbol> to leave a symbol out.
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -189,3 +190,77 @@ API CUresult cuEventQuery(void *e) { (void)e; return 0; }
 API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 API CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
 API CUresult cuLaunchHostFunc(void *s, CUhostFn fn, void *u) { (void)s; fn(u); return 0; }
+
+#ifdef FAKE_CHECKPOINT
+/*
+ * The checkpoint API for one fake CUDA process, the pid in $FAKE_CKPT_PID (read at each call), with
+ * the state machine cuda.h documents: Lock RUNNING -> LOCKED, Checkpoint LOCKED -> CHECKPOINTED,
+ * Restore CHECKPOINTED -> LOCKED, Unlock LOCKED -> RUNNING; a call in the wrong state returns
+ * CUDA_ERROR_ILLEGAL_STATE (401), another pid CUDA_ERROR_INVALID_VALUE. $FAKE_CKPT_FAIL (a comma
+ * list of lock, checkpoint, restore, unlock) makes those calls fail: lock with CUDA_ERROR_NOT_READY
+ * (600, the timeout: still RUNNING), checkpoint and unlock with CUDA_ERROR_NOT_SUPPORTED (801, state
+ * kept), restore with CUDA_ERROR_UNKNOWN (999, state FAILED). fake_ckpt_trace() lists the calls.
+ */
+static int ck_state;
+static char ck_trace[512];
+API const char *fake_ckpt_trace(void) { return ck_trace; }
+static int ck_call(int pid, const char *op)
+{
+	const char *e = getenv("FAKE_CKPT_PID"), *f = getenv("FAKE_CKPT_FAIL");
+	size_t n = strlen(ck_trace);
+	snprintf(ck_trace + n, sizeof(ck_trace) - n, "%s%s", n ? "," : "", op);
+	if (!e || pid != atoi(e))
+		return 1;
+	if (f) {
+		char list[128];
+		snprintf(list, sizeof(list), ",%s,", f);
+		char want[32];
+		snprintf(want, sizeof(want), ",%s,", op);
+		if (strstr(list, want))
+			return -1;
+	}
+	return 0;
+}
+API CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid) { int r = ck_call(pid, "tid"); if (r > 0) return 1; *tid = pid + 1; return 0; }
+API CUresult cuCheckpointProcessGetState(int pid, int *state) { int r = ck_call(pid, "state"); if (r > 0) return 1; *state = ck_state; return 0; }
+API CUresult cuCheckpointProcessLock(int pid, void *args)
+{
+	int r = ck_call(pid, "lock");
+	if (!args) return 1;
+	if (r > 0) return 1;
+	if (ck_state != 0) return 401;
+	if (r < 0) return 600;
+	ck_state = 1;
+	return 0;
+}
+API CUresult cuCheckpointProcessCheckpoint(int pid, void *args)
+{
+	int r = ck_call(pid, "checkpoint");
+	(void)args;
+	if (r > 0) return 1;
+	if (ck_state != 1) return 401;
+	if (r < 0) return 801;
+	ck_state = 2;
+	return 0;
+}
+API CUresult cuCheckpointProcessRestore(int pid, void *args)
+{
+	int r = ck_call(pid, "restore");
+	(void)args;
+	if (r > 0) return 1;
+	if (ck_state != 2) return 401;
+	if (r < 0) { ck_state = 3; return 999; }
+	ck_state = 1;
+	return 0;
+}
+API CUresult cuCheckpointProcessUnlock(int pid, void *args)
+{
+	int r = ck_call(pid, "unlock");
+	(void)args;
+	if (r > 0) return 1;
+	if (ck_state != 1) return 401;
+	if (r < 0) return 801;
+	ck_state = 0;
+	return 0;
+}
+#endif
