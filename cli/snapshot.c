@@ -20,12 +20,12 @@ static const struct cli_opt snapshot_rows[] = {
 	{.name = "lock-timeout-ms", .kind = CLI_UINT, .off = SO(lock_timeout_ms), .arg = "MS", .min = 0, .max = 3600000,
 	 .help = "how long to wait for the process's CUDA calls to finish before it is locked (0: as long as it takes)"},
 	{.name = "criu-args", .kind = CLI_STR, .off = SO(criu_args), .arg = "ARGS",
-	 .help = "more arguments for criu dump, split at spaces (e.g. \"--tcp-established --ext-unix-sk\")"},
+	 .help = "more arguments for criu dump, split at spaces (--criu-args=\"--tcp-established --ext-unix-sk\")"},
 	{.name = NULL},
 };
 static const struct cli_opt restore_rows[] = {
 	{.name = "criu-args", .kind = CLI_STR, .off = SO(criu_args), .arg = "ARGS",
-	 .help = "more arguments for criu restore, split at spaces"},
+	 .help = "more arguments for criu restore, split at spaces (--criu-args=\"...\")"},
 	{.name = NULL},
 };
 

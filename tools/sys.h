@@ -146,5 +146,7 @@ void ferry__doctor_memory(ferry_report *r);
 void ferry__doctor_io_uring(ferry_report *r);
 void ferry__doctor_gds(ferry_report *r, int ngpus, const char *const *paths, size_t npaths);
 void ferry__doctor_gpus(ferry_report *r, const struct ferry__pcidev *gpus, int ngpus);
+/* The snapshot.* rows (tools/doctor_snapshot.c): ferry snapshot's driver, CRIU and kernel needs. */
+void ferry__doctor_snapshot(ferry_report *r, int ngpus);
 
 #endif
