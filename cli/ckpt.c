@@ -14,6 +14,7 @@
 #include "ferry/ckpt.h"
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
+#include "progress.h"
 
 #define PATH_ABOUT                                                                                       \
 	"PATH: a .safetensors file, a model.safetensors.index.json, a directory holding either,\n"          \
@@ -46,7 +47,7 @@ static const struct cli_cmd inspect_cmd = PATH_COMMAND(
 	inspect_rows);
 
 struct verify_opts {
-	int json, require_sums;
+	int json, require_sums, quiet;
 	uint64_t step;
 };
 
@@ -56,6 +57,8 @@ static const struct cli_opt verify_rows[] = {
 	 .help = "of a checkpoint directory: this step instead of the latest"},
 	{.name = "require-checksums", .kind = CLI_FLAG, .off = offsetof(struct verify_opts, require_sums),
 	 .help = "a tensor without a stored checksum is a failure"},
+	{.name = "quiet", .kind = CLI_FLAG, .off = offsetof(struct verify_opts, quiet),
+	 .help = "no progress line on a terminal"},
 	{.name = NULL},
 };
 
@@ -330,6 +333,34 @@ static int verify_failed(const char *path, int json, int code)
 	return 1;
 }
 
+/* The progress line's bytes done: what the context has read since verification began. */
+struct verify_progress {
+	ferry_ctx *ctx;
+	uint64_t base;
+};
+
+static uint64_t verify_read(void *arg)
+{
+	struct verify_progress *v = arg;
+	return ferry_ctx_stat(v->ctx, FERRY_STAT_BYTES_READ) - v->base;
+}
+
+/* Bytes of the step's shards: the progress line's total. */
+static uint64_t dir_bytes(const char *dir)
+{
+	uint64_t sum = 0;
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	struct stat st;
+	while (d && (e = readdir(d)))
+		if (strlen(e->d_name) > 12 && !strcmp(e->d_name + strlen(e->d_name) - 12, ".safetensors") &&
+		    !fstatat(dirfd(d), e->d_name, &st, 0) && S_ISREG(st.st_mode))
+			sum += (uint64_t)st.st_size;
+	if (d)
+		closedir(d);
+	return sum;
+}
+
 static int verify_step(ferry_ctx *ctx, const struct target *t, const struct verify_opts *o)
 {
 	char sp[4400];
@@ -337,7 +368,11 @@ static int verify_step(ferry_ctx *ctx, const struct target *t, const struct veri
 	int r = ferry_ckpt_step_path(t->dir, t->step, sp, sizeof(sp));
 	if (r < 0)
 		return verify_failed(t->dir, o->json, r);
+	struct verify_progress vp = {ctx, ferry_ctx_stat(ctx, FERRY_STAT_BYTES_READ)};
+	struct cli_progress bar;
+	cli_progress_start(&bar, "ferry ckpt verify", NULL, dir_bytes(sp), o->quiet, verify_read, &vp);
 	r = ferry_ckpt_verify_report(ctx, t->dir, t->step, o->require_sums, &rep);
+	cli_progress_stop(&bar, 1);
 	if (!rep)
 		return verify_failed(sp, o->json, r);
 	uint64_t s[FERRY_VERIFY_STAT__COUNT];
@@ -421,6 +456,15 @@ static int verify_plain(ferry_ctx *ctx, const char *path, const struct verify_op
 	if (r)
 		return verify_failed(path, o->json, r);
 	size_t ok = 0, nosum = 0, bad = 0, tensors = 0;
+	uint64_t total = 0;
+	for (size_t f = 0; f < ferry_st_load_files(ld); f++) {
+		ferry_st *st = ferry_st_load_file(ld, f);
+		for (size_t i = 0; i < ferry_st_count(st); i++)
+			total += ferry_st_nbytes(st, i);
+	}
+	struct verify_progress vp = {ctx, ferry_ctx_stat(ctx, FERRY_STAT_BYTES_READ)};
+	struct cli_progress bar;
+	cli_progress_start(&bar, "ferry ckpt verify", NULL, total, o->quiet, verify_read, &vp);
 	if (o->json) {
 		printf("{\"path\":");
 		ferry_tools_json_string(stdout, path);
@@ -445,13 +489,16 @@ static int verify_plain(ferry_ctx *ctx, const char *path, const struct verify_op
 				code = FERRY_EVERIFY;
 				msg = nm;
 			}
-			if (o->json)
+			if (o->json) {
 				json_problem(bad == 0, code, msg);
-			else
+			} else {
+				cli_progress_clear(&bar);
 				fprintf(stderr, "ferry ckpt verify: %s: %s\n", ferry_strerror(code), msg);
+			}
 			bad++;
 		}
 	}
+	cli_progress_stop(&bar, 1);
 	size_t files = ferry_st_load_files(ld);
 	if (o->json)
 		printf("],\"ok\":%s,\"files\":%zu,\"tensors\":%zu,\"verified\":%zu,\"without_checksum\":%zu,\"failed\":%zu}\n",

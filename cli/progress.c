@@ -54,10 +54,12 @@ void cli_progress_format(char *buf, size_t len, const char *label, const char *u
 	snprintf(buf, len, "%s: %s%s%s%s%s", label, bar, bar[0] ? " " : "", amount, rate, left);
 }
 
-static void draw(struct cli_progress *p)
+static void draw(struct cli_progress *p, int complete)
 {
 	char line[512];
 	uint64_t done = p->poll ? p->poll(p->arg) : atomic_load(&p->done);
+	if (complete && done < p->total) /* parts the work did not need to read (no checksum to check) */
+		done = p->total;
 	cli_progress_format(line, sizeof(line), p->label, p->unit, done, p->total, now_s() - p->t0);
 	fprintf(stderr, "\r%s\033[K", line);
 	fflush(stderr);
@@ -70,7 +72,7 @@ static void *progress_main(void *arg)
 		for (int k = 0; k < 10 && !atomic_load(&p->stop); k++)
 			usleep(10000); /* short work does not wait for the next redraw to end */
 		if (!atomic_load(&p->stop))
-			draw(p);
+			draw(p, 0);
 	}
 	return NULL;
 }
@@ -115,7 +117,7 @@ void cli_progress_stop(struct cli_progress *p, int keep)
 	pthread_join(p->tid, NULL);
 	p->on = 0;
 	if (keep) {
-		draw(p);
+		draw(p, 1);
 		fputc('\n', stderr);
 	} else {
 		fputs("\r\033[K", stderr);

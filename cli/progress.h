@@ -33,7 +33,8 @@ int cli_progress_wanted(int quiet);
 void cli_progress_start(struct cli_progress *p, const char *label, const char *unit, uint64_t total, int quiet,
 			uint64_t (*poll)(void *arg), void *arg);
 void cli_progress_set(struct cli_progress *p, uint64_t done);
-/* Stops the thread; the last line stays (keep, with a newline) or is cleared. Safe if never started. */
+/* Stops the thread; the last line stays, drawn as complete (keep: the work finished), or is cleared.
+ * Safe if never started. */
 void cli_progress_stop(struct cli_progress *p, int keep);
 /* Clears the line now (before printing a message); the next redraw draws it again. */
 void cli_progress_clear(struct cli_progress *p);
