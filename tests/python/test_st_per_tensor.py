@@ -39,7 +39,7 @@ def _place_all(path):
     ld = _ferry.load_open(ferry.default_context(), os.fspath(path))
     n = len(ld.entries())
     best = None
-    for _ in range(3):
+    for _ in range(5):
         t = time.perf_counter()
         places = [ld.place(i, 0) for i in range(n)]
         dt = time.perf_counter() - t
@@ -48,14 +48,14 @@ def _place_all(path):
 
 
 def test_place_is_linear(tmp_path):
-    """10x the tensors takes about 10x the time (it took about 70x: each call scanned them all)."""
+    """10x the tensors takes about 10x the time (it took about 230x: each call scanned them all)."""
     small, large = tmp_path / "small.safetensors", tmp_path / "large.safetensors"
-    _many(small, 1000)
-    _many(large, 10000)
+    _many(small, 2000)
+    _many(large, 20000)
     _, t_small = _place_all(small)
     places, t_large = _place_all(large)
     assert places[0][0] and places[-1][0], places[:2]
-    assert t_large < 30 * t_small, (t_small, t_large)
+    assert t_large < 50 * t_small, (t_small, t_large)  # quadratic: about 230x
 
 
 def test_place_any_order(tmp_path):
