@@ -2,13 +2,21 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "commands.h"
 #include "ferry/ferry.h"
 #include "ferry_snapshot.h"
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 struct snap_opts {
-	int leave_running;
+	int leave_running, gpu_only;
 	unsigned lock_timeout_ms;
 	const char *criu_args;
 };
@@ -19,6 +27,8 @@ static const struct cli_opt snapshot_rows[] = {
 	 .help = "the process goes on after the dump (criu dump --leave-running; its GPU state is resumed)"},
 	{.name = "lock-timeout-ms", .kind = CLI_UINT, .off = SO(lock_timeout_ms), .arg = "MS", .min = 0, .max = 3600000,
 	 .help = "how long to wait for the process's CUDA calls to finish before it is locked (0: as long as it takes)"},
+	{.name = "gpu-only", .kind = CLI_FLAG, .off = SO(gpu_only),
+	 .help = "no CRIU, no DIR: suspend the GPU state and resume it at once, timing both (a check of the driver part)"},
 	{.name = "criu-args", .kind = CLI_STR, .off = SO(criu_args), .arg = "ARGS",
 	 .help = "more arguments for criu dump, split at spaces (--criu-args=\"--tcp-established --ext-unix-sk\")"},
 	{.name = NULL},
@@ -36,14 +46,15 @@ static const struct cli_opt restore_rows[] = {
 
 static const struct cli_cmd snapshot_cmd = {
 	.name = "snapshot",
-	.synopsis = "ferry snapshot PID DIR [--leave-running] [--lock-timeout-ms MS] [--criu-args ARGS]",
+	.synopsis = "ferry snapshot PID DIR [--leave-running] [--lock-timeout-ms MS] [--criu-args ARGS]\n"
+		    "ferry snapshot PID --gpu-only [--lock-timeout-ms MS]",
 	.about = "Suspends the GPU state of CUDA process PID with the driver's checkpoint API (its CUDA calls\n"
 		 "locked, GPU memory moved into its host memory), dumps the process with CRIU into DIR (new or\n"
 		 "empty), fsyncs every file there and writes DIR/ferry-snapshot.json last. Without\n"
 		 "--leave-running the process ends with the dump. If CRIU fails, the GPU state is resumed and the\n"
 		 "process runs on.\n" NEEDS,
 	.opts = snapshot_rows,
-	.min_args = 2,
+	.min_args = 1,
 	.max_args = 2,
 	.args = "PID DIR",
 };
@@ -70,9 +81,26 @@ int ferry_cmd_snapshot(int argc, char **argv)
 	long pid = strtol(a.argv[0], &end, 10);
 	if (*end || pid <= 0 || pid > 0x7fffffff)
 		return cli_usage_error(&snapshot_cmd, &a, "PID %s is not a process id", a.argv[0]);
+	if (o.gpu_only != (a.argc == 1))
+		return cli_usage_error(&snapshot_cmd, &a, o.gpu_only ? "--gpu-only takes no DIR" : "DIR is missing");
+	double t[2];
+	if (o.gpu_only) {
+		double t0 = now_s();
+		if (ferry_snapshot_gpu_suspend((int)pid, o.lock_timeout_ms)) {
+			fprintf(stderr, "ferry snapshot: %s\n", ferry_last_error());
+			return 1;
+		}
+		double t1 = now_s();
+		if (ferry_snapshot_gpu_resume((int)pid)) {
+			fprintf(stderr, "ferry snapshot: pid %ld was suspended, but: %s\n", pid, ferry_last_error());
+			return 1;
+		}
+		printf("pid %ld: GPU suspended in %.3f s (lock, checkpoint), resumed in %.3f s (restore, unlock)\n", pid,
+		       t1 - t0, now_s() - t1);
+		return 0;
+	}
 	struct ferry_snapshot_opts so = {.lock_timeout_ms = o.lock_timeout_ms, .leave_running = o.leave_running,
 					 .criu_args = o.criu_args};
-	double t[2];
 	int err = ferry_snapshot_take((int)pid, a.argv[1], &so, t);
 	if (err) {
 		fprintf(stderr, "ferry snapshot: %s\n", ferry_last_error());

@@ -77,6 +77,14 @@ check "snapshot into a non-empty DIR: says so" grep -q "snap: not empty" "$T/out
 "$FERRY" restore "$T/snap" >"$T/out" 2>&1
 check "restore while the pid runs: exit 1" test $? = 1
 check "restore while the pid runs: says so" grep -q "pid $SLEEPER is in use" "$T/out"
+"$FERRY" snapshot $SLEEPER --gpu-only >"$T/out" 2>&1
+check "--gpu-only: exit 0" test $? = 0
+check "--gpu-only: suspended and resumed" grep -q "pid $SLEEPER: GPU suspended in .* resumed in " "$T/out"
+"$FERRY" snapshot $SLEEPER "$T/x" --gpu-only >"$T/out" 2>&1
+check "--gpu-only with DIR: exit 2" test $? = 2
+FAKE_CKPT_FAIL=checkpoint "$FERRY" snapshot $SLEEPER --gpu-only >"$T/out" 2>&1
+check "--gpu-only, checkpoint refused: exit 1" test $? = 1
+check "--gpu-only, checkpoint refused: the call and the code" grep -q "cuCheckpointProcessCheckpoint(pid $SLEEPER): CUDA_ERROR_NOT_SUPPORTED (801).*unlocked again" "$T/out"
 kill $SLEEPER; wait $SLEEPER 2>/dev/null; SLEEPER=
 "$FERRY" restore "$T/snap" >"$T/out" 2>&1
 check "restore: exit 0" test $? = 0
