@@ -53,8 +53,9 @@ def test_workers_set_up_their_own_queues(tmp_path):
     if out.stdout.startswith("SKIP"):
         pytest.skip(out.stdout[5:].strip())
     main, others = (int(x) for x in out.stdout.split("CPU", 1)[1].split()[:2])
-    # the rings' setup and buffer registration (milliseconds) ran on the workers' threads
-    assert others > main, (main, others)
+    # the rings' setup and buffer registration (milliseconds) ran on the workers' threads; before,
+    # the starting thread did it all (main 10 ms, the workers 0.0-0.1 ms on the 2-core VM)
+    assert others > main / 2, (main, others)
 
 
 def test_context_start_twice_and_threads():
