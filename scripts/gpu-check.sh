@@ -170,6 +170,7 @@ for b in "${benches[@]}"; do
 	tail -n 5 "$LOG_DIR/$name.log"
 done
 
+skipping suite || { "$BUILD_DIR/ferry" bench --suite --report "$LOG_DIR/suite.html" >"$LOG_DIR/suite.log" 2>&1 && row "bench --suite" ok "$(grep -c '^GPU: ' "$LOG_DIR/suite.log") GPU sections measured, $(grep -c 'skipped' "$LOG_DIR/suite.log") skipped lines; suite.log, suite.html" || { row "bench --suite" FAILED "see suite.log"; failed=1; }; }
 [ -f "$CUFILE_LOGFILE_PATH" ] && echo "cuFile log: $CUFILE_LOGFILE_PATH ($(wc -l <"$CUFILE_LOGFILE_PATH") lines)"
 
 step "summary (logs in $LOG_DIR)"
