@@ -5,7 +5,7 @@
 #   test_wheel.sh <wheel | folder holding one>          exit 0 pass, 1 fail, 77 no wheel (skipped)
 set -uo pipefail
 w=${1:?usage: test_wheel.sh <wheel or folder>}
-if [ -d "$w" ]; then
+if [ "${w%.whl}" = "$w" ]; then # a folder
 	set -- "$w"/ferry_io-*manylinux*.whl
 	if [ ! -f "$1" ]; then
 		echo "skipped: no repaired wheel in $w (scripts/test.sh's python tests build one)"
