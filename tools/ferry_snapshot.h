@@ -49,7 +49,7 @@ struct ferry_snapshot_criu {
 	char path[512];    /* $FERRY_CRIU, else criu on $PATH, /usr/sbin, /sbin; "" when none */
 	char version[128]; /* first line of `criu --version` */
 	int check_rc;      /* `criu check`'s exit status (-1: not run or no status) */
-	char check[512];   /* its last line of output ("Looks good.", or the error) */
+	char check[1024];  /* its last line ("Looks good."), or its "Error (...)" lines joined with " | " */
 };
 /* Finds CRIU (and runs `criu check` when run_check). 0, or -ENOENT when not found (c->path ""). */
 int ferry_snapshot_criu_probe(struct ferry_snapshot_criu *c, int run_check);

@@ -42,6 +42,21 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The thread's error detail without the ": <what err means>" that ferry__error appended, so that
+ * a message built on it gets that suffix once. Returns buf. */
+static const char *detail(char *buf, size_t len, int err)
+{
+	char suffix[160];
+	snprintf(buf, len, "%s", ferry_last_error());
+	snprintf(suffix, sizeof(suffix), ": %s", ferry_strerror(err));
+	char *last = NULL;
+	for (char *p = buf; (p = strstr(p, suffix)); p++)
+		last = p;
+	if (last)
+		memmove(last, last + strlen(suffix), strlen(last + strlen(suffix)) + 1);
+	return buf;
+}
+
 /* ----------------------------------------------------------------------------------- driver */
 
 static const struct {
@@ -107,14 +122,14 @@ int ferry_snapshot_gpu_state(int pid, int *state)
 	return 0;
 }
 
-/* The state after a failure, for the error: " (process now running)". */
+/* The state after a failure, appended to the error: "; its GPU state is now running". */
 static void append_state(const struct ferry__cuda_api *cu, int pid)
 {
 	ferry__CUprocessState s = 0;
 	if (cu->CheckpointProcessGetState(pid, &s) == FERRY__CUDA_SUCCESS)
-		ferry__error_append(" (its GPU state is now %s)", ferry_snapshot_state_name((int)s));
+		ferry__error_append("its GPU state is now %s", ferry_snapshot_state_name((int)s));
 	else
-		ferry__error_append(" (its GPU state cannot be read)");
+		ferry__error_append("its GPU state cannot be read");
 }
 
 int ferry_snapshot_gpu_suspend(int pid, unsigned timeout_ms)
@@ -138,16 +153,16 @@ int ferry_snapshot_gpu_suspend(int pid, unsigned timeout_ms)
 	if (r != FERRY__CUDA_SUCCESS) {
 		int err = ferry__cuda_fail(r, "cuCheckpointProcessCheckpoint(pid %d)", pid);
 		char first[1024];
-		snprintf(first, sizeof(first), "%s", ferry_last_error());
+		detail(first, sizeof(first), err);
 		ferry__CUcheckpointUnlockArgs ua;
 		memset(&ua, 0, sizeof(ua));
 		ferry__CUresult u = cu->CheckpointProcessUnlock(pid, &ua);
 		if (u == FERRY__CUDA_SUCCESS) {
-			ferry__error(err, "%s; unlocked again, the process runs on", first);
+			ferry__error_append("unlocked again, the process runs on");
 		} else {
 			ferry__cuda_fail(u, "cuCheckpointProcessUnlock(pid %d)", pid);
 			char second[1024];
-			snprintf(second, sizeof(second), "%s", ferry_last_error());
+			detail(second, sizeof(second), err);
 			ferry__error(err, "%s; and then %s", first, second);
 			append_state(cu, pid);
 		}
@@ -268,27 +283,51 @@ static int run(char *const argv[], char *out, size_t len, int timeout_s)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/* The last non-empty line of text (trailing white space cut) into line. */
+/* The last non-empty line of text holding prefer (any line when prefer is NULL or none holds it),
+ * trailing white space cut, into line. */
 static void last_line(const char *text, const char *prefer, char *line, size_t len)
 {
-	const char *best = NULL, *p = text;
-	size_t bestn = 0;
+	const char *best = NULL, *any = NULL, *p = text;
+	size_t bestn = 0, anyn = 0;
 	while (*p) {
 		const char *e = strchr(p, '\n');
-		size_t n = e ? (size_t)(e - p) : strlen(p);
-		while (n && (p[n - 1] == ' ' || p[n - 1] == '\r' || p[n - 1] == '\t'))
-			n--;
-		if (n && (!prefer || memmem(p, n, prefer, strlen(prefer)) || !best ||
-			  !memmem(best, bestn, prefer, strlen(prefer)))) {
-			if (!prefer || !best || !memmem(best, bestn, prefer, strlen(prefer)) ||
-			    memmem(p, n, prefer, strlen(prefer))) {
+		size_t n = e ? (size_t)(e - p) : strlen(p), m = n;
+		while (m && (p[m - 1] == ' ' || p[m - 1] == '\r' || p[m - 1] == '\t'))
+			m--;
+		if (m) {
+			any = p;
+			anyn = m;
+			if (prefer && memmem(p, m, prefer, strlen(prefer))) {
 				best = p;
-				bestn = n;
+				bestn = m;
 			}
 		}
 		p = e ? e + 1 : p + n;
 	}
+	if (!best) {
+		best = any;
+		bestn = anyn;
+	}
 	snprintf(line, len, "%.*s", (int)bestn, best ? best : "");
+}
+
+/* CRIU's "Error (file:line): ..." lines of text joined with " | " (the first says what failed, the
+ * last what gave up), or its last line when it has none. */
+static void error_lines(const char *text, char *out, size_t len)
+{
+	size_t o = 0;
+	out[0] = '\0';
+	for (const char *p = text; *p;) {
+		const char *e = strchr(p, '\n');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		const char *err = memmem(p, n, "Error (", 7);
+		/* "exited, status=1" is CRIU saying a helper failed; the lines after it say why */
+		if (err && !memmem(err, n - (size_t)(err - p), "exited, status=", 15) && o + 4 < len)
+			o += (size_t)snprintf(out + o, len - o, "%s%.*s", o ? " | " : "", (int)(n - (size_t)(err - p)), err);
+		p = e ? e + 1 : p + n;
+	}
+	if (!out[0])
+		last_line(text, NULL, out, len);
 }
 
 int ferry_snapshot_criu_probe(struct ferry_snapshot_criu *c, int run_check)
@@ -325,7 +364,10 @@ int ferry_snapshot_criu_probe(struct ferry_snapshot_criu *c, int run_check)
 	if (run_check) {
 		char *cargv[] = {c->path, (char *)"check", NULL};
 		c->check_rc = run(cargv, out, sizeof(out), 30);
-		last_line(out, c->check_rc ? "Error" : NULL, c->check, sizeof(c->check));
+		if (c->check_rc)
+			error_lines(out, c->check, sizeof(c->check));
+		else
+			last_line(out, NULL, c->check, sizeof(c->check));
 		if (!c->check[0])
 			snprintf(c->check, sizeof(c->check), "no output");
 	}
@@ -348,7 +390,7 @@ static char *split_args(const char *s, char **argv, int *n, int max)
 /* The error of a failed criu run: its exit status and the first "Error" line of its log. */
 static int criu_failed(const char *what, int rc, const char *out, const char *dir, const char *log)
 {
-	char path[PATH_MAX + 64], line[512] = "", text[16384];
+	char path[PATH_MAX + 64], line[1024] = "", text[16384];
 	snprintf(path, sizeof(path), "%s/%s", dir, log);
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
@@ -359,10 +401,10 @@ static int criu_failed(const char *what, int rc, const char *out, const char *di
 			n = read(fd, text, sizeof(text) - 1);
 		close(fd);
 		text[n > 0 ? n : 0] = '\0';
-		last_line(text, "Error", line, sizeof(line));
+		error_lines(text, line, sizeof(line));
 	}
 	if (!line[0])
-		last_line(out, "Error", line, sizeof(line));
+		error_lines(out, line, sizeof(line));
 	if (rc < 0)
 		return ferry__error(rc, "%s: cannot run criu: %s", what, strerror(-rc));
 	return ferry__error(-EIO, "%s failed (exit %d): %s (log: %s)", what, rc, line[0] ? line : "no output", path);
@@ -419,11 +461,12 @@ int ferry_snapshot_take(int pid, const char *dir, const struct ferry_snapshot_op
 		return ferry__error(-EINVAL, "ferry_snapshot_take: pid %d, dir %s", pid, dir ? dir : "NULL");
 	struct ferry_snapshot_driver drv;
 	struct ferry_snapshot_criu criu;
+	char msg[2048];
 	int err;
 	if ((err = ferry_snapshot_driver_probe(&drv)))
 		return ferry__error(err, "cannot snapshot pid %d: %s", pid, drv.why);
 	if ((err = ferry_snapshot_criu_probe(&criu, 0)))
-		return ferry__error(err, "cannot snapshot pid %d: %s", pid, ferry_last_error());
+		return ferry__error(err, "cannot snapshot pid %d: %s", pid, detail(msg, sizeof(msg), err));
 	if (kill(pid, 0) && errno == ESRCH)
 		return ferry__error(-ESRCH, "cannot snapshot pid %d: no such process", pid);
 	if (mkdir(dir, 0700) && errno != EEXIST)
@@ -466,16 +509,17 @@ int ferry_snapshot_take(int pid, const char *dir, const struct ferry_snapshot_op
 		snprintf(what, sizeof(what), "criu dump -t %d", pid);
 		err = criu_failed(what, rc, out, dir, "dump.log");
 		char first[2048];
-		snprintf(first, sizeof(first), "%s", ferry_last_error());
-		if (ferry_snapshot_gpu_resume(pid))
-			ferry__error(err, "%s; resuming its GPU state failed too: %s", first, ferry_last_error());
+		detail(first, sizeof(first), err);
+		int e2 = ferry_snapshot_gpu_resume(pid);
+		if (e2)
+			ferry__error(err, "%s; resuming its GPU state failed too: %s", first, detail(msg, sizeof(msg), e2));
 		else
 			ferry__error(err, "%s; its GPU state was resumed, the process runs on", first);
 		goto out;
 	}
 	if (o->leave_running && (err = ferry_snapshot_gpu_resume(pid))) {
 		ferry__error(err, "the snapshot of pid %d is in %s, but its GPU state was not resumed: %s", pid, dir,
-			     ferry_last_error());
+			     detail(msg, sizeof(msg), err));
 		goto out;
 	}
 	if ((err = fsync_files(dirfd, dir)))
@@ -516,11 +560,12 @@ int ferry_snapshot_restore(const char *dir, const struct ferry_snapshot_opts *o,
 		return ferry__error(FERRY_ECORRUPT, "%s: not a ferry snapshot manifest (field format or pid)", path);
 	struct ferry_snapshot_driver drv;
 	struct ferry_snapshot_criu criu;
+	char msg[2048];
 	int err;
 	if ((err = ferry_snapshot_driver_probe(&drv)))
 		return ferry__error(err, "cannot restore %s: %s", dir, drv.why);
 	if ((err = ferry_snapshot_criu_probe(&criu, 0)))
-		return ferry__error(err, "cannot restore %s: %s", dir, ferry_last_error());
+		return ferry__error(err, "cannot restore %s: %s", dir, detail(msg, sizeof(msg), err));
 	if (kill((pid_t)pid, 0) == 0 || errno == EPERM)
 		return ferry__error(-EEXIST, "cannot restore %s: pid %ld is in use, and CRIU restores the process "
 					     "under its old pid (end that process first)", dir, pid);
@@ -537,7 +582,7 @@ int ferry_snapshot_restore(const char *dir, const struct ferry_snapshot_opts *o,
 	if (rc != 0)
 		return criu_failed("criu restore", rc, out, dir, "restore.log");
 	if ((err = ferry_snapshot_gpu_resume((int)pid)))
-		return ferry__error(err, "criu restored pid %ld, but its GPU state was not: %s", pid, ferry_last_error());
+		return ferry__error(err, "criu restored pid %ld, but its GPU state was not: %s", pid, detail(msg, sizeof(msg), err));
 	if (seconds) {
 		seconds[0] = t1 - t0;
 		seconds[1] = now_s() - t1;

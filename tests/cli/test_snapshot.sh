@@ -49,7 +49,7 @@ cat >"$T/criu" <<'SH'
 #!/bin/sh
 case "$1" in
 --version) echo 'Version: 3.17.1'; exit 0;;
-check) echo 'Error (criu/cr-check.c:1411): fake: kernel lacks something'; exit 1;;
+check) echo 'Error (criu/util.c:642): exited, status=1'; echo 'Error (criu/cr-check.c:1411): fake: kernel lacks something'; exit 1;;
 esac
 d=; prev=; for a in "$@"; do [ "$prev" = -D ] && d=$a; prev=$a; done
 echo "$*" >>"$d/args.txt"; echo image >"$d/core.img"; echo done >"$d/$1.log"
@@ -59,6 +59,7 @@ chmod +x "$T/criu"
 FERRY_CUDA_LIBRARY=$T/cuda_old.so FERRY_CRIU=$T/criu "$FERRY" doctor --json >"$T/doc.json" 2>/dev/null
 check "doctor: a driver without the checkpoint API is named" bash -c "[[ \"\$(row snapshot.driver value)\" == *'lacks the checkpoint API: cuCheckpointProcessGetState, '*'570 and later'* ]]"
 check "doctor: criu check's failure quoted" bash -c "[[ \"\$(row snapshot.criu value)\" == *'Version: 3.17.1 ('*'criu check failed (exit 1): Error (criu/cr-check.c:1411): fake: kernel lacks something'* ]]"
+check "doctor: CRIU's 'exited, status=1' noise left out" bash -c "[[ \"\$(row snapshot.criu value)\" != *'exited, status'* ]]"
 FERRY_CUDA_LIBRARY=$T/cuda_ckpt.so FERRY_CRIU=$T/criu "$FERRY" doctor --json >"$T/doc.json" 2>/dev/null
 check "doctor: checkpoint API present" bash -c "[[ \"\$(row snapshot.driver value)\" == 'driver 12.8: all 6 checkpoint entry points present' ]]"
 check "doctor: present is ok" bash -c "[ \"\$(row snapshot.driver verdict)\" = ok ]"
