@@ -125,6 +125,7 @@ def main():
             s, nbytes = line[0].split()[1:]
             times[op].append(float(s))
             nbytes = int(nbytes)
+            print("RUN %s %.3f s" % (op, float(s)), flush=True)
     cache = "cold" if a.drop_caches else "warm"
     for stock, fer in (("dcp.save stock", "dcp.save ferry"), ("dcp.load stock", "dcp.load ferry"),
                        ("torch.save", "ferry.torch.save"), ("torch.load", "ferry.torch.load")):

@@ -103,6 +103,7 @@ class Writer(_fs.FileSystemWriter):
 
     def _write_file(self, ctx, planner, path, storage_key, items):
         out = _ft._Durable(str(path), ctx)
+        writes = None
         try:
             results = []
             at = 0
@@ -119,6 +120,7 @@ class Writer(_fs.FileSystemWriter):
                 results.append(_WriteResult(index=wi.index, size_in_bytes=len(b),
                                             storage_data=_fs._StorageInfo(storage_key, at, len(b))))
                 at += len(b)
+            writes = _ft._Writes(f)
             tensor_items = [wi for wi in items if wi.type != _WriteItemType.BYTE_IO]
             if self._overlapping():
                 tensor_items.sort(key=_fs._item_size)  # _OverlappingCpuLoader's order
@@ -134,11 +136,18 @@ class Writer(_fs.FileSystemWriter):
                 shadow = _torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
                 layout = _ft._Layout(shadow, str(path))
                 layout.holes = [(off, t.untyped_storage(), rec) for off, _s, rec in layout.holes]
-                n = _ft._write_layout(f, at, layout)
+                n = writes.add(at, layout)
                 results.append(_WriteResult(index=wi.index, size_in_bytes=n,
                                             storage_data=_fs._StorageInfo(storage_key, at, n)))
                 at += n
+            writes.finish()
+            writes = None
         except BaseException:
+            if writes is not None:
+                try:
+                    writes.finish()  # the writes in flight end before the file goes
+                except BaseException:
+                    pass
             out.abort()
             raise
         out.commit(self.sync_files)

@@ -463,38 +463,88 @@ class _Layout:
         _struct.pack_into("<I", self.blob, rec.cd_at, crc)
 
 
-def _host_bytes(s):
-    """(buffer ferry writes from, crc32 or None) for an UntypedStorage."""
-    v = _byte_view(s)
-    if not _torch.serialization.get_crc32_options():
-        return v, None
-    if v.device.type != "cpu":
-        v = v.cpu()  # the crc needs the bytes on the host
-    return v, _zlib.crc32(v.numpy()) if v.numel() else 0
+_crc_pool_ = None
 
 
-def _write_layout(f, base, layout):
-    """Writes one _Layout at file offset base: storages by ferry (host or GPU memory)."""
-    futs = []
-    bufs = []
-    for off, s, rec in layout.holes:
-        if not s.nbytes():
-            continue
-        buf, crc = _host_bytes(s)
-        if buf.device.type == "cuda":
-            _torch.cuda.current_stream(buf.device).synchronize()
-        if crc is not None:
-            layout.set_crc(rec, off, crc)
-        bufs.append(buf)
-        futs.append((f.pwrite_from_async(buf, base + off), buf.numel(), off))
-    for off, seg in layout.segments():
-        futs.append((f.pwrite_from_async(seg, base + off), len(seg), off))
-    for fut, n, off in futs:
-        got = fut.result()
-        if got != n:
-            raise OSError("%s: short write at offset %d: %d of %d bytes" % (f.name, base + off,
-                                                                             got, n))
-    return layout.size
+def _crc_pool():
+    # zlib.crc32 releases the GIL: the checksums of several storages run in parallel, beside
+    # ferry's writes of the same bytes.
+    global _crc_pool_
+    if _crc_pool_ is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _crc_pool_ = ThreadPoolExecutor(max_workers=min(8, _os.cpu_count() or 1),
+                                        thread_name_prefix="ferry-crc32")
+    return _crc_pool_
+
+
+class _Writes:
+    """Writes _Layouts into one file: each storage's bytes by ferry (host or GPU memory) as soon
+    as it is added, its crc32 (when torch.serialization.get_crc32_options()) computed meanwhile,
+    the zip around it once the crc32s are known; at most about `limit` storage bytes in flight."""
+
+    def __init__(self, f, limit=1 << 30):
+        self.f, self.limit = f, limit
+        self.queue = []
+        self.inflight = 0
+
+    def add(self, base, layout):
+        crc_on = _torch.serialization.get_crc32_options()
+        data, crcs = [], []
+        try:
+            for off, s, rec in layout.holes:
+                n = s.nbytes()
+                if not n:
+                    if crc_on:
+                        layout.set_crc(rec, off, 0)
+                    continue
+                buf = _byte_view(s)
+                if buf.device.type == "cuda":
+                    # ferry copies on its own streams: the tensor's producers must be done.
+                    _torch.cuda.current_stream(buf.device).synchronize()
+                    if crc_on:
+                        buf = buf.cpu()  # the crc32 needs the bytes on the host
+                data.append((self.f.pwrite_from_async(buf, base + off), n, base + off))
+                if crc_on:
+                    crcs.append((rec, off, _crc_pool().submit(_zlib.crc32, buf.numpy())))
+                self.inflight += n
+        finally:
+            self.queue.append((base, layout, data, crcs, sum(n for _f, n, _a in data)))
+        while self.inflight > self.limit and len(self.queue) > 1:
+            self._drain()
+        return layout.size
+
+    def _drain(self):
+        base, layout, data, crcs, nbytes = self.queue.pop(0)
+        err = None
+        try:
+            for rec, off, fu in crcs:
+                layout.set_crc(rec, off, fu.result())
+            for off, seg in layout.segments():
+                data.append((self.f.pwrite_from_async(seg, base + off), len(seg), base + off))
+        except BaseException as e:  # the writes in flight are still waited for
+            err = e
+        for fut, n, at in data:
+            try:
+                got = fut.result()
+            except BaseException as e:
+                err = err or e
+                continue
+            if got != n and err is None:
+                err = OSError("%s: short write at offset %d: %d of %d bytes"
+                              % (self.f.name, at, got, n))
+        self.inflight -= nbytes
+        if err is not None:
+            raise err
+
+    def finish(self):
+        err = None
+        while self.queue:
+            try:
+                self._drain()
+            except BaseException as e:
+                err = err or e
+        if err is not None:
+            raise err
 
 
 def _fsync_dir(d):
@@ -550,7 +600,11 @@ def save(obj, path, *, pickle_module=_pickle, pickle_protocol=2, durable=True, c
     ctx = context if context is not None else _ferry.default_context()
     out = _Durable(p, ctx)
     try:
-        _write_layout(out.file, 0, layout)
+        w = _Writes(out.file)
+        try:
+            w.add(0, layout)
+        finally:
+            w.finish()
     except BaseException:
         out.abort()
         raise

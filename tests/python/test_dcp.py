@@ -238,7 +238,7 @@ KILLED = textwrap.dedent(r'''
             return real(*a, **k)
         return f
     if which == "ferry":
-        ferry.dcp._ft._write_layout = dying(ferry.dcp._ft._write_layout)
+        ferry.dcp._ft._Writes.add = dying(ferry.dcp._ft._Writes.add)
     else:
         filesystem.torch.save = dying(filesystem.torch.save)
     dcp.save(state, storage_writer=W(d))           # overwritten, killed midway
