@@ -94,6 +94,18 @@ grep -h '^FIGURE ' "$LOG_DIR/gpu.full.log" 2>/dev/null | while read -r _ name va
 	row "figure/$name" "$value" "$unit"
 done
 grep -h -E '^(skipped|GDS |libcufile|NVML|CUDA driver|/run/udev|resolved with)' "$LOG_DIR/gpu.full.log" 2>/dev/null | cut -c1-300
+# GPU process snapshots (driver checkpoint API + CRIU from .deb/criu): its TABLE lines become rows.
+if ! skipping gpu; then
+	timeout 900 bash tests/gpu/test_snapshot.sh "$ROOT/$BUILD_DIR/ferry" >"$LOG_DIR/snapshot.log" 2>&1
+	rc=$?
+	grep '^TABLE ' "$LOG_DIR/snapshot.log" | sed 's/^TABLE //' >>"$TABLE"
+	case $rc in
+	0) row gpu/test_snapshot.sh ok ;;
+	77) row gpu/test_snapshot.sh skipped "$(grep -m1 '^skipped' "$LOG_DIR/snapshot.log")" ;;
+	*) row gpu/test_snapshot.sh "FAILED (exit $rc)" "see snapshot.log"; failed=1 ;;
+	esac
+	grep -E '^(REFUSED|FAIL|skipped|restored|TABLE)' "$LOG_DIR/snapshot.log" | cut -c1-600
+fi
 
 step "Python package"
 # The machine has no network: build the extension with the scikit-build-core, torch, CuPy and

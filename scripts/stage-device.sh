@@ -21,6 +21,14 @@ if has debs; then
 	mkdir -p .deb
 	(cd .deb && ls liburing-dev_*.deb libxxhash-dev_*.deb >/dev/null 2>&1 ||
 		apt-get download liburing2 liburing-dev libxxhash0 libxxhash-dev >/dev/null)
+	# CRIU (tests/gpu/test_snapshot.sh) and the libraries it links, in .deb/criu/: deb-env.sh puts
+	# .deb/*.deb on everything's LD_LIBRARY_PATH, and Debian 12's gnutls and kin must not replace the
+	# GPU machine's own; the test unpacks these for criu alone.
+	mkdir -p .deb/criu
+	(cd .deb/criu && ls criu_*.deb >/dev/null 2>&1 ||
+		apt-get download criu libbsd0 libmd0 libgnutls30 libnettle8 libhogweed6 libgmp10 libidn2-0 \
+			libunistring2 libp11-kit0 libffi8 libtasn1-6 libnftables1 libnftnl11 libmnl0 libjansson4 \
+			libxtables12 libprotobuf-c1 libnl-3-200 libnet1 >/dev/null)
 	echo "stage-device: .deb: $(cd .deb && ls *.deb | tr '\n' ' ')"
 fi
 
