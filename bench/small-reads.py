@@ -60,9 +60,15 @@ class Dest:
             self.t = torch.empty(bs * slots, dtype=torch.uint8, pin_memory=(kind == "pinned"))
         # views made once, outside the timer: the per-piece cost measured is ferry's, not slicing's
         self.views = [self.t[i * bs:(i + 1) * bs] for i in range(slots)]
+        # kvikio takes host memory as a NumPy array (buffer protocol), device memory via
+        # __cuda_array_interface__ (torch has it)
+        self.peer_views = self.views if kind == "cuda" else [v.numpy() for v in self.views]
 
     def view(self, i):
         return self.views[i % self.slots]
+
+    def peer_view(self, i):
+        return self.peer_views[i % self.slots]
 
 
 def run_batch(f, dest, offs, depth):
@@ -120,7 +126,7 @@ def run_kvikio(kvikio, path, dest, offs, depth):
                     raise SystemExit("kvikio short read")
                 t_wait += clock() - c0
             c0 = clock()
-            window.append(cf.pread(dest.view(i), dest.bs, off))
+            window.append(cf.pread(dest.peer_view(i), dest.bs, off))
             t_sub += clock() - c0
         c0 = clock()
         for fut in window:
