@@ -469,17 +469,19 @@ int ferry_snapshot_take(int pid, const char *dir, const struct ferry_snapshot_op
 		return ferry__error(err, "cannot snapshot pid %d: %s", pid, detail(msg, sizeof(msg), err));
 	if (kill(pid, 0) && errno == ESRCH)
 		return ferry__error(-ESRCH, "cannot snapshot pid %d: no such process", pid);
-	if (mkdir(dir, 0700) && errno != EEXIST)
+	int made = mkdir(dir, 0700) == 0;
+	if (!made && errno != EEXIST)
 		return ferry__error(-errno, "%s: mkdir: %s", dir, strerror(errno));
 	int empty = dir_empty(dir);
 	if (empty <= 0)
 		return ferry__error(empty < 0 ? empty : -EEXIST, "%s: %s", dir,
 				    empty < 0 ? strerror(-empty) : "not empty: a snapshot goes into a new or empty directory");
-	if ((err = ferry__fsync_parent(dir)))
-		return err;
-	int dirfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
-	if (dirfd < 0)
+	int dirfd = (err = ferry__fsync_parent(dir)) ? err : ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (dirfd < 0) {
+		if (made)
+			rmdir(dir);
 		return dirfd;
+	}
 	int state = -1;
 	if ((err = ferry_snapshot_gpu_state(pid, &state)))
 		goto out;
@@ -537,6 +539,9 @@ int ferry_snapshot_take(int pid, const char *dir, const struct ferry_snapshot_op
 	}
 out:
 	close(dirfd);
+	/* refused before CRIU wrote anything: the directory this call made goes again */
+	if (err && made && dir_empty(dir) == 1)
+		rmdir(dir);
 	return err;
 }
 
