@@ -144,7 +144,7 @@ shopt -s nullglob
 # and runai-model-streamer for gpu-ckpt, into a folder of their own on PYTHONPATH (mosaicml-streaming,
 # for gpu-loader, is installed by bench/loader-gpu.sh apart, with its own dependencies).
 peers=(.whl/kvikio_cu13-*.whl .whl/libkvikio_cu13-*.whl .whl/rapids_logger-*.whl .whl/fastsafetensors-*.whl
-	.whl/runai_model_streamer-*.whl)
+	.whl/runai_model_streamer-*.whl .whl/instanttensor-*.whl)
 if [ ${#peers[@]} -gt 0 ]; then
 	if "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/$BUILD_DIR/peers-py" --upgrade \
 		"${peers[@]}" >"$LOG_DIR/peers-install.log" 2>&1; then

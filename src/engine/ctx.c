@@ -141,6 +141,7 @@ int ferry_ctx_create(ferry_ctx **out)
 	*out = NULL;
 	if (!ctx)
 		return ferry__error(-ENOMEM, "allocating a context");
+	ctx->pid = getpid();
 	pthread_mutex_init(&ctx->mu, NULL);
 	pthread_mutex_init(&ctx->slot_mu, NULL);
 	pthread_mutex_init(&ctx->units_mu, NULL);
@@ -460,7 +461,10 @@ const char *ferry_ctx_backend(ferry_ctx *ctx)
 
 void ferry_ctx_destroy(ferry_ctx *ctx)
 {
-	if (!ctx)
+	/* In a child made by fork() without exec the workers are the parent's and do not exist, and
+	 * the context's locks may have been held by one of them at the fork: joining or locking would
+	 * hang the child's exit. Its copy is left to the process's end. */
+	if (!ctx || ctx->pid != getpid())
 		return;
 	pthread_mutex_lock(&ctx->mu);
 	ctx->stopping = true;

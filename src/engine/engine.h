@@ -445,6 +445,7 @@ struct ferry__group {
 };
 
 struct ferry_ctx {
+	pid_t pid; /* the process that made it: a fork()ed child's copy is never torn down (ctx.c) */
 	struct ferry__config cfg;
 	pthread_mutex_t mu; /* work list, workers, file table, ring registry */
 	pthread_cond_t work_cv;

@@ -86,6 +86,7 @@ struct worker {
 };
 
 struct ferry_loader {
+	pid_t pid; /* the process that made it: in a fork()ed child its threads do not exist (forked()) */
 	ferry_dataset *ds;
 	/* knobs */
 	uint32_t batch_size, world_size, rank, threads, prefetch;
@@ -196,11 +197,25 @@ static const char *loader_keys[sizeof(loader_rows) / sizeof(loader_rows[0]) + 1]
 static const struct ferry__knobs loader_knobs = {"loader", loader_rows,
 						 sizeof(loader_rows) / sizeof(loader_rows[0]), loader_keys};
 
+/*
+ * 1 in a child made by fork() without exec (a DataLoader worker, os.fork): the loader's threads are
+ * the parent's and do not exist here, and its mutex may have been held by one of them at the fork.
+ * Destroying the loader or returning its memory there does nothing (the child's copy is left as
+ * it is, freed with the process) instead of joining threads that never end or waiting on a lock
+ * no one will release.
+ */
+static int forked(const struct ferry_loader *l)
+{
+	return l->pid != getpid();
+}
+
 int ferry_loader_create(ferry_dataset *ds, ferry_loader **out)
 {
 	if (!ds || !out)
 		return ferry__error(-EINVAL, "ferry_loader_create: NULL argument");
 	struct ferry_loader *l = calloc(1, sizeof(*l));
+	if (l)
+		l->pid = getpid();
 	if (!l)
 		return ferry__error(-ENOMEM, "ferry_loader_create");
 	l->ds = ds;
@@ -863,7 +878,7 @@ static void loader_free(struct ferry_loader *l);
 
 void ferry_loader_destroy(ferry_loader *l)
 {
-	if (!l)
+	if (!l || forked(l))
 		return;
 	pthread_mutex_lock(&l->mu);
 	l->stop = 1;
@@ -1029,6 +1044,8 @@ void ferry_loader_batch_destroy(ferry_loader_batch *b)
 	if (!b)
 		return;
 	struct ferry_loader *l = b->l;
+	if (forked(l))
+		return;
 	pthread_mutex_lock(&l->mu);
 	if (b->state == SLOT_HELD) {
 		b->state = SLOT_FREE;
@@ -1068,6 +1085,8 @@ int ferry_loader_buffer_destroy(ferry_loader_buffer *buf, void *stream)
 	if (!buf)
 		return 0;
 	struct ferry_loader *l = buf->l;
+	if (forked(l))
+		return 0;
 	void *prev;
 	int err = ferry__gpu_enter(l->device, &prev), entered = !err;
 	if (entered && (err = ferry__fence_record(buf->fence, stream)))
