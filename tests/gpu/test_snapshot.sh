@@ -41,7 +41,8 @@ fi
 
 say "--- ferry doctor, snapshot rows"
 "$FERRY" doctor --no-color 2>&1 | grep -E 'snapshot\.' | cut -c1-600
-nvidia-smi --query-gpu=driver_version,persistence_mode --format=csv,noheader 2>&1 | head -1 | sed 's/^/driver, persistence: /'
+command -v nvidia-smi >/dev/null &&
+	nvidia-smi --query-gpu=driver_version,persistence_mode --format=csv,noheader 2>&1 | head -1 | sed 's/^/driver, persistence: /'
 
 cat >"$T/worker.py" <<'PY'
 # Holds CUDA tensors; writes the results of a step on them into before.txt, waits for the file
@@ -89,7 +90,7 @@ for mb in $SIZES; do
 		say "TABLE snapshot gpu-only $mb MiB | ok | suspend $s_sus s, resume $s_res s"
 	else
 		say "REFUSED driver (ferry snapshot --gpu-only): $(cat "$W/gpu-only.out")"
-		say "TABLE snapshot gpu-only $mb MiB | FAILED | $(head -c 200 "$W/gpu-only.out")"
+		say "TABLE snapshot gpu-only $mb MiB | FAILED | $(head -c 200 "$W/gpu-only.out" | tr '|\n' '/ ')"
 		fail=1; kill -9 "$WORKER"; WORKER=; continue
 	fi
 
@@ -98,7 +99,7 @@ for mb in $SIZES; do
 	rm -rf "$D"
 	if ! "$FERRY" snapshot "$WORKER" "$D" >"$W/snap.out" 2>&1; then
 		say "REFUSED criu dump (ferry snapshot $WORKER $D): $(cat "$W/snap.out")"
-		say "TABLE snapshot criu $mb MiB | REFUSED | $(head -c 300 "$W/snap.out")"
+		say "TABLE snapshot criu $mb MiB | REFUSED | $(head -c 300 "$W/snap.out" | tr '|\n' '/ ')"
 		criu_refused=1
 		# ferry resumed the GPU state: the process must still compute right
 		touch "$W/go"
@@ -117,7 +118,7 @@ for mb in $SIZES; do
 	du -sh "$D" | sed 's/^/image: /'
 	if ! "$FERRY" restore "$D" >"$W/restore.out" 2>&1; then
 		say "REFUSED criu restore (ferry restore $D): $(cat "$W/restore.out")"
-		say "TABLE snapshot criu $mb MiB | REFUSED at restore | $(head -c 300 "$W/restore.out")"
+		say "TABLE snapshot criu $mb MiB | REFUSED at restore | $(head -c 300 "$W/restore.out" | tr '|\n' '/ ')"
 		criu_refused=1; kill -9 "$pid" 2>/dev/null; continue
 	fi
 	cat "$W/restore.out"
