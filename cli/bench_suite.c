@@ -75,6 +75,7 @@ static void on_signal(int sig)
 {
 	if (temp_path[0])
 		unlink(temp_path);
+	suite_gpu_cleanup();
 	signal(sig, SIG_DFL);
 	raise(sig);
 }
@@ -411,9 +412,9 @@ int bench_suite(const struct bench_suite_opts *so)
 		snprintf(temp_path, sizeof(temp_path), "%s/ferry-suite-%d-%ld.dat", dir, (int)getpid(),
 			 (long)(ts.tv_nsec % 1000000));
 		path = temp_path;
-		signal(SIGINT, on_signal);
-		signal(SIGTERM, on_signal);
 	}
+	signal(SIGINT, on_signal); /* also with --filename: the GPU rows' model and dataset */
+	signal(SIGTERM, on_signal);
 	if (size < 4 * MiB) {
 		fprintf(stderr, "ferry bench: --suite needs --size of at least 4m\n");
 		return 2;

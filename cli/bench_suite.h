@@ -24,5 +24,7 @@ void suite_gpu_run(const struct suite_gpu_in *in);
 void suite_gpu_print(FILE *out);
 void suite_gpu_html(FILE *f);
 void suite_gpu_json(struct bench_json *j);
+/* Removes the model file and dataset of a run cut short (the suite's signal handler). */
+void suite_gpu_cleanup(void);
 
 #endif

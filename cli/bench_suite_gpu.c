@@ -51,6 +51,7 @@ static struct gsection gs[G_N] = {
 };
 
 static char skip_line[1024];
+static char model_path[4200], dataset_dir[4200]; /* removed by suite_gpu_cleanup on a signal */
 
 static double now_s(void)
 {
@@ -441,8 +442,8 @@ static void run_loader(ferry_ctx *ctx, const struct suite_gpu_in *in, uint64_t b
 	struct grow *rp = &s->rows[0], *rf = &s->rows[1];
 	if (in->tick)
 		in->tick(in->arg, "loader");
-	char dir[4200];
-	snprintf(dir, sizeof(dir), "%s/ferry-suite-ds-%d", in->dir, (int)getpid());
+	char *dir = dataset_dir;
+	snprintf(dataset_dir, sizeof(dataset_dir), "%s/ferry-suite-ds-%d", in->dir, (int)getpid());
 	const size_t sample = 64 * 1024;
 	uint64_t n = bytes / sample;
 	ferry_dataset_writer *w = NULL;
@@ -476,6 +477,7 @@ static void run_loader(ferry_ctx *ctx, const struct suite_gpu_in *in, uint64_t b
 	}
 	ferry_dataset_destroy(ds);
 	rm_tree(dir);
+	dataset_dir[0] = 0;
 	if (r) {
 		row_failed(rp, r);
 		snprintf(rf->skipped, sizeof(rf->skipped), "%s", rp->skipped);
@@ -501,7 +503,7 @@ static void run_loader(ferry_ctx *ctx, const struct suite_gpu_in *in, uint64_t b
 
 unsigned suite_gpu_steps(void)
 {
-	return 6;
+	return 1 + 3 + 3; /* the ceiling, the transfer modes, the model, the checkpoint, the loader */
 }
 
 void suite_gpu_run(const struct suite_gpu_in *in)
@@ -545,8 +547,8 @@ void suite_gpu_run(const struct suite_gpu_in *in)
 	if (m.each < 4096)
 		m.each = 4096;
 	m.host = err ? NULL : ferry_alloc_aligned(m.each);
-	char path[4200];
-	snprintf(path, sizeof(path), "%s/ferry-suite-model-%d.safetensors", in->dir, (int)getpid());
+	char *path = model_path;
+	snprintf(model_path, sizeof(model_path), "%s/ferry-suite-model-%d.safetensors", in->dir, (int)getpid());
 	if (!m.host) {
 		const char *w = err ? ferry_last_error() : "out of memory";
 		for (int i = G_ST; i < G_N; i++) {
@@ -561,10 +563,19 @@ void suite_gpu_run(const struct suite_gpu_in *in)
 		unlink(path);
 		run_ckpt(ctx, in, &m, path, dtoh);
 		unlink(path);
+		model_path[0] = 0;
 		run_loader(ctx, in, bytes, htod);
 		ferry_free_aligned(m.host, m.each);
 	}
 	ferry_ctx_destroy(ctx);
+}
+
+void suite_gpu_cleanup(void)
+{
+	if (model_path[0])
+		unlink(model_path);
+	if (dataset_dir[0])
+		rm_tree(dataset_dir);
 }
 
 /* ------------------------------------------------------------------------------------- output */

@@ -74,6 +74,10 @@ def main():
           p.stdout[-3000:])
     check("ceiling, measured in this run" in p.stdout, "the table shows the ceiling")
     check("GPU: " in p.stderr, "the GPU steps are counted on stderr (not a terminal)", p.stderr[-800:])
+    steps = [tuple(map(int, l.split()[3].split("/"))) for l in p.stderr.splitlines()
+             if l.startswith("ferry bench --suite: ") and l.split()[3].split("/")[0].isdigit()]
+    check(steps and all(a <= b for a, b in steps) and steps[-1][0] == steps[-1][1],
+          "the step count ends at its total", steps)
     finish()
 
 
