@@ -8,7 +8,9 @@
 # this machine (criu check failed) after the driver's part passed.
 #
 #   bash tests/gpu/test_snapshot.sh [path/to/ferry]
-#   SNAP_MB="1024 10240 40960" bash tests/gpu/test_snapshot.sh build/ferry   (timings per size)
+#   SNAP_MB="1024 10240 40960" bash tests/gpu/test_snapshot.sh build/ferry   (timings per size; the
+#   image of SNAP_MB and then ferry ckpt bench's file of the same size go into SNAP_DIR, default the
+#   test's temporary directory: 40960 needs about 45 GB free there)
 #
 # Lines "TABLE snapshot ..." give the times (scripts/gpu-check.sh makes them rows). CRIU: $FERRY_CRIU,
 # criu on PATH, or the Debian packages staged in .deb/criu by scripts/stage-device.sh (unpacked here
@@ -56,7 +58,10 @@ x = torch.rand(mb * 1024 * 1024 // 4, device="cuda")
 w = torch.rand(1024, 1024, device="cuda")
 def step(name):
     torch.cuda.synchronize()
-    digest = hashlib.sha256(x.cpu().numpy().tobytes()).hexdigest()
+    h = hashlib.sha256()
+    for i in range(0, x.numel(), 64 << 20):  # 256 MiB at a time: host memory stays small at 40 GB
+        h.update(x[i : i + (64 << 20)].cpu().numpy().data)
+    digest = h.hexdigest()
     y = (x[: 1024 * 1024].view(1024, 1024) @ w).double().sum().item()
     with open(os.path.join(d, name + ".tmp"), "w") as f:
         f.write("%s %.17g\n" % (digest, y))
@@ -135,6 +140,7 @@ for mb in $SIZES; do
 		fail=1
 	fi
 	kill -9 "$WORKER" 2>/dev/null; WORKER=
+	rm -rf "$D" # the disk holds one image or one checkpoint file of this size at a time
 	# Beside it, ferry's own checkpoint path for the same bytes (host memory as the dump does).
 	if "$FERRY" ckpt bench --size "${mb}m" --dir "$IMG" --json --loads 1 >"$W/bench.json" 2>"$W/bench.err"; then
 		say "TABLE snapshot ferry-ckpt $mb MiB | ok | $("$PY" -c 'import json,sys; d=json.load(open(sys.argv[1])); print("save %.3f s, load %.3f s (%s)" % (d["save_s"], d["load_s"], d["memory"]))' "$W/bench.json")"
