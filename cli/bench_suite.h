@@ -17,7 +17,7 @@ struct suite_gpu_in {
 	void *arg;
 };
 
-/* Steps suite_gpu_run ticks (for the progress count). */
+/* Steps suite_gpu_run ticks (for the progress count): 0 without a usable GPU. */
 unsigned suite_gpu_steps(void);
 /* Measures the GPU rows, or records why each is skipped. Prints nothing. */
 void suite_gpu_run(const struct suite_gpu_in *in);

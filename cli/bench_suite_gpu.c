@@ -503,7 +503,8 @@ static void run_loader(ferry_ctx *ctx, const struct suite_gpu_in *in, uint64_t b
 
 unsigned suite_gpu_steps(void)
 {
-	return 1 + 3 + 3; /* the ceiling, the transfer modes, the model, the checkpoint, the loader */
+	/* the ceiling, the transfer modes, the model, the checkpoint, the loader; none without a GPU */
+	return ferry_gpu_available(NULL, 0) ? 1 + 3 + 3 : 0;
 }
 
 void suite_gpu_run(const struct suite_gpu_in *in)

@@ -26,6 +26,9 @@ def main():
             check(what in lines[0], f"the skip line names {what!r}", lines[0])
     check(not [l for l in p.stdout.splitlines() if l.startswith("GPU: ")], "no GPU section tables when skipped",
           p.stdout[-1500:])
+    steps = [l.split()[3] for l in p.stderr.splitlines() if l.startswith("ferry bench --suite: ")
+             and l.split()[3].split("/")[0].isdigit()]
+    check(steps and steps[-1].split("/")[0] == steps[-1].split("/")[1], "the step count ends at its total", steps)
     check(os.path.exists(report), "report written")
     if os.path.exists(report):
         h, text = parse(report)
