@@ -20,6 +20,7 @@
 #include "ferry/data.h"
 #include "ferry/gpu.h"
 #include "ferry/safetensors.h"
+#include "ferry_tools.h"
 
 #define MiB (1024ull * 1024)
 
@@ -507,13 +508,29 @@ unsigned suite_gpu_steps(void)
 	return ferry_gpu_available(NULL, 0) ? 1 + 3 + 3 : 0;
 }
 
+/* What ferry doctor's check `id` found ("" if it has none): the machine's side of a missing GPU. */
+static void doctor_value(const char *id, char *buf, size_t len)
+{
+	ferry_report *r = NULL;
+	buf[0] = 0;
+	if (ferry_doctor_run(NULL, 0, &r))
+		return;
+	for (size_t i = 0; i < ferry_report_count(r); i++)
+		if (!strcmp(ferry_report_field(r, i, "id"), id))
+			snprintf(buf, len, "%s", ferry_report_field(r, i, "value"));
+	ferry_report_destroy(r);
+}
+
 void suite_gpu_run(const struct suite_gpu_in *in)
 {
 	char why[512] = "";
 	if (!ferry_gpu_available(why, sizeof(why))) {
+		char pci[256];
+		doctor_value("gpu.present", pci, sizeof(pci));
 		snprintf(skip_line, sizeof(skip_line),
 			 "GPU rows skipped (storage into GPU memory by -x mode, safetensors load, checkpoint save, "
-			 "loader): no usable GPU: %s", why[0] ? why : "ferry_gpu_available said no");
+			 "loader): no usable GPU: %s%s%s", why[0] ? why : "ferry_gpu_available said no",
+			 pci[0] ? "; ferry doctor's gpu.present: " : "", pci);
 		char w[600];
 		snprintf(w, sizeof(w), "no usable GPU: %s", why[0] ? why : "?");
 		declare_rows(w);

@@ -22,7 +22,7 @@ def main():
     lines = [l for l in p.stdout.splitlines() if l.startswith("GPU rows skipped")]
     check(len(lines) == 1, "one line says the GPU rows were skipped", p.stdout[-1500:])
     if lines:
-        for what in ("-x mode", "safetensors", "checkpoint", "loader", "no-libcuda.so"):
+        for what in ("-x mode", "safetensors", "checkpoint", "loader", "no-libcuda.so", "gpu.present: "):
             check(what in lines[0], f"the skip line names {what!r}", lines[0])
     check(not [l for l in p.stdout.splitlines() if l.startswith("GPU: ")], "no GPU section tables when skipped",
           p.stdout[-1500:])
