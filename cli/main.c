@@ -16,7 +16,7 @@ static int cmd_version(int argc, char **argv)
 /* Add a row per subcommand (keep the help order: main job first). */
 const struct ferry_cli_command ferry_cli_commands[] = {
 	{"bench", "measure storage and GPU transfer speed (fio- and gdsio-compatible options)", ferry_cmd_bench},
-	{"ckpt", "safetensors files and checkpoints: inspect, verify, bench", ferry_cmd_ckpt},
+	{"ckpt", "safetensors files and checkpoints: inspect, verify, bench, plan", ferry_cmd_ckpt},
 	{"pack", "pack files, JSON Lines or token arrays into shards (or Megatron .bin/.idx)", ferry_cmd_pack},
 	{"loader-bench", "measure the data loader: samples/s, bytes/s, how long each step waited", ferry_cmd_loader_bench},
 	{"doctor", "check the machine and the storage under PATHs against the tuning checklist", ferry_cmd_doctor},
