@@ -667,7 +667,7 @@ static void chart(FILE *f, const struct gsection *s)
 	if (s->ceiling > 0 && max > 0) {
 		int x = label_w + (int)(s->ceiling / max * chart_w);
 		fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"ceil\"/>\n", x, top - 4, x, h - 4);
-		fprintf(f, "<text x=\"%d\" y=\"14\" text-anchor=\"middle\" class=\"ceil-t\">ceiling: ", x);
+		fprintf(f, "<text x=\"%d\" y=\"14\" text-anchor=\"end\" class=\"ceil-t\">ceiling: ", x + 4);
 		esc(f, s->ceiling_label);
 		fprintf(f, " %.3f GB/s</text>\n", s->ceiling);
 	}
