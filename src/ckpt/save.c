@@ -630,7 +630,7 @@ static int64_t consume(struct job *j)
 		if (s->copied) {
 			int cr = ferry__ring_sync(j->ring, (unsigned)(c % j->k));
 			lap(j, PH_W_EVENT_WAIT, &t);
-			if (cr) {
+			if (cr < 0) {
 				ferry__error_append("%s: device-to-host copy of chunk %zu", j->path, c);
 				err = cr;
 				break;

@@ -339,11 +339,9 @@ void ferry__gpu_poll(struct ferry__ioq *q, bool block,
 		struct ferry__chunk *c = q->gpu_head;
 		struct ferry__ring_gpu *ring = q->gpu->ring[c->dev];
 		unsigned t = (unsigned)chunk_index(q, c);
-		/* sync: 0 when done; query: 1 when done, 0 while running */
+		/* both: 1 when done, negative on failure; query: 0 while running */
 		int r = block ? ferry__ring_sync(ring, t) : ferry__ring_query(ring, t);
 
-		if (block && r == 0)
-			r = 1;
 		block = false;
 		if (r == 0)
 			return;

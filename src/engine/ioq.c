@@ -244,8 +244,10 @@ static void gds_prep(struct ferry__ioq *q, struct ferry__chunk *c)
 	if (!ret && q->gds_batch != batch)
 		ret = ferry__error(-EBUSY, "%s: gds and gds-batch transfers at once in one queue", c->f->path);
 	/* cuFile's calls are not ordered on the caller's stream: the host waits for its work first */
-	if (!ret && c->entry && c->entry->start_ev && (ret = ferry__fence_sync(c->entry->start_ev)))
+	if (!ret && c->entry && c->entry->start_ev && (ret = ferry__fence_sync(c->entry->start_ev)) < 0)
 		ferry__error_append("waiting for the caller's stream before cuFile");
+	if (ret > 0)
+		ret = 0;
 	if (!ret)
 		ret = cf->prep(q->gds, &op);
 	if (ret) {

@@ -66,6 +66,9 @@ static const struct ferry__sym cuda_syms[] = {
 	SYM("cuCheckpointProcessCheckpoint", CheckpointProcessCheckpoint, NULL, 9),
 	SYM("cuCheckpointProcessRestore", CheckpointProcessRestore, NULL, 10),
 	SYM("cuCheckpointProcessUnlock", CheckpointProcessUnlock, NULL, 11),
+	/* No base name either (12.8 and 13.0); each on its own. */
+	SYM("cuMemcpyBatchAsync_v2", MemcpyBatchAsync_v2, NULL, 12),
+	SYM("cuMemcpyBatchAsync", MemcpyBatchAsync, NULL, 13),
 };
 
 const struct ferry__sym *ferry__cuda_symbols(size_t *n)

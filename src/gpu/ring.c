@@ -107,6 +107,66 @@ int ferry__ring_h2d(struct ferry__ring_gpu *r, uint64_t dst, const void *src, si
 		       "cuMemcpyHtoDAsync of %zu bytes", n);
 }
 
+#define GATHER_STACK 64 /* copies described on the stack; more go in several batch calls */
+
+/* k copies in one call: cuMemcpyBatchAsync when there are several and the driver has it. */
+static int gather_flush(const struct ferry__cuda_api *cu, struct ferry__ring_gpu *r, ferry__CUdeviceptr *dsts,
+			ferry__CUdeviceptr *srcs, size_t *sizes, size_t k)
+{
+	if (k == 1 || !(cu->MemcpyBatchAsync_v2 || cu->MemcpyBatchAsync))
+		return CU_CALL(cu->MemcpyHtoDAsync(dsts[0], (const void *)(uintptr_t)srcs[0], sizes[0], r->stream),
+			       "cuMemcpyHtoDAsync of %zu bytes", sizes[0]);
+	/* every copy reads its source in stream order: slots are reused only after the ticket that
+	 * follows the copies */
+	ferry__CUmemcpyAttributes attr = {.srcAccessOrder = FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+	size_t idx = 0, fail = 0;
+	ferry__CUresult e = cu->MemcpyBatchAsync_v2
+		? cu->MemcpyBatchAsync_v2(dsts, srcs, sizes, k, &attr, &idx, 1, r->stream)
+		: cu->MemcpyBatchAsync(dsts, srcs, sizes, k, &attr, &idx, 1, &fail, r->stream);
+	return CU_CALL(e, "cuMemcpyBatchAsync of %zu copies", k);
+}
+
+int ferry__ring_h2d_gather(struct ferry__ring_gpu *r, const struct ferry__ring_piece *p, size_t n,
+			   unsigned *calls)
+{
+	ferry__CUdeviceptr dsts[GATHER_STACK], srcs[GATHER_STACK];
+	size_t sizes[GATHER_STACK], k = 0, i = 0;
+	unsigned made = 0;
+	int err = 0;
+
+	if (calls)
+		*calls = 0;
+	USE(r->dev);
+	size_t per_call = cu->MemcpyBatchAsync_v2 || cu->MemcpyBatchAsync ? GATHER_STACK : 1;
+	while (!err) {
+		while (i < n && !p[i].len)
+			i++;
+		if (i == n)
+			break;
+		/* a run: the pieces whose source and destination follow on from the previous one's */
+		uint64_t dst = p[i].dst;
+		const char *src = p[i].src;
+		size_t len = p[i].len;
+		for (i++; i < n && (!p[i].len || (p[i].dst == dst + len && (const char *)p[i].src == src + len)); i++)
+			len += p[i].len;
+		dsts[k] = (ferry__CUdeviceptr)dst;
+		srcs[k] = (ferry__CUdeviceptr)(uintptr_t)src;
+		sizes[k++] = len;
+		if (k == per_call) {
+			made++;
+			err = gather_flush(cu, r, dsts, srcs, sizes, k);
+			k = 0;
+		}
+	}
+	if (k && !err) {
+		made++;
+		err = gather_flush(cu, r, dsts, srcs, sizes, k);
+	}
+	if (calls)
+		*calls = made;
+	return err;
+}
+
 int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n, bool pinned)
 {
 	USE(r->dev);
@@ -150,7 +210,8 @@ int ferry__ring_query(struct ferry__ring_gpu *r, unsigned t)
 int ferry__ring_sync(struct ferry__ring_gpu *r, unsigned t)
 {
 	USE(r->dev);
-	return CU_CALL(cu->EventSynchronize(r->ev[t]), "a copy on the GPU");
+	int err = CU_CALL(cu->EventSynchronize(r->ev[t]), "a copy on the GPU");
+	return err ? err : 1;
 }
 
 int ferry__ring_drain(struct ferry__ring_gpu *r)
@@ -215,7 +276,8 @@ int ferry__fence_sync(void *fence)
 {
 	struct fence *f = fence;
 	USE(f->dev);
-	return CU_CALL(cu->EventSynchronize(f->ev), "waiting for a fence");
+	int err = CU_CALL(cu->EventSynchronize(f->ev), "waiting for a fence");
+	return err ? err : 1;
 }
 
 int ferry__ring_after(struct ferry__ring_gpu *r, void *fence)

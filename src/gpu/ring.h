@@ -44,6 +44,22 @@ void *ferry__ring_stream(const struct ferry__ring_gpu *r);
 /* Copies n bytes to device address dst from host memory src (async when pinned, else synchronous
  * before returning), queued after everything before it on the ring. */
 int ferry__ring_h2d(struct ferry__ring_gpu *r, uint64_t dst, const void *src, size_t n, bool pinned);
+/* One piece of a gathered copy: len bytes from pinned host memory src to device address dst. */
+struct ferry__ring_piece {
+	uint64_t dst;
+	const void *src;
+	size_t len;
+};
+/*
+ * Queues the n pieces' copies (src pinned) with the fewest driver calls: pieces whose sources and
+ * destinations both follow on from the previous piece's are merged into one copy, and the copies
+ * go in one cuMemcpyBatchAsync where the driver has it (CUDA 12.8+), else one cuMemcpyHtoDAsync
+ * each. Pieces of length 0 are left out (a caller leaves out a failed piece that way). *calls
+ * (may be NULL) gets the number of driver calls made. 0 or a negative code; on failure the pieces'
+ * data may be partly copied.
+ */
+int ferry__ring_h2d_gather(struct ferry__ring_gpu *r, const struct ferry__ring_piece *p, size_t n,
+			   unsigned *calls);
 /* Copies n bytes from device address src to host memory dst, likewise. */
 int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n, bool pinned);
 /* Work queued on the ring from now on waits (on the GPU) for a fence: work of another stream (the
@@ -58,7 +74,7 @@ int ferry__ring_record_on(struct ferry__ring_gpu *r, unsigned t, const struct fe
 /* 1 when ticket t's work is done (or t was never recorded), 0 while it runs, or a negative code
  * when the GPU reported a failure for it. */
 int ferry__ring_query(struct ferry__ring_gpu *r, unsigned t);
-/* Waits for ticket t's work. 0 or a negative code. */
+/* Waits for ticket t's work. 1 when done (as ferry__ring_query says it), or a negative code. */
 int ferry__ring_sync(struct ferry__ring_gpu *r, unsigned t);
 /* Waits for everything queued on the ring. */
 int ferry__ring_drain(struct ferry__ring_gpu *r);
@@ -70,6 +86,7 @@ void ferry__fence_destroy(void *fence);
 int ferry__fence_record(void *fence, void *stream);
 /* 1 done (or never recorded), 0 running, negative on failure. */
 int ferry__fence_query(void *fence);
+/* Waits for the fence: 1 when done, or a negative code (the convention of ferry__fence_query). */
 int ferry__fence_sync(void *fence);
 
 /* Device memory for the features (loaders' batch buffers). */

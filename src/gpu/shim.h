@@ -131,6 +131,17 @@ typedef struct {
 /* cuGetProcAddress */
 #define FERRY__CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
 #define FERRY__CU_GET_PROC_ADDRESS_SUCCESS 0
+/* cuMemcpyBatchAsync's attributes (cuda.h 12.8: CUmemcpyAttributes, CUmemLocation), declared by hand. */
+typedef struct {
+	int type; /* CUmemLocationType; 0 (invalid): no hint */
+	int id;
+} ferry__CUmemLocation;
+typedef struct {
+	int srcAccessOrder; /* FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_* */
+	ferry__CUmemLocation srcLocHint, dstLocHint;
+	unsigned int flags;
+} ferry__CUmemcpyAttributes;
+#define FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM 1
 /* The driver ABI the function pointer types below were written against; passed to cuGetProcAddress. */
 #define FERRY__CUDA_ABI_VERSION 12000
 
@@ -202,6 +213,15 @@ struct ferry__cuda_api {
 	ferry__CUresult (*CheckpointProcessCheckpoint)(int pid, ferry__CUcheckpointCheckpointArgs *args);
 	ferry__CUresult (*CheckpointProcessRestore)(int pid, ferry__CUcheckpointRestoreArgs *args);
 	ferry__CUresult (*CheckpointProcessUnlock)(int pid, ferry__CUcheckpointUnlockArgs *args);
+	/* optional: many host-to-device copies in one call (gpu/ring.c's gather). cuda.h 13 maps
+	 * cuMemcpyBatchAsync to cuMemcpyBatchAsync_v2 (no failIdx); drivers 12.8 and 12.9 export only
+	 * the first form, with failIdx. Either may be NULL; ring.c uses the one there is. */
+	ferry__CUresult (*MemcpyBatchAsync_v2)(ferry__CUdeviceptr *dsts, ferry__CUdeviceptr *srcs, size_t *sizes,
+					       size_t count, ferry__CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+					       size_t numAttrs, ferry__CUstream stream);
+	ferry__CUresult (*MemcpyBatchAsync)(ferry__CUdeviceptr *dsts, ferry__CUdeviceptr *srcs, size_t *sizes,
+					    size_t count, ferry__CUmemcpyAttributes *attrs, size_t *attrsIdxs,
+					    size_t numAttrs, size_t *failIdx, ferry__CUstream stream);
 };
 
 /*

@@ -460,6 +460,104 @@ static int sc_fake(void)
 	return t_result();
 }
 
+static int fake_int(const char *sym)
+{
+	return fake_counter("FERRY_CUDA_LIBRARY", sym);
+}
+
+/*
+ * ferry__ring_h2d_gather: runs merged (source and destination both contiguous), a piece of
+ * length 0 (a failed read) left out, one cuMemcpyBatchAsync for the runs where the driver has it
+ * (batch 1), else one cuMemcpyHtoDAsync per run. Counted by the fake driver; bytes compared.
+ */
+static void ring_gather(int batch)
+{
+	enum { P = 4096, N = 80 };
+	static unsigned char src[N * P], back[N * P];
+	struct ferry__ring_piece p[N];
+	struct ferry__ring_gpu *r;
+	void *d = NULL;
+	unsigned calls = 99;
+
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(src), &d), 0);
+	T_ASSERT(ferry__ring_create(0, 4, 0, &r) == 0);
+	t_fill_pattern(src, sizeof(src), 0, 7);
+	memset(back, 0xee, sizeof(back));
+	T_EQ_INT(ferry_gpu_memcpy_htod(d, back, sizeof(back)), 0);
+	uint64_t dev = (uint64_t)(uintptr_t)d;
+	int h0 = fake_int("fake_htod_async_calls"), b0 = fake_int("fake_batch_calls");
+	int bytes0 = fake_int("fake_async_bytes");
+
+	/* 8 pieces in order, piece 3 failed: runs 0-2 and 4-7 */
+	for (int i = 0; i < 8; i++)
+		p[i] = (struct ferry__ring_piece){dev + (uint64_t)i * P, src + i * P, i == 3 ? 0 : P};
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, 8, &calls), 0);
+	T_EQ_INT(calls, batch ? 1 : 2);
+	T_EQ_INT(fake_int("fake_batch_calls") - b0, batch ? 1 : 0);
+	T_EQ_INT(fake_int("fake_htod_async_calls") - h0, batch ? 0 : 2);
+	T_EQ_INT(fake_int("fake_async_bytes") - bytes0, 7 * P);
+	T_EQ_INT(ferry__ring_record(r, 1), 0);
+	/* item 3 of issue 22: sync and query say "done" alike */
+	T_EQ_INT(ferry__ring_query(r, 1), 1);
+	T_EQ_INT(ferry__ring_sync(r, 1), 1);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, 8 * P), 0);
+	T_CHECK(memcmp(back, src, 3 * P) == 0);
+	T_CHECK(back[3 * P] == 0xee && back[4 * P - 1] == 0xee);
+	T_CHECK(memcmp(back + 4 * P, src + 4 * P, 4 * P) == 0);
+
+	/* N pieces landing in reverse order: no run to merge; a batch holds 64 copies */
+	h0 = fake_int("fake_htod_async_calls");
+	b0 = fake_int("fake_batch_calls");
+	for (int i = 0; i < N; i++)
+		p[i] = (struct ferry__ring_piece){dev + (uint64_t)(N - 1 - i) * P, src + i * P, P};
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, N, &calls), 0);
+	T_EQ_INT(calls, batch ? 2 : N);
+	T_EQ_INT(fake_int("fake_batch_calls") - b0, batch ? 2 : 0);
+	T_EQ_INT(fake_int("fake_htod_async_calls") - h0, batch ? 0 : N);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
+	for (int i = 0; i < N; i++)
+		T_CHECK(memcmp(back + (size_t)(N - 1 - i) * P, src + (size_t)i * P, P) == 0);
+
+	/* one run: one plain copy even with the batch call; nothing at all: no call */
+	h0 = fake_int("fake_htod_async_calls");
+	for (int i = 0; i < 4; i++)
+		p[i] = (struct ferry__ring_piece){dev + (uint64_t)i * 100, src + i * 100, 100};
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, 4, &calls), 0);
+	T_EQ_INT(calls, 1);
+	T_EQ_INT(fake_int("fake_htod_async_calls") - h0, 1);
+	p[0].len = 0;
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, 1, &calls), 0);
+	T_EQ_INT(calls, 0);
+
+	/* a destination that is not device memory: the call's failure, with the driver's name */
+	p[0] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)back, src, P};
+	p[1] = (struct ferry__ring_piece){dev, src + 2 * P, P};
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, 2, &calls), FERRY_ECUDA);
+	HAS(ferry_last_error(), batch ? "cuMemcpyBatchAsync of 2 copies" : "cuMemcpyHtoDAsync of 4096 bytes");
+
+	void *fence = NULL;
+	T_EQ_INT(ferry__fence_create(0, &fence), 0);
+	T_EQ_INT(ferry__fence_record(fence, ferry__ring_stream(r)), 0);
+	T_EQ_INT(ferry__fence_query(fence), 1);
+	T_EQ_INT(ferry__fence_sync(fence), 1);
+	ferry__fence_destroy(fence);
+	ferry__ring_destroy(r);
+	T_EQ_INT(ferry_gpu_free(d), 0);
+}
+
+static int sc_gather(void)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	const char *kind = getenv("FERRY_CUDA_LIBRARY");
+
+	T_ASSERT(cu != NULL);
+	bool batch = strstr(kind, "batch") != NULL;
+	T_CHECK((cu->MemcpyBatchAsync_v2 != NULL) == (strstr(kind, "cuda_batch.so") != NULL));
+	T_CHECK((cu->MemcpyBatchAsync != NULL) == (strstr(kind, "cuda_batch12.so") != NULL));
+	ring_gather(batch);
+	return t_result();
+}
+
 static int sc_fake_attrs(void)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
@@ -775,6 +873,8 @@ struct fake {
 static const struct fake fakes[] = {
 	{ "cuda_ok.so", "fake_libcuda.c", "-DFAKE_DEVICES=2" },
 	{ "cuda_attrs.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_ATTRIBUTES" },
+	{ "cuda_batch.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_BATCH" },
+	{ "cuda_batch12.so", "fake_libcuda.c", "-DFAKE_BATCH12" },
 	{ "cuda_ckpt.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT" },
 	{ "cuda_ckpt_partial.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT -DcuCheckpointProcessRestore=renamed_r "
 	  "-DcuCheckpointProcessGetRestoreThreadId=renamed_t" },
@@ -1095,6 +1195,9 @@ static const struct scenario scenarios[] = {
 	{ "zerodevices", sc_zerodevices, "cuda_zero.so", NX "c", NX "n" },
 	{ "fake", sc_fake, "cuda_ok.so", NX "libcufile.so.0", NX "n" },
 	{ "fake_attrs", sc_fake_attrs, "cuda_attrs.so", NX "c", NX "n" },
+	{ "gather_batch", sc_gather, "cuda_batch.so", NX "c", NX "n" },
+	{ "gather_batch12", sc_gather, "cuda_batch12.so", NX "c", NX "n" },
+	{ "gather_none", sc_gather, "cuda_ok.so", NX "c", NX "n" },
 	{ "cufile_5027", sc_cufile_5027, "cuda_ok.so", "cufile_5027.so", NX "n" },
 	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
 	{ "cufile_io", sc_cufile_io, "cuda_ok.so", "cufile_batch.so", NX "n" },

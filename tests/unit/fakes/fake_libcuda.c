@@ -2,7 +2,9 @@
  * A stand-in for libcuda.so.1, built by tests/unit/test_gpu_shim.c at test time (cc -shared). It
  * keeps "device memory" in host memory so that the shim's logic runs without a GPU. Knobs:
  * -DFAKE_INIT_RESULT=n (cuInit's result), -DFAKE_DEVICES=n, -DFAKE_ATTRIBUTES (export
- * cuPointerGetAttributes), -DFAKE_CHECKPOINT (export the checkpoint API, below), and
+ * cuPointerGetAttributes), -DFAKE_CHECKPOINT (export the checkpoint API, below), -DFAKE_BATCH
+ * (export cuMemcpyBatchAsync_v2, CUDA 13's form), -DFAKE_BATCH12 (export cuMemcpyBatchAsync, the
+ * 12.8 form with failIdx), and
  * -D<symbol>=renamed_<symbol> to leave a symbol out.
  */
 #include <pthread.h>
@@ -140,7 +142,64 @@ API CUresult cuMemHostUnregister(void *p) { return del((uintptr_t)p, HOSTMEM, 0)
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { if (!current || check(d, n, DEVMEM)) return current ? 1 : 201; memcpy((void *)(uintptr_t)d, s, n); return 0; }
 API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { if (!current || check(s, n, DEVMEM)) return current ? 1 : 201; memcpy(d, (void *)(uintptr_t)s, n); return 0; }
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { if (check(d, n, DEVMEM) || check(s, n, DEVMEM)) return 1; memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
-API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { (void)st; return cuMemcpyHtoD_v2(d, s, n); }
+/* asynchronous host-to-device copies, counted for the gather's tests */
+static int htod_async_calls, batch_calls, batch_copies;
+static long long async_bytes;
+API int fake_htod_async_calls(void) { return __atomic_load_n(&htod_async_calls, __ATOMIC_SEQ_CST); }
+API int fake_batch_calls(void) { return __atomic_load_n(&batch_calls, __ATOMIC_SEQ_CST); }
+API int fake_batch_copies(void) { return __atomic_load_n(&batch_copies, __ATOMIC_SEQ_CST); }
+API int fake_async_bytes(void) { return (int)__atomic_load_n(&async_bytes, __ATOMIC_SEQ_CST); }
+API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st)
+{
+	(void)st;
+	__atomic_add_fetch(&htod_async_calls, 1, __ATOMIC_SEQ_CST);
+	CUresult r = cuMemcpyHtoD_v2(d, s, n);
+	if (!r)
+		__atomic_add_fetch(&async_bytes, (long long)n, __ATOMIC_SEQ_CST);
+	return r;
+}
+#if defined(FAKE_BATCH) || defined(FAKE_BATCH12)
+struct memcpy_attrs { int order; int loc[4]; unsigned flags; };
+/* cuda.h's rules: attrsIdxs[0] is 0, increasing, below count; numAttrs <= count; an order is set */
+static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, struct memcpy_attrs *a,
+		      size_t *ai, size_t na, size_t *fail, void *st)
+{
+	(void)st;
+	if (!current)
+		return 201;
+	if (!count || !na || na > count || ai[0] != 0 || !a || a[0].order < 1 || a[0].order > 3)
+		return 1;
+	for (size_t k = 1; k < na; k++)
+		if (ai[k] <= ai[k - 1] || ai[k] >= count || a[k].order < 1 || a[k].order > 3)
+			return 1;
+	__atomic_add_fetch(&batch_calls, 1, __ATOMIC_SEQ_CST);
+	for (size_t i = 0; i < count; i++) {
+		if (check(d[i], n[i], DEVMEM)) {
+			if (fail)
+				*fail = i;
+			return 1;
+		}
+		memcpy((void *)(uintptr_t)d[i], (const void *)(uintptr_t)s[i], n[i]);
+		__atomic_add_fetch(&batch_copies, 1, __ATOMIC_SEQ_CST);
+		__atomic_add_fetch(&async_bytes, (long long)n[i], __ATOMIC_SEQ_CST);
+	}
+	return 0;
+}
+#endif
+#ifdef FAKE_BATCH
+API CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, struct memcpy_attrs *a,
+				   size_t *ai, size_t na, void *st)
+{
+	return batch(d, s, n, count, a, ai, na, NULL, st);
+}
+#endif
+#ifdef FAKE_BATCH12
+API CUresult cuMemcpyBatchAsync(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, struct memcpy_attrs *a,
+				size_t *ai, size_t na, size_t *fail, void *st)
+{
+	return fail ? batch(d, s, n, count, a, ai, na, fail, st) : 1;
+}
+#endif
 API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoH_v2(d, s, n); }
 API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { if (check(d, n, DEVMEM)) return 1; memset((void *)(uintptr_t)d, v, n); return 0; }
 API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
