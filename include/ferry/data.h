@@ -151,6 +151,17 @@ FERRY_API FERRY_WUR int ferry_dataset_writer_put(ferry_dataset_writer *w, uint64
 						 size_t len);
 /* Syncs and publishes the index as described above. Returns 0 or an error (then no index). */
 FERRY_API FERRY_WUR int ferry_dataset_writer_finish(ferry_dataset_writer *w);
+/*
+ * Before finish (ferry format only): also write ncopies pre-shuffled copies of the dataset, copy c
+ * in the order ferry_order_indices(n, FERRY_ORDER_SHUFFLE, 0, seed, c) gives, each in its own
+ * shards, described by the sidecar ferry.copies (docs/DATA.md, "Pre-shuffled copies"); the
+ * loader's copies=1 reads epoch e from copy e mod ncopies sequentially. Costs ncopies times the
+ * data's bytes on top of the dataset. 0: none (the default). Returns 0, -EINVAL or FERRY_EBUSY.
+ */
+FERRY_API FERRY_WUR int ferry_dataset_writer_set_copies(ferry_dataset_writer *w, uint32_t ncopies,
+							uint64_t seed);
+/* The number of pre-shuffled copies an opened dataset has (0: none) and their seed (may be NULL). */
+FERRY_API uint32_t ferry_dataset_copies(const ferry_dataset *ds, uint64_t *seed);
 
 /* ----------------------------------------------------------------------------------------- loader */
 

@@ -201,6 +201,155 @@ nomem:
 	return ferry__error(-ENOMEM, "%s: index of %llu samples", name, (unsigned long long)n);
 }
 
+/* ------------------------------------------------------------------------- pre-shuffled copies */
+
+void ferry__copies_free(struct ferry__copies *c)
+{
+	free(c->copy_file);
+	free(c->file_bytes);
+	free(c->sample);
+	free(c->off);
+	free(c->file);
+	memset(c, 0, sizeof(*c));
+}
+
+int ferry__copies_parse(const uint8_t *buf, size_t len, int check_crc, const char *name,
+			const struct ferry__index *x, uint32_t idx_crc, struct ferry__copies *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (len < FERRY__CPY_HEADER + 8)
+		return CORRUPT("%s: %zu bytes, too short for ferry copies (%d at least)", name, len,
+			       FERRY__CPY_HEADER + 8);
+	if (memcmp(buf, FERRY__CPY_MAGIC, 8))
+		return CORRUPT("%s: not a ferry copies file (bad magic)", name);
+	uint32_t version = ferry__rd32(buf + 8), flags = ferry__rd32(buf + 12);
+	uint64_t n = ferry__rd64(buf + 16), seed = ferry__rd64(buf + 32), file_len = ferry__rd64(buf + 40);
+	uint32_t crc = ferry__rd32(buf + 24), ncopies = ferry__rd32(buf + 28);
+	if (version != FERRY__CPY_VERSION)
+		return CORRUPT("%s: copies version %u, this reader knows version %d", name, version,
+			       FERRY__CPY_VERSION);
+	if (file_len != len)
+		return CORRUPT("%s: %zu bytes, its header says %llu (truncated or extended)", name, len,
+			       (unsigned long long)file_len);
+	if (memcmp(buf + len - 4, FERRY__IDX_END, 4))
+		return CORRUPT("%s: bad end marker (truncated copies file)", name);
+	if (check_crc) {
+		uint32_t want = ferry__rd32(buf + len - 8), got = ferry__crc32c(0, buf, len - 8);
+		if (want != got)
+			return CORRUPT("%s: checksum mismatch (crc32c %08x, stored %08x)", name, got, want);
+	}
+	if (flags || ferry__rd64(buf + 48) || ferry__rd64(buf + 56))
+		return CORRUPT("%s: unknown flags 0x%x or reserved header fields not zero", name, flags);
+	if (n != x->n || crc != idx_crc)
+		return CORRUPT("%s: written for another index (%llu samples, index checksum %08x; "
+			       "ferry.idx has %llu samples, checksum %08x)", name, (unsigned long long)n, crc,
+			       (unsigned long long)x->n, idx_crc);
+	uint64_t avail = len - FERRY__CPY_HEADER - 8;
+	if (!ncopies || ncopies > avail / FERRY__CPY_COPY_HEADER)
+		return CORRUPT("%s: %u copies do not fit the file", name, ncopies);
+	/* Each copy takes at least its header and n position entries. */
+	if (n && (uint64_t)ncopies > avail / (FERRY__CPY_COPY_HEADER + n * FERRY__CPY_POS_ENTRY))
+		return CORRUPT("%s: %u copies of %llu samples do not fit the file", name, ncopies,
+			       (unsigned long long)n);
+	out->ncopies = ncopies;
+	out->seed = seed;
+	out->n = n;
+	out->copy_file = calloc((size_t)ncopies + 1, sizeof(uint32_t));
+	size_t all = n && ncopies ? (size_t)n * ncopies : 1;
+	out->sample = malloc(all * sizeof(int64_t));
+	out->off = malloc(all * sizeof(uint64_t));
+	out->file = malloc(all * sizeof(uint32_t));
+	uint8_t *seen = malloc(n ? n : 1);
+	if (!out->copy_file || !out->sample || !out->off || !out->file || !seen)
+		goto nomem;
+	const uint8_t *p = buf + FERRY__CPY_HEADER, *end = buf + len - 8;
+	for (uint32_t c = 0; c < ncopies; c++) {
+		if ((size_t)(end - p) < FERRY__CPY_COPY_HEADER)
+			goto short_file;
+		uint32_t ns = ferry__rd32(p);
+		if (ferry__rd32(p + 4)) {
+			free(seen);
+			ferry__copies_free(out);
+			return CORRUPT("%s: copy %u: reserved field not zero", name, c);
+		}
+		p += FERRY__CPY_COPY_HEADER;
+		if ((size_t)(end - p) / FERRY__IDX_SHARD_ENTRY < ns || (n && !ns) ||
+		    (size_t)(end - p - (size_t)ns * FERRY__IDX_SHARD_ENTRY) / FERRY__CPY_POS_ENTRY < n)
+			goto short_file;
+		uint32_t base = out->nfiles;
+		if (ns > UINT32_MAX - base)
+			goto short_file;
+		uint64_t *fb = realloc(out->file_bytes, ((size_t)base + ns + 1) * sizeof(uint64_t));
+		if (!fb)
+			goto nomem;
+		out->file_bytes = fb;
+		out->copy_file[c] = base;
+		const uint8_t *shards = p;
+		uint64_t next = 0;
+		for (uint32_t s = 0; s < ns; s++, p += FERRY__IDX_SHARD_ENTRY) {
+			uint64_t first = ferry__rd64(p + 8), cnt = ferry__rd64(p + 16);
+			if (first != next || cnt > n - next || ferry__rd64(p + 24)) {
+				free(seen);
+				ferry__copies_free(out);
+				return CORRUPT("%s: copy %u, shard %u: entry inconsistent (first position %llu, "
+					       "%llu samples, expected first %llu of %llu)", name, c, s,
+					       (unsigned long long)first, (unsigned long long)cnt,
+					       (unsigned long long)next, (unsigned long long)n);
+			}
+			fb[base + s] = ferry__rd64(p);
+			next = first + cnt;
+		}
+		if (next != n) {
+			free(seen);
+			ferry__copies_free(out);
+			return CORRUPT("%s: copy %u: shards hold %llu positions, %llu samples", name, c,
+				       (unsigned long long)next, (unsigned long long)n);
+		}
+		out->nfiles = base + ns;
+		memset(seen, 0, n ? n : 1);
+		uint64_t pos = 0;
+		for (uint32_t s = 0; s < ns; s++) {
+			const uint8_t *se = shards + (size_t)s * FERRY__IDX_SHARD_ENTRY;
+			uint64_t cnt = ferry__rd64(se + 16), sb = fb[base + s], e = 0;
+			for (uint64_t k = 0; k < cnt; k++, pos++, p += FERRY__CPY_POS_ENTRY) {
+				uint64_t i = ferry__rd64(p), off = ferry__rd64(p + 8);
+				uint64_t l = i < n ? x->len[i] : 0;
+				if (i >= n || seen[i] || off < e || off > sb || l > sb - off) {
+					free(seen);
+					ferry__copies_free(out);
+					return CORRUPT("%s: copy %u, shard %u, position %llu: sample %llu (bytes "
+						       "%llu..%llu) out of range, repeated, overlapping the previous "
+						       "one or past the shard's %llu bytes", name, c, s,
+						       (unsigned long long)pos, (unsigned long long)i,
+						       (unsigned long long)off, (unsigned long long)(off + l),
+						       (unsigned long long)sb);
+				}
+				seen[i] = 1;
+				size_t at = (size_t)c * n + pos;
+				out->sample[at] = (int64_t)i;
+				out->off[at] = off;
+				out->file[at] = base + s;
+				e = off + l;
+			}
+		}
+	}
+	out->copy_file[ncopies] = out->nfiles;
+	free(seen);
+	if (p != end) {
+		ferry__copies_free(out);
+		return CORRUPT("%s: %zu bytes after the last copy's table", name, (size_t)(end - p));
+	}
+	return 0;
+short_file:
+	free(seen);
+	ferry__copies_free(out);
+	return CORRUPT("%s: copy tables do not fit the file's %zu bytes", name, len);
+nomem:
+	free(seen);
+	ferry__copies_free(out);
+	return ferry__error(-ENOMEM, "%s: %u copies of %llu samples", name, ncopies, (unsigned long long)n);
+}
+
 /* ---------------------------------------------------------------------------------- the reader */
 
 int ferry__read_whole(const char *path, uint8_t **buf, size_t *len)
@@ -267,17 +416,55 @@ int ferry__dataset_check_sizes(struct ferry_dataset *ds)
 
 static int open_files(struct ferry_dataset *ds)
 {
-	ds->files = calloc(ds->x.nfiles ? ds->x.nfiles : 1, sizeof(*ds->files));
+	uint32_t all = ds->x.nfiles + ds->copies.nfiles;
+	ds->files = calloc(all ? all : 1, sizeof(*ds->files));
 	if (!ds->files)
-		return ferry__error(-ENOMEM, "opening %u shards", ds->x.nfiles);
-	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
+		return ferry__error(-ENOMEM, "opening %u shards", all);
+	for (uint32_t s = 0; s < all; s++) {
 		int err = ferry_file_open(ds->ctx, ds->paths[s], FERRY_O_RDONLY, &ds->files[s]);
 		if (err < 0) {
 			ferry__error_append("shard %u of %s", s, ds->path);
 			return err;
 		}
 	}
+	for (uint32_t k = 0; k < ds->copies.nfiles; k++) {
+		int64_t sz = ferry_file_size(ds->files[ds->x.nfiles + k]);
+		if (sz < 0)
+			return (int)sz;
+		if ((uint64_t)sz < ds->copies.file_bytes[k])
+			return CORRUPT("%s: truncated: %lld bytes, %s needs %llu", ds->paths[ds->x.nfiles + k],
+				       (long long)sz, FERRY__CPY_NAME, (unsigned long long)ds->copies.file_bytes[k]);
+	}
 	return ferry__dataset_check_sizes(ds);
+}
+
+/* The file name of shard s of pre-shuffled copy c. */
+static void copy_shard_name(uint32_t c, uint32_t s, char *out, size_t len)
+{
+	snprintf(out, len, "copy-%03u-shard-%05u.fsh", c, s);
+}
+
+/* Reads dir/ferry.copies when it exists (none: no copies). */
+static int open_copies(struct ferry_dataset *ds, const char *dir, uint32_t idx_crc)
+{
+	size_t l = strlen(dir) + 64;
+	char *p = malloc(l);
+	if (!p)
+		return ferry__error(-ENOMEM, "%s", dir);
+	snprintf(p, l, "%s/%s", dir, FERRY__CPY_NAME);
+	uint8_t *buf;
+	size_t len;
+	if (access(p, F_OK) < 0 && errno == ENOENT) {
+		free(p);
+		return 0;
+	}
+	int err = ferry__read_whole(p, &buf, &len);
+	if (!err) {
+		err = ferry__copies_parse(buf, len, 1, p, &ds->x, idx_crc, &ds->copies);
+		free(buf);
+	}
+	free(p);
+	return err;
 }
 
 static int path_is_dir(const char *p)
@@ -300,12 +487,23 @@ static int ferry_open_index(struct ferry_dataset *ds, const char *idx_path, cons
 	if (err)
 		return err;
 	err = ferry__shard_index_parse(buf, len, 1, idx_path, &ds->x);
+	uint32_t idx_crc = err ? 0 : ferry__rd32(buf + len - 8);
 	free(buf);
-	if (err)
+	if (err || (err = open_copies(ds, dir, idx_crc)))
 		return err;
-	ds->paths = calloc(ds->x.nfiles ? ds->x.nfiles : 1, sizeof(char *));
+	uint32_t all = ds->x.nfiles + ds->copies.nfiles;
+	ds->paths = calloc(all ? all : 1, sizeof(char *));
 	if (!ds->paths)
 		return ferry__error(-ENOMEM, "%s", idx_path);
+	for (uint32_t c = 0; c < ds->copies.ncopies; c++)
+		for (uint32_t k = ds->copies.copy_file[c]; k < ds->copies.copy_file[c + 1]; k++) {
+			char name[64];
+			copy_shard_name(c, k - ds->copies.copy_file[c], name, sizeof(name));
+			size_t pl = strlen(dir) + sizeof(name) + 2;
+			if (!(ds->paths[ds->x.nfiles + k] = malloc(pl)))
+				return ferry__error(-ENOMEM, "%s", idx_path);
+			snprintf(ds->paths[ds->x.nfiles + k], pl, "%s/%s", dir, name);
+		}
 	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
 		size_t l = strlen(dir) + 32;
 		ds->paths[s] = malloc(l);
@@ -365,7 +563,7 @@ void ferry_dataset_destroy(ferry_dataset *ds)
 {
 	if (!ds)
 		return;
-	for (uint32_t s = 0; s < ds->x.nfiles; s++) {
+	for (uint32_t s = 0; s < ds->x.nfiles + ds->copies.nfiles; s++) {
 		if (ds->files)
 			ferry_file_destroy(ds->files[s]);
 		if (ds->paths)
@@ -375,6 +573,7 @@ void ferry_dataset_destroy(ferry_dataset *ds)
 	free(ds->paths);
 	free(ds->path);
 	ferry__index_free(&ds->x);
+	ferry__copies_free(&ds->copies);
 	free(ds);
 }
 
@@ -383,6 +582,13 @@ enum ferry_dtype ferry_dataset_dtype(const ferry_dataset *ds) { return ds ? ds->
 const char *ferry_dataset_format(const ferry_dataset *ds) { return ds && ds->x.format ? "megatron" : "ferry"; }
 uint64_t ferry_dataset_bytes(const ferry_dataset *ds) { return ds ? ds->x.bytes : 0; }
 uint32_t ferry_dataset_shards(const ferry_dataset *ds) { return ds ? ds->x.nfiles : 0; }
+
+uint32_t ferry_dataset_copies(const ferry_dataset *ds, uint64_t *seed)
+{
+	if (seed)
+		*seed = ds ? ds->copies.seed : 0;
+	return ds ? ds->copies.ncopies : 0;
+}
 
 int64_t ferry_dataset_sample_bytes(const ferry_dataset *ds, uint64_t i)
 {
@@ -497,6 +703,8 @@ struct ferry_dataset_writer {
 	 * that a pack that fails or dies leaves no half-written shard under a shard's name. */
 	struct ferry__tmpfile *tmp;
 	int dirfd;
+	uint32_t ncopies; /* ferry_dataset_writer_set_copies */
+	uint64_t copies_seed;
 };
 
 /* The name in the writer's directory of data file s, or of the index (s < 0). */
@@ -559,7 +767,9 @@ int ferry_dataset_writer_create(ferry_ctx *ctx, const char *path, enum ferry_dat
 	}
 	/* An index left from an earlier dataset at this path must not describe the new data files. */
 	writer_name(w, -1, idx, sizeof(idx));
-	if (unlinkat(w->dirfd, idx, 0) == 0) {
+	/* nor copies left from one (ferry.copies names the index it belongs to; removed all the same) */
+	int gone = kind == FERRY_WRITE_FERRY && unlinkat(w->dirfd, FERRY__CPY_NAME, 0) == 0;
+	if (unlinkat(w->dirfd, idx, 0) == 0 || gone) {
 		int err = ferry__fsync_dirfd(w->dirfd, dir);
 		if (err) {
 			ferry_dataset_writer_destroy(w);
@@ -782,6 +992,166 @@ static int build_ferry_index(ferry_dataset_writer *w, uint8_t **out, size_t *out
 	return 0;
 }
 
+int ferry_dataset_writer_set_copies(ferry_dataset_writer *w, uint32_t ncopies, uint64_t seed)
+{
+	if (!w)
+		return ferry__error(-EINVAL, "ferry_dataset_writer_set_copies: NULL writer");
+	if (ncopies && w->kind != FERRY_WRITE_FERRY)
+		return ferry__error(-EINVAL, "%s: pre-shuffled copies are for the ferry format, not Megatron's",
+				    w->path);
+	if (ncopies > 999)
+		return ferry__error(-EINVAL, "%s: %u pre-shuffled copies, 999 at most", w->path, ncopies);
+	w->ncopies = ncopies;
+	w->copies_seed = seed;
+	return 0;
+}
+
+/*
+ * Writes copy c: the samples in the order of epoch c of the shuffle, read back from the committed
+ * shards (just written: mostly in the page cache) and written sequentially into new shards, laid
+ * out as the writer's own (a sample never straddles two). Appends the copy's table to *cb.
+ */
+static int write_copy(ferry_dataset_writer *w, uint32_t c, const int *in_fd, int64_t *perm, uint8_t **cb,
+		      size_t *cb_len)
+{
+	uint64_t n = w->n;
+	int err = ferry_order_indices(n, FERRY_ORDER_SHUFFLE, 0, w->copies_seed, c, perm);
+	if (err)
+		return err;
+	uint32_t ns = 0;
+	uint64_t cur = 0;
+	for (uint64_t p = 0; p < n; p++) {
+		uint64_t l = w->len[perm[p]];
+		if (!ns || (cur && cur + l > w->shard_size)) {
+			ns++;
+			cur = 0;
+		}
+		cur += l;
+	}
+	size_t add = FERRY__CPY_COPY_HEADER + (size_t)ns * FERRY__IDX_SHARD_ENTRY + n * FERRY__CPY_POS_ENTRY;
+	uint8_t *b = realloc(*cb, *cb_len + add);
+	if (!b)
+		return ferry__error(-ENOMEM, "%s: copy %u", w->path, c);
+	*cb = b;
+	uint8_t *h = b + *cb_len, *sh = h + FERRY__CPY_COPY_HEADER, *pe = sh + (size_t)ns * FERRY__IDX_SHARD_ENTRY;
+	memset(h, 0, add);
+	ferry__wr32(h, ns);
+	*cb_len += add;
+	size_t cap = 1 << 20;
+	uint8_t *buf = malloc(cap);
+	if (!buf)
+		return ferry__error(-ENOMEM, "%s: copy %u", w->path, c);
+	struct ferry__tmpfile t = {.fd = -1};
+	int32_t s = -1;
+	uint64_t first = 0;
+	cur = 0;
+	for (uint64_t p = 0; p <= n && !err; p++) {
+		uint64_t i = p < n ? (uint64_t)perm[p] : 0, l = p < n ? w->len[i] : 0;
+		if (s < 0 || p == n || (cur && cur + l > w->shard_size)) {
+			if (s >= 0) { /* shard s is complete */
+				ferry__wr64(sh + (size_t)s * FERRY__IDX_SHARD_ENTRY, cur);
+				ferry__wr64(sh + (size_t)s * FERRY__IDX_SHARD_ENTRY + 8, first);
+				ferry__wr64(sh + (size_t)s * FERRY__IDX_SHARD_ENTRY + 16, p - first);
+				err = ferry__tmp_commit(&t, 0);
+				if (err)
+					break;
+			}
+			if (p == n)
+				break;
+			char name[64];
+			copy_shard_name(c, (uint32_t)++s, name, sizeof(name));
+			if ((err = ferry__tmp_create(w->dirfd, name, 0644, 0, &t)))
+				break;
+			first = p;
+			cur = 0;
+		}
+		if (l > cap) {
+			free(buf);
+			cap = l;
+			if (!(buf = malloc(cap))) {
+				err = ferry__error(-ENOMEM, "%s: sample %llu", w->path, (unsigned long long)i);
+				break;
+			}
+		}
+		for (uint64_t done = 0; done < l && !err;) {
+			ssize_t r = pread(in_fd[w->shard[i]], buf + done, l - done, (off_t)(w->off[i] + done));
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r <= 0)
+				err = ferry__error(r < 0 ? -errno : -EIO, "%s: reading back sample %llu (shard %u)",
+						   w->path, (unsigned long long)i, w->shard[i]);
+			else
+				done += (uint64_t)r;
+		}
+		for (uint64_t done = 0; done < l && !err;) {
+			ssize_t r = pwrite(t.fd, buf + done, l - done, (off_t)(cur + done));
+			if (r < 0 && errno == EINTR)
+				continue;
+			if (r < 0)
+				err = ferry__error(-errno, "%s: writing copy %u, shard %d", w->path, c, s);
+			else
+				done += (uint64_t)r;
+		}
+		ferry__wr64(pe + p * FERRY__CPY_POS_ENTRY, i);
+		ferry__wr64(pe + p * FERRY__CPY_POS_ENTRY + 8, cur);
+		cur += l;
+	}
+	if (err)
+		ferry__tmp_abort(&t);
+	free(buf);
+	return err;
+}
+
+/* Writes the copies' shards, then ferry.copies naming the index by its checksum idx_crc. */
+static int write_copies(ferry_dataset_writer *w, uint32_t idx_crc)
+{
+	int err = 0;
+	int *fd = calloc(w->nshards ? w->nshards : 1, sizeof(int));
+	int64_t *perm = malloc((w->n ? w->n : 1) * sizeof(int64_t));
+	size_t len = FERRY__CPY_HEADER;
+	uint8_t *b = calloc(1, len);
+	if (!fd || !perm || !b)
+		err = ferry__error(-ENOMEM, "%s: copies of %llu samples", w->path, (unsigned long long)w->n);
+	for (uint32_t s = 0; s < w->nshards && fd; s++)
+		fd[s] = -1;
+	for (uint32_t s = 0; s < w->nshards && !err; s++) {
+		char name[256];
+		writer_name(w, s, name, sizeof(name));
+		fd[s] = openat(w->dirfd, name, O_RDONLY | O_CLOEXEC);
+		if (fd[s] < 0)
+			err = ferry__error(-errno, "%s: reopening %s", w->path, name);
+	}
+	for (uint32_t c = 0; c < w->ncopies && !err; c++)
+		err = write_copy(w, c, fd, perm, &b, &len);
+	for (uint32_t s = 0; s < w->nshards && fd; s++)
+		if (fd[s] >= 0)
+			close(fd[s]);
+	free(fd);
+	free(perm);
+	uint8_t *nb = err ? NULL : realloc(b, len + 8);
+	if (!err && !nb)
+		err = ferry__error(-ENOMEM, "%s: copies", w->path);
+	if (err) {
+		free(b);
+		return err;
+	}
+	b = nb;
+	len += 8;
+	memcpy(b, FERRY__CPY_MAGIC, 8);
+	ferry__wr32(b + 8, FERRY__CPY_VERSION);
+	ferry__wr32(b + 12, 0);
+	ferry__wr64(b + 16, w->n);
+	ferry__wr32(b + 24, idx_crc);
+	ferry__wr32(b + 28, w->ncopies);
+	ferry__wr64(b + 32, w->copies_seed);
+	ferry__wr64(b + 40, len);
+	ferry__wr32(b + len - 8, ferry__crc32c(0, b, len - 8));
+	memcpy(b + len - 4, FERRY__IDX_END, 4);
+	err = ferry__durable_write(w->dirfd, FERRY__CPY_NAME, b, len, 0644, 0);
+	free(b);
+	return err;
+}
+
 int ferry__megatron_build_index(enum ferry_dtype dtype, uint64_t n, const uint64_t *len, const uint64_t *off,
 				const uint8_t *doc_end, uint8_t **out, size_t *out_len);
 
@@ -808,6 +1178,12 @@ int ferry_dataset_writer_finish(ferry_dataset_writer *w)
 		err = ferry__megatron_build_index(w->dtype, w->n, w->len, w->off, w->doc_end, &buf, &len);
 	if (err)
 		return err;
+	/* the copies (their shards, then ferry.copies) before the index that makes the dataset exist */
+	if (w->kind == FERRY_WRITE_FERRY && w->ncopies && (err = write_copies(w, ferry__rd32(buf + len - 8)))) {
+		free(buf);
+		ferry__error_append("pre-shuffled copies of %s", w->path);
+		return err;
+	}
 	writer_name(w, -1, idx, sizeof(idx));
 	err = ferry__durable_write(w->dirfd, idx, buf, len, 0644, 0);
 	free(buf);

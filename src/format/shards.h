@@ -54,10 +54,43 @@ int ferry__shard_index_parse(const uint8_t *buf, size_t len, int check_crc, cons
 int ferry__megatron_index_parse(const uint8_t *buf, size_t len, const char *name,
 				struct ferry__index *out);
 
+/*
+ * Pre-shuffled copies (the optional sidecar ferry.copies, docs/DATA.md): copy c holds every sample
+ * once, in the order ferry_order_indices(n, FERRY_ORDER_SHUFFLE, 0, seed, c) gives, written
+ * sequentially into its own shards copy-CCC-shard-NNNNN.fsh. Position p of copy c is entry
+ * c * n + p of the flat tables.
+ */
+#define FERRY__CPY_MAGIC "FERRYCPY"
+#define FERRY__CPY_VERSION 1
+#define FERRY__CPY_HEADER 64
+#define FERRY__CPY_COPY_HEADER 8
+#define FERRY__CPY_POS_ENTRY 16
+#define FERRY__CPY_NAME "ferry.copies"
+struct ferry__copies {
+	uint32_t ncopies;     /* 0: none */
+	uint64_t seed;
+	uint64_t n;           /* samples (the index's) */
+	uint32_t nfiles;      /* shards of all copies */
+	uint32_t *copy_file;  /* [ncopies + 1]: first shard of each copy, then nfiles */
+	uint64_t *file_bytes; /* [nfiles] */
+	int64_t *sample;      /* [ncopies * n]: the sample at each position */
+	uint64_t *off;        /* [ncopies * n]: its offset in its shard */
+	uint32_t *file;       /* [ncopies * n]: its shard, 0..nfiles-1 */
+};
+void ferry__copies_free(struct ferry__copies *c);
+/*
+ * Parses a ferry.copies sidecar against the parsed index x whose footer checksum is idx_crc.
+ * Same contract as ferry__shard_index_parse.
+ */
+int ferry__copies_parse(const uint8_t *buf, size_t len, int check_crc, const char *name,
+			const struct ferry__index *x, uint32_t idx_crc, struct ferry__copies *out);
+
 /* The dataset handle (data.h). */
 struct ferry_dataset {
 	ferry_ctx *ctx;
 	struct ferry__index x;
+	/* files[x.nfiles + k] and paths[...] are shard k of the copies */
+	struct ferry__copies copies;
 	char *path;       /* what was opened */
 	char **paths;     /* [nfiles] data files */
 	ferry_file **files;

@@ -92,6 +92,7 @@ struct ferry_loader {
 	uint32_t batch_size, world_size, rank, threads, prefetch;
 	uint64_t seq_len, seed, epoch, epochs, block, merge_gap;
 	int order, drop_last, drop_last_batch, device, inline_cached, documents;
+	int copies; /* epoch e from pre-shuffled copy e mod N (ferry.copies) */
 	/* resume position */
 	uint64_t pos_epoch, pos_batch;
 	/* derived */
@@ -176,6 +177,8 @@ static const struct ferry__knob loader_rows[] = {
 	{.name = "order", .type = FERRY__KNOB_ENUM, FERRY__KNOB_AT(struct ferry_loader, order),
 	 .max = 2, .choices = order_choices, .doc = "sample order"},
 	LOADER(block, UINT, 256, 1, UINT64_MAX, .doc = "samples per block of the block order"),
+	LOADER(copies, BOOL, 0, 0, 1,
+	       .doc = "order shuffle: epoch e read sequentially from the dataset's pre-shuffled copy e mod N"),
 	LOADER(drop_last, BOOL, 0, 0, 1, .doc = "the sampler's drop_last"),
 	LOADER(drop_last_batch, BOOL, 0, 0, 1, .doc = "drop a short last batch"),
 	LOADER(documents, BOOL, 0, 0, 1,
@@ -269,10 +272,13 @@ static int epoch_indices(struct worker *w, uint64_t epoch)
 	struct ferry_loader *l = w->l;
 	if (w->epoch_idx && w->cached_epoch == epoch)
 		return 0;
-	int err = ferry_order_indices(l->items, l->order, l->block, l->seed, epoch, w->order);
+	const struct ferry__copies *cp = &l->ds->copies;
+	/* with copies the epoch's order is the one its copy was written in */
+	const int64_t *order = l->copies ? cp->sample + (epoch % cp->ncopies) * cp->n : w->order;
+	int err = l->copies ? 0 : ferry_order_indices(l->items, l->order, l->block, l->seed, epoch, w->order);
 	if (err)
 		return err;
-	ferry__distributed_from_order(w->order, l->items, l->world_size, l->rank, l->per_rank,
+	ferry__distributed_from_order(order, l->items, l->world_size, l->rank, l->per_rank,
 				      w->epoch_idx);
 	w->cached_epoch = epoch;
 	return 0;
@@ -409,13 +415,22 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		/* each row (or sample) starts a sequence */
 		if (docs && (err = cu_push(s, pos / l->esize, &seg)))
 			return err;
-		if (!l->seq_len) {
+		if (!l->seq_len && l->copies) { /* this rank's position in the epoch's copy */
+			const struct ferry__copies *cp = &l->ds->copies;
+			size_t at = (size_t)(epoch % cp->ncopies) * cp->n +
+				    (l->rank + (first + k) * l->world_size) % cp->n;
+			if ((err = add_piece(w, &np, x->nfiles + cp->file[at], cp->off[at], x->len[item], pos,
+					     item)))
+				return err;
+		} else if (!l->seq_len) {
 			uint64_t i = (uint64_t)item;
 			if ((err = add_piece(w, &np, ferry__index_shard_of(x, i), x->off[i], x->len[i], pos, item)))
 				return err;
+		}
+		if (!l->seq_len) {
 			if (docs)
-				iota64(s->pos + seg, 0, x->len[i] / l->esize);
-			pos += x->len[i];
+				iota64(s->pos + seg, 0, x->len[item] / l->esize);
+			pos += x->len[item];
 			continue;
 		}
 		int pending = 0; /* a document starts with the next token */
@@ -721,6 +736,13 @@ static int setup(struct ferry_loader *l, int with_cum)
 				    l->world_size);
 	if (l->seq_len && !l->esize)
 		return ferry__error(FERRY_EBADOPT, "loader: seq_len needs a dataset of tokens");
+	uint64_t cseed;
+	uint32_t nc = ferry_dataset_copies(l->ds, &cseed);
+	if (l->copies && (!nc || l->order != FERRY_ORDER_SHUFFLE || l->seq_len || cseed != l->seed))
+		return ferry__error(FERRY_EBADOPT, "loader: copies=1 reads a dataset's pre-shuffled copies in "
+				    "order shuffle, seq_len 0, with the seed they were written with; %s has %u copies "
+				    "(seed %" PRIu64 "), the loader has order %s, seq_len %" PRIu64 ", seed %" PRIu64,
+				    l->ds->path, nc, cseed, order_name(l->order), l->seq_len, l->seed);
 	if (l->seq_len && with_cum) {
 		l->cum = malloc((x->n + 1) * sizeof(uint64_t));
 		if (!l->cum)
