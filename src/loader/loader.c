@@ -242,6 +242,15 @@ static const char *order_name(int o)
 
 static int set_state(struct ferry_loader *l, const char *v);
 
+/* The order a state names: with copies=1 epoch e's order is copy e mod N's, so N is part of it. */
+static const char *state_order(const struct ferry_loader *l, char *buf, size_t len)
+{
+	if (!l->copies)
+		return order_name(l->order);
+	snprintf(buf, len, "%s-copies-%u", order_name(l->order), ferry_dataset_copies(l->ds, NULL));
+	return buf;
+}
+
 const char *const *ferry_loader_keys(void)
 {
 	return ferry__knobs_keys(&loader_knobs);
@@ -1197,8 +1206,9 @@ int ferry_loader_state(const ferry_loader *l, char *buf, size_t len)
 		b = g % m->bpe;
 	}
 	pthread_mutex_unlock(&m->mu);
+	char on[48];
 	int n = snprintf(buf, len, STATE_FMT, m->epoch, epoch, b, m->items, m->world_size, m->rank,
-			 m->seed, order_name(m->order), m->block, m->batch_size, m->seq_len, m->drop_last,
+			 m->seed, state_order(m, on, sizeof(on)), m->block, m->batch_size, m->seq_len, m->drop_last,
 			 m->drop_last_batch, m->ds->x.bytes);
 	if (n < 0 || (size_t)n >= len)
 		return ferry__error(-ENOSPC, "ferry_loader_state: %zu bytes are too few", len);
@@ -1210,10 +1220,10 @@ static int set_state(struct ferry_loader *l, const char *v)
 	uint64_t start, epoch, b, items, seed, block, seq_len;
 	unsigned world, rank, bs;
 	int dl, dlb;
-	char order[16];
+	char order[48], on[48];
 	int n = sscanf(v, "ferry-loader-state 1 start_epoch=%" SCNu64 " epoch=%" SCNu64
 			  " batch=%" SCNu64 " items=%" SCNu64 " world_size=%u rank=%u seed=%" SCNu64
-			  " order=%15s block=%" SCNu64 " batch_size=%u seq_len=%" SCNu64
+			  " order=%47s block=%" SCNu64 " batch_size=%u seq_len=%" SCNu64
 			  " drop_last=%d drop_last_batch=%d",
 		       &start, &epoch, &b, &items, &world, &rank, &seed, order, &block, &bs, &seq_len,
 		       &dl, &dlb);
@@ -1236,9 +1246,9 @@ static int set_state(struct ferry_loader *l, const char *v)
 	if (l->order == FERRY_ORDER_BLOCK)
 		SAME("block", block, l->block)
 #undef SAME
-	if (strcmp(order, order_name(l->order)))
+	if (strcmp(order, state_order(l, on, sizeof(on))))
 		return ferry__error(FERRY_EBADOPT, "loader state: order was %s, the loader has %s", order,
-				    order_name(l->order));
+				    state_order(l, on, sizeof(on)));
 	int err = setup(l, 0);
 	if (err)
 		return err;

@@ -1,7 +1,7 @@
 /* Pre-shuffled copies (issue 27): ferry_dataset_writer_set_copies writes N copies and ferry.copies;
  * the loader with copies=1 gives, per rank per epoch, exactly distributed_indices of the order of
  * copy e mod N, with the original samples' bytes, read from the copies' shards (the original shards
- * are overwritten to prove it); refusals (no copies, wrong order or seed), a ferry.copies from
+ * are overwritten to prove it); a state resumes it exactly; refusals (no copies, wrong order or seed), a ferry.copies from
  * another index refused at open, a corrupt one named. */
 #include <fcntl.h>
 
@@ -186,6 +186,38 @@ int main(void)
 
 	T_EQ_INT(check(ds, 1), 0);
 	T_EQ_INT(check(ds, 0), 0);
+
+	/* resume: a state taken after 4 batches of epoch 3 (copy 0) resumes the same ids; a loader
+	 * without copies refuses it (its epoch 3 is another order) */
+	{
+		int64_t *all = malloc(N * 8), *rest = malloc(N * 8);
+		uint64_t bad = 0, k = 0;
+		ferry_loader *l = loader(ds, 3, 1, 3, 0, 1, "5", "shuffle");
+		uint64_t per = drain(l, all, &bad);
+		ferry_loader_destroy(l);
+		l = loader(ds, 3, 1, 3, 0, 1, "5", "shuffle");
+		ferry_loader_batch *bt;
+		for (int b = 0; b < 4; b++) {
+			T_ASSERT(ferry_loader_next(l, &bt) == 1);
+			k += ferry_loader_batch_samples(bt);
+			ferry_loader_batch_destroy(bt);
+		}
+		char st[512];
+		T_ASSERT(ferry_loader_state(l, st, sizeof(st)) > 0);
+		T_CHECK(strstr(st, "order=shuffle-copies-3 ") != NULL);
+		ferry_loader_destroy(l);
+		l = loader(ds, 3, 1, 3, 0, 1, "5", "shuffle");
+		T_EQ_INT(ferry_loader_set(l, "state", st), 0);
+		T_EQ_INT(drain(l, rest, &bad), per - k);
+		T_CHECK(memcmp(rest, all + k, (per - k) * 8) == 0);
+		ferry_loader_destroy(l);
+		l = loader(ds, 3, 1, 3, 0, 0, "5", "shuffle");
+		T_EQ_INT(ferry_loader_set(l, "state", st), FERRY_EBADOPT);
+		ferry_loader_destroy(l);
+		T_EQ_INT(bad, 0);
+		free(all);
+		free(rest);
+	}
 
 	T_CHECK(refused(pd, "5", "shuffle"));      /* no copies */
 	T_CHECK(refused(ds, "6", "shuffle"));      /* another seed */
