@@ -986,6 +986,8 @@ struct pack_opts {
 	const char *out, *dtype, *json_key;
 	int kind, in, keys, json, quiet, threads, skip_bad;
 	uint64_t shard_size;
+	unsigned copies; /* --shuffled-copies */
+	uint64_t seed;
 };
 
 static const struct cli_choice formats[] = {
@@ -1014,6 +1016,11 @@ static const struct cli_opt rows[] = {
 		 "token id out of range) and count them per reason in the summary"},
 	{.name = "shard-size", .kind = CLI_SIZE, .off = PO(shard_size), .arg = "SIZE", .min = 1,
 	 .help = "bytes per shard (default 256m; samples never straddle shards)"},
+	{.name = "shuffled-copies", .kind = CLI_UINT, .off = PO(copies), .arg = "N", .min = 1, .max = 999,
+	 .help = "also write N pre-shuffled copies (copy c in the order of epoch c of the loader's shuffle\n"
+		 "with --seed), N times the data's bytes more, for the loader's copies=1 (ferry format)"},
+	{.name = "seed", .kind = CLI_U64, .off = PO(seed), .arg = "S",
+	 .help = "seed of --shuffled-copies' orders: the loader's seed (default 0)"},
 	{.name = "keys", .kind = CLI_FLAG, .off = PO(keys),
 	 .help = "store each sample's source (file name, file@offset) as its key"},
 	{.name = "threads", .kind = CLI_INT, .off = PO(threads), .arg = "N", .min = 1, .max = 1024,
@@ -1076,6 +1083,8 @@ int ferry_cmd_pack(int argc, char **argv)
 	}
 	if (o.json_key && (o.in == IN_RAW || o.in == IN_NPY))
 		return cli_usage_error(&cmd, &a, "--json-key is for JSON Lines inputs");
+	if (o.copies && o.kind != FERRY_WRITE_FERRY)
+		return cli_usage_error(&cmd, &a, "--shuffled-copies is for the ferry format");
 	if (o.json_key && dtype >= 0) {
 		size_t k = 0, nt = sizeof(token_types) / sizeof(token_types[0]);
 		while (k < nt && token_types[k].dt != dtype)
@@ -1265,7 +1274,8 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		if (atomic_load(&p.failed)) {
 			say("ferry pack: %s\n", p.err[0] ? p.err : "out of memory");
 			failed = 1;
-		} else if ((err = ferry_dataset_writer_finish(p.w))) {
+		} else if ((err = ferry_dataset_writer_set_copies(p.w, o->copies, o->seed)) ||
+			   (err = ferry_dataset_writer_finish(p.w))) {
 			lib_error(err);
 			failed = 1;
 		}
@@ -1284,9 +1294,9 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		printf("{\"format\": \"%s\", \"output\": ", fmt);
 		ferry_tools_json_string(stdout, out);
 		printf(", \"samples\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"shards\": %d, \"dtype\": \"%s\", "
-		       "\"inputs\": %zu, \"input_bytes\": %" PRIu64 ", \"blank_lines\": %" PRIu64
+		       "\"shuffled_copies\": %u, \"inputs\": %zu, \"input_bytes\": %" PRIu64 ", \"blank_lines\": %" PRIu64
 		       ", \"skipped_lines\": %" PRIu64 ", \"skipped\": {",
-		       p.n, p.bytes, nshards, ferry_dtype_numpy_name(odt), p.nsrc, p.in_bytes, p.blank, skipped);
+		       p.n, p.bytes, nshards, ferry_dtype_numpy_name(odt), o->copies, p.nsrc, p.in_bytes, p.blank, skipped);
 		for (int k = FERRY_JSONL_UTF8; k < FERRY_JSONL__COUNT; k++)
 			printf("%s\"%s\": %" PRIu64, k == FERRY_JSONL_UTF8 ? "" : ", ", ferry_tools_jsonl_status_name(k),
 			       p.skipped[k]);
