@@ -225,7 +225,9 @@ static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, siz
 			ctx->work_head = e;
 		ctx->work_tail = e;
 	}
-	pthread_cond_broadcast(&ctx->work_cv);
+	/* one worker: it wakes an idle sibling when it leaves work behind (ctx.c, worker_main).
+	 * Waking every worker per request had them all take the lock to find one request. */
+	pthread_cond_signal(&ctx->work_cv);
 	pthread_mutex_unlock(&ctx->mu);
 	return 0;
 }
@@ -338,6 +340,93 @@ ssize_t ferry_pwrite(ferry_file *f, const void *buf, size_t len, uint64_t offset
 
 /* ------------------------------------------------------------------------------- asynchronous */
 
+/*
+ * Requests are kept for reuse by the thread that destroyed them, their mutex and condition
+ * variable still initialised: a future then costs no calloc and no pthread init/destroy (issue 22).
+ * Freed when the thread exits.
+ */
+#define REQ_CACHE 256
+
+struct req_cache {
+	unsigned n;
+	struct ferry_req *r[REQ_CACHE];
+};
+
+static pthread_key_t req_key; /* its destructor frees a thread's cache when the thread exits */
+static bool req_key_ok;
+static pthread_once_t req_once = PTHREAD_ONCE_INIT;
+static _Thread_local struct req_cache *req_tl;
+
+static void req_free(struct ferry_req *r)
+{
+	group_destroy(&r->g);
+	free(r);
+}
+
+static void req_cache_free(void *p)
+{
+	struct req_cache *c = p;
+	while (c->n)
+		req_free(c->r[--c->n]);
+	free(c);
+	req_tl = NULL;
+}
+
+static void req_key_make(void)
+{
+	req_key_ok = pthread_key_create(&req_key, req_cache_free) == 0;
+}
+
+static struct req_cache *req_cache(bool make)
+{
+	struct req_cache *c = req_tl;
+	if (c || !make)
+		return c;
+	pthread_once(&req_once, req_key_make);
+	if (!req_key_ok || !(c = malloc(sizeof(*c))))
+		return NULL;
+	c->n = 0;
+	if (pthread_setspecific(req_key, c)) {
+		free(c);
+		return NULL;
+	}
+	return req_tl = c;
+}
+
+/* A request whose group counts `entries` entries. */
+static struct ferry_req *req_new(uint64_t entries)
+{
+	struct req_cache *c = req_cache(false);
+	struct ferry_req *r;
+
+	if (c && c->n) {
+		r = c->r[--c->n];
+		atomic_store(&r->g.entries_left, entries);
+		atomic_store(&r->g.done, entries == 0);
+		atomic_store(&r->hold_pending, 0);
+		return r;
+	}
+	if (!(r = calloc(1, sizeof(*r))))
+		return NULL;
+	group_init(&r->g, entries);
+	return r;
+}
+
+/* r's group is done and nothing else refers to r. */
+static void req_put(struct ferry_req *r)
+{
+	struct req_cache *c = req_cache(true);
+
+	if (!c || c->n == REQ_CACHE) {
+		req_free(r);
+		return;
+	}
+	/* the last worker broadcasts and unlocks under g.mu: it has let go once this returns */
+	pthread_mutex_lock(&r->g.mu);
+	pthread_mutex_unlock(&r->g.mu);
+	c->r[c->n++] = r;
+}
+
 static int transfer_async(ferry_file *f, void *buf, size_t len, uint64_t off, bool is_write,
 			  ferry_req **out)
 {
@@ -351,16 +440,14 @@ static int transfer_async(ferry_file *f, void *buf, size_t len, uint64_t off, bo
 		ret = ferry__resolve_path(f->ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
-	r = calloc(1, sizeof(*r));
+	r = req_new(len ? 1 : 0);
 	if (!r)
 		return ferry__error(-ENOMEM, "allocating a request");
-	group_init(&r->g, len ? 1 : 0);
 	entry_init(&r->e, &r->g, f, buf, off, len, is_write, f->ctx->cfg.chunk_size, dev, path);
 	if (len) {
 		ret = submit_entries(f->ctx, &r->e, 1, sizeof(r->e));
 		if (ret) {
-			group_destroy(&r->g);
-			free(r);
+			req_put(r);
 			return ret;
 		}
 	} else {
@@ -411,8 +498,7 @@ void ferry_req_destroy(ferry_req *r)
 		pthread_cond_destroy(&r->hold_cv);
 		ferry__stream_end(r->e.dev, r->e.start_ev);
 	}
-	group_destroy(&r->g);
-	free(r);
+	req_put(r);
 }
 
 /* Runs on CUDA's host-function thread, in order on the caller's stream: later work on the stream
@@ -446,10 +532,9 @@ static int transfer_stream(ferry_file *f, void *buf, size_t len, uint64_t off, b
 	if (len && dev < 0)
 		return ferry__error(-EINVAL, "%s(%s): the buffer is host memory; stream ordering is for device "
 				    "memory (use ferry_%s_async)", op, f->path, is_write ? "pwrite" : "pread");
-	r = calloc(1, sizeof(*r));
+	r = req_new(len ? 1 : 0);
 	if (!r)
 		return ferry__error(-ENOMEM, "allocating a request");
-	group_init(&r->g, len ? 1 : 0);
 	entry_init(&r->e, &r->g, f, buf, off, len, is_write, f->ctx->cfg.chunk_size, dev, path);
 	if (!len) {
 		*out = r;
@@ -478,8 +563,8 @@ fail_ev:
 fail:
 	pthread_mutex_destroy(&r->hold_mu);
 	pthread_cond_destroy(&r->hold_cv);
-	group_destroy(&r->g);
-	free(r);
+	r->e.start_ev = NULL;
+	req_put(r);
 	return ret;
 }
 
