@@ -26,7 +26,6 @@ from concurrent.futures import ThreadPoolExecutor as _Pool
 import torch as _torch
 from torch.distributed._shard._utils import narrow_tensor_by_index as _narrow
 from torch.distributed.checkpoint import filesystem as _fs
-from torch.distributed.checkpoint.metadata import Metadata as _Metadata
 from torch.distributed.checkpoint.planner import LoadItemType as _LoadItemType
 from torch.distributed.checkpoint.planner import WriteItemType as _WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult as _WriteResult

@@ -77,9 +77,13 @@ class _Zip:
         n = self.length
         if n < 22:
             raise self._bad("zip", "%d bytes: too short for a zip file (truncated?)" % n)
-        tail_n = min(n, 65557 + 20 + 56)
-        tail = self._read(n - tail_n, tail_n)
-        at = tail.rfind(_EOCD)
+        # torch's zips carry no comment: the end records are in the last 98 bytes; a zip with a
+        # comment (up to 64 KiB) is searched in a second read.
+        for tail_n in (min(n, 4096), min(n, 65557 + 20 + 56)):
+            tail = self._read(n - tail_n, tail_n)
+            at = tail.rfind(_EOCD)
+            if at >= 0 or tail_n == n:
+                break
         if at < 0 or at + 22 > len(tail):
             raise self._bad("end of central directory", "not found in the last %d bytes "
                             "(truncated or not a zip file)" % tail_n)
