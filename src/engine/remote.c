@@ -229,9 +229,39 @@ static int status_errno(long status)
 	}
 }
 
+/*
+ * The CA certificates to check https:// servers with. libcurl looks where the distribution that
+ * built it keeps them (Debian: /etc/ssl/certs/ca-certificates.crt); a wheel carries Debian's libcurl
+ * to machines that keep them elsewhere. SSL_CERT_FILE and CURL_CA_BUNDLE (the variables OpenSSL and
+ * curl read) come first, then the first of the usual places that exists; NULL leaves libcurl's own.
+ */
+static const char *ca_bundle(void)
+{
+	static const char *const env[] = {"CURL_CA_BUNDLE", "SSL_CERT_FILE"};
+	static const char *const files[] = {
+		"/etc/ssl/certs/ca-certificates.crt",                /* Debian, Ubuntu, Arch */
+		"/etc/pki/tls/certs/ca-bundle.crt",                  /* RHEL, Fedora, CentOS */
+		"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", /* RHEL 7+ */
+		"/etc/ssl/ca-bundle.pem",                            /* openSUSE */
+		"/etc/ssl/cert.pem",                                 /* Alpine, macOS */
+	};
+	for (size_t i = 0; i < sizeof(env) / sizeof(env[0]); i++) {
+		const char *v = getenv(env[i]);
+		if (v && *v)
+			return v;
+	}
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+		if (!access(files[i], R_OK))
+			return files[i];
+	return NULL;
+}
+
 /* Options every request of r carries. */
 static void common_opts(struct ferry__remote *r, CURL *e)
 {
+	const char *ca = ca_bundle();
+	if (ca)
+		curl_easy_setopt(e, CURLOPT_CAINFO, ca);
 	curl_easy_setopt(e, CURLOPT_URL, r->http);
 	curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(e, CURLOPT_USERAGENT, "ferry/" FERRY_VERSION_STRING);
