@@ -158,15 +158,34 @@ static int add_shard_file(void *arg, const char *name)
 	return add_file(a->ld, a->dir, name);
 }
 
-/*
- * model.safetensors.index.json: {"metadata": {...}, "weight_map": {"tensor": "file", ...}}
- * manifest.json (ferry checkpoints): {..., "shards": [{"file": "...", ...}, ...]}
- */
-static int open_index(ferry_st_load *ld, const char *path)
+/* The whole object at url (at most INDEX_MAX bytes) into a new buffer *buf of *len bytes. */
+static int read_url(ferry_ctx *ctx, const char *url, char **buf, size_t *len)
 {
-	char dir[PATH_MAX];
-	const char *slash = strrchr(path, '/');
-	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+	ferry_file *f;
+	int r = ferry_file_open(ctx, url, FERRY_O_RDONLY, &f);
+	if (r)
+		return r;
+	int64_t size = ferry_file_size(f);
+	if (size < 0 || size > INDEX_MAX) {
+		ferry_file_destroy(f);
+		return size < 0 ? (int)size : ferry__error(FERRY_ECORRUPT, "%s: index larger than %u bytes", url, INDEX_MAX);
+	}
+	*len = (size_t)size;
+	if (!(*buf = malloc(*len + 1))) {
+		ferry_file_destroy(f);
+		return ferry__error(-ENOMEM, "%s: index", url);
+	}
+	ssize_t got = *len ? ferry_pread(f, *buf, *len, 0) : 0;
+	ferry_file_destroy(f);
+	if (got != (ssize_t)*len) {
+		free(*buf);
+		return got < 0 ? (int)got : ferry__error(-EIO, "%s: short read", url);
+	}
+	return 0;
+}
+
+static int read_local(const char *path, char **bufp, size_t *lenp)
+{
 	FILE *fp = fopen(path, "rb");
 	if (!fp)
 		return ferry__error(-errno, "open(%s): %s", path, strerror(errno));
@@ -187,6 +206,26 @@ static int open_index(ferry_st_load *ld, const char *path)
 		free(buf);
 		return ferry__error(-EIO, "%s: short read", path);
 	}
+	*bufp = buf;
+	*lenp = len;
+	return 0;
+}
+
+/*
+ * model.safetensors.index.json: {"metadata": {...}, "weight_map": {"tensor": "file", ...}}
+ * manifest.json (ferry checkpoints): {..., "shards": [{"file": "...", ...}, ...]}
+ */
+static int open_index(ferry_st_load *ld, const char *path)
+{
+	char dir[PATH_MAX];
+	const char *slash = strrchr(path, '/');
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+	size_t len = 0;
+	char *buf = NULL;
+	int rr = strstr(path, "://") ? read_url(ld->ctx, path, &buf, &len) /* through the remote backend */
+				     : read_local(path, &buf, &len);
+	if (rr)
+		return rr;
 	struct ferry__json j;
 	char *k, *v;
 	size_t kl, vl, kpos;
@@ -291,7 +330,9 @@ int ferry_st_load_open(ferry_ctx *ctx, const char *path, ferry_st_load **out)
 	}
 	ld->ctx = ctx;
 	int r;
-	if (strstr(path, "://")) /* s3://, http(s)://: one object, read by the remote backend (docs/REMOTE.md) */
+	if (strstr(path, "://") && ends_with(path, ".json")) /* a sharded set's index behind a URL */
+		r = open_index(ld, path);
+	else if (strstr(path, "://")) /* s3://, http(s)://: one object, read by the remote backend (docs/REMOTE.md) */
 		r = add_file(ld, NULL, path);
 	else if (stat(path, &sb))
 		r = ferry__error(-errno, "stat(%s): %s", path, strerror(errno));

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/magic.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
@@ -120,6 +121,7 @@ struct job {
 	int dfd;          /* path's directory, opened once: the file is made and renamed in it */
 	struct ferry__tmpfile t; /* the temporary, under an unpredictable name, until the commit */
 	char *tmp;        /* its path, for the engine's open and for messages */
+	char *stage; /* a URL's save (path is s3://...): the local directory of the temporary, else NULL */
 	char *reuse; /* a pruned file to write over instead of a new one (checkpoints), or NULL */
 	int flags;
 	char *hdr; /* data_start - 8 bytes of header, then spaces */
@@ -519,12 +521,15 @@ static int reuse_laid_out(struct job *j, uint64_t size)
 /* The temporary's path (beside the final name), for the engine's open and for messages. */
 static int tmp_path(struct job *j)
 {
-	size_t dl = (size_t)(j->name - j->path);
+	size_t dl = j->stage ? strlen(j->stage) + 1 : (size_t)(j->name - j->path);
 	free(j->tmp);
 	j->tmp = malloc(dl + strlen(j->t.name) + 1);
 	if (!j->tmp)
 		return ferry__error(-ENOMEM, "%s: save", j->path);
-	memcpy(j->tmp, j->path, dl);
+	if (j->stage)
+		snprintf(j->tmp, dl + 1, "%s/", j->stage);
+	else
+		memcpy(j->tmp, j->path, dl);
 	strcpy(j->tmp + dl, j->t.name);
 	return 0;
 }
@@ -551,6 +556,7 @@ static void job_free(struct job *j)
 	if (j->dfd >= 0)
 		close(j->dfd);
 	free(j->tmp);
+	free(j->stage);
 	free(j->path);
 	free(j->reuse);
 	ferry_free_aligned(j->hdr, (size_t)j->data_start);
@@ -573,6 +579,43 @@ static void lap(struct job *j, int ph, uint64_t *t0)
 	uint64_t t = ferry__now_ns();
 	j->ph[ph] += t - *t0;
 	*t0 = t;
+}
+
+/*
+ * A URL's commit: the finished temporary is written to the object in order (a multipart upload
+ * through the remote backend, docs/REMOTE.md) and ferry_file_sync makes it visible whole; on any
+ * failure the upload is aborted and nothing appears under the key. The header, written last
+ * locally because its checksums are known last, would otherwise need the object's first bytes
+ * held back to the end: S3 objects cannot be written out of order.
+ */
+static int upload(struct job *j, uint64_t size)
+{
+	int fd = openat(j->dfd, j->t.name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return ferry__error(-errno, "%s: reopening %s: %s", j->path, j->tmp, strerror(errno));
+	void *map = size ? mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, fd, 0) : NULL;
+	close(fd);
+	if (map == MAP_FAILED)
+		return ferry__error(-errno, "%s: mmap(%s): %s", j->path, j->tmp, strerror(errno));
+	if (map)
+		(void)madvise(map, (size_t)size, MADV_SEQUENTIAL);
+	ferry_file *u = NULL;
+	int r = ferry_file_open(j->ctx, j->path, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &u);
+	for (uint64_t off = 0; !r && off < size;) {
+		size_t n = size - off < (1u << 30) ? (size_t)(size - off) : (1u << 30);
+		ssize_t got = ferry_pwrite(u, (const char *)map + off, n, off);
+		if (got < 0)
+			r = (int)got;
+		else if (got == 0)
+			r = ferry__error(-EIO, "%s: short upload at %llu", j->path, (unsigned long long)off);
+		off += got > 0 ? (uint64_t)got : 0;
+	}
+	if (!r)
+		r = ferry_file_sync(u, 0);
+	ferry_file_destroy(u); /* without the commit above: the upload is aborted */
+	if (map)
+		munmap(map, (size_t)size);
+	return r;
 }
 
 /* The writer thread's part: hash and write every chunk in order, then the header, then commit. */
@@ -703,6 +746,15 @@ static int64_t consume(struct job *j)
 	if (got != (ssize_t)j->data_start)
 		return got < 0 ? got : ferry__error(-EIO, "%s: short header write", j->tmp);
 	ferry__activity_add(j->act, FERRY__ACT_BYTES, j->data_start);
+	if (j->stage) { /* a URL: the object is the durable copy; the local temporary only stages it */
+		ferry_file_destroy(j->f);
+		j->f = NULL;
+		ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_COMMIT);
+		int r = upload(j, j->data_start + j->total);
+		lap(j, PH_W_RENAME, &t);
+		ferry__tmp_abort(&j->t);
+		return r ? r : (int64_t)(j->data_start + j->total);
+	}
 	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_SYNC);
 	if (!(j->flags & FERRY_SAVE_NOSYNC)) {
 		int r = ferry_file_sync(j->f, 1);
@@ -1034,6 +1086,9 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	pthread_mutex_lock(&w->mu);
 	memset(&w->stats, 0, sizeof(w->stats));
 	pthread_mutex_unlock(&w->mu);
+	int url = strstr(path, "://") != NULL; /* s3:// (docs/REMOTE.md): staged locally, then uploaded */
+	if (url && (flags & FERRY_SAVE_EXCL))
+		return ferry__error(-EOPNOTSUPP, "%s: an exclusive save (FERRY_SAVE_EXCL) of a URL is not supported", path);
 	if ((flags & FERRY_SAVE_EXCL) && access(path, F_OK) == 0)
 		return ferry__error(-EEXIST, "%s: exists", path);
 
@@ -1052,15 +1107,33 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
-	j->reuse = reuse ? strdup(reuse) : NULL;
+	j->reuse = reuse && !url ? strdup(reuse) : NULL;
 	j->t.fd = -1;
 	j->dfd = -1;
-	if (!j->path || (reuse && !j->reuse)) {
+	if (!j->path || (reuse && !url && !j->reuse)) {
 		job_free(j);
 		return ferry__error(-ENOMEM, "%s: save", path);
 	}
-	/* the directory the user named may be a symlink; the file itself never is */
-	if ((j->dfd = ferry__dir_open_parent(j->path, FERRY__DIR_FOLLOW, &j->name)) < 0) {
+	if (url) { /* the temporary goes to $TMPDIR, else /var/tmp (a disk, where /tmp may be memory) */
+		const char *td = getenv("TMPDIR");
+		const char *slash = strrchr(j->path, '/');
+		j->name = slash && slash[1] ? slash + 1 : "";
+		if (!*j->name || !strchr(strstr(j->path, "://") + 3, '/')) {
+			job_free(j);
+			return ferry__error(-EINVAL, "%s: no object name to save to", path);
+		}
+		if (!(j->stage = strdup(td && *td ? td : "/var/tmp"))) {
+			job_free(j);
+			return ferry__error(-ENOMEM, "%s: save", path);
+		}
+		if ((j->dfd = ferry__dir_open(j->stage, FERRY__DIR_FOLLOW)) < 0) {
+			r = j->dfd;
+			ferry__error_append("%s: the local directory that stages the upload", path);
+			job_free(j);
+			return r;
+		}
+	} else if ((j->dfd = ferry__dir_open_parent(j->path, FERRY__DIR_FOLLOW, &j->name)) < 0) {
+		/* the directory the user named may be a symlink; the file itself never is */
 		r = j->dfd;
 		job_free(j);
 		return r;

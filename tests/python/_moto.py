@@ -1,0 +1,83 @@
+"""moto's S3 server on 127.0.0.1 for the tests of s3:// (started and stopped by each test module;
+the same way as test_s3.py starts it), and a clean AWS environment pointed at it."""
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+BUCKET = "ferry-test"
+
+AWS_VARS = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+            "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_S3", "AWS_NO_SIGN_REQUEST", "AWS_SHARED_CREDENTIALS_FILE",
+            "AWS_CONFIG_FILE", "FERRY_S3_ADDRESSING"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """moto's S3 server in a process of its own (no signature checks), one bucket made."""
+
+    def __init__(self):
+        import boto3
+        self.port = free_port()
+        self.endpoint = "http://127.0.0.1:%d" % self.port
+        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                      "-p", str(self.port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    pytest.fail("moto's server did not start on port %d" % self.port)
+                time.sleep(0.1)
+        self.key_id, self.secret = "testing", "testing"
+        self.s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                               aws_access_key_id="testing", aws_secret_access_key="testing")
+        self.s3.create_bucket(Bucket=BUCKET)
+
+    def url(self, key):
+        return "s3://%s/%s" % (BUCKET, key)
+
+    def put(self, key, data):
+        self.s3.put_object(Bucket=BUCKET, Key=key, Body=data)
+        return self.url(key)
+
+    def get(self, key):
+        return self.s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+
+    def keys(self, prefix=""):
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix)
+        return sorted(o["Key"] for p in pages for o in p.get("Contents", []))
+
+    def uploads(self):
+        return self.s3.list_multipart_uploads(Bucket=BUCKET).get("Uploads") or []
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def use(monkeypatch, tmp_path, server, endpoint=None):
+    """A clean AWS environment (empty HOME) with the server's endpoint and keys."""
+    for v in AWS_VARS:
+        monkeypatch.delenv(v, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint or server.endpoint)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret)
