@@ -1199,12 +1199,13 @@ static PyObject *mod_write_dataset(PyObject *mod, PyObject *args)
 {
 	PyObject *path, *samples, *keys, *bpath = NULL, *seq = NULL, *kseq = NULL;
 	int kind, elem, err = 0, shards = 0;
-	unsigned long long shard_size;
+	unsigned long long shard_size, seed = 0;
+	unsigned int copies = 0;
 	ferry_dataset_writer *w = NULL;
 	ferry_ctx *ctx = NULL;
 
-	if (!PyArg_ParseTuple(args, "OiiKOO:write_dataset", &path, &kind, &elem, &shard_size, &samples,
-			      &keys) ||
+	if (!PyArg_ParseTuple(args, "OiiKOO|IK:write_dataset", &path, &kind, &elem, &shard_size, &samples,
+			      &keys, &copies, &seed) ||
 	    !PyUnicode_FSConverter(path, &bpath))
 		return NULL;
 	seq = PySequence_Fast(samples, "samples must be a sequence of buffers");
@@ -1247,6 +1248,8 @@ static PyObject *mod_write_dataset(PyObject *mod, PyObject *args)
 		FERRY_PY_NOGIL(NULL, err, ferry_dataset_writer_put(w, (uint64_t)i, v.ptr, v.len));
 		ferry__py_buf_release(&v);
 	}
+	if (!err)
+		err = ferry_dataset_writer_set_copies(w, copies, seed);
 	if (!err)
 		FERRY_PY_NOGIL(NULL, err, ferry_dataset_writer_finish(w));
 out:

@@ -303,7 +303,7 @@ def _check_values(np, arrays, src, target, idx) -> None:
 
 
 def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_size: int = 0,
-                  keys=None, cast: bool = False) -> int:
+                  keys=None, cast: bool = False, shuffled_copies: int = 0, seed: int = 0) -> int:
     """Writes a packed dataset: ``format="ferry"`` (a directory of shards and ``ferry.idx``) or
     ``"megatron"`` (``path.bin`` + ``path.idx``, MMIDIDX version 1, each sample a document).
 
@@ -314,6 +314,9 @@ def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_siz
     gives them) raise ``ValueError`` naming the sample and the value, before anything is written.
     ``cast=True`` converts instead, as NumPy's ``astype`` does (out-of-range values wrap).
     ``shard_size`` in bytes (0: 1 GiB). ``keys``: one ``bytes``/``str`` per sample (ferry format).
+    ``shuffled_copies=N`` (ferry format): also writes N pre-shuffled copies, copy c in the order
+    ``order_indices(n, "shuffle", seed=seed, epoch=c)``, for ``Loader(copies=True, seed=seed)``
+    (``ferry pack --shuffled-copies``; N times the data's bytes more; docs/DATA.md).
     The write is durable (data, then index renamed into place). Returns the number of shards.
     """
     np = _numpy()
@@ -369,7 +372,12 @@ def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_siz
     kinds = {"ferry": _ferry.WRITE_FERRY, "megatron": _ferry.WRITE_MEGATRON}
     if format not in kinds:
         raise ValueError(f"format must be 'ferry' or 'megatron', not {format!r}")
-    return _ferry.write_dataset(_os.fspath(path), kinds[format], elem, shard_size, bufs, keys)
+    if shuffled_copies and format != "ferry":
+        raise ValueError("shuffled_copies is for the ferry format")
+    if not 0 <= shuffled_copies <= 999:
+        raise ValueError(f"shuffled_copies must be 0 to 999, not {shuffled_copies}")
+    return _ferry.write_dataset(_os.fspath(path), kinds[format], elem, shard_size, bufs, keys,
+                                shuffled_copies, seed % _U64)
 
 
 # ------------------------------------------------------------------------------------- loader
@@ -414,6 +422,11 @@ class Loader:
     keeps the position when ``e`` is the current epoch, else starts ``e`` at batch 0. ``state_dict()``/``load_state_dict()`` give the exact continuation;
     ``stats()`` the starvation metrics.
 
+    ``copies=True`` (``order="shuffle"``, ``seed`` the one the copies were written with): epoch e is
+    read sequentially from the dataset's pre-shuffled copy e mod N (``write_dataset(...,
+    shuffled_copies=N)``, ``ferry pack --shuffled-copies N``), so its order is ``order_indices``' for
+    epoch e mod N; indices, padding and striding are ``distributed_indices``' for that epoch.
+
     Memory: on the GPU each batch's tensor is the device memory the loader uploaded it into, no
     copy: the loader takes other memory for its next batches, and gets this memory back when the
     tensor is freed, for uploads ordered after the work queued on the then current stream (the
@@ -429,7 +442,7 @@ class Loader:
                  order: str | None = None, block: int = 256, drop_last: bool = False,
                  drop_last_batch: bool = False, device=None, prefetch: int = 4, threads: int = 1,
                  dtype=None, merge_gap: int = 0, pin_memory: bool = False, epoch: int = 0,
-                 documents: bool = False, context=None):
+                 documents: bool = False, copies: bool = False, context=None):
         torch = _torch()
         self._torch = torch
         self.dataset = path if isinstance(path, IndexedDataset) else \
@@ -483,7 +496,7 @@ class Loader:
                        "rank": rank, "seed": seed % _U64, "order": order, "block": block,
                        "drop_last": int(self.drop_last), "drop_last_batch": int(self.drop_last_batch),
                        "prefetch": prefetch, "threads": threads, "merge_gap": merge_gap,
-                       "documents": int(self.documents)}
+                       "documents": int(self.documents), "copies": int(bool(copies))}
         self._epoch, self._batch = int(epoch), 0
         self._cl = None          # the C loader, positioned at (_epoch, _batch)
         self._pending = []       # (batch, event): slots whose device copy is in flight

@@ -745,13 +745,6 @@ static int setup(struct ferry_loader *l, int with_cum)
 				    l->world_size);
 	if (l->seq_len && !l->esize)
 		return ferry__error(FERRY_EBADOPT, "loader: seq_len needs a dataset of tokens");
-	uint64_t cseed;
-	uint32_t nc = ferry_dataset_copies(l->ds, &cseed);
-	if (l->copies && (!nc || l->order != FERRY_ORDER_SHUFFLE || l->seq_len || cseed != l->seed))
-		return ferry__error(FERRY_EBADOPT, "loader: copies=1 reads a dataset's pre-shuffled copies in "
-				    "order shuffle, seq_len 0, with the seed they were written with; %s has %u copies "
-				    "(seed %" PRIu64 "), the loader has order %s, seq_len %" PRIu64 ", seed %" PRIu64,
-				    l->ds->path, nc, cseed, order_name(l->order), l->seq_len, l->seed);
 	if (l->seq_len && with_cum) {
 		l->cum = malloc((x->n + 1) * sizeof(uint64_t));
 		if (!l->cum)
@@ -799,6 +792,15 @@ static int setup(struct ferry_loader *l, int with_cum)
 	l->per_rank = ferry_distributed_num_samples(l->items, l->world_size, l->drop_last);
 	l->bpe = l->drop_last_batch ? l->per_rank / l->batch_size
 				    : (l->per_rank + l->batch_size - 1) / l->batch_size;
+	/* checked last: batches_per_epoch (which ignores setup's errors) still counts, so that the
+	 * first batch reports this */
+	uint64_t cseed;
+	uint32_t nc = ferry_dataset_copies(l->ds, &cseed);
+	if (l->copies && (!nc || l->order != FERRY_ORDER_SHUFFLE || l->seq_len || cseed != l->seed))
+		return ferry__error(FERRY_EBADOPT, "loader: copies=1 reads a dataset's pre-shuffled copies in "
+				    "order shuffle, seq_len 0, with the seed they were written with; %s has %u copies "
+				    "(seed %" PRIu64 "), the loader has order %s, seq_len %" PRIu64 ", seed %" PRIu64,
+				    l->ds->path, nc, cseed, order_name(l->order), l->seq_len, l->seed);
 	return 0;
 }
 
