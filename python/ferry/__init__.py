@@ -333,8 +333,9 @@ __all__ += ["IndexedDataset", "Loader", "distributed_indices", "order_indices", 
 # ------------------------------------------------------------- submodules (safetensors, checkpoints)
 
 def __getattr__(name):
-    # ferry.safetensors and ferry.checkpoint without an import of their own; neither imports torch.
-    if name in ("safetensors", "checkpoint"):
+    # ferry.safetensors, ferry.checkpoint, ferry.dcp and ferry.torch without an import of their own,
+    # on first use (the first two do not import torch; the last two do, when used).
+    if name in ("safetensors", "checkpoint", "dcp", "torch"):
         import importlib
         return importlib.import_module("." + name, __name__)
     raise AttributeError("module 'ferry' has no attribute %r" % name)

@@ -242,3 +242,11 @@ def test_storage_record_of_wrong_size(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         ftorch.load(tmp_path / "nope.pt")
+
+
+def test_submodules_without_their_own_import():
+    """ferry.torch and ferry.dcp are reached as attributes of ferry, as ferry.safetensors is."""
+    import subprocess, sys
+    code = "import ferry; print(ferry.torch.load.__module__, ferry.dcp.Writer.__module__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split() == ["ferry.torch", "ferry.dcp"], out.stderr[-1000:]
