@@ -22,6 +22,8 @@ static const struct {
 	[FERRY_DT_F8_E5M2] = {"F8_E5M2", NULL, NULL, 8, -1},
 	[FERRY_DT_F8_E4M3] = {"F8_E4M3", NULL, NULL, 8, -1},
 	[FERRY_DT_F8_E8M0] = {"F8_E8M0", NULL, NULL, 8, -1},
+	[FERRY_DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", NULL, NULL, 8, -1},
+	[FERRY_DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", NULL, NULL, 8, -1},
 	[FERRY_DT_I16] = {"I16", "int16", "i2", 16, 3},
 	[FERRY_DT_U16] = {"U16", "uint16", "u2", 16, 8},
 	[FERRY_DT_F16] = {"F16", "float16", "f2", 16, -1},

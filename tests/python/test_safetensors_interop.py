@@ -31,9 +31,11 @@ HF_DTYPES = {
     "int32": ("I32", 32), "uint32": ("U32", 32), "int64": ("I64", 64), "uint64": ("U64", 64),
     "float16": ("F16", 16), "float32": ("F32", 32), "float64": ("F64", 64), "bfloat16": ("BF16", 16),
     "float8_e4m3fn": ("F8_E4M3", 8), "float8_e5m2": ("F8_E5M2", 8), "float8_e8m0fnu": ("F8_E8M0", 8),
+    "float8_e4m3fnuz": ("F8_E4M3FNUZ", 8), "float8_e5m2fnuz": ("F8_E5M2FNUZ", 8),
     "complex64": ("C64", 64),
 }
-FERRY_DTYPES = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0", "I16", "U16",
+FERRY_DTYPES = ["BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+                "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16",
                 "F16", "BF16", "I32", "U32", "F32", "C64", "F64", "I64", "U64"]
 BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
 
