@@ -15,3 +15,27 @@ def data(tmp_path):
 def need(module):
     """Import module or skip the test, saying why (never a silent pass)."""
     return pytest.importorskip(module, reason="%s is not installed in this environment" % module)
+
+
+def run_ranks(script, world, *args, timeout=120):
+    """Runs `python script RANK WORLD *args` as `world` processes (gloo ranks on the CPU: no GPU,
+    one OpenMP thread each), waits for all, kills what is left on a timeout, and asserts each exited
+    0 having printed "rank R ok". Returns their outputs (stdout and stderr together), by rank."""
+    import subprocess
+    import sys
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world)] + [str(a) for a in args],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+             for r in range(world)]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
+    return outs

@@ -1,13 +1,11 @@
 """ferry.checkpoint: save / async_save / load_latest round trips, snapshots, pruning, errors at
 wait, and several ranks through torch.distributed (gloo on the CPU, processes spawned here)."""
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import need
+from conftest import need, run_ranks
 
 torch = need("torch")
 
@@ -217,21 +215,7 @@ def test_distributed_gloo(tmp_path, world):
     script.write_text(WORKER)
     store = tmp_path / "store"
     d = tmp_path / "ck"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(world), str(store), str(d)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(world)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
+    run_ranks(script, world, store, d)
 
 
 def save_ranks(d, step, states, run="reshard"):

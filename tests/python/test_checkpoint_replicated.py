@@ -5,12 +5,11 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import need
+from conftest import need, run_ranks
 
 torch = need("torch")
 
@@ -89,21 +88,7 @@ def saved(tmp_path_factory):
     script = tmp / "worker.py"
     script.write_text(WORKER)
     d = tmp / "ck"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(WORLD), str(tmp / "store"), str(d)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(WORLD)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
+    run_ranks(script, WORLD, tmp / "store", d)
     return d, [torch.load(os.path.join(d, "expect-%d.pt" % r)) for r in range(WORLD)]
 
 

@@ -4,14 +4,12 @@ an explicit load of a damaged step raises; a missing directory is an error, not 
 malformed JSON names its file; a refused save leaves nothing behind for the next one."""
 import os
 import struct
-import subprocess
-import sys
 import textwrap
 import warnings
 
 import pytest
 
-from conftest import need
+from conftest import need, run_ranks
 
 torch = need("torch")
 
@@ -198,21 +196,7 @@ def test_distributed_ranks_agree_on_the_fallback(tmp_path):
     flip_bit(shard(d, 2, 1, 2))
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), "2", str(tmp_path / "store"), d],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-             for r in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=120)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
+    for out in run_ranks(script, 2, tmp_path / "store", d):
         assert "step 3 is damaged" in out and "step 2 is damaged" in out, out
 
 
