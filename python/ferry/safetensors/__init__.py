@@ -1,7 +1,8 @@
 """safetensors files to and from torch tensors on the CPU or a CUDA device, through ferry.
 
-Drop-in for ``safetensors.torch``'s ``load_file`` and ``save_file`` (same names, same arguments,
-same errors where they make sense), with ferry's extras as keyword arguments::
+Drop-in for ``safetensors.torch`` and safetensors' ``safe_open`` (the same public names,
+signatures, results and exception types; docs/PYTHON.md lists where ferry differs on purpose), with
+ferry's extras as keyword arguments::
 
     from ferry.safetensors import load_file, save_file
 
@@ -18,24 +19,103 @@ docs/CHECKPOINTS.md ("Python") has the details.
 """
 from __future__ import annotations
 
+import errno as _errno
 import functools as _functools
+import json as _json
 import os as _os
+import struct as _struct
 import sys as _sys
 import threading as _threading
 import time as _time
 import weakref as _weakref
 
 from .. import _ferry
+from .. import Error as _FerryError
+from .. import ECORRUPT as _ECORRUPT
 from .. import default_context as _default_context
 
-__all__ = ["load_file", "save_file", "load_model_dir", "safe_open", "SafetensorError", "have_checksums",
+try:
+    from safetensors import SafetensorError as _HFError
+except ImportError:  # safetensors not installed: ferry's class stands alone
+    _HFError = Exception
+
+__all__ = ["load_file", "save_file", "load", "save", "load_model", "save_model", "storage_ptr",
+           "storage_size", "load_model_dir", "safe_open", "SafetensorError", "have_checksums",
            "last_trace"]
 
 
-class SafetensorError(Exception):
-    """Raised for what Hugging Face's reader reports as ``SafetensorError`` and ferry's Python layer
-    checks itself (a tensor whose dtype torch lacks, a bad slice). File errors are OSError /
-    ferry.Error with the C library's detail (file, byte offset, rule)."""
+class SafetensorError(_HFError):
+    """safetensors' error (a subclass of ``safetensors.SafetensorError`` when safetensors is
+    installed, so ``except safetensors.SafetensorError`` catches it). A file that breaks the
+    format raises a SafetensorError that is also a ``ferry.Error`` (FERRY_ECORRUPT, with the file,
+    byte offset and rule); a failed save's OSError is also a SafetensorError, as safetensors'
+    "Error while serializing" is."""
+
+
+_both = {}
+
+
+def _also(base):
+    """The class that is both a SafetensorError and ``base`` (ferry.Error, OSError, ValueError)."""
+    cls = _both.get(base)
+    if cls is None:
+        # a module attribute of its own name, so that pickle finds it
+        name = "_SafetensorError_" + base.__name__
+        cls = _both[base] = globals()[name] = type(name, (SafetensorError, base), {
+            "__module__": __name__, "__doc__": SafetensorError.__doc__})
+    return cls
+
+
+def _convert(e, filename=None):
+    """safetensors' exception for an error of ferry's C layer (None: keep ``e``)."""
+    if isinstance(e, SafetensorError):
+        return None
+    if isinstance(e, FileNotFoundError) and filename is not None:
+        path = _os.fspath(filename)
+        if e.filename in (None, path):
+            # safetensors' message; errno kept (without strerror set, str() stays the message)
+            n = FileNotFoundError("No such file or directory: %s" % (path,))
+            n.errno = _errno.ENOENT
+            return n
+        return None
+    if isinstance(e, _FerryError) and getattr(e, "code", None) == _ECORRUPT:
+        n = _also(_FerryError)(*e.args)
+        n.code, n.name, n.strerror = e.code, e.name, e.strerror
+        return n
+    return None
+
+
+class _errors:
+    """``with _errors(filename):`` raises safetensors' exceptions for ferry's."""
+
+    def __init__(self, filename=None, save=False):
+        self.filename, self.save = filename, save
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, t, e, tb):
+        if e is None or not isinstance(e, OSError):
+            return False
+        n = _convert(e, None if self.save else self.filename)
+        if n is None and self.save and not isinstance(e, SafetensorError):
+            n = _also(type(e))(*e.args)
+            n.__dict__.update(getattr(e, "__dict__", {}))
+        if n is None:
+            return False
+        raise n.with_traceback(tb) from None
+
+
+_BACKENDS = ("mmap", "pread")
+
+
+def _check_backend(backend):
+    """safetensors' check of ``backend=`` (ferry reads through its own engine either way)."""
+    if not isinstance(backend, str):
+        raise TypeError("argument 'backend': '%s' is not an instance of 'str'" % (backend,))
+    if backend not in _BACKENDS:
+        raise SafetensorError('backend "%s" is invalid (expected one of: %s)'
+                              % (backend, ", ".join('"%s"' % b for b in _BACKENDS)))
 
 
 def have_checksums() -> bool:
@@ -68,6 +148,7 @@ def _torch_dtypes():
              "F64": torch.float64, "I64": torch.int64, "C64": torch.complex64}
         for name, attr in (("U16", "uint16"), ("U32", "uint32"), ("U64", "uint64"),
                            ("F8_E5M2", "float8_e5m2"), ("F8_E4M3", "float8_e4m3fn"),
+                           ("F8_E4M3FNUZ", "float8_e4m3fnuz"), ("F8_E5M2FNUZ", "float8_e5m2fnuz"),
                            ("F8_E8M0", "float8_e8m0fnu"), ("F4", "float4_e2m1fn_x2")):
             dt = getattr(torch, attr, None)
             if dt is not None:
@@ -80,8 +161,14 @@ def _st_dtype_name(dtype) -> str:
     for name, dt in _torch_dtypes().items():
         if dt == dtype:
             return name
-    raise ValueError("torch dtype %s has no safetensors equivalent ferry knows (%s)"
-                     % (dtype, ", ".join(_torch_dtypes())))
+    # safetensors.torch raises KeyError (its dtype table); ValueError kept for ferry's callers
+    raise _DtypeError("torch dtype %s has no safetensors equivalent ferry knows (%s)"
+                      % (dtype, ", ".join(_torch_dtypes())))
+
+
+class _DtypeError(KeyError, ValueError):
+    def __str__(self):
+        return str(self.args[0]) if self.args else ""
 
 
 @_functools.lru_cache(maxsize=4096)
@@ -116,13 +203,13 @@ def _device(device):
     else:
         try:
             dev = torch.device(device)
-        except (RuntimeError, TypeError) as e:
-            raise ValueError("device must be 'cpu', 'cuda', 'cuda:N', an int or a torch.device, "
-                             "not %r (%s)" % (device, e)) from None
+        except (RuntimeError, TypeError):
+            dev = None
+        if dev is None or dev.type not in ("cpu", "cuda"):
+            # safetensors' error and message; a ValueError too (ferry's before)
+            raise _also(ValueError)("device %s is invalid" % (device,))
     if dev.type == "cpu":
         return dev, -1
-    if dev.type != "cuda":
-        raise ValueError("ferry loads into CPU or CUDA memory, not %r" % (device,))
     if dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
     return dev, dev.index
@@ -217,7 +304,8 @@ def _load_torch(path, device, keys, slices, verify, views, staging_budget, conte
     starter = _start_workers(ctx, spans)
     t = clock()
     spans["context"] = t - t0
-    ld = _ferry.load_open(ctx, _os.fspath(path))
+    with _errors(path):
+        ld = _ferry.load_open(ctx, _os.fspath(path))
     files = ld.files()
     where = {}  # name -> (file index, offset, dtype, shape, nbytes)
     for f, (_fpath, _md, tensors) in enumerate(files):
@@ -252,7 +340,8 @@ def _load_torch(path, device, keys, slices, verify, views, staging_budget, conte
     t1 = clock()
     spans["alloc"] = t1 - t
     flags = _ferry.LOAD_VERIFY if verify else 0
-    ld.run(alloc.device_index, flags, int(staging_budget or 0))
+    with _errors(path):
+        ld.run(alloc.device_index, flags, int(staging_budget or 0))
     spans["read"] = clock() - t1
     if starter is not None:
         starter.join()
@@ -323,8 +412,8 @@ class _TorchAlloc:
         return self.anchor.data_ptr()
 
 
-def load_file(filename, device="cpu", *, keys=None, slices=None, verify=False, views=True,
-              staging_budget=None, context=None, backend=None) -> dict:
+def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None, verify=False,
+              views=True, staging_budget=None, context=None) -> dict:
     """Load a safetensors file into torch tensors on ``device``.
 
     Like ``safetensors.torch.load_file(filename, device)``. ``filename`` may also be a sharded
@@ -345,16 +434,19 @@ def load_file(filename, device="cpu", *, keys=None, slices=None, verify=False, v
             False: one allocation per tensor (each can be freed on its own).
         staging_budget: bytes of host memory for slices and verification (default 256 MiB).
         context: the ferry.Context to use (default: ferry.default_context()).
-        backend: accepted for compatibility with safetensors >= 0.6 and ignored.
+        backend: safetensors' ``"mmap"`` or ``"pread"`` (checked as safetensors checks it, another
+            value raises SafetensorError); ferry reads through its own engine either way.
 
     Returns:
-        ``dict[str, torch.Tensor]`` in file order.
+        ``dict[str, torch.Tensor]`` in file order (safetensors' order: by offset).
 
     Raises:
-        FileNotFoundError (and other OSError) for the file; ferry.Error (FERRY_ECORRUPT) for a file
-        that breaks the format, with the byte offset and the rule; KeyError for a missing key;
-        SafetensorError for a dtype torch lacks.
+        FileNotFoundError (safetensors' message) and other OSError for the file; SafetensorError
+        (also a ferry.Error, FERRY_ECORRUPT, with the byte offset and the rule) for a file that
+        breaks the format; KeyError for a missing key; SafetensorError for a dtype torch lacks, a
+        bad ``backend`` or ``device``.
     """
+    _check_backend(backend)
     return _load_torch(filename, device, keys, slices, verify, views, staging_budget, context,
                        _TorchAlloc(device))
 
@@ -397,19 +489,15 @@ def _check_tensors(tensors, shared_ok=False, contiguous_ok=False):
                          "support. You can make it a dense tensor before saving with `.to_dense()` "
                          "but be aware this might make a much larger file than needed." % sparse)
     if not shared_ok:
-        seen, failing = {}, []
-        for k, v in items:
-            if v.numel() == 0:
-                continue
-            st = v.untyped_storage()
-            key = (v.device, st.data_ptr())
-            seen.setdefault(key, []).append(k)
-        failing = [set(names) for names in seen.values() if len(names) > 1]
+        # safetensors refuses tensors whose bytes overlap, not views of one allocation side by
+        # side (what load_file returns)
+        failing = [names for names in _find_shared_tensors(dict(items)) if len(names) > 1]
         if failing:
             raise RuntimeError(
                 "Some tensors share memory, this will lead to duplicate memory on disk and potential "
                 "differences when loading them again: %s. A potential way to correctly save your model "
-                "is to use `save_model` (safetensors.torch), or .clone() one of them." % failing)
+                "is to use `save_model`, or .clone() one of them. More information at "
+                "https://huggingface.co/docs/safetensors/torch_shared_tensors" % failing)
     out = []
     for k, v in items:
         if not v.is_contiguous():
@@ -420,8 +508,95 @@ def _check_tensors(tensors, shared_ok=False, contiguous_ok=False):
                     "which case it's recommended to save only the full tensors, and reslice at load "
                     "time, or simply call `.contiguous()` on your tensor to pack it before saving." % k)
             v = v.contiguous()
+        if v.device.type not in ("cpu", "cuda"):
+            v = v.to("cpu")  # as safetensors.torch does (a meta tensor: torch's NotImplementedError)
         out.append((k, v))
     return out
+
+
+# safetensors.torch's rules for tensors sharing memory (safetensors/torch.py, 0.4 to 0.8)
+
+def storage_ptr(tensor) -> int:
+    """The address of ``tensor``'s storage (0 for a meta tensor), as ``safetensors.torch``'s."""
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - meta and other storages without data
+        return 0
+
+
+def storage_size(tensor) -> int:
+    """The bytes of ``tensor``'s storage, as ``safetensors.torch``'s."""
+    try:
+        return tensor.untyped_storage().nbytes()
+    except Exception:  # noqa: BLE001
+        return tensor.nelement() * tensor.element_size()
+
+
+def _end_ptr(tensor) -> int:
+    if tensor.nelement():
+        return tensor.view(-1)[-1].data_ptr() + tensor.element_size()
+    return tensor.data_ptr()
+
+
+def _filter_shared_not_shared(tensors, state_dict):
+    """Splits each group of tensors on one storage into groups whose byte ranges overlap."""
+    out = []
+    for shared in tensors:
+        if len(shared) < 2:
+            out.append(shared)
+            continue
+        areas = sorted((state_dict[n].data_ptr(), _end_ptr(state_dict[n]), n) for n in shared)
+        _, last_stop, last_name = areas[0]
+        out.append({last_name})
+        for start, stop, name in areas[1:]:
+            if start >= last_stop:
+                out.append({name})
+            else:
+                out[-1].add(name)
+            last_stop = stop
+    return out
+
+
+def _find_shared_tensors(state_dict):
+    torch = _torch()
+    groups = {}
+    for k, v in state_dict.items():
+        if v.device != torch.device("meta") and storage_ptr(v) != 0 and storage_size(v) != 0:
+            groups.setdefault((v.device, storage_ptr(v), storage_size(v)), set()).add(k)
+    return _filter_shared_not_shared(list(sorted(groups.values())), state_dict)
+
+
+def _is_complete(tensor) -> bool:
+    return (tensor.data_ptr() == storage_ptr(tensor)
+            and tensor.nelement() * tensor.element_size() == storage_size(tensor))
+
+
+def _remove_duplicate_names(state_dict, *, preferred_names=None, discard_names=None):
+    """{name kept: [names dropped]} for each group of tensors sharing memory (save_model's rule)."""
+    preferred_names = set(preferred_names or [])
+    discard_names = set(discard_names or [])
+    to_remove = {}
+    for shared in _find_shared_tensors(state_dict):
+        complete = {n for n in shared if _is_complete(state_dict[n])}
+        if not complete:
+            raise RuntimeError(
+                "Error while trying to find names to remove to save state dict, but found no suitable "
+                "name to keep for saving amongst: %s. None is covering the entire storage.Refusing to "
+                "save/load the model since you could be storing much more memory than needed. Please "
+                "refer to https://huggingface.co/docs/safetensors/torch_shared_tensors for more "
+                "information. Or open an issue." % (shared,))
+        keep = sorted(complete)[0]
+        preferred = complete - discard_names
+        if preferred:
+            keep = sorted(preferred)[0]
+        if preferred_names:
+            preferred = preferred_names & complete
+            if preferred:
+                keep = sorted(preferred)[0]
+        for name in sorted(shared):
+            if name != keep:
+                to_remove.setdefault(keep, []).append(name)
+    return to_remove
 
 
 def _add_tensors(w, items):
@@ -476,13 +651,174 @@ def save_file(tensors, filename, metadata=None, *, checksum=False, durable=True,
         for k, v in metadata.items():
             w.metadata(k, v)
         flags = (_ferry.SAVE_CHECKSUM if checksum else 0) | (0 if durable else _ferry.SAVE_NOSYNC)
-        w.save(_os.fspath(filename), flags)
+        with _errors(filename, save=True):
+            w.save(_os.fspath(filename), flags)
     finally:
         w.reset()
         if context is None:
             with _idle_lock:
                 if _idle_writer is None:
                     _idle_writer = (ctx, w)
+
+
+def save_model(model, filename, metadata=None, force_contiguous=True):
+    """``safetensors.torch.save_model``: saves ``model.state_dict()`` with ferry's save_file, each
+    group of tensors sharing memory saved once (the name kept is recorded in ``metadata`` under each
+    dropped name, without overriding the caller's keys)."""
+    state_dict = model.state_dict()
+    for kept, dropped in _remove_duplicate_names(state_dict).items():
+        for name in dropped:
+            if metadata is None:
+                metadata = {}
+            if name not in metadata:
+                metadata[name] = kept
+            del state_dict[name]
+    if force_contiguous:
+        state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    try:
+        save_file(state_dict, filename, metadata=metadata)
+    except ValueError as e:
+        raise ValueError(str(e) + " Or use save_model(..., force_contiguous=True), read the docs for "
+                         "potential caveats.") from None
+
+
+def load_model(model, filename, strict=True, device="cpu", *, backend="mmap"):
+    """``safetensors.torch.load_model``: loads ``filename`` with ferry's load_file into ``model``;
+    returns ``(missing, unexpected)``, raises RuntimeError when ``strict`` and either is not empty
+    (names shared in the model count as loaded)."""
+    state_dict = load_file(filename, device=device, backend=backend)
+    to_removes = _remove_duplicate_names(model.state_dict(), preferred_names=state_dict.keys())
+    missing, unexpected = model.load_state_dict(state_dict, strict=False)
+    missing = set(missing)
+    for group in to_removes.values():
+        for name in group:
+            if name not in missing:
+                unexpected.append(name)
+            else:
+                missing.remove(name)
+    if strict and (missing or unexpected):
+        error = "Error(s) in loading state_dict for %s:" % model.__class__.__name__
+        if missing:
+            error += "\n    Missing key(s) in state_dict: " + ", ".join('"%s"' % k for k in sorted(missing))
+        if unexpected:
+            error += "\n    Unexpected key(s) in state_dict: " + ", ".join(
+                '"%s"' % k for k in sorted(unexpected))
+        raise RuntimeError(error)
+    return missing, unexpected
+
+
+# ---------------------------------------------------------------------------- bytes in memory
+
+# safetensors' dtypes by increasing alignment: its writer lays tensors out by decreasing
+# position here, then by name (include/ferry/ferry.h's enum ferry_dtype has the same order)
+_LAYOUT = ("BOOL", "F4", "F6_E2M3", "F6_E3M2", "U8", "I8", "F8_E5M2", "F8_E4M3", "F8_E8M0",
+           "F8_E4M3FNUZ", "F8_E5M2FNUZ", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "C64",
+           "F64", "I64", "U64")
+_BITS = {"F4": 4, "F6_E2M3": 6, "F6_E3M2": 6}
+
+
+def _dtype_bits(name):
+    if name in _BITS:
+        return _BITS[name]
+    if name in ("BOOL", "U8", "I8") or name.startswith("F8"):
+        return 8
+    return {"I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32}.get(name, 64)
+
+
+def save(tensors, metadata=None) -> bytes:
+    """``safetensors.torch.save``: ``tensors`` as the bytes of a safetensors file, laid out as
+    safetensors lays them out (no 4 KiB alignment: these bytes are for memory, not for ferry's reads)."""
+    torch = _torch()
+    items = _check_tensors(tensors)
+    metadata = _check_metadata(metadata) if metadata is not None else None
+    rows = []
+    for k, v in items:
+        dt = _st_dtype_name(v.dtype)
+        shape = list(v.shape)
+        if dt == "F4":
+            if not shape:
+                raise ValueError("tensor %r: a float4_e2m1fn_x2 scalar holds two F4 values; "
+                                 "safetensors needs a shape" % k)
+            shape[-1] *= 2
+        rows.append((-_LAYOUT.index(dt), k, dt, shape, v))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    header, chunks, at = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for _, k, dt, shape, v in rows:
+        data = v.detach().to("cpu").reshape(-1).view(torch.uint8).numpy().tobytes() if v.numel() else b""
+        header[k] = {"dtype": dt, "shape": shape, "data_offsets": [at, at + len(data)]}
+        chunks.append(data)
+        at += len(data)
+    h = _json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    h += b" " * (-len(h) % 8)
+    return _struct.pack("<Q", len(h)) + h + b"".join(chunks)
+
+
+def _deserialize_error(why):
+    return SafetensorError("Error while deserializing: %s" % why)
+
+
+def load(data: bytes) -> dict:
+    """``safetensors.torch.load``: the tensors (on the CPU) of a safetensors file's bytes; the
+    checks of safetensors' reader (SafetensorError "Error while deserializing: ...")."""
+    torch = _torch()
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError("argument 'bytes': '%s' object is not an instance of 'bytes'" % type(data).__name__)
+    data = memoryview(data).cast("B")
+    if len(data) < 8:
+        raise _deserialize_error("header too small")
+    (n,) = _struct.unpack("<Q", data[:8])
+    if n > 100_000_000:
+        raise _deserialize_error("header too large")
+    if 8 + n > len(data):
+        raise _deserialize_error("invalid header length")
+    try:
+        header = _json.loads(bytes(data[8:8 + n]).decode("utf-8"))
+    except UnicodeDecodeError:
+        raise _deserialize_error("invalid UTF-8 in header") from None
+    except ValueError as e:
+        raise _deserialize_error("invalid JSON in header: %s" % e) from None
+    if not isinstance(header, dict):
+        raise _deserialize_error("invalid JSON in header: not an object")
+    body = data[8 + n:]
+    entries = []
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        try:
+            dt, shape, (a, b) = v["dtype"], list(v["shape"]), v["data_offsets"]
+            if dt not in _LAYOUT or not all(isinstance(x, int) and x >= 0 for x in shape + [a, b]):
+                raise ValueError
+        except (TypeError, ValueError, KeyError):
+            raise _deserialize_error("invalid JSON in header: tensor %r" % k) from None
+        entries.append((a, b, k, dt, shape))
+    entries.sort()
+    at = 0
+    for a, b, k, dt, shape in entries:
+        if a != at or b < a:
+            raise _deserialize_error("invalid offset for tensor %s" % k)
+        count = 1
+        for d in shape:
+            count *= d
+        if (count * _dtype_bits(dt) + 7) // 8 != b - a:
+            raise _deserialize_error("invalid tensor info for %s" % k)
+        at = b
+    if at != len(body):
+        raise _deserialize_error("incomplete metadata, file not fully covered")
+    out = {}
+    for a, b, k, dt, shape in entries:
+        dtype = _torch_dtypes().get(dt)
+        if dtype is None:
+            raise SafetensorError("tensor %r has dtype %s, which this torch (%s) has no dtype for"
+                                  % (k, dt, torch.__version__))
+        tshape = _torch_shape(k, dt, shape)
+        if b == a:
+            out[k] = torch.empty(tshape, dtype=dtype)
+        else:
+            # a copy of the tensor's bytes (aligned, writable: the caller's bytes are neither)
+            out[k] = torch.frombuffer(bytearray(body[a:b]), dtype=dtype).reshape(tshape)
+    return out
 
 
 # ------------------------------------------------------------------------------- safe_open
@@ -495,39 +831,67 @@ class safe_open:
                 t = f.get_tensor(k)
             rows = f.get_slice("embed.weight")[0:1024]     # reads only those rows
 
-    Each ``get_tensor`` / slice reads from storage into a new tensor on ``device``.
+    Each ``get_tensor`` / slice reads from storage into a new tensor on ``device``;
+    ``get_tensors()`` reads the whole file as ``load_file`` does. After ``close()`` (or the end of
+    the ``with``) every method raises SafetensorError("File is closed"), as in safetensors.
     """
 
-    def __init__(self, filename, framework="pt", device="cpu", *, context=None):
-        if framework not in ("pt", "torch", "pytorch"):
-            raise ValueError("ferry.safetensors.safe_open supports framework='pt'; "
-                             "ferry.safetensors.numpy has the NumPy functions")
+    _PT = ("pt", "torch", "pytorch")
+    _OTHERS = ("np", "numpy", "tf", "tensorflow", "jax", "flax", "mlx", "paddle")
+
+    def __init__(self, filename, framework, device="cpu", *, backend="mmap", context=None):
+        if framework not in self._PT:
+            if framework in self._OTHERS:
+                raise _also(ValueError)(
+                    "framework %s: ferry.safetensors.safe_open supports framework='pt' "
+                    "(ferry.safetensors.numpy has the NumPy functions)" % (framework,))
+            raise SafetensorError("framework %s is invalid" % (framework,))
         self._alloc = _TorchAlloc(device)
-        ctx = context if context is not None else _default_context()
-        self._st = _ferry.st_open(ctx, _os.fspath(filename))
+        _check_backend(backend)
+        self._ctx = context if context is not None else _default_context()
+        self._path = filename
+        with _errors(filename):
+            self._st = _ferry.st_open(self._ctx, _os.fspath(filename))
         self._info = {t[0]: (i,) + tuple(t[1:]) for i, t in enumerate(self._st.tensors())}
+        self._closed = False
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, _exc_type, _exc_value, _traceback):
         self.close()
 
     def close(self):
+        self._closed = True
         self._st.close()
 
+    def _open(self):
+        if self._closed:
+            raise SafetensorError("File is closed")
+        return self._st
+
     def keys(self) -> list:
-        """Tensor names, in file order (safetensors sorts them by name; so does ``sorted``)."""
-        return list(self._info)
+        """Tensor names, sorted (as safetensors returns them)."""
+        self._open()
+        return sorted(self._info)
 
     def offset_keys(self) -> list:
-        return list(self._info)
+        """Tensor names in the order of their data in the file."""
+        self._open()
+        return [k for k, _ in sorted(self._info.items(), key=lambda kv: kv[1][3])]
 
     def metadata(self) -> dict:
         """``__metadata__`` (None when the file has none, as in safetensors)."""
-        return self._st.metadata() or None
+        return self._open().metadata() or None
+
+    def get_tensors(self) -> dict:
+        """Every tensor, by offset, read as ``load_file`` reads them (views of one allocation)."""
+        self._open()
+        return _load_torch(self._path, self._alloc.dev, None, None, False, True, None, self._ctx,
+                           _TorchAlloc(self._alloc.dev))
 
     def _get(self, name):
+        self._open()
         try:
             return self._info[name]
         except KeyError:
@@ -538,7 +902,8 @@ class safe_open:
         t = self._alloc.empty(_torch_shape(name, dt, shape), self._alloc.dtype(name, dt))
         _sync_device(self._alloc.dev)
         if nb:
-            self._st.read(i, t.data_ptr(), nb)
+            with _errors(self._path):
+                self._st.read(i, t.data_ptr(), nb)
         return t
 
     def get_slice(self, name):
@@ -555,8 +920,33 @@ class _Slice:
     rows of the first restricted dimension, then indexes the rest on the device."""
 
     def __init__(self, f, name):
-        self._f, self._name = f, name
+        self._f, self._name, self._own = f, name, None
         self._i, self._dt, self._shape, _off, self._nb = f._get(name)
+
+    def _st(self):
+        """The file's handle; once the file is closed, the slice's own (safetensors' slice keeps
+        its mapping and answers after the ``with``)."""
+        f = self._f
+        if not f._closed:
+            return f._st, self._i
+        if self._own is None:
+            with _errors(f._path):
+                st = _ferry.st_open(f._ctx, _os.fspath(f._path))
+            names = [t[0] for t in st.tensors()]
+            if self._name not in names:  # replaced since
+                raise SafetensorError("File does not contain tensor %s" % self._name)
+            self._own = (st, names.index(self._name))
+        return self._own
+
+    def _full(self):
+        a = self._f._alloc
+        t = a.empty(_torch_shape(self._name, self._dt, self._shape), a.dtype(self._name, self._dt))
+        _sync_device(a.dev)
+        if self._nb:
+            st, i = self._st()
+            with _errors(self._f._path):
+                st.read(i, t.data_ptr(), self._nb)
+        return t
 
     def get_shape(self):
         return list(self._shape)
@@ -568,9 +958,13 @@ class _Slice:
         if not isinstance(index, tuple):
             index = (index,)
         shape = self._shape
-        if len(index) > len(shape) or any(x is Ellipsis or x is None for x in index):
-            raise SafetensorError("slice %r of tensor %r (shape %s): ints and slices with a positive "
-                                  "step, at most one per dimension" % (index, self._name, list(shape)))
+        if len(index) > len(shape) or not all(
+                (type(x) is int) or (type(x) is slice and (x.step is None or
+                                                          (type(x.step) is int and x.step > 0)))
+                for x in index):
+            # Ellipsis, None, lists, tensors, negative steps, too many indices: torch's indexing
+            # of the whole tensor, with its results and errors (as safetensors answers them)
+            return self._full()[index if len(index) != 1 else index[0]]
         index = index + (slice(None),) * (len(shape) - len(index))
         for d, x in enumerate(index):
             if x == slice(None):
@@ -581,17 +975,13 @@ class _Slice:
                     raise IndexError("index %d is out of bounds for dimension %d with size %d" % (x, d, n))
                 x %= n
                 lo, hi, rest = x, x + 1, 0
-            elif isinstance(x, slice):
+            else:
                 r = range(*x.indices(n))
-                if r.step <= 0:
-                    raise SafetensorError("negative slice steps are not supported")
                 lo, hi = (r.start, r[-1] + 1) if len(r) else (0, 0)
                 rest = slice(0, None, r.step)
-            else:
-                raise SafetensorError("unsupported index %r" % (x,))
             t = self._read(d, lo, hi)
             return t[index[:d] + (rest,) + index[d + 1:]]
-        return self._f.get_tensor(self._name)
+        return self._full()
 
     def _read(self, dim, start, stop):
         a = self._f._alloc
@@ -601,5 +991,7 @@ class _Slice:
         _sync_device(a.dev)
         nb = t.numel() * t.element_size()
         if nb:
-            self._f._st.read_slice(self._i, dim, start, stop, t.data_ptr(), nb)
+            st, i = self._st()
+            with _errors(self._f._path):
+                st.read_slice(i, dim, start, stop, t.data_ptr(), nb)
         return t
