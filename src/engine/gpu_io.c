@@ -3,6 +3,7 @@
  * events (the pipelined bounce path), and cuFile (GDS) where it works. DESIGN.md decisions 3 and 4.
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,11 +13,30 @@
 #include "engine/engine.h"
 #include "engine/publish.h"
 
+/*
+ * Small reads into device memory are gathered (issue 22): their copies are queued together, in
+ * one cuMemcpyBatchAsync where the driver has it, else in one cuMemcpyHtoDAsync per run of pieces
+ * whose destinations follow on (packed into the run's first slot), with one ticket for all. A
+ * gathered chunk sits in the GPU list with ticket GATHERING until the gather is flushed: when the
+ * queue has no resident chunk left to copy in this thread, when a blocking wait comes, when another
+ * chunk's copy is recorded, or when it is full.
+ */
+#define GATHER_PIECE_MAX ((size_t)256 << 10) /* larger pieces are copied at once, one by one */
+#define TICKET_GATHERING UINT_MAX             /* copy not issued yet */
+#define TICKET_NONE (UINT_MAX - 1)            /* finished without a copy in flight (failed) */
+
 struct ferry__ioq_gpu {
 	bool pin_tried;
 	bool pinned;
 	/* a copy ring per device, a ticket per chunk of the queue (the chunk's index) */
 	struct ferry__ring_gpu *ring[FERRY__MAX_GPUS];
+	/* per chunk index: the ticket its copy completes with (its own, or its gather's last) */
+	unsigned *ticket;
+	/* the chunks gathered, in order, all bound for device gather_dev */
+	struct ferry__chunk **gather;
+	unsigned ngather;
+	int gather_dev;
+	struct ferry__ring_piece *pieces;
 };
 
 static const char *const path_names[] = {
@@ -185,11 +205,23 @@ static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct fer
 		return NULL;
 	}
 	if (!g) {
-		g = q->gpu = calloc(1, sizeof(*g));
-		if (!g) {
+		g = calloc(1, sizeof(*g));
+		if (g) {
+			g->ticket = calloc(q->depth, sizeof(*g->ticket));
+			g->gather = calloc(q->depth, sizeof(*g->gather));
+			g->pieces = calloc(q->depth, sizeof(*g->pieces));
+		}
+		if (!g || !g->ticket || !g->gather || !g->pieces) {
+			if (g) {
+				free(g->ticket);
+				free(g->gather);
+				free(g->pieces);
+				free(g);
+			}
 			c->result = ferry__error(-ENOMEM, "GPU queue state");
 			return NULL;
 		}
+		q->gpu = g;
 	}
 	if ((ret = ferry__cuda_set_device(dev)) != 0) {
 		c->result = ret;
@@ -224,6 +256,62 @@ static void gpu_list_add(struct ferry__ioq *q, struct ferry__chunk *c)
 	ferry__chunk_append(&q->gpu_head, &q->gpu_tail, c);
 }
 
+/* Packs the pieces of runs (destinations that follow on) into the run's first slot, where it has
+ * room, so that each run is one copy: for a driver without cuMemcpyBatchAsync, where a copy call
+ * costs microseconds and copying a small piece on the host a fraction of one. */
+static void gather_pack(struct ferry__ioq *q, struct ferry__ring_piece *p, unsigned n)
+{
+	struct ferry__ioq_gpu *g = q->gpu;
+	unsigned first = 0;
+	size_t used = 0; /* bytes of the run in its first slot */
+
+	for (unsigned i = 0; i < n; i++) {
+		struct ferry__chunk *f = g->gather[first];
+		size_t room = q->slot_size - f->bounce.copy_off;
+		if (i && p[i].dst == p[first].dst + used && used + p[i].len <= room) {
+			memcpy((char *)p[first].src + used, p[i].src, p[i].len);
+			p[i].src = (const char *)p[first].src + used;
+			used += p[i].len;
+			continue;
+		}
+		first = i;
+		used = p[i].len;
+	}
+}
+
+/* Queues the gathered chunks' copies and their ticket, and puts them in the GPU list. */
+static void gather_flush(struct ferry__ioq *q)
+{
+	struct ferry__ioq_gpu *g = q->gpu;
+	unsigned n = g->ngather;
+	struct ferry__ring_gpu *ring = g->ring[g->gather_dev];
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	int r;
+
+	if (!n)
+		return;
+	g->ngather = 0;
+	for (unsigned i = 0; i < n; i++) {
+		struct ferry__chunk *c = g->gather[i];
+		g->pieces[i] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)c->buf,
+							  c->bounce.slot + c->bounce.copy_off, (size_t)c->result};
+	}
+	if (n > 1 && !cu->MemcpyBatchAsync_v2 && !cu->MemcpyBatchAsync)
+		gather_pack(q, g->pieces, n);
+	unsigned last = (unsigned)chunk_index(q, g->gather[n - 1]);
+	if ((r = ferry__ring_h2d_gather(ring, g->pieces, n, NULL)) == 0 && (r = ferry__ring_record(ring, last)))
+		ferry__error_append("after a gathered copy");
+	for (unsigned i = 0; i < n; i++) {
+		struct ferry__chunk *c = g->gather[i];
+		if (r) {
+			if (i == 0)
+				ferry__error_append("copying %u pieces from %s", n, c->f->path);
+			c->result = r;
+		}
+		g->ticket[chunk_index(q, c)] = r ? TICKET_NONE : last;
+	}
+}
+
 /* Records the chunk's ticket after what was just queued on the ring. */
 static bool record(struct ferry__ioq *q, struct ferry__ring_gpu *ring, struct ferry__chunk *c, const char *what)
 {
@@ -234,6 +322,7 @@ static bool record(struct ferry__ioq *q, struct ferry__ring_gpu *ring, struct fe
 		c->result = r;
 		return false;
 	}
+	q->gpu->ticket[chunk_index(q, c)] = (unsigned)chunk_index(q, c);
 	gpu_list_add(q, c);
 	return true;
 }
@@ -253,6 +342,7 @@ bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, struct f
 		c->result = r;
 		return false;
 	}
+	q->gpu->ticket[chunk_index(q, c)] = (unsigned)chunk_index(q, c);
 	gpu_list_add(q, c);
 	return true;
 }
@@ -324,6 +414,16 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 	if (!ring || !wait_start(ring, c))
 		return false;
 	bool async = c->path != FERRY__P_PIPE_SYNC && q->gpu->pinned;
+	struct ferry__ioq_gpu *g = q->gpu;
+	if (async && n <= GATHER_PIECE_MAX) {
+		if (g->ngather && g->gather_dev != c->dev)
+			gather_flush(q);
+		g->gather_dev = c->dev;
+		g->gather[g->ngather++] = c;
+		g->ticket[chunk_index(q, c)] = TICKET_GATHERING;
+		gpu_list_add(q, c);
+		return true;
+	}
 	if ((r = ferry__ring_h2d(ring, (uint64_t)(uintptr_t)c->buf, c->bounce.slot + c->bounce.copy_off, n, async))) {
 		ferry__error_append("from %s", c->f->path);
 		c->result = r;
@@ -335,12 +435,19 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 void ferry__gpu_poll(struct ferry__ioq *q, bool block,
 		     void (*done)(struct ferry__ioq *q, struct ferry__chunk *c))
 {
+	struct ferry__ioq_gpu *g = q->gpu;
+
+	/* gathered copies go out unless more resident chunks are about to join them */
+	if (g && g->ngather && (block || !q->sync_head || g->ngather == q->depth))
+		gather_flush(q);
 	while (q->gpu_head) {
 		struct ferry__chunk *c = q->gpu_head;
-		struct ferry__ring_gpu *ring = q->gpu->ring[c->dev];
-		unsigned t = (unsigned)chunk_index(q, c);
+		struct ferry__ring_gpu *ring = g->ring[c->dev];
+		unsigned t = g->ticket[chunk_index(q, c)];
+		if (t == TICKET_GATHERING)
+			return; /* the gather is not out yet: nothing after it is done either */
 		/* both: 1 when done, negative on failure; query: 0 while running */
-		int r = block ? ferry__ring_sync(ring, t) : ferry__ring_query(ring, t);
+		int r = t == TICKET_NONE ? 1 : block ? ferry__ring_sync(ring, t) : ferry__ring_query(ring, t);
 
 		block = false;
 		if (r == 0)
@@ -371,6 +478,9 @@ void ferry__ioq_gpu_exit(struct ferry__ioq *q)
 		ferry__ring_destroy(g->ring[d]);
 	if (g->pinned)
 		ferry__cuda()->MemHostUnregister(q->slot_mem);
+	free(g->ticket);
+	free(g->gather);
+	free(g->pieces);
 	free(g);
 	q->gpu = NULL;
 }
