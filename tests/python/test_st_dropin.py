@@ -346,8 +346,12 @@ def _case_model_strict(m, d):
     return m.t.load_model(One(), p)
 
 
+def _case_save_no_dir(m, d):
+    return m.t.save_file({"a": torch.zeros(2)}, d / "no" / "dir" / "x.safetensors")
+
+
 CASES = [_case_roundtrip, _case_bytes, _case_get_tensors, _case_load_missing_key, _case_corrupt,
-         _case_shared, _case_bad_backend, _case_model_strict]
+         _case_shared, _case_bad_backend, _case_model_strict, _case_save_no_dir]
 
 
 def outcome(case, m, d):
