@@ -163,8 +163,14 @@ class _Dir:
             self.ck.set("run", self.run)
 
 
+def _is_url(d):
+    """An s3:// prefix (docs/REMOTE.md): its objects are read and written by the C library."""
+    return isinstance(d, str) and "://" in d
+
+
 def _open_dir(directory, rank, world, dist, run, context):
-    key = (_os.path.realpath(_os.fspath(directory)), rank, world)
+    d = _os.fspath(directory)
+    key = (d if _is_url(d) else _os.path.realpath(d), rank, world)
     with _handles_lock:
         d = _handles.get(key)
     if d is not None and (run is None or run == d.run):
@@ -464,6 +470,8 @@ def _checkpoint_dir(directory, missing_ok):
     d = _os.fspath(directory)
     if _os.path.isdir(d):
         return d
+    if _is_url(d):  # a prefix exists once `latest` does (latest_step, load_latest)
+        return d
     if _os.path.lexists(d):
         raise NotADirectoryError(_errno.ENOTDIR, "checkpoint directory: not a directory", d)
     if missing_ok:
@@ -477,6 +485,11 @@ def latest_step(directory, *, missing_ok=False):
     does not exist and ``missing_ok``). FileNotFoundError naming the directory when it does not
     exist; ferry.Error (FERRY_ECORRUPT) when ``latest`` is unreadable."""
     d = _checkpoint_dir(directory, missing_ok)
+    if d is not None and _is_url(d):
+        try:
+            return _ferry.ckpt_latest(d)
+        except FileNotFoundError:  # no `latest` under the prefix: nothing committed there
+            return None
     return None if d is None else _ferry.ckpt_latest(d)
 
 
@@ -485,6 +498,8 @@ def _committed_steps(d, below):
     when None), newest first: where load_latest falls back to. Step directories that are
     symlinks, or whose names ferry would not have made, are not ferry's and are skipped."""
     out = []
+    if _is_url(d):  # s3://: no listing by prefix yet, so no older step to fall back to
+        return out
     for name in _os.listdir(d):
         if not name.startswith("step-") or not name[5:].isdigit():
             continue
@@ -683,7 +698,7 @@ def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_di
     torch.distributed it is a collective: every rank calls it, and all return the same step (the
     newest that loads on every rank)."""
     d = _checkpoint_dir(directory, missing_ok)
-    if d is None:
+    if d is None or (_is_url(d) and latest_step(d) is None):
         return None, {}
     bad = {}  # step -> why it did not load, on this rank
     try:

@@ -81,6 +81,7 @@ struct ferry_ckpt {
 	ferry_st_writer *w;
 	struct held_lock *lock;
 	char lock_name[32];
+	int url; /* dir is an s3:// prefix (docs/REMOTE.md): no lock, no directories, no pruning */
 	/* the step being saved (read by the writer thread's hook) */
 	int64_t step;
 };
@@ -110,6 +111,54 @@ static const struct ferry__knob ckpt_rows[] = {
 static const char *ckpt_keys[sizeof(ckpt_rows) / sizeof(ckpt_rows[0]) + 1];
 static const struct ferry__knobs ckpt_knobs = {"checkpoint", ckpt_rows, sizeof(ckpt_rows) / sizeof(ckpt_rows[0]),
 					       ckpt_keys};
+
+/* ------------------------------------------------------------------------ objects of a URL */
+
+int ferry__url_get(ferry_ctx *ctx, const char *url, size_t max, char **buf, size_t *len)
+{
+	ferry_ctx *own = NULL;
+	ferry_file *f = NULL;
+	*buf = NULL;
+	*len = 0;
+	int r = ctx ? 0 : ferry_ctx_create(&own);
+	if (!r)
+		r = ferry_file_open(ctx ? ctx : own, url, FERRY_O_RDONLY, &f);
+	int64_t size = r ? 0 : ferry_file_size(f);
+	if (!r && (size < 0 || (uint64_t)size > max))
+		r = size < 0 ? (int)size : ferry__error(-EFBIG, "%s: %lld bytes, more than %zu", url, (long long)size, max);
+	if (!r && !(*buf = malloc((size_t)size + 1)))
+		r = ferry__error(-ENOMEM, "%s: out of memory", url);
+	ssize_t got = r || !size ? 0 : ferry_pread(f, *buf, (size_t)size, 0);
+	if (!r && got != (ssize_t)size)
+		r = got < 0 ? (int)got : ferry__error(-EIO, "%s: short read", url);
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(own);
+	if (r) {
+		free(*buf);
+		*buf = NULL;
+		return r;
+	}
+	(*buf)[size] = '\0';
+	*len = (size_t)size;
+	return 0;
+}
+
+int ferry__url_put(ferry_ctx *ctx, const char *url, const void *buf, size_t len)
+{
+	ferry_ctx *own = NULL;
+	ferry_file *f = NULL;
+	int r = ctx ? 0 : ferry_ctx_create(&own);
+	if (!r)
+		r = ferry_file_open(ctx ? ctx : own, url, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &f);
+	ssize_t got = r || !len ? 0 : ferry_pwrite(f, buf, len, 0);
+	if (!r && got != (ssize_t)len)
+		r = got < 0 ? (int)got : ferry__error(-EIO, "%s: short write", url);
+	if (!r)
+		r = ferry_file_sync(f, 0); /* the commit; without it the destroy below drops the upload */
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(own);
+	return r;
+}
 
 int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len)
 {
@@ -241,7 +290,8 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	*out = NULL;
 	if (world < 1 || rank < 0 || rank >= world)
 		return ferry__error(-EINVAL, "ckpt %s: rank %d of world %d", dir, rank, world);
-	if (mkdir(dir, 0755) && errno != EEXIST)
+	int url = strstr(dir, "://") != NULL; /* an s3:// prefix: objects, made by the saves */
+	if (!url && mkdir(dir, 0755) && errno != EEXIST)
 		return ferry__error(-errno, "mkdir(%s): %s", dir, strerror(errno));
 	ferry_ckpt *ck = calloc(1, sizeof(*ck));
 	if (!ck || !(ck->dir = strdup(dir))) {
@@ -251,8 +301,9 @@ int ferry_ckpt_open(ferry_ctx *ctx, const char *dir, int rank, int world, ferry_
 	ck->ctx = ctx;
 	ck->rank = rank;
 	ck->world = world;
+	ck->url = url;
 	int r = ferry__knobs_init(&ckpt_knobs, ck);
-	if (!r)
+	if (!r && !url) /* S3 has no lock: a second writer of one prefix is not refused */
 		r = take_lock(ck);
 	if (!r)
 		r = ferry_st_writer_create(ctx, &ck->w);
@@ -349,13 +400,23 @@ static int64_t parse_step_name(const char *s)
 int64_t ferry_ckpt_latest(const char *dir)
 {
 	char p[PATH_MAX], buf[128];
+	size_t n;
 	snprintf(p, sizeof(p), "%s/latest", dir);
-	FILE *f = fopen(p, "r");
-	if (!f)
-		return ferry__error(-errno, "%s: %s", p, strerror(errno));
-	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
+	if (strstr(dir, "://")) { /* the object `latest` under an s3:// prefix */
+		char *t;
+		int r = ferry__url_get(NULL, p, sizeof(buf) - 1, &t, &n);
+		if (r)
+			return r == -EFBIG ? ferry__error(FERRY_ECORRUPT, "%s: does not name a step", p) : r;
+		memcpy(buf, t, n + 1);
+		free(t);
+	} else {
+		FILE *f = fopen(p, "r");
+		if (!f)
+			return ferry__error(-errno, "%s: %s", p, strerror(errno));
+		n = fread(buf, 1, sizeof(buf) - 1, f);
+		fclose(f);
+		buf[n] = '\0';
+	}
 	if (n && buf[n - 1] == '\n')
 		buf[--n] = '\0';
 	int64_t s = parse_step_name(buf);
@@ -385,7 +446,24 @@ static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
 	size_t len = 0, kl, vl, kpos;
 	if (marker_path(ck, step, rank, p, sizeof(p)))
 		return -ENAMETOOLONG;
-	int r = read_small(p, buf, sizeof(buf), &len);
+	int r;
+	if (ck->url) { /* an absent object (404) reads as -ENOENT, a marker not there yet */
+		char *t;
+		char saved[1024];
+		snprintf(saved, sizeof(saved), "%s", ferry_last_error());
+		r = ferry__url_get(ck->ctx, p, sizeof(buf) - 1, &t, &len);
+		if (r == -ENOENT) { /* waited for: not an error to leave behind */
+			ferry__error_clear();
+			if (*saved)
+				(void)ferry__error(0, "%s", saved);
+		}
+		if (!r) {
+			memcpy(buf, t, len + 1);
+			free(t);
+		}
+	} else {
+		r = read_small(p, buf, sizeof(buf), &len);
+	}
 	if (r == -ENOENT)
 		return 0;
 	if (r)
@@ -448,6 +526,8 @@ static void drop_prefixed(int dfd, const char *step_name, const char *prefix)
 static void drop_own(ferry_ckpt *ck, int64_t step)
 {
 	char name[64], prefix[64];
+	if (ck->url) /* objects are not deleted yet (no DeleteObject in the remote backend) */
+		return;
 	int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
 	if (dfd < 0)
 		return;
@@ -538,13 +618,19 @@ static void sweep_debris(ferry_ckpt *ck)
 	close(dfd);
 }
 
-/* name in step's directory, durably; the step directory is never followed if it is a symlink. */
-static int step_write(const char *dir, int64_t step, const char *name, const char *text, size_t len)
+/* name in step's directory, durably; the step directory is never followed if it is a symlink.
+ * Under an s3:// prefix: the object <dir>/step-N/<name>, one PUT through ctx. */
+static int step_write(ferry_ctx *ctx, const char *dir, int64_t step, const char *name, const char *text, size_t len)
 {
 	char sp[PATH_MAX];
 	int r = ferry_ckpt_step_path(dir, step, sp, sizeof(sp));
 	if (r < 0)
 		return r;
+	if (strstr(dir, "://")) {
+		char p[PATH_MAX + 64];
+		snprintf(p, sizeof(p), "%s/%s", sp, name);
+		return ferry__url_put(ctx, p, text, len);
+	}
 	int fd = ferry__dir_open(sp, 0);
 	if (fd < 0)
 		return fd;
@@ -589,12 +675,13 @@ static int commit(ferry_ckpt *ck, int64_t step)
 			r = ferry__error(-ENOMEM, "ckpt: out of memory");
 	}
 	if (!r)
-		r = step_write(ck->dir, step, "manifest.json", m.data, m.len);
+		r = step_write(ck->ctx, ck->dir, step, "manifest.json", m.data, m.len);
 	if (!r) {
 		char text[64];
 		int n = snprintf(text, sizeof(text), "step-%012lld\n", (long long)step);
 		snprintf(p, sizeof(p), "%s/latest", ck->dir);
-		r = ferry__write_durable(p, text, (size_t)n);
+		/* S3: one PUT, which replaces the object atomically: `latest` names the old step or this one */
+		r = ck->url ? ferry__url_put(ck->ctx, p, text, (size_t)n) : ferry__write_durable(p, text, (size_t)n);
 	}
 	ferry__sbuf_free(&m);
 	free(bytes);
@@ -602,7 +689,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 	 * `latest`) gives the step's space back: the step cannot commit any more, and later saves must
 	 * not find the disk full of it. After a timeout other ranks may still be writing: only this
 	 * rank's files go (after_shard's caller). */
-	if (r && r != -ETIMEDOUT && !latest_is(ck->dir, step)) {
+	if (r && r != -ETIMEDOUT && !ck->url && !latest_is(ck->dir, step)) {
 		int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
 		char name[64];
 		snprintf(name, sizeof(name), "step-%012lld", (long long)step);
@@ -611,7 +698,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 			close(dfd);
 		}
 	}
-	if (!r && ck->keep) {
+	if (!r && ck->keep && !ck->url) { /* s3://: no pruning yet (it needs listing by prefix) */
 		int pr = prune(ck->dir, ck->keep, ck->recycle);
 		r = pr < 0 ? pr : 0;
 	}
@@ -629,7 +716,7 @@ static int64_t after_shard(void *arg, int64_t result)
 	/* The step directory's entry in DIR, durable before this rank's marker says the shard is in.
 	 * Here rather than on the caller's thread: an asynchronous save returns before it. */
 	int r = ferry_ckpt_step_path(ck->dir, ck->step, p, sizeof(p));
-	r = r < 0 ? r : ferry__fsync_parent(p);
+	r = r < 0 || ck->url ? (r < 0 ? r : 0) : ferry__fsync_parent(p);
 	if (!r) {
 		char name[64];
 		snprintf(name, sizeof(name), "rank-%05d-of-%05d.done", ck->rank, ck->world);
@@ -639,7 +726,7 @@ static int64_t after_shard(void *arg, int64_t result)
 		ferry__sbuf_printf(&text, ",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n", (long long)ck->step,
 				   ck->rank, ck->world, (long long)result);
 		r = text.oom ? ferry__error(-ENOMEM, "ckpt: out of memory")
-			     : step_write(ck->dir, ck->step, name, text.data, text.len);
+			     : step_write(ck->ctx, ck->dir, ck->step, name, text.data, text.len);
 		ferry__sbuf_free(&text);
 	}
 	if (!r && ck->rank == 0)
@@ -663,14 +750,22 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	if (ck->lock && ck->lock->fd < 0)
 		return ferry__error(-EPERM, "ckpt %s: this handle was opened before a fork(): the child does not "
 				    "hold the rank's lock; open the checkpoint again in the child", ck->dir);
-	sweep_debris(ck);
+	if (!ck->url)
+		sweep_debris(ck);
 	uint64_t t0 = ferry__now_ns();
 	int64_t latest = ferry_ckpt_latest(ck->dir);
 	if (latest >= step)
 		return ferry__error(-EEXIST, "ckpt %s: step %lld is not after the latest, %lld", ck->dir,
 				    (long long)step, (long long)latest);
+	if (ck->url && latest < 0 && latest != -ENOENT) /* S3 unreachable, refused: said now, not at the commit */
+		return (int)latest;
+	if (ck->url)
+		ferry__error_clear();
 	if ((r = ferry_ckpt_step_path(ck->dir, step, sp, sizeof(sp))) < 0)
 		return r;
+	if (ck->url) /* objects under the prefix: no directories to make; a stale marker of this rank at
+		      * this step (an earlier attempt) is replaced by this save's before the commit reads it */
+		goto shard;
 	/* the directory again: it may have been removed since the handle was opened (a long-lived
 	 * handle, as Python keeps one per directory, outlives a test's or a benchmark's rm -r) */
 	if (mkdir(ck->dir, 0755) && errno != EEXIST)
@@ -690,6 +785,7 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	snprintf(p, sizeof(p), "rank-%05d-of-%05d.done", ck->rank, ck->world);
 	(void)unlinkat(sfd, p, 0);
 	close(sfd);
+shard:
 	if ((r = ferry_ckpt_shard_path(ck->dir, step, ck->rank, ck->world, p, sizeof(p))) < 0)
 		return r;
 	ck->step = step;

@@ -31,5 +31,13 @@ struct ferry__json;
  * first error of the check or of fn, or 1 when the JSON is malformed (j's error says where). */
 int ferry__json_shard_files(struct ferry__json *j, const char *index, int (*fn)(void *arg, const char *name),
 			    void *arg);
+/*
+ * A checkpoint's small objects on s3:// (markers, manifest, `latest`; docs/REMOTE.md), read and
+ * written whole through the remote backend; ctx NULL: a context made for the call. get: a new
+ * NUL-terminated buffer in *buf (the caller frees it), -ENOENT when absent, -EFBIG over max bytes.
+ * put: one PUT, the object visible whole once it returns 0 (a PUT in S3 replaces atomically).
+ */
+int ferry__url_get(ferry_ctx *ctx, const char *url, size_t max, char **buf, size_t *len);
+int ferry__url_put(ferry_ctx *ctx, const char *url, const void *buf, size_t len);
 
 #endif

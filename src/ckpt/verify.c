@@ -209,6 +209,15 @@ static int manifest_read(const char *dir, int64_t step, int missing, char *sp, s
 	if (r < 0)
 		return r;
 	snprintf(p, sizeof(p), "%s/manifest.json", sp);
+	size_t len = 0;
+	if (strstr(dir, "://")) { /* a step under an s3:// prefix (docs/REMOTE.md) */
+		r = ferry__url_get(NULL, p, MANIFEST_MAX, &m->buf, &len);
+		if (r == -ENOENT)
+			return ferry__error(missing, "%s: no manifest.json: step %lld is not committed", sp, (long long)step);
+		if (r)
+			return r == -EFBIG ? ferry__error(FERRY_ECORRUPT, "%s: more than %d bytes", p, MANIFEST_MAX) : r;
+		goto parse;
+	}
 	int fd = open(p, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
 		int e = errno;
@@ -221,7 +230,6 @@ static int manifest_read(const char *dir, int64_t step, int missing, char *sp, s
 		close(fd);
 		return ferry__error(FERRY_ECORRUPT, "%s: not a plain file of at most %d bytes", p, MANIFEST_MAX);
 	}
-	size_t len = 0;
 	if (!(m->buf = malloc((size_t)st.st_size + 1))) {
 		close(fd);
 		return ferry__error(-ENOMEM, "ckpt: out of memory");
@@ -241,7 +249,7 @@ static int manifest_read(const char *dir, int64_t step, int missing, char *sp, s
 	}
 	close(fd);
 	m->buf[len] = '\0';
-
+parse:;
 	struct ferry__json j;
 	char *k, *v;
 	size_t kl, vl, kpos;

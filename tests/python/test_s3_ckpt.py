@@ -124,3 +124,59 @@ def test_sharded_set_from_s3(server, env):
     with pytest.raises(FileNotFoundError) as e:
         fst.load_file(bad, context=ctx)
     assert "sharded/model-00003-of-00003.safetensors" in str(e.value), str(e.value)
+
+
+def test_checkpoint_on_s3_prefix(server, env):
+    torch = need("torch")
+    import ferry.checkpoint as fck
+    ctx = _ctx()
+    prefix = server.url("ckpt/run1")
+    assert fck.load_latest(prefix, context=ctx) == (None, {})  # nothing committed under it yet
+    assert fck.latest_step(prefix) is None
+    state = {"model": {"w": torch.randn(256, 64), "b": torch.arange(10)}, "step": torch.tensor(10)}
+    fck.save(state, prefix, 10, context=ctx)
+    step_dir = "ckpt/run1/step-000000000010/"
+    assert server.keys(step_dir) == [step_dir + n for n in (
+        "manifest.json", "rank-00000-of-00001.done", "rank-00000-of-00001.safetensors")]
+    assert server.get("ckpt/run1/latest") == b"step-000000000010\n"
+    manifest = json.loads(server.get(step_dir + "manifest.json"))
+    assert manifest["step"] == 10 and manifest["world"] == 1, manifest
+    step, got = fck.load_latest(prefix, context=ctx)
+    assert step == 10
+    assert torch.equal(got["model"]["w"], state["model"]["w"]) and torch.equal(got["step"], state["step"])
+    state["model"]["w"] += 1
+    h = fck.async_save(state, prefix, 20, context=ctx)
+    assert h.wait(60) is True
+    assert fck.latest_step(prefix) == 20
+    step, got = fck.load_latest(prefix, context=ctx)
+    assert step == 20 and torch.equal(got["model"]["w"], state["model"]["w"])
+    assert fck.load(prefix, 10, context=ctx)["model"]["b"].equal(state["model"]["b"])  # not pruned (yet)
+    with pytest.raises(FileExistsError):  # not after the latest
+        fck.save(state, prefix, 15, context=ctx)
+    assert not server.uploads()
+    assert os.listdir(env) == [], os.listdir(env)
+
+
+def test_checkpoint_on_s3_failed_save_keeps_latest(server, env, monkeypatch):
+    torch = need("torch")
+    import ferry.checkpoint as fck
+    from test_s3 import FaultProxy
+    prefix = server.url("ckpt/run2")
+    ctx = _ctx(remote_retries=0)  # the prefix's handle keeps the context of its first save
+    fck.save({"w": torch.ones(4)}, prefix, 1, context=ctx)
+    # the save's GET of `latest` passes; the shard's first part gets 503 SlowDown
+    proxy = FaultProxy(server.port, [None, "503"])
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        with pytest.raises(OSError) as e:
+            fck.save({"w": torch.ones(3 * MIB)}, prefix, 2, context=ctx)
+        assert "HTTP 503 SlowDown" in str(e.value) and "UploadPart 1" in str(e.value), str(e.value)
+        assert proxy.seen == [None, "503"], proxy.seen
+    finally:
+        proxy.stop()
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)
+    assert server.keys("ckpt/run2/step-000000000002/") == []  # no shard, no marker, no manifest
+    assert server.get("ckpt/run2/latest") == b"step-000000000001\n"
+    step, got = fck.load_latest(prefix, context=_ctx())
+    assert step == 1 and torch.equal(got["w"], torch.ones(4))
+    assert not server.uploads()
