@@ -217,7 +217,7 @@ def test_every_dtype(m, dtype, tmp_path):
     with m.safe_open(q, "pt") as f:
         assert f.get_slice("t").get_dtype() == safetensors.safe_open(str(q), "pt").get_slice("t").get_dtype()
         assert same(f.get_slice("t")[1:], t[1:])
-    if m is FERRY or dtype in hf._TYPES.values():  # safetensors' load() lacks F8_E8M0
+    if m is FERRY or dtype in getattr(hf, "_TYPES", {}).values():  # 0.8's load() lacks F8_E8M0
         assert same(m.t.load(m.t.save({"t": t}))["t"], t)
 
 
