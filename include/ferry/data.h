@@ -105,7 +105,8 @@ FERRY_API const char *ferry_dataset_shard_path(const ferry_dataset *ds, uint32_t
 FERRY_API const char *ferry_dataset_key(const ferry_dataset *ds, uint64_t i, size_t *len);
 /*
  * Reads every shard whole and compares its CRC-32C with the index (ferry datasets; Megatron ones
- * have no checksums and return 0). Returns 0 or FERRY_ECORRUPT naming the shard.
+ * have no checksums and return 0), the pre-shuffled copies' shards too. Returns 0 or FERRY_ECORRUPT
+ * naming the shard.
  */
 FERRY_API FERRY_WUR int ferry_dataset_verify(ferry_dataset *ds);
 

@@ -677,6 +677,30 @@ int ferry_dataset_verify(ferry_dataset *ds)
 				       (unsigned long long)(ds->x.off[i] + ds->x.len[i]), c, ds->x.crc[i]);
 		}
 	}
+	/* the pre-shuffled copies hold the same samples: each against the index's checksum */
+	const struct ferry__copies *cp = &ds->copies;
+	for (size_t k = 0; k < (size_t)cp->ncopies * cp->n; k++) {
+		uint64_t i = (uint64_t)cp->sample[k], l = ds->x.len[i];
+		uint32_t f = ds->x.nfiles + cp->file[k];
+		if (l > cap) {
+			free(buf);
+			cap = l;
+			if (!(buf = malloc(cap)))
+				return -ENOMEM;
+		}
+		ssize_t r = ferry_pread(ds->files[f], buf, l, cp->off[k]);
+		if (r >= 0 && (uint64_t)r == l && ferry__crc32c(0, buf, l) == ds->x.crc[i])
+			continue;
+		free(buf);
+		if (r < 0) {
+			ferry__error_append("sample %llu of %s", (unsigned long long)i, ds->paths[f]);
+			return (int)r;
+		}
+		return CORRUPT("%s: copy %zu, position %zu, sample %llu (bytes %llu..%llu): %s", ds->paths[f],
+			       k / cp->n, k % cp->n, (unsigned long long)i, (unsigned long long)cp->off[k],
+			       (unsigned long long)(cp->off[k] + l),
+			       (uint64_t)r == l ? "checksum mismatch with the index" : "past the end of the file");
+	}
 	free(buf);
 	return 0;
 }

@@ -184,6 +184,24 @@ int main(void)
 		free(ord);
 	}
 
+	/* ferry_dataset_verify checks the copies against the index: a flipped byte in copy 1 is named */
+	T_EQ_INT(ferry_dataset_verify(ds), 0);
+	{
+		char f[700];
+		snprintf(f, sizeof(f), "%s/copy-001-shard-00001.fsh", path);
+		uint8_t *b;
+		size_t len;
+		read_file(f, &b, &len);
+		b[len / 2] ^= 0x40;
+		write_file(f, b, len);
+		T_EQ_INT(ferry_dataset_verify(ds), FERRY_ECORRUPT);
+		T_CHECK(strstr(ferry_last_error(), "copy-001-shard-00001.fsh: copy 1, position") != NULL);
+		b[len / 2] ^= 0x40;
+		write_file(f, b, len);
+		free(b);
+		T_EQ_INT(ferry_dataset_verify(ds), 0);
+	}
+
 	T_EQ_INT(check(ds, 1), 0);
 	T_EQ_INT(check(ds, 0), 0);
 
