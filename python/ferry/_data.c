@@ -294,6 +294,7 @@ DS_GETTER(dtype_name, PyUnicode_FromString(ferry_dtype_numpy_name(ferry_dataset_
 DS_GETTER(format, PyUnicode_FromString(ferry_dataset_format(ds)))
 DS_GETTER(nbytes, PyLong_FromUnsignedLongLong(ferry_dataset_bytes(ds)))
 DS_GETTER(shards, PyLong_FromUnsignedLong(ferry_dataset_shards(ds)))
+DS_GETTER(copies, PyLong_FromUnsignedLong(ferry_dataset_copies(ds, NULL)))
 #undef DS_GETTER
 
 static PyObject *ds_get_closed(DatasetObject *self, void *closure)
@@ -328,6 +329,7 @@ static PyGetSetDef ds_getset[] = {
 	{"format", (getter)ds_get_format, NULL, "'ferry' or 'megatron'", NULL},
 	{"nbytes", (getter)ds_get_nbytes, NULL, "bytes of all samples", NULL},
 	{"shards", (getter)ds_get_shards, NULL, "data files", NULL},
+	{"copies", (getter)ds_get_copies, NULL, "pre-shuffled copies (ferry.copies), 0: none", NULL},
 	{"closed", (getter)ds_get_closed, NULL, NULL, NULL},
 	{"path", (getter)ds_get_path, NULL, NULL, NULL},
 	{NULL},

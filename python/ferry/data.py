@@ -126,7 +126,8 @@ class IndexedDataset:
     ``mmap=True`` (the default) the arrays are read-only views of the shards mapped in memory
     (zero-copy, as Megatron's ``MMapIndexedDataset`` does: a shard shrunk by someone else while
     mapped raises SIGBUS on access); with ``mmap=False`` each is one read into a new array.
-    ``sizes`` are the samples' lengths in elements (``int64``).
+    ``sizes`` are the samples' lengths in elements (``int64``). ``copies``: the number of
+    pre-shuffled copies (``write_dataset(shuffled_copies=N)``), 0 without.
     """
 
     def __init__(self, path, *, mmap: bool = True, context=None):
@@ -138,6 +139,7 @@ class IndexedDataset:
         self.dtype = np.dtype(_elem_numpy(self._ds.dtype_name))
         self.itemsize = self.dtype.itemsize
         self.shards: int = self._ds.shards
+        self.copies: int = self._ds.copies  # pre-shuffled copies (Loader(copies=True)), 0: none
         self.nbytes: int = self._ds.nbytes
         self._n = len(self._ds)
         self._bytes = np.empty(self._n, dtype=np.int64)

@@ -43,6 +43,7 @@ def _epoch(path, world, rank, epoch, drop_last, copies):
 def test_ids_and_bytes(ds, world, drop_last, copies):
     samples = _samples()
     assert sorted(os.listdir(ds)).count("ferry.copies") == 1
+    assert ferry.IndexedDataset(ds).copies == 2
     for epoch in range(4):
         for rank in range(world):
             ids, data = _epoch(ds, world, rank, epoch, drop_last, copies)
