@@ -17,6 +17,7 @@
 #include "base/durable.h"
 #include "base/knob.h"
 #include "ferry/ckpt.h"
+#include "engine/export.h"
 #include "base/json.h"
 #include "base/sbuf.h"
 
@@ -491,6 +492,7 @@ static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
 }
 
 static int prune(const char *dir, int keep, int recycle);
+static int url_prune(ferry_ctx *ctx, const char *dir, int keep);
 static int open_subdir(int dfd, const char *name);
 static int rm_tree(int dfd, const char *name);
 
@@ -698,8 +700,8 @@ static int commit(ferry_ckpt *ck, int64_t step)
 			close(dfd);
 		}
 	}
-	if (!r && ck->keep && !ck->url) { /* s3://: no pruning yet (it needs listing by prefix) */
-		int pr = prune(ck->dir, ck->keep, ck->recycle);
+	if (!r && ck->keep) {
+		int pr = ck->url ? url_prune(ck->ctx, ck->dir, ck->keep) : prune(ck->dir, ck->keep, ck->recycle);
 		r = pr < 0 ? pr : 0;
 	}
 	return r;
@@ -1005,7 +1007,113 @@ static int prune(const char *dir, int keep, int recycle)
 	return r < 0 ? r : removed;
 }
 
+/* ---------------------------------------------------------------- pruning an s3:// prefix */
+
+struct url_objs {
+	char **url;
+	int64_t *step;
+	unsigned char *manifest;
+	size_t n, cap;
+	size_t plen; /* of "<dir>/" */
+};
+
+static int url_collect(void *arg, const char *url, uint64_t size, const char *etag)
+{
+	struct url_objs *o = arg;
+	(void)size;
+	(void)etag;
+	const char *rest = url + o->plen, *slash = strchr(rest, '/');
+	char name[64];
+	if (!slash || (size_t)(slash - rest) >= sizeof(name))
+		return 0; /* `latest`, or not under a step */
+	snprintf(name, sizeof(name), "%.*s", (int)(slash - rest), rest);
+	int64_t s = parse_step_name(name);
+	if (s < 0 || strchr(slash + 1, '/'))
+		return 0; /* not a step ferry made, or deeper than its objects */
+	if (o->n == o->cap) {
+		size_t c = o->cap ? o->cap * 2 : 64;
+		char **u = realloc(o->url, c * sizeof(*u));
+		if (u)
+			o->url = u;
+		int64_t *st = realloc(o->step, c * sizeof(*st));
+		if (st)
+			o->step = st;
+		unsigned char *m = realloc(o->manifest, c);
+		if (m)
+			o->manifest = m;
+		if (!u || !st || !m)
+			return ferry__error(-ENOMEM, "ckpt: out of memory");
+		o->cap = c;
+	}
+	if (!(o->url[o->n] = strdup(url)))
+		return ferry__error(-ENOMEM, "ckpt: out of memory");
+	o->step[o->n] = s;
+	o->manifest[o->n] = !strcmp(slash + 1, "manifest.json");
+	o->n++;
+	return 0;
+}
+
+/*
+ * prune() of an s3:// prefix: the objects under <dir>/step- listed (ListObjectsV2); the newest
+ * `keep` committed steps (a manifest.json) stay, and latest's and anything newer; every other step
+ * older than latest goes, its manifest first (a step half deleted is no longer committed), then its
+ * other objects. No recycling (S3 has no blocks to reuse). Returns the steps removed.
+ */
+static int url_prune(ferry_ctx *ctx, const char *dir, int keep)
+{
+	int64_t latest = ferry_ckpt_latest(dir);
+	ferry__error_clear();
+	if (latest < 0)
+		return 0;
+	ferry_ctx *own = NULL;
+	int r = ctx ? 0 : ferry_ctx_create(&own);
+	if (r)
+		return r;
+	ctx = ctx ? ctx : own;
+	struct url_objs o = {.plen = strlen(dir) + 1};
+	char prefix[PATH_MAX];
+	snprintf(prefix, sizeof(prefix), "%s/step-", dir);
+	r = ferry__remote_list(ctx, prefix, url_collect, &o);
+	int64_t *committed = calloc(o.n + 1, sizeof(*committed));
+	size_t nc = 0;
+	if (!r && !committed)
+		r = ferry__error(-ENOMEM, "ckpt: out of memory");
+	for (size_t i = 0; !r && i < o.n; i++)
+		if (o.manifest[i])
+			committed[nc++] = o.step[i];
+	if (nc > 1)
+		qsort(committed, nc, sizeof(int64_t), cmp_i64_desc);
+	/* steps older than this go: the oldest kept committed step (keep 0: none go but debris) */
+	int64_t floor_step = latest;
+	for (size_t i = 0; i < nc; i++)
+		if (committed[i] <= latest && (!keep || i < (size_t)keep))
+			floor_step = committed[i];
+	int removed = 0;
+	for (int pass = 0; !r && pass < 2; pass++) /* manifests first, then the rest */
+		for (size_t i = 0; !r && i < o.n; i++) {
+			if (o.step[i] >= floor_step || o.manifest[i] != (pass == 0))
+				continue;
+			int committed_step = 0;
+			for (size_t k = 0; k < nc; k++)
+				committed_step |= committed[k] == o.step[i];
+			if (!keep && committed_step)
+				continue;
+			r = ferry__remote_delete(ctx, o.url[i]);
+			removed += pass == 0;
+		}
+	for (size_t i = 0; i < o.n; i++)
+		free(o.url[i]);
+	free(o.url);
+	free(o.step);
+	free(o.manifest);
+	free(committed);
+	ferry_ctx_destroy(own);
+	return r < 0 ? r : removed;
+}
+
 int ferry_ckpt_prune(const char *dir, int keep)
 {
+	if (strstr(dir, "://"))
+		return url_prune(NULL, dir, keep);
 	return prune(dir, keep, 0);
 }

@@ -23,6 +23,17 @@ int ferry__file_fd(const ferry_file *f);
  */
 int ferry__file_open_made(ferry_ctx *ctx, int dirfd, const char *name, int made_fd, const char *path,
 			  int flags, ferry_file **out);
+/*
+ * Object storage beyond one object (remote.c, docs/REMOTE.md). ferry__remote_list: the objects
+ * under an s3:// prefix URL ("s3://bucket/dir/" or any key prefix) by ListObjectsV2 (signed as
+ * every request), in key order, pages of 100 followed; fn(arg, "s3://bucket/key", size, ETag) for
+ * each, and a nonzero return of fn stops the listing and is returned. ferry__remote_delete:
+ * DeleteObject of an s3:// URL (an absent key is no error, as in S3). 0, or a negative code with
+ * the detail (URL, HTTP status, S3 Code) set.
+ */
+typedef int (*ferry__remote_list_fn)(void *arg, const char *url, uint64_t size, const char *etag);
+int ferry__remote_list(ferry_ctx *ctx, const char *prefix, ferry__remote_list_fn fn, void *arg);
+int ferry__remote_delete(ferry_ctx *ctx, const char *url);
 /* The context's host_budget knob: pinned host memory its users may hold (0: no limit). */
 uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx);
 

@@ -60,6 +60,14 @@ int ferry__remote_commit(struct ferry__remote *r)
 {
 	return 0;
 }
+int ferry__remote_list(ferry_ctx *ctx, const char *prefix, ferry__remote_list_fn fn, void *arg)
+{
+	return ferry__error(FERRY_EBACKEND, "list(%s): built without libcurl", prefix);
+}
+int ferry__remote_delete(ferry_ctx *ctx, const char *url)
+{
+	return ferry__error(FERRY_EBACKEND, "delete(%s): built without libcurl", url);
+}
 
 #else
 
@@ -1261,6 +1269,170 @@ out:
 		r->size = r->written;
 	}
 	pthread_mutex_unlock(&r->wmu);
+	return ret;
+}
+
+/* ------------------------------------------------------------------------- listing, deleting */
+
+/* Percent-encodes s for a query value (SigV4's canonical form: all but A-Z a-z 0-9 - _ . ~). */
+static void query_encode(const char *s, char *out, size_t len)
+{
+	size_t k = 0;
+	for (const unsigned char *c = (const unsigned char *)s; *c && k + 4 < len; c++) {
+		if ((*c >= 'A' && *c <= 'Z') || (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' ||
+		    *c == '_' || *c == '.' || *c == '~')
+			out[k++] = (char)*c;
+		else
+			k += (size_t)sprintf(out + k, "%%%02X", *c);
+	}
+	out[k] = 0;
+}
+
+/* The text of <tag>...</tag> from *pos in body, XML entities decoded; advances *pos. 1 found, 0 not. */
+static int xml_next(const char *body, const char **pos, const char *tag, char *out, size_t len)
+{
+	char open[64], close[64];
+	snprintf(open, sizeof(open), "<%s>", tag);
+	snprintf(close, sizeof(close), "</%s>", tag);
+	const char *a = strstr(*pos, open), *b = a ? strstr(a, close) : NULL;
+	(void)body;
+	if (!b)
+		return 0;
+	a += strlen(open);
+	size_t k = 0;
+	static const char *const ent[][2] = {{"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}};
+	while (a < b && k + 1 < len) {
+		size_t i = 0;
+		for (; i < 5; i++)
+			if (!strncmp(a, ent[i][0], strlen(ent[i][0])))
+				break;
+		if (i < 5) {
+			out[k++] = ent[i][1][0];
+			a += strlen(ent[i][0]);
+		} else {
+			out[k++] = *a++;
+		}
+	}
+	out[k] = 0;
+	*pos = b + strlen(close);
+	return 1;
+}
+
+/*
+ * A handle of prefix's bucket for requests other than an object's read or write: opened as a
+ * write (no HEAD: the key need not exist; its close aborts nothing, no upload was started), with
+ * r->http cut back to the bucket's URL ("<endpoint>/bucket/" or "https://bucket.s3.../").
+ */
+static int bucket_open(ferry_ctx *ctx, const char *url, const char *what, struct ferry__remote **out, char *key,
+		       size_t klen)
+{
+	const char *b = strncasecmp(url, "s3://", 5) ? NULL : url + 5, *slash = b ? strchr(b, '/') : NULL;
+	if (!b || !*b || slash == b)
+		return ferry__error(-EINVAL, "%s(%s): not an s3://bucket/... URL", what, url);
+	snprintf(key, klen, "%s", slash ? slash + 1 : "");
+	char probe[1024];
+	snprintf(probe, sizeof(probe), "s3://%.*s/x", slash ? (int)(slash - b) : (int)strlen(b), b);
+	int r = ferry__remote_open(ctx, probe, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, out);
+	if (r)
+		return r;
+	size_t n = strlen((*out)->http);
+	(*out)->http[n - 1] = 0; /* "…/x" -> "…/" */
+	free((*out)->url);
+	(*out)->url = strdup(url);
+	if (!(*out)->url) {
+		ferry__remote_close(*out);
+		*out = NULL;
+		return ferry__error(-ENOMEM, "%s(%s)", what, url);
+	}
+	return 0;
+}
+
+int ferry__remote_list(ferry_ctx *ctx, const char *prefix, ferry__remote_list_fn fn, void *arg)
+{
+	struct ferry__remote *r;
+	char key[1024], enc[3 * 1024], token[1024] = "", tenc[3 * 1024], bucket[256];
+	int ret = bucket_open(ctx, prefix, "ListObjectsV2", &r, key, sizeof(key));
+	if (ret)
+		return ret;
+	const char *b = prefix + 5;
+	snprintf(bucket, sizeof(bucket), "%.*s", (int)strcspn(b, "/"), b);
+	struct wreq *w = calloc(1, sizeof(*w));
+	char *url = malloc(16384), *k = malloc(2048), *item = malloc(4096);
+	if (!w || !url || !k || !item || !(w->e = curl_easy_init()))
+		ret = ferry__error(-ENOMEM, "ListObjectsV2(%s): out of memory", prefix);
+	query_encode(key, enc, sizeof(enc));
+	while (!ret) {
+		/* parameters in sorted order: the canonical query that SigV4 signs; 100 keys a page keep
+		 * an answer (about 350 bytes a key) inside the response buffer */
+		query_encode(token, tenc, sizeof(tenc));
+		snprintf(url, 16384, "%s?%s%s%slist-type=2&max-keys=100&prefix=%s", r->http, token[0] ? "continuation-token=" : "",
+			 token[0] ? tenc : "", token[0] ? "&" : "", enc);
+		if ((ret = wreq_run(r, w, "GET", url, NULL, NULL, 0, "ListObjectsV2")))
+			break;
+		if (w->blen >= WBODY_MAX - 1) {
+			ret = fail(r, -EIO, "%s: ListObjectsV2 GET %s: an answer larger than %d bytes", prefix, url, WBODY_MAX);
+			break;
+		}
+		const char *pos = w->body;
+		char val[300], etag[300];
+		while (!ret && xml_next(w->body, &pos, "Contents", item, 4096)) {
+			const char *ip = item;
+			uint64_t size = 0;
+			etag[0] = 0;
+			if (!xml_next(item, &ip, "Key", k, 2048)) {
+				ret = fail(r, -EIO, "%s: ListObjectsV2: an entry without <Key>", prefix);
+				break;
+			}
+			ip = item;
+			if (xml_next(item, &ip, "Size", val, sizeof(val)))
+				size = strtoull(val, NULL, 10);
+			ip = item;
+			(void)xml_next(item, &ip, "ETag", etag, sizeof(etag));
+			char *obj = malloc(strlen(bucket) + strlen(k) + 8);
+			if (!obj) {
+				ret = ferry__error(-ENOMEM, "ListObjectsV2(%s): out of memory", prefix);
+				break;
+			}
+			sprintf(obj, "s3://%s/%s", bucket, k);
+			ret = fn(arg, obj, size, etag);
+			free(obj);
+		}
+		pos = w->body;
+		if (ret || !xml_next(w->body, &pos, "IsTruncated", val, sizeof(val)) || strcmp(val, "true"))
+			break;
+		pos = w->body;
+		if (!xml_next(w->body, &pos, "NextContinuationToken", token, sizeof(token)) || !token[0]) {
+			ret = fail(r, -EIO, "%s: ListObjectsV2: truncated without a NextContinuationToken", prefix);
+			break;
+		}
+	}
+	if (w)
+		wreq_free(w);
+	free(w);
+	free(url);
+	free(k);
+	free(item);
+	ferry__remote_close(r);
+	return ret;
+}
+
+int ferry__remote_delete(ferry_ctx *ctx, const char *url)
+{
+	struct ferry__remote *r;
+	char key[1024];
+	int ret = ferry__remote_open(ctx, url, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &r);
+	if (ret)
+		return ret;
+	(void)key;
+	struct wreq *w = calloc(1, sizeof(*w));
+	if (!w || !(w->e = curl_easy_init()))
+		ret = ferry__error(-ENOMEM, "DeleteObject(%s): out of memory", url);
+	else
+		ret = wreq_run(r, w, "DELETE", r->http, NULL, NULL, 0, "DeleteObject");
+	if (w)
+		wreq_free(w);
+	free(w);
+	ferry__remote_close(r);
 	return ret;
 }
 

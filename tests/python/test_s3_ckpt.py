@@ -150,9 +150,18 @@ def test_checkpoint_on_s3_prefix(server, env):
     assert fck.latest_step(prefix) == 20
     step, got = fck.load_latest(prefix, context=ctx)
     assert step == 20 and torch.equal(got["model"]["w"], state["model"]["w"])
-    assert fck.load(prefix, 10, context=ctx)["model"]["b"].equal(state["model"]["b"])  # not pruned (yet)
+    assert fck.load(prefix, 10, context=ctx)["model"]["b"].equal(state["model"]["b"])  # keep=2
     with pytest.raises(FileExistsError):  # not after the latest
         fck.save(state, prefix, 15, context=ctx)
+    server.put("ckpt/run1/step-000000000005/rank-00000-of-00001.safetensors", b"debris")
+    fck.save(state, prefix, 30, context=ctx)  # keep=2: step 10 is pruned (listed, then deleted)
+    steps = sorted({k.split("/")[2] for k in server.keys("ckpt/run1/step-")})
+    assert steps == ["step-000000000020", "step-000000000030"], steps
+    assert fck.prune(prefix, 1) == 1
+    assert server.keys("ckpt/run1/") == ["ckpt/run1/latest"] + [
+        "ckpt/run1/step-000000000030/" + n for n in (
+            "manifest.json", "rank-00000-of-00001.done", "rank-00000-of-00001.safetensors")]
+    assert fck.load_latest(prefix, context=ctx)[0] == 30
     assert not server.uploads()
     assert os.listdir(env) == [], os.listdir(env)
 
@@ -180,3 +189,16 @@ def test_checkpoint_on_s3_failed_save_keeps_latest(server, env, monkeypatch):
     step, got = fck.load_latest(prefix, context=_ctx())
     assert step == 1 and torch.equal(got["w"], torch.ones(4))
     assert not server.uploads()
+
+
+def test_prune_lists_past_a_page(server, env):
+    torch = need("torch")
+    import ferry.checkpoint as fck
+    ctx = _ctx()
+    prefix = server.url("ckpt/run3")
+    # debris of an old step: 130 objects, two pages of ListObjectsV2 (100 keys a page)
+    for i in range(130):
+        server.put("ckpt/run3/step-000000000001/junk-%03d" % i, b"x")
+    fck.save({"w": torch.ones(2)}, prefix, 2, context=ctx)  # its commit prunes the debris
+    assert server.keys("ckpt/run3/step-000000000001/") == []
+    assert fck.load_latest(prefix, context=ctx)[0] == 2
