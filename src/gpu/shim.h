@@ -132,6 +132,9 @@ typedef struct {
 #define FERRY__CU_GET_PROC_ADDRESS_LEGACY_STREAM 1
 #define FERRY__CU_GET_PROC_ADDRESS_SUCCESS 0
 /* cuMemcpyBatchAsync's attributes (cuda.h 12.8: CUmemcpyAttributes, CUmemLocation), declared by hand. */
+#if defined(FERRY__ABI_REAL_TYPES) && defined(CUDA_VERSION) && CUDA_VERSION >= 12080
+typedef CUmemcpyAttributes ferry__CUmemcpyAttributes;
+#else
 typedef struct {
 	int type; /* CUmemLocationType; 0 (invalid): no hint */
 	int id;
@@ -141,6 +144,7 @@ typedef struct {
 	ferry__CUmemLocation srcLocHint, dstLocHint;
 	unsigned int flags;
 } ferry__CUmemcpyAttributes;
+#endif
 #define FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM 1
 /* The driver ABI the function pointer types below were written against; passed to cuGetProcAddress. */
 #define FERRY__CUDA_ABI_VERSION 12000
