@@ -18,5 +18,6 @@ int ferry_cmd_ckpt_bench(int argc, char **argv);   /* cli/ckpt_bench.c: ferry ck
 int ferry_cmd_ckpt_plan(int argc, char **argv);    /* cli/ckpt_plan.c: ferry ckpt plan */
 int ferry_cmd_snapshot(int argc, char **argv);     /* cli/snapshot.c */
 int ferry_cmd_restore(int argc, char **argv);      /* cli/snapshot.c */
+int ferry_cmd_stage(int argc, char **argv);        /* cli/stage.c: ferry stage, ferry cp */
 
 #endif

@@ -23,6 +23,8 @@ const struct ferry_cli_command ferry_cli_commands[] = {
 	{"top", "live view of block devices, CPU, GPUs and ferry transfers (--json, --prometheus)", ferry_cmd_top},
 	{"snapshot", "suspend a CUDA process (GPU state, then CRIU) into a directory", ferry_cmd_snapshot},
 	{"restore", "bring back a process from ferry snapshot's directory", ferry_cmd_restore},
+	{"stage", "copy objects to local storage and back: s3:// prefix <-> directory, resumable", ferry_cmd_stage},
+	{"cp", "the same as stage", ferry_cmd_stage},
 	{"version", "print the version", cmd_version},
 	{NULL, NULL, NULL},
 };

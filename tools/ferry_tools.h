@@ -111,6 +111,16 @@ FERRY_API int ferry_tools_json_string(FILE *out, const char *s);
 /* The CRC-32C that ferry's shard format stores (crc 0 to start; "123456789" gives 0xE3069283). */
 FERRY_API uint32_t ferry_tools_crc32c(uint32_t crc, const void *buf, size_t len);
 
+/* --------------------------------------------------------------------------- object storage */
+
+/*
+ * The objects under an s3:// prefix (ListObjectsV2 by the remote backend, signed; docs/REMOTE.md),
+ * in key order: fn(arg, "s3://bucket/key", size, ETag) for each; a nonzero return of fn stops the
+ * listing and is returned. 0, or a negative code with ferry_last_error() naming the URL and status.
+ */
+int ferry_tools_list(ferry_ctx *ctx, const char *prefix,
+		     int (*fn)(void *arg, const char *url, uint64_t size, const char *etag), void *arg);
+
 #ifdef __cplusplus
 }
 #endif
