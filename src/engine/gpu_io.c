@@ -285,7 +285,6 @@ static void gather_flush(struct ferry__ioq *q)
 	struct ferry__ioq_gpu *g = q->gpu;
 	unsigned n = g->ngather;
 	struct ferry__ring_gpu *ring = g->ring[g->gather_dev];
-	const struct ferry__cuda_api *cu = ferry__cuda();
 	int r;
 
 	if (!n)
@@ -296,7 +295,7 @@ static void gather_flush(struct ferry__ioq *q)
 		g->pieces[i] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)c->buf,
 							  c->bounce.slot + c->bounce.copy_off, (size_t)c->result};
 	}
-	if (n > 1 && !cu->MemcpyBatchAsync_v2 && !cu->MemcpyBatchAsync)
+	if (n > 1 && !ferry__ring_can_batch())
 		gather_pack(q, g->pieces, n);
 	unsigned last = (unsigned)chunk_index(q, g->gather[n - 1]);
 	if ((r = ferry__ring_h2d_gather(ring, g->pieces, n, NULL)) == 0 && (r = ferry__ring_record(ring, last)))

@@ -1,6 +1,8 @@
 /* The pinned copy ring (gpu/ring.h). */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/base.h"
 #include "gpu/ring.h"
@@ -109,20 +111,54 @@ int ferry__ring_h2d(struct ferry__ring_gpu *r, uint64_t dst, const void *src, si
 
 #define GATHER_STACK 64 /* copies described on the stack; more go in several batch calls */
 
+/* Set once a driver refused a batch copy: every gather copies run by run from then on. */
+static atomic_bool batch_refused;
+
+bool ferry__ring_can_batch(void)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	return cu && (cu->MemcpyBatchAsync_v2 || cu->MemcpyBatchAsync) && !atomic_load(&batch_refused);
+}
+
+static int copy_each(const struct ferry__cuda_api *cu, struct ferry__ring_gpu *r, ferry__CUdeviceptr *dsts,
+		     ferry__CUdeviceptr *srcs, size_t *sizes, size_t k)
+{
+	int err = 0;
+	for (size_t i = 0; i < k && !err; i++)
+		err = CU_CALL(cu->MemcpyHtoDAsync(dsts[i], (const void *)(uintptr_t)srcs[i], sizes[i], r->stream),
+			      "cuMemcpyHtoDAsync of %zu bytes", sizes[i]);
+	return err;
+}
+
 /* k copies in one call: cuMemcpyBatchAsync when there are several and the driver has it. */
 static int gather_flush(const struct ferry__cuda_api *cu, struct ferry__ring_gpu *r, ferry__CUdeviceptr *dsts,
 			ferry__CUdeviceptr *srcs, size_t *sizes, size_t k)
 {
-	if (k == 1 || !(cu->MemcpyBatchAsync_v2 || cu->MemcpyBatchAsync))
-		return CU_CALL(cu->MemcpyHtoDAsync(dsts[0], (const void *)(uintptr_t)srcs[0], sizes[0], r->stream),
-			       "cuMemcpyHtoDAsync of %zu bytes", sizes[0]);
+	if (k == 1 || !ferry__ring_can_batch())
+		return copy_each(cu, r, dsts, srcs, sizes, k);
 	/* every copy reads its source in stream order: slots are reused only after the ticket that
 	 * follows the copies */
-	ferry__CUmemcpyAttributes attr = {.srcAccessOrder = FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM};
+	ferry__CUmemcpyAttributes attr;
+	memset(&attr, 0, sizeof(attr));
+	attr.srcAccessOrder = FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+	attr.srcLocHint.type = FERRY__CU_MEM_LOCATION_TYPE_HOST;
+	attr.dstLocHint.type = FERRY__CU_MEM_LOCATION_TYPE_DEVICE;
+	attr.dstLocHint.id = r->dev;
 	size_t idx = 0, fail = 0;
 	ferry__CUresult e = cu->MemcpyBatchAsync_v2
 		? cu->MemcpyBatchAsync_v2(dsts, srcs, sizes, k, &attr, &idx, 1, r->stream)
 		: cu->MemcpyBatchAsync(dsts, srcs, sizes, k, &attr, &idx, 1, &fail, r->stream);
+	if (e == FERRY__CUDA_ERROR_INVALID_VALUE || e == FERRY__CUDA_ERROR_NOT_SUPPORTED) {
+		/* declined: the plain calls. If they take the same copies, the batch call is what
+		 * this driver refuses, and gathers go without it from now on; if not, a copy itself
+		 * was wrong and its call's failure is the error. */
+		int err = copy_each(cu, r, dsts, srcs, sizes, k);
+		if (!err && !atomic_exchange(&batch_refused, true))
+			FERRY__LOG(FERRY__LOG_WARN, "cuMemcpyBatchAsync refused %zu host-to-device copies (%s) that "
+				   "cuMemcpyHtoDAsync took: small copies go one call per run from now on", k,
+				   ferry__cuda_err_name(e));
+		return err;
+	}
 	return CU_CALL(e, "cuMemcpyBatchAsync of %zu copies", k);
 }
 
@@ -137,7 +173,7 @@ int ferry__ring_h2d_gather(struct ferry__ring_gpu *r, const struct ferry__ring_p
 	if (calls)
 		*calls = 0;
 	USE(r->dev);
-	size_t per_call = cu->MemcpyBatchAsync_v2 || cu->MemcpyBatchAsync ? GATHER_STACK : 1;
+	size_t per_call = ferry__ring_can_batch() ? GATHER_STACK : 1;
 	while (!err) {
 		while (i < n && !p[i].len)
 			i++;

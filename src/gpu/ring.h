@@ -60,6 +60,9 @@ struct ferry__ring_piece {
  */
 int ferry__ring_h2d_gather(struct ferry__ring_gpu *r, const struct ferry__ring_piece *p, size_t n,
 			   unsigned *calls);
+/* Whether gathers go in cuMemcpyBatchAsync calls: the driver has it and has not refused one
+ * (CUDA_ERROR_INVALID_VALUE or NOT_SUPPORTED: then the copies went one by one, as from then on). */
+bool ferry__ring_can_batch(void);
 /* Copies n bytes from device address src to host memory dst, likewise. */
 int ferry__ring_d2h(struct ferry__ring_gpu *r, void *dst, uint64_t src, size_t n, bool pinned);
 /* Work queued on the ring from now on waits (on the GPU) for a fence: work of another stream (the

@@ -146,6 +146,8 @@ typedef struct {
 } ferry__CUmemcpyAttributes;
 #endif
 #define FERRY__CU_MEMCPY_SRC_ACCESS_ORDER_STREAM 1
+#define FERRY__CU_MEM_LOCATION_TYPE_DEVICE 1
+#define FERRY__CU_MEM_LOCATION_TYPE_HOST 2
 /* The driver ABI the function pointer types below were written against; passed to cuGetProcAddress. */
 #define FERRY__CUDA_ABI_VERSION 12000
 

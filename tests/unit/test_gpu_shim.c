@@ -533,7 +533,9 @@ static void ring_gather(int batch)
 	p[0] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)back, src, P};
 	p[1] = (struct ferry__ring_piece){dev, src + 2 * P, P};
 	T_EQ_INT(ferry__ring_h2d_gather(r, p, 2, &calls), FERRY_ECUDA);
-	HAS(ferry_last_error(), batch ? "cuMemcpyBatchAsync of 2 copies" : "cuMemcpyHtoDAsync of 4096 bytes");
+	/* with the batch call: refused, then the plain call names the copy; the batch call stays in use */
+	HAS(ferry_last_error(), "cuMemcpyHtoDAsync of 4096 bytes");
+	T_EQ_INT(ferry__ring_can_batch(), batch);
 
 	void *fence = NULL;
 	T_EQ_INT(ferry__fence_create(0, &fence), 0);
@@ -625,6 +627,41 @@ static int sc_gather(void)
 	T_CHECK((cu->MemcpyBatchAsync != NULL) == (strstr(kind, "cuda_batch12.so") != NULL));
 	ring_gather(batch);
 	engine_gather();
+	return t_result();
+}
+
+/* A driver whose cuMemcpyBatchAsync refuses: that gather's copies go one by one, and every
+ * gather after it without trying the batch call again. */
+static int sc_gather_refused(void)
+{
+	enum { P = 4096 };
+	static unsigned char src[8 * P], back[8 * P];
+	struct ferry__ring_piece p[8];
+	struct ferry__ring_gpu *r;
+	void *d = NULL;
+
+	T_ASSERT(ferry__cuda() != NULL && ferry__cuda()->MemcpyBatchAsync_v2 != NULL);
+	T_EQ_INT(ferry__ring_can_batch(), 1);
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(src), &d), 0);
+	T_ASSERT(ferry__ring_create(0, 2, 0, &r) == 0);
+	t_fill_pattern(src, sizeof(src), 0, 5);
+	int h0 = fake_int("fake_htod_async_calls"), bytes0 = fake_int("fake_async_bytes");
+	for (int i = 0; i < 8; i++)
+		p[i] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)d + (uint64_t)(7 - i) * P, src + i * P, P};
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, 8, NULL), 0);
+	T_EQ_INT(fake_int("fake_batch_attempts"), 1);
+	T_EQ_INT(fake_int("fake_htod_async_calls") - h0, 8);
+	T_EQ_INT(fake_int("fake_async_bytes") - bytes0, 8 * P);
+	T_EQ_INT(ferry__ring_can_batch(), 0);
+	T_EQ_INT(ferry__ring_h2d_gather(r, p, 8, NULL), 0);
+	T_EQ_INT(fake_int("fake_batch_attempts"), 1);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
+	for (int i = 0; i < 8; i++)
+		T_CHECK(memcmp(back + (size_t)(7 - i) * P, src + (size_t)i * P, P) == 0);
+	ferry__ring_destroy(r);
+	T_EQ_INT(ferry_gpu_free(d), 0);
+	engine_gather();
+	T_EQ_INT(fake_int("fake_batch_attempts"), 1);
 	return t_result();
 }
 
@@ -945,6 +982,7 @@ static const struct fake fakes[] = {
 	{ "cuda_attrs.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_ATTRIBUTES" },
 	{ "cuda_batch.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_BATCH" },
 	{ "cuda_batch12.so", "fake_libcuda.c", "-DFAKE_BATCH12" },
+	{ "cuda_batch_refuse.so", "fake_libcuda.c", "-DFAKE_BATCH -DFAKE_BATCH_REFUSE" },
 	{ "cuda_ckpt.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT" },
 	{ "cuda_ckpt_partial.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT -DcuCheckpointProcessRestore=renamed_r "
 	  "-DcuCheckpointProcessGetRestoreThreadId=renamed_t" },
@@ -1268,6 +1306,7 @@ static const struct scenario scenarios[] = {
 	{ "gather_batch", sc_gather, "cuda_batch.so", NX "c", NX "n" },
 	{ "gather_batch12", sc_gather, "cuda_batch12.so", NX "c", NX "n" },
 	{ "gather_none", sc_gather, "cuda_ok.so", NX "c", NX "n" },
+	{ "gather_refused", sc_gather_refused, "cuda_batch_refuse.so", NX "c", NX "n" },
 	{ "cufile_5027", sc_cufile_5027, "cuda_ok.so", "cufile_5027.so", NX "n" },
 	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
 	{ "cufile_io", sc_cufile_io, "cuda_ok.so", "cufile_batch.so", NX "n" },

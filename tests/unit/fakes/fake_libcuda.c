@@ -4,7 +4,8 @@
  * -DFAKE_INIT_RESULT=n (cuInit's result), -DFAKE_DEVICES=n, -DFAKE_ATTRIBUTES (export
  * cuPointerGetAttributes), -DFAKE_CHECKPOINT (export the checkpoint API, below), -DFAKE_BATCH
  * (export cuMemcpyBatchAsync_v2, CUDA 13's form), -DFAKE_BATCH12 (export cuMemcpyBatchAsync, the
- * 12.8 form with failIdx), and
+ * 12.8 form with failIdx), -DFAKE_BATCH_REFUSE (with FAKE_BATCH: every batch returns
+ * CUDA_ERROR_NOT_SUPPORTED), and
  * -D<symbol>=renamed_<symbol> to leave a symbol out.
  */
 #include <pthread.h>
@@ -143,7 +144,8 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { if (!curr
 API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { if (!current || check(s, n, DEVMEM)) return current ? 1 : 201; memcpy(d, (void *)(uintptr_t)s, n); return 0; }
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr s, size_t n) { if (check(d, n, DEVMEM) || check(s, n, DEVMEM)) return 1; memmove((void *)(uintptr_t)d, (void *)(uintptr_t)s, n); return 0; }
 /* asynchronous host-to-device copies, counted for the gather's tests */
-static int htod_async_calls, batch_calls, batch_copies;
+static int htod_async_calls, batch_calls, batch_copies, batch_attempts;
+API int fake_batch_attempts(void) { return __atomic_load_n(&batch_attempts, __ATOMIC_SEQ_CST); }
 static long long async_bytes;
 API int fake_htod_async_calls(void) { return __atomic_load_n(&htod_async_calls, __ATOMIC_SEQ_CST); }
 API int fake_batch_calls(void) { return __atomic_load_n(&batch_calls, __ATOMIC_SEQ_CST); }
@@ -165,8 +167,14 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, s
 		      size_t *ai, size_t na, size_t *fail, void *st)
 {
 	(void)st;
+	__atomic_add_fetch(&batch_attempts, 1, __ATOMIC_SEQ_CST);
+#ifdef FAKE_BATCH_REFUSE
+	return 801;
+#endif
 	if (!current)
 		return 201;
+	if (a && (a[0].loc[0] != 2 || a[0].loc[2] != 1)) /* the hints ring.c gives: host to device */
+		return 1;
 	if (!count || !na || na > count || ai[0] != 0 || !a || a[0].order < 1 || a[0].order > 3)
 		return 1;
 	for (size_t k = 1; k < na; k++)
