@@ -72,11 +72,13 @@ FERRY_API const char *ferry_last_error(void);
 enum ferry_dtype {
 	FERRY_DT_INVALID = -1, /* what a getter gives for an index out of range */
 	FERRY_DT_BOOL, FERRY_DT_F4, FERRY_DT_F6_E2M3, FERRY_DT_F6_E3M2, FERRY_DT_U8, FERRY_DT_I8,
-	FERRY_DT_F8_E5M2, FERRY_DT_F8_E4M3, FERRY_DT_F8_E8M0, FERRY_DT_F8_E4M3FNUZ, FERRY_DT_F8_E5M2FNUZ,
-	FERRY_DT_I16, FERRY_DT_U16, FERRY_DT_F16,
+	FERRY_DT_F8_E5M2, FERRY_DT_F8_E4M3, FERRY_DT_F8_E8M0, FERRY_DT_I16, FERRY_DT_U16, FERRY_DT_F16,
 	FERRY_DT_BF16, FERRY_DT_I32, FERRY_DT_U32, FERRY_DT_F32, FERRY_DT_C64, FERRY_DT_F64,
 	FERRY_DT_I64, FERRY_DT_U64,
 	FERRY_DT_BYTES, /* opaque bytes (files, JSON lines) of dataset samples; 8 bits; not a safetensors dtype */
+	/* Added later, so at the end: the values above stay what they were (the ABI). Layouts order
+	 * the types as safetensors does, which is not this order (the writer's dtype rank). */
+	FERRY_DT_F8_E4M3FNUZ, FERRY_DT_F8_E5M2FNUZ,
 	FERRY_DT__COUNT
 };
 /* The safetensors spelling ("BF16"; "BYTES" for FERRY_DT_BYTES), or NULL for a value out of range. */

@@ -867,9 +867,10 @@ static PyMethodDef ckpt_functions[] = {
 	{NULL},
 };
 
+/* The i-th of safetensors' dtypes in enum order: every value but FERRY_DT_BYTES. */
 static PyObject *dtype_name_at(Py_ssize_t i, const void *unused)
 {
-	return PyUnicode_FromString(ferry_dtype_name((int)i));
+	return PyUnicode_FromString(ferry_dtype_name((int)(i < FERRY_DT_BYTES ? i : i + 1)));
 }
 
 int ferry__py_ckpt_init(PyObject *m)
@@ -877,7 +878,7 @@ int ferry__py_ckpt_init(PyObject *m)
 	if (PyType_Ready(&StType) < 0 || PyType_Ready(&LoadType) < 0 || PyType_Ready(&WriterType) < 0 ||
 	    PyModule_AddFunctions(m, ckpt_functions) < 0)
 		return -1;
-	PyObject *names = ferry__py_tuple(FERRY_DT_BYTES, dtype_name_at, NULL); /* safetensors: the dtypes before BYTES */
+	PyObject *names = ferry__py_tuple(FERRY_DT__COUNT - 1, dtype_name_at, NULL); /* safetensors' dtypes */
 	if (!names || PyModule_AddObjectRef(m, "DTYPES", names) < 0) {
 		Py_XDECREF(names);
 		return -1;

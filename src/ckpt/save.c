@@ -29,6 +29,7 @@
 #include "base/byteorder.h"
 #include "base/json.h"
 #include "base/sbuf.h"
+#include "format/dtype.h"
 #include "format/safetensors.h"
 #include "gpu/ring.h"
 #include "engine/export.h"
@@ -298,8 +299,9 @@ static int cmp_layout(const void *a, const void *b, void *arg)
 {
 	const ferry_st_writer *sort_w = arg;
 	const struct wtensor *x = &sort_w->t[*(const size_t *)a], *y = &sort_w->t[*(const size_t *)b];
-	if (x->dtype != y->dtype)
-		return x->dtype > y->dtype ? -1 : 1;
+	int rx = ferry__dtype_layout_rank(x->dtype), ry = ferry__dtype_layout_rank(y->dtype);
+	if (rx != ry)
+		return rx > ry ? -1 : 1;
 	return strcmp(x->name, y->name);
 }
 

@@ -7,6 +7,12 @@
 
 /* Bytes per element, or 0 for a sub-byte type (F4, F6_*) or a value out of range. */
 size_t ferry__dtype_size(enum ferry_dtype dt);
+/*
+ * The type's place in safetensors' own order of dtypes (its Dtype enum: BOOL, F4, ..., F8_E8M0,
+ * F8_E4M3FNUZ, F8_E5M2FNUZ, I16, ...), which its writer lays tensors out by (decreasing, then name);
+ * -1 for FERRY_DT_BYTES or a value out of range.
+ */
+int ferry__dtype_layout_rank(enum ferry_dtype dt);
 /* 1 if safetensors has the type (every type but FERRY_DT_BYTES), else 0. */
 int ferry__dtype_in_safetensors(enum ferry_dtype dt);
 /*
