@@ -46,7 +46,10 @@ int ferry_doctor_run(const char *const *paths, size_t n, ferry_report **out)
 	}
 
 	for (size_t i = 0; i < n; i++)
-		ferry__doctor_path(r, paths[i] ? paths[i] : "", drives, &ndrives, FERRY__BLK_MAX);
+		if (paths[i] && strstr(paths[i], "://"))
+			ferry__doctor_url(r, paths[i]);
+		else
+			ferry__doctor_path(r, paths[i] ? paths[i] : "", drives, &ndrives, FERRY__BLK_MAX);
 	ferry__doctor_pcie(r, gpus, ngpus, drives, ndrives);
 	ferry__doctor_gpus(r, gpus, ngpus);
 	ferry__doctor_memory(r);

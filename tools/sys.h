@@ -140,6 +140,8 @@ int ferry__sys_probe_file(const char *path, char *file, size_t flen, int *create
 
 void ferry__doctor_path(ferry_report *r, const char *path, struct ferry__pcidev *drives,
 			int *ndrives, int maxdrives);
+/* An s3:// or http(s):// URL: reachability, credentials' source, HEAD latency, one GET's rate. */
+void ferry__doctor_url(ferry_report *r, const char *url);
 void ferry__doctor_pcie(ferry_report *r, const struct ferry__pcidev *gpus, int ngpus,
 			const struct ferry__pcidev *drives, int ndrives);
 void ferry__doctor_memory(ferry_report *r);
