@@ -67,6 +67,8 @@ python_tests() {
 		ferry doctor --json | python -c "import json, sys; json.load(sys.stdin)"' "$whl") ||
 		{ echo "python: the wheel did not install or run in a new venv without a compiler"; return 1; }
 	echo "python: the wheel installed and ran (import ferry, ferry --version, ferry doctor) in a new venv without a compiler: $((SECONDS - t1)) s"
+	# ferry stage / ferry doctor URL against moto, which this venv has (ctest's python3 may not: 77 there)
+	for t in tests/cli/test_stage.py tests/cli/test_doctor_url.py; do "$py" "$t" "$PWD/build/ferry" || return 1; done
 	# -rs prints each skip's reason; exit 5 (no test collected) is a failure like any other.
 	# FERRY_CLI: the CLI tests drive the wheel's `ferry` command.
 	(cd tests/python && FERRY_CLI="$venv/bin/ferry" "$py" -m pytest -rs -q -p no:cacheprovider .)
