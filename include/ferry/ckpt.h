@@ -71,6 +71,12 @@ FERRY_API uint64_t ferry_ckpt_phase_ns(const ferry_ckpt *ck, enum ferry_save_pha
 
 /* The step `latest` names, -ENOENT when there is none, FERRY_ECORRUPT when it is unreadable. */
 FERRY_API FERRY_WUR int64_t ferry_ckpt_latest(const char *dir);
+/*
+ * The committed steps of dir (a step-N directory holding manifest.json; under an s3:// prefix, a
+ * step-N/manifest.json object, found by listing), newest first: up to cap of them into steps.
+ * Returns how many there are (more than cap: call again with room for them), or a negative code.
+ */
+FERRY_API FERRY_WUR int64_t ferry_ckpt_steps(const char *dir, int64_t *steps, size_t cap);
 /* Path of a step's directory, and of a rank's shard in it. Return the length or -ENAMETOOLONG. */
 FERRY_API FERRY_WUR int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len);
 FERRY_API FERRY_WUR int ferry_ckpt_shard_path(const char *dir, int64_t step, int rank, int world,

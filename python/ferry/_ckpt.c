@@ -729,6 +729,47 @@ static PyObject *mod_ckpt_latest(PyObject *mod, PyObject *arg)
 	return PyLong_FromLongLong(r);
 }
 
+struct steps_args {
+	int64_t *steps;
+	size_t cap;
+};
+
+static int64_t ckpt_steps(ferry_ctx *unused, const char *dir, void *arg)
+{
+	struct steps_args *a = arg;
+	return ferry_ckpt_steps(dir, a->steps, a->cap);
+}
+
+/* ckpt_steps(dir) -> the committed steps, newest first (an s3:// prefix is listed) */
+static PyObject *mod_ckpt_steps(PyObject *mod, PyObject *arg)
+{
+	struct steps_args a = {NULL, 0};
+	for (;;) {
+		int64_t n = ferry__py_path_call(NULL, arg, ckpt_steps, &a);
+		if (n < 0) {
+			PyMem_Free(a.steps);
+			return NULL;
+		}
+		if ((size_t)n <= a.cap) {
+			PyObject *list = PyList_New((Py_ssize_t)n);
+			for (int64_t i = 0; list && i < n; i++) {
+				PyObject *v = PyLong_FromLongLong(a.steps[i]);
+				if (!v) {
+					Py_CLEAR(list);
+					break;
+				}
+				PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+			}
+			PyMem_Free(a.steps);
+			return list;
+		}
+		PyMem_Free(a.steps);
+		a.cap = (size_t)n + 16; /* steps committed meanwhile */
+		if (!(a.steps = PyMem_Malloc(a.cap * sizeof(int64_t))))
+			return PyErr_NoMemory();
+	}
+}
+
 /* What the step-level calls take besides the directory. */
 struct step_args {
 	int64_t step;
@@ -861,6 +902,7 @@ static PyMethodDef ckpt_functions[] = {
 	{"ckpt_path", mod_ckpt_path, METH_VARARGS, "ckpt_path(dir, step, rank=-1, world=0) -> str"},
 	{"ckpt_verify", mod_ckpt_verify, METH_VARARGS, "ckpt_verify(ctx, dir, step, require_sums=False)"},
 	{"ckpt_world", mod_ckpt_world, METH_VARARGS, "ckpt_world(dir, step) -> ranks that saved the step"},
+	{"ckpt_steps", mod_ckpt_steps, METH_O, "ckpt_steps(dir) -> committed steps, newest first"},
 	{"ckpt_prune", mod_ckpt_prune, METH_VARARGS, "ckpt_prune(dir, keep) -> steps removed"},
 	{"dtype_bits", mod_dtype_bits, METH_O, "dtype_bits(name) -> bits per element"},
 	{"have_xxh3", mod_have_xxh3, METH_NOARGS, "True (checksums are in every build)"},

@@ -498,8 +498,8 @@ def _committed_steps(d, below):
     when None), newest first: where load_latest falls back to. Step directories that are
     symlinks, or whose names ferry would not have made, are not ferry's and are skipped."""
     out = []
-    if _is_url(d):  # s3://: no listing by prefix yet, so no older step to fall back to
-        return out
+    if _is_url(d):  # s3://: listed by the C library (ListObjectsV2)
+        return [s for s in _ferry.ckpt_steps(d) if below is None or s < below]
     for name in _os.listdir(d):
         if not name.startswith("step-") or not name[5:].isdigit():
             continue

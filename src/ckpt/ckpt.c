@@ -1111,6 +1111,67 @@ static int url_prune(ferry_ctx *ctx, const char *dir, int keep)
 	return r < 0 ? r : removed;
 }
 
+int64_t ferry_ckpt_steps(const char *dir, int64_t *steps, size_t cap)
+{
+	int64_t *all = NULL;
+	size_t n = 0, c = 0;
+	int r = 0;
+	if (strstr(dir, "://")) {
+		ferry_ctx *ctx = NULL;
+		struct url_objs o = {.plen = strlen(dir) + 1};
+		char prefix[PATH_MAX];
+		snprintf(prefix, sizeof(prefix), "%s/step-", dir);
+		r = ferry_ctx_create(&ctx);
+		if (!r)
+			r = ferry__remote_list(ctx, prefix, url_collect, &o);
+		ferry_ctx_destroy(ctx);
+		if (!r && !(all = calloc(o.n + 1, sizeof(*all))))
+			r = ferry__error(-ENOMEM, "ckpt: out of memory");
+		for (size_t i = 0; !r && i < o.n; i++)
+			if (o.manifest[i])
+				all[n++] = o.step[i];
+		for (size_t i = 0; i < o.n; i++)
+			free(o.url[i]);
+		free(o.url);
+		free(o.step);
+		free(o.manifest);
+	} else {
+		DIR *d = opendir(dir);
+		if (!d)
+			return ferry__error(-errno, "opendir(%s): %s", dir, strerror(errno));
+		struct dirent *e;
+		while (!r && (e = readdir(d))) {
+			char canon[64], p[PATH_MAX];
+			struct stat st;
+			int64_t s = parse_step_name(e->d_name);
+			snprintf(canon, sizeof(canon), "step-%012lld", (long long)s);
+			snprintf(p, sizeof(p), "%s/%s", e->d_name, "manifest.json");
+			/* ferry's own step directories only: its name, not a symlink, a manifest file */
+			if (s < 0 || strcmp(canon, e->d_name) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
+			    !S_ISDIR(st.st_mode) || fstatat(dirfd(d), p, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+				continue;
+			if (n == c) {
+				size_t c2 = c ? c * 2 : 16;
+				int64_t *q = realloc(all, c2 * sizeof(*q));
+				if (!q) {
+					r = ferry__error(-ENOMEM, "ckpt: out of memory");
+					break;
+				}
+				all = q;
+				c = c2;
+			}
+			all[n++] = s;
+		}
+		closedir(d);
+	}
+	if (!r && n > 1)
+		qsort(all, n, sizeof(int64_t), cmp_i64_desc);
+	for (size_t i = 0; !r && i < n && i < cap; i++)
+		steps[i] = all[i];
+	free(all);
+	return r ? r : (int64_t)n;
+}
+
 int ferry_ckpt_prune(const char *dir, int keep)
 {
 	if (strstr(dir, "://"))

@@ -202,3 +202,29 @@ def test_prune_lists_past_a_page(server, env):
     fck.save({"w": torch.ones(2)}, prefix, 2, context=ctx)  # its commit prunes the debris
     assert server.keys("ckpt/run3/step-000000000001/") == []
     assert fck.load_latest(prefix, context=ctx)[0] == 2
+
+
+def test_load_latest_falls_back_on_s3(server, env):
+    torch = need("torch")
+    import ferry.checkpoint as fck
+    ctx = _ctx()
+    prefix = server.url("ckpt/run4")
+    for step in (1, 2):
+        fck.save({"w": torch.full((8,), float(step))}, prefix, step, keep=0, context=ctx)
+    assert ferry._ferry.ckpt_steps(prefix) == [2, 1]  # listed: step-N/manifest.json objects
+    server.put("ckpt/run4/step-000000000002/rank-00000-of-00001.safetensors", b"damaged")
+    with pytest.warns(RuntimeWarning, match="step 2 is damaged, loading step 1"):
+        step, got = fck.load_latest(prefix, context=ctx)
+    assert step == 1 and torch.equal(got["w"], torch.full((8,), 1.0))
+
+
+def test_ckpt_steps_local(tmp_path):
+    torch = need("torch")
+    import ferry.checkpoint as fck
+    d = str(tmp_path / "ck")
+    for step in (2, 3, 4):
+        fck.save({"w": torch.ones(2)}, d, step, keep=0)
+    os.mkdir(os.path.join(d, "step-000000000009"))  # no manifest: not committed
+    os.mkdir(os.path.join(d, "step-7"))  # not a name ferry makes
+    open(os.path.join(d, "step-7", "manifest.json"), "w").close()
+    assert ferry._ferry.ckpt_steps(d) == [4, 3, 2]
