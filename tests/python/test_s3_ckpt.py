@@ -123,7 +123,7 @@ def test_sharded_set_from_s3(server, env):
     bad = server.put("sharded/bad.index.json", json.dumps({"weight_map": weight_map}).encode())
     with pytest.raises(FileNotFoundError) as e:  # safetensors' message names what was asked for
         fst.load_file(bad, context=ctx)
-    assert "model-00003-of-00003.safetensors" in str(e.value) or bad in str(e.value), str(e.value)
+    assert "model-00003-of-00003.safetensors" in str(e.value), str(e.value)
 
 
 def test_checkpoint_on_s3_prefix(server, env):

@@ -451,3 +451,21 @@ def test_signatures(tmp_path):
     for n in ref_slice:
         assert hasattr(fst._Slice, n), "ferry's slice has no %s" % n
 
+
+
+def test_missing_shard_of_an_index_is_named(tmp_path):
+    """A sharded set whose index names a shard that is not there: the error names that shard (ferry's
+    own message), not the index as if the index were missing (safetensors' message is for the file
+    asked for)."""
+    import json
+    import ferry.safetensors as fst
+    torch = need("torch")
+    fst.save_file({"a": torch.ones(3)}, str(tmp_path / "m-1.safetensors"))
+    (tmp_path / "m.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "m-1.safetensors", "b": "m-2.safetensors"}}))
+    with pytest.raises(FileNotFoundError) as e:
+        fst.load_file(str(tmp_path / "m.safetensors.index.json"))
+    assert "m-2.safetensors" in str(e.value), str(e.value)
+    with pytest.raises(FileNotFoundError) as e:
+        fst.load_file(str(tmp_path / "absent.safetensors"))
+    assert str(e.value) == "No such file or directory: %s" % (tmp_path / "absent.safetensors")

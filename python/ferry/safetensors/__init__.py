@@ -72,7 +72,13 @@ def _convert(e, filename=None):
         return None
     if isinstance(e, FileNotFoundError) and filename is not None:
         path = _os.fspath(filename)
-        if e.filename in (None, path):
+        # safetensors' message only where the file asked for is the one missing: a shard that an
+        # index names keeps ferry's message, which names that shard
+        if "://" in str(path):
+            asked = str(e).count("://") == str(e).count(str(path))
+        else:
+            asked = not _os.path.lexists(path)
+        if asked and e.filename in (None, path):
             # safetensors' message; errno kept (without strerror set, str() stays the message)
             n = FileNotFoundError("No such file or directory: %s" % (path,))
             n.errno = _errno.ENOENT
