@@ -18,11 +18,11 @@ run() { # name, command...
 	if "$@"; then echo "TABLE fixed-costs $name | ran | tables in gpu-fixed-costs.log"
 	else echo "TABLE fixed-costs $name | FAILED | see gpu-fixed-costs.log"; rc=1; fi
 }
+run verify-load "$PY" bench/ckpt-verify-load.py --dir "$D/verify" --size 2g --rounds 3 --device cuda
 run small-reads "$PY" bench/small-reads.py --device cuda --mem pinned --sizes 4k,64k,1m --depths 1,32,256 \
 	--pieces 4096 --rounds 3 --file "$D/reads.bin" --json "$D/small-reads.json"
-run st-fresh env FERRY_TRACE=1 "$PY" bench/st-fresh.py --device cuda --size 4g --tensors 78,4000 --procs 3 \
+run st-fresh env FERRY_TRACE=1 "$PY" bench/st-fresh.py --device cuda --size 2g --tensors 78,4000 --procs 3 \
 	--loads 2 --dir "$D" --json "$D/st-fresh.json"
-run verify-load "$PY" bench/ckpt-verify-load.py --dir "$D/verify" --size 2g --rounds 3 --device cuda
 [ -n "${FERRY_LOG_DIR:-}" ] && cp "$D"/*.json "$FERRY_LOG_DIR/" 2>/dev/null
 rm -rf "$D"
 exit $rc
