@@ -27,6 +27,7 @@
 #include "ferry/ferry.h"
 #include "ferry_jsonl.h"
 #include "ferry_tools.h"
+#include "progress.h"
 
 enum { IN_AUTO, IN_FILES, IN_JSONL, IN_NPY, IN_RAW };
 
@@ -905,15 +906,13 @@ static void progress_line(struct pack *p, double t0, int tty)
 			atomic_load(&p->total_in) / 1048576.0, (unsigned long long)atomic_load(&p->listed),
 			el > 0 ? sc / 1048576.0 / el : 0, end);
 	} else {
-		uint64_t done = atomic_load(&p->done), total = p->bytes;
-		double frac = total ? (double)done / (double)total : 1;
-		int w = 30, k = (int)(frac * w);
-		char bar[40];
-		for (int i = 0; i < w; i++)
-			bar[i] = i < k ? '#' : ' ';
-		bar[w] = 0;
-		fprintf(stderr, "%sferry pack: [%s] %3.0f%% %.1f/%.1f MiB of %llu samples%s", start, bar, frac * 100,
-			done / 1048576.0, total / 1048576.0, (unsigned long long)p->n, end);
+		static double copy_t0; /* rate and time left over the copy alone (only the progress thread draws) */
+		if (!copy_t0)
+			copy_t0 = now_s();
+		char line[400];
+		cli_progress_format(line, sizeof(line), "ferry pack", NULL, atomic_load(&p->done), p->bytes,
+				    now_s() - copy_t0);
+		fprintf(stderr, "%s%s of %llu samples%s", start, line, (unsigned long long)p->n, end);
 	}
 	fflush(stderr);
 }

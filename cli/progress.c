@@ -42,14 +42,14 @@ void cli_progress_format(char *buf, size_t len, const char *label, const char *u
 		else
 			snprintf(amount, sizeof(amount), "%3.0f%% %s/%s", frac * 100, human(a, sizeof(a), (double)done),
 				 human(b, sizeof(b), (double)total));
-		if (done && done < total && elapsed > 0)
+		if (done && done < total && elapsed >= 0.1)
 			snprintf(left, sizeof(left), ", %.0f s left", elapsed * (double)(total - done) / (double)done);
 	} else if (unit) {
 		snprintf(amount, sizeof(amount), "%llu %s", (unsigned long long)done, unit);
 	} else {
 		snprintf(amount, sizeof(amount), "%s", human(a, sizeof(a), (double)done));
 	}
-	if (!unit && elapsed > 0)
+	if (!unit && elapsed >= 0.1) /* a rate over less is noise (a pack's copy drawn only at its end) */
 		snprintf(rate, sizeof(rate), ", %s/s", human(a, sizeof(a), (double)done / elapsed));
 	snprintf(buf, len, "%s: %s%s%s%s%s", label, bar, bar[0] ? " " : "", amount, rate, left);
 }
