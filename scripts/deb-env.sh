@@ -7,6 +7,9 @@ if [ -d .deb ]; then
 	export CPATH=/tmp/debroot/usr/include${CPATH:+:$CPATH}
 	export LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 	export LD_LIBRARY_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	# The unpacked packages' .pc files point into /tmp/debroot themselves: a global
+	# PKG_CONFIG_SYSROOT_DIR would also prefix the machine's own .pc files (libcurl's include
+	# directory became /tmp/debroot/usr/include/..., which CMake refuses as a missing path).
+	sed -i 's|^prefix=/usr$|prefix=/tmp/debroot/usr|' /tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc 2>/dev/null
 	export PKG_CONFIG_PATH=/tmp/debroot/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-	export PKG_CONFIG_SYSROOT_DIR=/tmp/debroot
 fi
