@@ -42,7 +42,9 @@ elif loader == "safetensors":
 elif loader == "fastsafetensors":
     from fastsafetensors import fastsafe_open
     def load():
-        with fastsafe_open(filenames=[path], nogds=True, device=device, debug_log=False) as f:
+        # fastsafetensors wants the device's index ("cuda:0"; plain "cuda" is refused by set_device)
+        dev = "cuda:0" if device == "cuda" else device
+        with fastsafe_open(filenames=[path], nogds=True, device=dev, debug_log=False) as f:
             return {k: f.get_tensor(k).clone() for k in f.get_keys()}
 elif loader == "instanttensor":
     import instanttensor
@@ -175,12 +177,18 @@ def main():
             for ld in order:
                 out = subprocess.run([sys.executable, "-c", CHILD, ld, path, a.device, str(a.loads)],
                                      capture_output=True, text=True, env=env)
-                if out.returncode:
-                    sys.exit("%s failed on %s:\n%s" % (ld, path, out.stderr[-2000:]))
+                if out.returncode:  # a peer that fails is reported and left out, the others go on
+                    if ld in ("ferry", "ceiling"):
+                        sys.exit("%s failed on %s:\n%s" % (ld, path, out.stderr[-2000:]))
+                    print("skipped %s on %s: it failed: %s" % (ld, path, out.stderr.strip().splitlines()[-1:]))
+                    continue
+                if out.stderr.strip() and env.get("FERRY_TRACE"):
                 if out.stderr.strip() and env.get("FERRY_TRACE"):
                     sys.stderr.write(out.stderr)
                 res[ld].append(json.loads(out.stdout.strip().splitlines()[-1]))
         for ld in loaders:
+            if not res[ld]:
+                continue
             first = [r["times"][0] for r in res[ld]]
             warm = [t for r in res[ld] for t in r["times"][1:]]
             nb = res[ld][0]["bytes"]
