@@ -183,7 +183,6 @@ def main():
                     print("skipped %s on %s: it failed: %s" % (ld, path, out.stderr.strip().splitlines()[-1:]))
                     continue
                 if out.stderr.strip() and env.get("FERRY_TRACE"):
-                if out.stderr.strip() and env.get("FERRY_TRACE"):
                     sys.stderr.write(out.stderr)
                 res[ld].append(json.loads(out.stdout.strip().splitlines()[-1]))
         for ld in loaders:
