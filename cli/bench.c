@@ -160,6 +160,8 @@ static const struct cli_opt rows[] = {
 	 .help = "with --suite: one second per case (default 4; --runtime sets it)"},
 	{.name = "report", .kind = CLI_STR, .off = CL(report), .arg = "FILE",
 	 .help = "with --suite: write a self-contained HTML report"},
+	{.name = "quiet", .kind = CLI_FLAG, .off = JO(quiet),
+	 .help = "with --suite: no progress bar and no per-case lines, the table and report only"},
 	{.name = NULL},
 };
 
@@ -214,7 +216,7 @@ static void json_cannot(struct bench_json *j, void *arg)
 static int run_suite(struct bench_cli *c, const struct cli_args *a, FILE **out)
 {
 	static const char *const allowed[] = {"filename", "directory", "size", "report", "output-format",
-					      "output", "quick", "suite", "runtime"};
+					      "output", "quick", "suite", "runtime", "quiet"};
 	for (size_t k = 0; rows[k].name; k++) {
 		if (!(a->seen & (1ull << k)))
 			continue;
@@ -237,6 +239,7 @@ static int run_suite(struct bench_cli *c, const struct cli_args *a, FILE **out)
 		.json = c->json,
 		.quick = c->quick,
 		.runtime = c->jo.runtime,
+		.quiet = c->jo.quiet,
 		.out = *out,
 	};
 	return bench_suite(&so);
@@ -261,8 +264,9 @@ int ferry_cmd_bench(int argc, char **argv)
 	int rc = cli_parse(&cmd, &c, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
-	if ((c.report || c.quick) && !c.suite)
-		return cli_usage_error(&cmd, NULL, "--%s goes with --suite", c.report ? "report" : "quick");
+	if ((c.report || c.quick || c.jo.quiet) && !c.suite)
+		return cli_usage_error(&cmd, NULL, "--%s goes with --suite",
+				       c.report ? "report" : c.quick ? "quick" : "quiet");
 
 	FILE *out = stdout;
 	if (c.suite) {

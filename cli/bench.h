@@ -210,6 +210,7 @@ struct bench_suite_opts {
 	int json;
 	int quick;
 	double runtime;         /* seconds per case; 0: 4, or 1 with quick */
+	int quiet;              /* --quiet: no bar, no per-case lines, no notes */
 	FILE *out;
 };
 int bench_suite(const struct bench_suite_opts *o);

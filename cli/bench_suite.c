@@ -372,6 +372,7 @@ static void json_suite(struct bench_json *j, void *arg)
 struct tick_state {
 	struct cli_progress *bar;
 	unsigned n, total;
+	int quiet;
 };
 
 /* A GPU step begins: the bar advances, or (not on a terminal) the step's line as the host cases have. */
@@ -380,7 +381,7 @@ static void tick(void *arg, const char *what)
 	struct tick_state *t = arg;
 	if (t->bar->on)
 		cli_progress_set(t->bar, t->n++);
-	else
+	else if (!t->quiet)
 		fprintf(stderr, "ferry bench --suite: %u/%u GPU: %s\n", ++t->n, t->total, what);
 }
 
@@ -444,7 +445,8 @@ int bench_suite(const struct bench_suite_opts *so)
 	if (!probe)
 		return 1;
 	char a[32];
-	fprintf(stderr, "ferry bench --suite: preparing %s (%s)\n", path, bench_fmt_size(a, sizeof(a), size));
+	if (!so->quiet)
+		fprintf(stderr, "ferry bench --suite: preparing %s (%s)\n", path, bench_fmt_size(a, sizeof(a), size));
 	if (bench_run(&base, probe)) {
 		free(probe);
 		goto out;
@@ -454,7 +456,7 @@ int bench_suite(const struct bench_suite_opts *so)
 
 	unsigned nrun = 0, total = NCASES + suite_gpu_steps();
 	struct cli_progress bar;
-	cli_progress_start(&bar, "ferry bench --suite", "steps", total, 0, NULL, NULL);
+	cli_progress_start(&bar, "ferry bench --suite", "steps", total, so->quiet, NULL, NULL);
 	for (unsigned i = 0; i < NCASES; i++) {
 		struct suite_case *c = &cases[i];
 		if (!strcmp(c->engine, "io_uring") && !have_uring) {
@@ -489,6 +491,8 @@ int bench_suite(const struct bench_suite_opts *so)
 		}
 		if (bar.on)
 			cli_progress_set(&bar, nrun++);
+		else if (so->quiet)
+			nrun++;
 		else
 			fprintf(stderr, "ferry bench --suite: %u/%u %s\n", ++nrun, total, c->label);
 		c->res = calloc(1, sizeof(*c->res));
@@ -499,7 +503,7 @@ int bench_suite(const struct bench_suite_opts *so)
 			goto out;
 		}
 	}
-	struct tick_state ts = {&bar, nrun, total};
+	struct tick_state ts = {&bar, nrun, total, so->quiet};
 	const char *slash = strrchr(path, '/');
 	char gdir[4096];
 	if (slash && slash != path)
