@@ -265,3 +265,11 @@ def test_sigkill_mid_save(tmp_path, which):
         dcp.FileSystemReader(d).read_metadata()
     with pytest.raises(dcp.api.CheckpointException):
         dcp.load({"w0": torch.zeros(1000)}, storage_reader=dcp.FileSystemReader(d))
+    # the killed writer's temporary is left; the next save removes it (its flock died with it)
+    assert [n for n in os.listdir(d) if ".ferry-tmp-" in n], sorted(os.listdir(d))
+    state = {"w%d" % i: torch.full((1000,), float(i)) for i in range(8)}
+    dcp.save(state, storage_writer=fdcp.Writer(d))
+    assert not [n for n in os.listdir(d) if ".ferry-tmp-" in n], sorted(os.listdir(d))
+    got = {"w3": torch.zeros(1000)}
+    dcp.load(got, storage_reader=dcp.FileSystemReader(d))
+    assert torch.equal(got["w3"], state["w3"])
