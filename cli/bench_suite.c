@@ -208,7 +208,7 @@ static void print_table(FILE *out, const char *path, uint64_t size)
 
 /* ----------------------------------------------------------------------------------------- HTML */
 
-static void html_esc(FILE *f, const char *s)
+void suite_html_esc(FILE *f, const char *s)
 {
 	for (; *s; s++) {
 		if (*s == '<')
@@ -245,7 +245,7 @@ static void html_chart(FILE *f, const struct suite_section *s)
 		int w = max > 0 ? (int)(v / max * chart_w) : 0;
 		fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" class=\"l\">", label_w - 8,
 			y + bar_h / 2 + 5);
-		html_esc(f, c->label);
+		suite_html_esc(f, c->label);
 		fprintf(f, "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" class=\"b\"/>\n",
 			label_w, y, w > 1 ? w : 1, bar_h);
 		if (iops_metric)
@@ -287,18 +287,18 @@ static int write_report(const char *file, const char *path, uint64_t size, const
 	      "</style>\n</head>\n<body>\n<h1>ferry bench --suite</h1>\n<p class=\"meta\">",
 	      f);
 	fprintf(f, "ferry %s &middot; ", ferry_version());
-	html_esc(f, host);
+	suite_html_esc(f, host);
 	fprintf(f, " &middot; %s<br>file ", when);
-	html_esc(f, path);
+	suite_html_esc(f, path);
 	fprintf(f, " (%s) &middot; backend %s</p>\n", bench_fmt_size(a, sizeof(a), size), backend);
 	for (int i = 0; i < S_N; i++) {
 		struct suite_section *s = &sections[i];
 		fprintf(f, "<h2>");
-		html_esc(f, s->title);
+		suite_html_esc(f, s->title);
 		fprintf(f, "</h2>\n");
 		if (s->skipped && !s->reading[0]) {
 			fprintf(f, "<p class=\"skip\">skipped: ");
-			html_esc(f, s->skipped);
+			suite_html_esc(f, s->skipped);
 			fprintf(f, "</p>\n");
 			continue;
 		}
@@ -307,10 +307,10 @@ static int write_report(const char *file, const char *path, uint64_t size, const
 		for (unsigned k = 0; k < s->ncases; k++) {
 			struct suite_case *c = &cases[s->cases[k]];
 			fprintf(f, "<tr><td>");
-			html_esc(f, c->label);
+			suite_html_esc(f, c->label);
 			if (!c->res) {
 				fprintf(f, "</td><td colspan=\"7\" class=\"skip\">skipped: ");
-				html_esc(f, c->skipped ? c->skipped : "?");
+				suite_html_esc(f, c->skipped ? c->skipped : "?");
 				fprintf(f, "</td></tr>\n");
 				continue;
 			}
@@ -327,7 +327,7 @@ static int write_report(const char *file, const char *path, uint64_t size, const
 		fprintf(f, "</table>\n");
 		html_chart(f, s);
 		fprintf(f, "<p class=\"reading\">");
-		html_esc(f, s->reading);
+		suite_html_esc(f, s->reading);
 		fprintf(f, "</p>\n");
 	}
 	suite_gpu_html(f);

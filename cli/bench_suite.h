@@ -26,5 +26,7 @@ void suite_gpu_html(FILE *f);
 void suite_gpu_json(struct bench_json *j);
 /* Removes the model file and dataset of a run cut short (the suite's signal handler). */
 void suite_gpu_cleanup(void);
+/* s with HTML's special characters escaped, to f (the report's one escaper, bench_suite.c). */
+void suite_html_esc(FILE *f, const char *s);
 
 #endif

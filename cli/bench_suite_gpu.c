@@ -623,22 +623,6 @@ void suite_gpu_print(FILE *out)
 	}
 }
 
-static void esc(FILE *f, const char *s)
-{
-	for (; *s; s++) {
-		if (*s == '<')
-			fputs("&lt;", f);
-		else if (*s == '>')
-			fputs("&gt;", f);
-		else if (*s == '&')
-			fputs("&amp;", f);
-		else if (*s == '"')
-			fputs("&quot;", f);
-		else
-			fputc(*s, f);
-	}
-}
-
 /* Bars in GB/s with the ceiling as a dashed line across the chart. */
 static void chart(FILE *f, const struct gsection *s)
 {
@@ -655,7 +639,7 @@ static void chart(FILE *f, const struct gsection *s)
 		int y = top + (int)k * (bar_h + 8);
 		int w = r->ran && max > 0 ? (int)(r->gbps / max * chart_w) : 0;
 		fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"end\" class=\"l\">", label_w - 8, y + bar_h / 2 + 5);
-		esc(f, r->label);
+		suite_html_esc(f, r->label);
 		fprintf(f, "</text>\n<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" class=\"%s\"/>\n", label_w, y,
 			w > 1 ? w : 1, bar_h, r->ran ? "b" : "s");
 		if (r->ran)
@@ -668,7 +652,7 @@ static void chart(FILE *f, const struct gsection *s)
 		int x = label_w + (int)(s->ceiling / max * chart_w);
 		fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" class=\"ceil\"/>\n", x, top - 4, x, h - 4);
 		fprintf(f, "<text x=\"%d\" y=\"14\" text-anchor=\"end\" class=\"ceil-t\">ceiling: ", x + 4);
-		esc(f, s->ceiling_label);
+		suite_html_esc(f, s->ceiling_label);
 		fprintf(f, " %.3f GB/s</text>\n", s->ceiling);
 	}
 	fprintf(f, "</svg>\n");
@@ -678,30 +662,30 @@ void suite_gpu_html(FILE *f)
 {
 	if (skip_line[0]) {
 		fprintf(f, "<h2>GPU</h2>\n<p class=\"skip\">");
-		esc(f, skip_line);
+		suite_html_esc(f, skip_line);
 		fprintf(f, "</p>\n");
 		return;
 	}
 	for (int i = 0; i < G_N; i++) {
 		struct gsection *s = &gs[i];
 		fprintf(f, "<h2>");
-		esc(f, s->title);
+		suite_html_esc(f, s->title);
 		fprintf(f, "</h2>\n<table>\n<tr><th>case</th><th>GB/s</th><th>note</th></tr>\n");
 		if (s->ceiling > 0) {
 			fprintf(f, "<tr><td>");
-			esc(f, s->ceiling_label);
+			suite_html_esc(f, s->ceiling_label);
 			fprintf(f, " (ceiling)</td><td>%.3f</td><td>measured in this run</td></tr>\n", s->ceiling);
 		}
 		for (unsigned k = 0; k < s->nrows; k++) {
 			struct grow *r = &s->rows[k];
 			fprintf(f, "<tr><td>");
-			esc(f, r->label);
+			suite_html_esc(f, r->label);
 			if (r->ran) {
 				fprintf(f, "</td><td>%.3f</td><td>", r->gbps);
-				esc(f, r->note);
+				suite_html_esc(f, r->note);
 			} else {
 				fprintf(f, "</td><td colspan=\"2\" class=\"skip\">skipped: ");
-				esc(f, r->skipped[0] ? r->skipped : "?");
+				suite_html_esc(f, r->skipped[0] ? r->skipped : "?");
 			}
 			fprintf(f, "</td></tr>\n");
 		}
@@ -709,10 +693,10 @@ void suite_gpu_html(FILE *f)
 		if (s->reading[0]) {
 			chart(f, s);
 			fprintf(f, "<p class=\"reading\">");
-			esc(f, s->reading);
+			suite_html_esc(f, s->reading);
 		} else {
 			fprintf(f, "<p class=\"skip\">skipped: ");
-			esc(f, s->skipped[0] ? s->skipped : "?");
+			suite_html_esc(f, s->skipped[0] ? s->skipped : "?");
 		}
 		fprintf(f, "</p>\n");
 	}

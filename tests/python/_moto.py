@@ -1,6 +1,5 @@
 """moto's S3 server on 127.0.0.1 for the tests of s3:// (started and stopped by each test module;
 the same way as test_s3.py starts it), and a clean AWS environment pointed at it."""
-import os
 import socket
 import subprocess
 import sys
@@ -22,6 +21,23 @@ def free_port():
         return s.getsockname()[1]
 
 
+def start(port, env=None):
+    """moto's server on 127.0.0.1:port in a process of its own, once it accepts connections."""
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                pytest.fail("moto's server did not start on port %d" % port)
+            time.sleep(0.1)
+
+
 class Server:
     """moto's S3 server in a process of its own (no signature checks), one bucket made."""
 
@@ -29,19 +45,7 @@ class Server:
         import boto3
         self.port = free_port()
         self.endpoint = "http://127.0.0.1:%d" % self.port
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                      "-p", str(self.port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail("moto's server did not start on port %d" % self.port)
-                time.sleep(0.1)
+        self.proc = start(self.port)
         self.key_id, self.secret = "testing", "testing"
         self.s3 = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
                                aws_access_key_id="testing", aws_secret_access_key="testing")

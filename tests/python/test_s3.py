@@ -7,7 +7,6 @@ import errno
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -17,41 +16,24 @@ from conftest import need
 moto = pytest.importorskip("moto", reason="moto is not installed (pip install 'moto[server]')")
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed (moto[server] brings it)")
 import ferry  # noqa: E402
+import _moto  # noqa: E402
 
-BUCKET = "ferry-test"
+BUCKET = _moto.BUCKET
 PART = 64 * 1024  # remote_part_size for these tests: several parts from a small object
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
     """moto's S3 server in a process of its own; auth=True checks signatures and keys."""
 
     def __init__(self, auth):
-        self.port = _free_port()
+        self.port = _moto.free_port()
         self.endpoint = "http://127.0.0.1:%d" % self.port
         env = dict(os.environ)
         if auth:
             # the first 3 requests (the IAM user, its policy, its key) go unchecked; the rest need
             # that key and a valid SigV4 signature
             env["INITIAL_NO_AUTH_ACTION_COUNT"] = "3"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                                      "-p", str(self.port)], env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    pytest.fail("moto's server did not start on port %d" % self.port)
-                time.sleep(0.1)
+        self.proc = _moto.start(self.port, env)
         self.key_id, self.secret = "testing", "testing"
         if auth:
             iam = self._client("iam")
@@ -95,10 +77,7 @@ def auth_server():
     s.stop()
 
 
-_AWS_VARS = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-             "AWS_DEFAULT_PROFILE", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL",
-             "AWS_ENDPOINT_URL_S3", "AWS_NO_SIGN_REQUEST", "AWS_SHARED_CREDENTIALS_FILE",
-             "AWS_CONFIG_FILE", "FERRY_S3_ADDRESSING"]
+_AWS_VARS = _moto.AWS_VARS
 
 
 @pytest.fixture
