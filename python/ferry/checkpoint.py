@@ -34,6 +34,7 @@ import uuid as _uuid
 import warnings as _warnings
 
 from . import _ferry
+from . import _progress
 from . import _replicated
 from . import default_context as _default_context
 from . import safetensors as _st
@@ -206,6 +207,7 @@ class SaveHandle:
         self._d, self._ck, self.step = d, d.ck, step
         self._finished, self._error = False, None
         self._phases = dict(phases or {})
+        self._progress = None  # async_save(progress=): reported by wait()
 
     def phases(self) -> dict:
         """Where the save's time went, in seconds: ``py.*`` (this module, on the caller's thread),
@@ -242,8 +244,30 @@ class SaveHandle:
                     self._d.inflight = None
         return self._finished
 
+    def _settle_reporting(self, timeout):
+        """_settle in slices of the progress interval, reporting between them."""
+        rep = self._progress
+        end = None if timeout is None else _time.monotonic() + timeout
+        while True:
+            left = None if end is None else max(0.0, end - _time.monotonic())
+            step = rep.due() or _progress.INTERVAL
+            if self._settle(step if left is None else min(step, left)):
+                if self._error is None:
+                    rep.finish()
+                else:
+                    rep.close()
+                self._progress = None
+                return True
+            if left is not None and left <= 0:
+                return False
+            rep.tick()
+
     def wait(self, timeout=None) -> bool:
-        if not self._settle(timeout):
+        if self._progress is not None and not self._finished:
+            settled = self._settle_reporting(timeout)
+        else:
+            settled = self._settle(timeout)
+        if not settled:
             return False
         if self._error is not None:
             raise self._error
@@ -413,7 +437,7 @@ def prepare(state, directory, rank=None, world_size=None, *, run=None, backgroun
 
 def save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
          checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
-         context=None) -> None:
+         context=None, progress=None) -> None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, durably; returns once committed.
 
     Args:
@@ -441,14 +465,24 @@ def save(state, directory, step, rank=None, world_size=None, keep=None, metadata
             speed); True: every tensor (the ranks must hold the same names, dtypes and shapes;
             no hashing); an iterable of names or prefixes (``"model"`` marks ``model.*``): those;
             False: every rank writes all of its state. A collective: call it on every rank.
+        progress: None (default), a callable ``progress(done_bytes, total_bytes)`` called from
+            this thread at most every 0.1 s and once at the end with done == total, or True for a
+            tqdm bar (docs/PYTHON.md, "Progress").
     """
-    _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-          context, False, recycle, replicated)
+    if progress is None:
+        _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
+              context, False, recycle, replicated)
+        return
+    ctx = context if context is not None else _default_context()
+    _progress.run(lambda: _save(state, directory, step, rank, world_size, keep, metadata, checksum,
+                                busy, run, timeout, context, False, recycle, replicated),
+                  progress, _progress.tensor_bytes(state), _progress.ctx_counter(ctx, "bytes_written"),
+                  "save step %s" % step)
 
 
 def async_save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
                checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
-               context=None) -> SaveHandle:
+               context=None, progress=None) -> SaveHandle:
     """``save`` in the background: returns once every tensor is copied into pinned host memory
     (device-to-host copies at full speed, within the context's ``host_budget`` knob; a larger
     state blocks until written parts free memory), so the caller may change the tensors at once.
@@ -457,9 +491,26 @@ def async_save(state, directory, step, rank=None, world_size=None, keep=None, me
     torch.distributed no collective runs in the background: rank 0 commits when it sees every
     rank's marker on the file system; ``replicated`` (see ``save``) agrees on the replicated
     tensors on the caller's thread, before the snapshot, so call it on every rank.
+    ``progress`` (as ``save``'s) reports the bytes written while ``async_save`` blocks, then while
+    ``handle.wait()``/``result()`` waits (from the thread that waits), ending with done == total
+    when the save has ended.
     """
-    return _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run,
-                 timeout, context, True, recycle, replicated)
+    if progress is None:
+        return _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run,
+                     timeout, context, True, recycle, replicated)
+    ctx = context if context is not None else _default_context()
+    h, rep = _progress.run(lambda: _save(state, directory, step, rank, world_size, keep, metadata,
+                                         checksum, busy, run, timeout, context, True, recycle,
+                                         replicated),
+                           progress, _progress.tensor_bytes(state),
+                           _progress.ctx_counter(ctx, "bytes_written"), "save step %s" % step,
+                           finish=False)
+    if rep is not None:
+        if h is None or h.done():
+            rep.finish()
+        else:
+            h._progress = rep
+    return h
 
 
 # ------------------------------------------------------------------------------------ loads
@@ -591,7 +642,7 @@ def _torch():
 
 
 def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=None,
-         views=True, nested=True, context=None):
+         views=True, nested=True, context=None, progress=None):
     """Load checkpoint ``step``: this rank's shard (``rank``; default torch.distributed's rank
     when it is initialised and the checkpoint was saved by as many ranks, else all shards of a
     one-rank checkpoint); ``rank="all"`` merges every shard (names must differ between shards).
@@ -606,7 +657,29 @@ def load(directory, step, device="cpu", *, rank=None, world_size=None, shard_dim
     each saved rank held a piece of (the pieces, in rank order, concatenate along ``dim``): rank
     ``rank`` gets the M-th part ``rank`` of each such tensor along ``dim`` (reading only the
     overlapping rows of each saved shard), a tensor every shard holds otherwise (replicated) from
-    one of them, and a tensor only some shards hold as it is. Returns the flat dict."""
+    one of them, and a tensor only some shards hold as it is. Returns the flat dict.
+
+    ``progress``: None (default), a callable ``progress(done_bytes, total_bytes)`` called from
+    this thread at most every 0.1 s and once at the end with done == total, or True for a tqdm
+    bar (docs/PYTHON.md, "Progress")."""
+    if progress is None:
+        return _load(directory, step, device, rank, world_size, shard_dims, verify, views, nested,
+                     context)
+    _, world = _manifest(directory, step)
+    paths = [_ferry.ckpt_path(_os.fspath(directory), step, k, world) for k in range(world)]
+    if rank is None and world > 1 and world_size is None and shard_dims is None:
+        dist = _dist()
+        rank = dist.get_rank() if dist is not None and dist.get_world_size() == world else rank
+    if isinstance(rank, int) and 0 <= rank < world and shard_dims is None and world_size in (None, world):
+        paths = [paths[rank]]
+    ctx = context if context is not None else _default_context()
+    return _progress.run(lambda: _load(directory, step, device, rank, world_size, shard_dims, verify,
+                                       views, nested, context),
+                         progress, sum(_progress.load_total(p) for p in paths),
+                         _progress.ctx_counter(ctx, "bytes_read"), "load step %s" % step)
+
+
+def _load(directory, step, device, rank, world_size, shard_dims, verify, views, nested, context):
     mpath, world = _manifest(directory, step)
     if rank != "all" and (shard_dims is not None or (world_size is not None and world_size != world)):
         dist = _dist()
@@ -684,7 +757,7 @@ def _bad_step(e):
 
 
 def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_dims=None, verify=None,
-                views=True, nested=True, missing_ok=False, context=None) -> tuple:
+                views=True, nested=True, missing_ok=False, context=None, progress=None) -> tuple:
     """``(step, state)`` of the newest committed step that loads (and verifies), or ``(None,
     {})`` when the directory exists and has no committed step (or does not exist and
     ``missing_ok``). Takes load's keyword arguments (``world_size`` and ``shard_dims`` to
@@ -696,7 +769,7 @@ def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_di
     a warning naming the bad step and why; ferry.Error (FERRY_ECORRUPT) when none does. Raises
     FileNotFoundError naming ``directory`` when it does not exist (unless ``missing_ok``). Under
     torch.distributed it is a collective: every rank calls it, and all return the same step (the
-    newest that loads on every rank)."""
+    newest that loads on every rank). ``progress`` as in ``load``, for each step it loads."""
     d = _checkpoint_dir(directory, missing_ok)
     if d is None or (_is_url(d) and latest_step(d) is None):
         return None, {}
@@ -719,7 +792,8 @@ def load_latest(directory, device="cpu", *, rank=None, world_size=None, shard_di
                 continue
             try:
                 state = load(d, s, device, rank=rank, world_size=world_size, shard_dims=shard_dims,
-                             verify=verify, views=views, nested=nested, context=context)
+                             verify=verify, views=views, nested=nested, context=context,
+                             progress=progress)
                 step = s
                 break
             except Exception as e:  # noqa: BLE001 (sorted by _bad_step; raised on every rank)

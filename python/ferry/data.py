@@ -305,7 +305,8 @@ def _check_values(np, arrays, src, target, idx) -> None:
 
 
 def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_size: int = 0,
-                  keys=None, cast: bool = False, shuffled_copies: int = 0, seed: int = 0) -> int:
+                  keys=None, cast: bool = False, shuffled_copies: int = 0, seed: int = 0,
+                  progress=None) -> int:
     """Writes a packed dataset: ``format="ferry"`` (a directory of shards and ``ferry.idx``) or
     ``"megatron"`` (``path.bin`` + ``path.idx``, MMIDIDX version 1, each sample a document).
 
@@ -320,6 +321,10 @@ def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_siz
     ``order_indices(n, "shuffle", seed=seed, epoch=c)``, for ``Loader(copies=True, seed=seed)``
     (``ferry pack --shuffled-copies``; N times the data's bytes more; docs/DATA.md).
     The write is durable (data, then index renamed into place). Returns the number of shards.
+    ``progress``: None (default), a callable ``progress(done_bytes, total_bytes)`` (the bytes of
+    the samples' data, times 1 + ``shuffled_copies``; done counts the bytes on disk) called from
+    this thread at most every 0.1 s and once at the end with done == total, or True for a tqdm
+    bar (docs/PYTHON.md, "Progress").
     """
     np = _numpy()
     samples = list(samples)
@@ -378,8 +383,22 @@ def write_dataset(path, samples, *, dtype=None, format: str = "ferry", shard_siz
         raise ValueError("shuffled_copies is for the ferry format")
     if not 0 <= shuffled_copies <= 999:
         raise ValueError(f"shuffled_copies must be 0 to 999, not {shuffled_copies}")
-    return _ferry.write_dataset(_os.fspath(path), kinds[format], elem, shard_size, bufs, keys,
-                                shuffled_copies, seed % _U64)
+    if progress is None:
+        return _ferry.write_dataset(_os.fspath(path), kinds[format], elem, shard_size, bufs, keys,
+                                    shuffled_copies, seed % _U64)
+    from . import _progress
+    p = _os.fspath(path)
+    if format == "ferry":
+        where = lambda: [p]  # noqa: E731
+    else:
+        d, base = _os.path.dirname(p) or ".", _os.path.basename(p)
+        where = lambda: [_os.path.join(d, f) for f in _os.listdir(d) if f.startswith(base)]  # noqa: E731
+    disk = _progress.disk_counter(where)
+    before = disk()
+    total = sum(memoryview(b).nbytes for b in bufs) * (1 + shuffled_copies)
+    return _progress.run(lambda: _ferry.write_dataset(p, kinds[format], elem, shard_size, bufs, keys,
+                                                      shuffled_copies, seed % _U64),
+                         progress, total, lambda: disk() - before, _os.path.basename(p))
 
 
 # ------------------------------------------------------------------------------------- loader

@@ -30,6 +30,7 @@ import time as _time
 import weakref as _weakref
 
 from .. import _ferry
+from .. import _progress
 from .. import Error as _FerryError
 from .. import ECORRUPT as _ECORRUPT
 from .. import default_context as _default_context
@@ -419,7 +420,7 @@ class _TorchAlloc:
 
 
 def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None, verify=False,
-              views=True, staging_budget=None, context=None) -> dict:
+              views=True, staging_budget=None, context=None, progress=None) -> dict:
     """Load a safetensors file into torch tensors on ``device``.
 
     Like ``safetensors.torch.load_file(filename, device)``. ``filename`` may also be a sharded
@@ -440,6 +441,9 @@ def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None,
             False: one allocation per tensor (each can be freed on its own).
         staging_budget: bytes of host memory for slices and verification (default 256 MiB).
         context: the ferry.Context to use (default: ferry.default_context()).
+        progress: ferry's own: None (default), a callable ``progress(done_bytes, total_bytes)``
+            called from this thread at most every 0.1 s and once at the end with done == total,
+            or True for a tqdm bar (docs/PYTHON.md, "Progress").
         backend: safetensors' ``"mmap"`` or ``"pread"`` (checked as safetensors checks it, another
             value raises SafetensorError); ferry reads through its own engine either way.
 
@@ -453,8 +457,14 @@ def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None,
         bad ``backend`` or ``device``.
     """
     _check_backend(backend)
-    return _load_torch(filename, device, keys, slices, verify, views, staging_budget, context,
-                       _TorchAlloc(device))
+    if progress is None:
+        return _load_torch(filename, device, keys, slices, verify, views, staging_budget, context,
+                           _TorchAlloc(device))
+    ctx = context if context is not None else _default_context()
+    return _progress.run(lambda: _load_torch(filename, device, keys, slices, verify, views,
+                                             staging_budget, ctx, _TorchAlloc(device)),
+                         progress, _progress.load_total(filename), _progress.ctx_counter(ctx, "bytes_read"),
+                         _os.path.basename(_os.fspath(filename)))
 
 
 def load_model_dir(directory, device="cpu", **kwargs) -> dict:
@@ -623,7 +633,8 @@ def _add_tensors(w, items):
     return devices
 
 
-def save_file(tensors, filename, metadata=None, *, checksum=False, durable=True, context=None) -> None:
+def save_file(tensors, filename, metadata=None, *, checksum=False, durable=True, context=None,
+              progress=None) -> None:
     """Save ``tensors`` (``dict[str, torch.Tensor]``, CPU or CUDA) to ``filename`` in safetensors.
 
     Like ``safetensors.torch.save_file(tensors, filename, metadata)``: the same checks and errors
@@ -637,7 +648,17 @@ def save_file(tensors, filename, metadata=None, *, checksum=False, durable=True,
             ``load_file(..., verify=True)``.
         durable: False skips the fsyncs (faster, not crash-safe).
         context: the ferry.Context to use.
+        progress: ferry's own: None (default), a callable ``progress(done_bytes, total_bytes)``
+            called from this thread at most every 0.1 s and once at the end with done == total,
+            or True for a tqdm bar (docs/PYTHON.md, "Progress").
     """
+    if progress is not None:
+        ctx = context if context is not None else _default_context()
+        return _progress.run(lambda: save_file(tensors, filename, metadata, checksum=checksum,
+                                               durable=durable, context=context),
+                             progress, _progress.tensor_bytes(tensors),
+                             _progress.ctx_counter(ctx, "bytes_written"),
+                             _os.path.basename(_os.fspath(filename)))
     global _idle_writer
     items = _check_tensors(tensors)
     metadata = _check_metadata(metadata)
