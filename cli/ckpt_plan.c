@@ -93,7 +93,7 @@ static void add(struct row *rows, int *n, const char *name, const char *mode, do
 int ferry_cmd_ckpt_plan(int argc, char **argv)
 {
 	struct plan_opts o = {0};
-	struct cli_args a;
+	struct cli_args a = {0};
 	int rc = cli_parse(&plan_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;

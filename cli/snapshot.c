@@ -73,7 +73,7 @@ static const struct cli_cmd restore_cmd = {
 int ferry_cmd_snapshot(int argc, char **argv)
 {
 	struct snap_opts o = {0};
-	struct cli_args a;
+	struct cli_args a = {0};
 	int rc = cli_parse(&snapshot_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
@@ -114,7 +114,7 @@ int ferry_cmd_snapshot(int argc, char **argv)
 int ferry_cmd_restore(int argc, char **argv)
 {
 	struct snap_opts o = {0};
-	struct cli_args a;
+	struct cli_args a = {0};
 	int rc = cli_parse(&restore_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
