@@ -54,23 +54,6 @@ static struct gsection gs[G_N] = {
 static char skip_line[1024];
 static char model_path[4200], dataset_dir[4200]; /* removed by suite_gpu_cleanup on a signal */
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void drop_cache(const char *path)
-{
-	int fd = open(path, O_RDONLY);
-	if (fd >= 0) {
-		fdatasync(fd);
-		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-		close(fd);
-	}
-}
-
 /* Every row, declared before anything runs so that a skipped one is listed with its reason. */
 static const char *const row_labels[G_N][6] = {
 	[G_XFER] = {"gds (GPUDirect Storage)", "cpu-gpu (bounce buffers)", "pagecache-gpu (page cache)",
@@ -236,7 +219,7 @@ static int baseline_load(ferry_st_load *ld, const char *path, double *secs, char
 		r = fd < 0 ? -errno : -ENOMEM;
 		snprintf(why, whylen, "%.600s: %s", path, strerror(-r));
 	}
-	double t0 = now_s();
+	double t0 = ferry_tools_now_s();
 	for (size_t i = 0; i < n && !r; i++) {
 		size_t len = ferry_st_nbytes(st, i), got = 0;
 		uint64_t off = ferry_st_offset(st, i);
@@ -257,7 +240,7 @@ static int baseline_load(ferry_st_load *ld, const char *path, double *secs, char
 		if (r && !why[0])
 			snprintf(why, whylen, "%s: %s", ferry_strerror(r), ferry_last_error());
 	}
-	*secs = now_s() - t0;
+	*secs = ferry_tools_now_s() - t0;
 	if (fd >= 0)
 		close(fd);
 	for (size_t i = 0; dev && i < n; i++)
@@ -287,13 +270,13 @@ static void run_st(ferry_ctx *ctx, const struct suite_gpu_in *in, const struct m
 		return;
 	}
 	double tb = 0, tf = 0;
-	drop_cache(path);
+	ferry_tools_drop_cache(path);
 	char bwhy[900] = "";
 	int rb_err = baseline_load(ld, path, &tb, bwhy, sizeof(bwhy));
-	drop_cache(path);
-	double t0 = now_s();
+	ferry_tools_drop_cache(path);
+	double t0 = ferry_tools_now_s();
 	int rf_err = ferry_st_load_run(ld, 0, 0, 0);
-	tf = now_s() - t0;
+	tf = ferry_tools_now_s() - t0;
 	if (rf_err)
 		row_failed(rf, rf_err);
 	else {
@@ -342,18 +325,18 @@ static void run_ckpt(ferry_ctx *ctx, const struct suite_gpu_in *in, const struct
 		r = model_write(ctx, m, dev, path, 0, &w);
 	double ts = 0, ta = 0, tk = 0, tk_first = 0;
 	if (!r) {
-		double t0 = now_s();
+		double t0 = ferry_tools_now_s();
 		int64_t k = ferry_st_writer_save(w, path, FERRY_SAVE_CHECKSUM);
-		ts = now_s() - t0;
+		ts = ferry_tools_now_s() - t0;
 		r = k < 0 ? (int)k : 0;
 	}
 	/* Twice: the first also allocates and pins the snapshot's memory, which later saves reuse. */
 	for (int rep = 0; rep < 2 && !r; rep++) {
-		double t0 = now_s();
+		double t0 = ferry_tools_now_s();
 		r = ferry_st_writer_save_async(w, path, FERRY_SAVE_CHECKSUM);
-		tk = now_s() - t0;
+		tk = ferry_tools_now_s() - t0;
 		int64_t k = r ? r : ferry_st_writer_wait(w, -1);
-		ta = now_s() - t0;
+		ta = ferry_tools_now_s() - t0;
 		r = k < 0 ? (int)k : 0;
 		if (!rep)
 			tk_first = tk;
@@ -415,18 +398,18 @@ static int loader_run(ferry_dataset *ds, double seconds, double step_s, double *
 	if (!(r = ferry_loader_set(l, "device", "0")) && !(r = ferry_loader_set(l, "batch_size", "32")) &&
 	    !(r = ferry_loader_set(l, "order", "shuffle")) && !(r = ferry_loader_set(l, "threads", "2")))
 		r = ferry_loader_start(l);
-	double t0 = now_s();
+	double t0 = ferry_tools_now_s();
 	ferry_loader_batch *b;
 	while (!r && (r = ferry_loader_next(l, &b)) == 1) {
 		r = 0;
-		double s = now_s();
-		while (step_s > 0 && now_s() - s < step_s)
+		double s = ferry_tools_now_s();
+		while (step_s > 0 && ferry_tools_now_s() - s < step_s)
 			;
 		ferry_loader_batch_destroy(b);
-		if (now_s() - t0 >= seconds)
+		if (ferry_tools_now_s() - t0 >= seconds)
 			break;
 	}
-	double el = now_s() - t0;
+	double el = ferry_tools_now_s() - t0;
 	if (r == 0 || r == 1) {
 		r = 0;
 		*sps = metric(l, "samples_per_s");

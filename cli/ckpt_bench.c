@@ -14,6 +14,7 @@
 #include "commands.h"
 #include "ferry/gpu.h"
 #include "ferry/safetensors.h"
+#include "ferry_tools.h"
 
 struct bench_opts {
 	const char *dir;
@@ -101,23 +102,6 @@ static size_t make_set(struct btensor **out, uint64_t target)
 	return n;
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void drop_cache(const char *path)
-{
-	int fd = open(path, O_RDONLY);
-	if (fd >= 0) {
-		fdatasync(fd);
-		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-		close(fd);
-	}
-}
-
 /* The last save's statistics and seconds per phase, as one JSON object (bench/ckpt-save.py reads it). */
 static void print_phases(ferry_st_writer *w, const char *what, int rep, double gbps)
 {
@@ -191,9 +175,9 @@ int ferry_cmd_ckpt_bench(int argc, char **argv)
 		 * just before (an earlier run's) are discarded at the next journal commit, which would
 		 * otherwise land inside this save. */
 		sync();
-		double t0 = now_s();
+		double t0 = ferry_tools_now_s();
 		int64_t s = ferry_st_writer_save(w, rep ? path2 : path, sums);
-		double d = now_s() - t0;
+		double d = ferry_tools_now_s() - t0;
 		if (!rep)
 			t_save = d;
 		else if (rep == 1 || d < t_save2)
@@ -217,11 +201,11 @@ int ferry_cmd_ckpt_bench(int argc, char **argv)
 	/* Twice: the first also allocates and pins the snapshot's memory, which later saves reuse. */
 	double t_async_first = 0;
 	for (int rep = 0; rep < 2 && !r; rep++) {
-		double t0 = now_s();
+		double t0 = ferry_tools_now_s();
 		r = ferry_st_writer_save_async(w, path, sums);
-		t_async_block = now_s() - t0;
+		t_async_block = ferry_tools_now_s() - t0;
 		int64_t s = r ? r : ferry_st_writer_wait(w, -1);
-		t_async = now_s() - t0;
+		t_async = ferry_tools_now_s() - t0;
 		r = s < 0 ? (int)s : 0;
 		if (phases && !r)
 			print_phases(w, "async", rep, (double)total / 1e9 / t_async);
@@ -234,12 +218,12 @@ int ferry_cmd_ckpt_bench(int argc, char **argv)
 	 * last one say which path the engine took for its chunks. */
 	for (int rep = 0; rep < loads && !r; rep++) {
 		if (cold)
-			drop_cache(path);
+			ferry_tools_drop_cache(path);
 		for (int k = 0; k < FERRY_STAT__COUNT; k++)
 			st0[k] = ferry_ctx_stat(ctx, (enum ferry_stat)k);
-		double t0 = now_s();
+		double t0 = ferry_tools_now_s();
 		r = ferry_st_load_run(ld, dev, 0, 0);
-		double d = now_s() - t0;
+		double d = ferry_tools_now_s() - t0;
 		for (int k = 0; k < FERRY_STAT__COUNT; k++)
 			st1[k] = ferry_ctx_stat(ctx, (enum ferry_stat)k) - st0[k];
 		if (!rep)

@@ -83,13 +83,6 @@ struct pack {
 	pthread_mutex_t mu;
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Set while a progress line is drawn on a terminal: a message first clears it. */
 static atomic_int progress_tty;
 
@@ -897,7 +890,7 @@ enum { PHASE_SCAN, PHASE_COPY };
 
 static void progress_line(struct pack *p, double t0, int tty)
 {
-	double el = now_s() - t0;
+	double el = ferry_tools_now_s() - t0;
 	const char *end = tty ? "\033[K" : "\n", *start = tty ? "\r" : "";
 	if (atomic_load(&p->phase) == PHASE_SCAN) {
 		uint64_t sc = atomic_load(&p->scanned);
@@ -908,10 +901,10 @@ static void progress_line(struct pack *p, double t0, int tty)
 	} else {
 		static double copy_t0; /* rate and time left over the copy alone (only the progress thread draws) */
 		if (!copy_t0)
-			copy_t0 = now_s();
+			copy_t0 = ferry_tools_now_s();
 		char line[400];
 		cli_progress_format(line, sizeof(line), "ferry pack", NULL, atomic_load(&p->done), p->bytes,
-				    now_s() - copy_t0);
+				    ferry_tools_now_s() - copy_t0);
 		fprintf(stderr, "%s%s of %llu samples%s", start, line, (unsigned long long)p->n, end);
 	}
 	fflush(stderr);
@@ -927,11 +920,11 @@ struct progress {
 static void *progress_main(void *arg)
 {
 	struct progress *g = arg;
-	double last = now_s();
+	double last = ferry_tools_now_s();
 	while (!atomic_load(&g->p->stop)) {
 		for (int k = 0; k < 10 && !atomic_load(&g->p->stop); k++)
 			usleep(10000); /* a short pack does not wait for the next redraw to end */
-		double t = now_s();
+		double t = ferry_tools_now_s();
 		if (atomic_load(&g->p->stop))
 			break;
 		if (g->tty || t - last >= 5) {
@@ -1121,7 +1114,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 	const char *out = o->out;
 	int kind = o->kind, json = o->json, quiet = o->quiet;
 	long threads = o->threads;
-	double t0 = now_s();
+	double t0 = ferry_tools_now_s();
 	if (p.key) {
 		p.want = dtype >= 0 ? 'a' : 's';
 		for (size_t k = 0; p.want == 'a' && k < sizeof(token_types) / sizeof(token_types[0]); k++)
@@ -1176,7 +1169,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 	if (!quiet && pthread_create(&ptid, NULL, progress_main, &g) == 0)
 		progress_tid = &ptid;
 	int failed = scan(&p);
-	double t_scan = now_s(), t_copy = t_scan;
+	double t_scan = ferry_tools_now_s(), t_copy = t_scan;
 	if (!failed && !p.n) {
 		stop_progress(&p, progress_tid, &g, 0);
 		progress_tid = NULL;
@@ -1229,7 +1222,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		p.shard_mu = calloc((size_t)(nshards ? nshards : 1), sizeof(*p.shard_mu));
 		for (int k = 0; p.shard_mu && k < nshards; k++)
 			pthread_mutex_init(&p.shard_mu[k], NULL);
-		t_copy = now_s(); /* after the writer's layout */
+		t_copy = ferry_tools_now_s(); /* after the writer's layout */
 		if ((uint64_t)threads > p.n)
 			threads = (long)p.n;
 		jobs = calloc((size_t)threads, sizeof(*jobs));
@@ -1280,7 +1273,7 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 		}
 	}
 	stop_progress(&p, progress_tid, &g, 0);
-	double el = now_s() - t0, t_end = now_s();
+	double el = ferry_tools_now_s() - t0, t_end = ferry_tools_now_s();
 	ferry_dataset_writer_destroy(p.w);
 	ferry_ctx_destroy(ctx);
 	uint64_t skipped = 0;

@@ -1,16 +1,10 @@
 /* The CLI's progress line (cli/progress.h). */
 #include "progress.h"
+#include "ferry_tools.h"
 
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static const char *human(char *buf, size_t len, double v)
 {
@@ -60,7 +54,7 @@ static void draw(struct cli_progress *p, int complete)
 	uint64_t done = p->poll ? p->poll(p->arg) : atomic_load(&p->done);
 	if (complete && done < p->total) /* parts the work did not need to read (no checksum to check) */
 		done = p->total;
-	cli_progress_format(line, sizeof(line), p->label, p->unit, done, p->total, now_s() - p->t0);
+	cli_progress_format(line, sizeof(line), p->label, p->unit, done, p->total, ferry_tools_now_s() - p->t0);
 	fprintf(stderr, "\r%s\033[K", line);
 	fflush(stderr);
 }
@@ -91,7 +85,7 @@ void cli_progress_start(struct cli_progress *p, const char *label, const char *u
 	p->total = total;
 	p->poll = poll;
 	p->arg = arg;
-	p->t0 = now_s();
+	p->t0 = ferry_tools_now_s();
 	if (cli_progress_wanted(quiet) && pthread_create(&p->tid, NULL, progress_main, p) == 0)
 		p->on = 1;
 }

@@ -7,13 +7,7 @@
 #include "commands.h"
 #include "ferry/ferry.h"
 #include "ferry_snapshot.h"
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+#include "ferry_tools.h"
 
 struct snap_opts {
 	int leave_running, gpu_only;
@@ -85,18 +79,18 @@ int ferry_cmd_snapshot(int argc, char **argv)
 		return cli_usage_error(&snapshot_cmd, &a, o.gpu_only ? "--gpu-only takes no DIR" : "DIR is missing");
 	double t[2];
 	if (o.gpu_only) {
-		double t0 = now_s();
+		double t0 = ferry_tools_now_s();
 		if (ferry_snapshot_gpu_suspend((int)pid, o.lock_timeout_ms)) {
 			fprintf(stderr, "ferry snapshot: %s\n", ferry_last_error());
 			return 1;
 		}
-		double t1 = now_s();
+		double t1 = ferry_tools_now_s();
 		if (ferry_snapshot_gpu_resume((int)pid)) {
 			fprintf(stderr, "ferry snapshot: pid %ld was suspended, but: %s\n", pid, ferry_last_error());
 			return 1;
 		}
 		printf("pid %ld: GPU suspended in %.3f s (lock, checkpoint), resumed in %.3f s (restore, unlock)\n", pid,
-		       t1 - t0, now_s() - t1);
+		       t1 - t0, ferry_tools_now_s() - t1);
 		return 0;
 	}
 	struct ferry_snapshot_opts so = {.lock_timeout_ms = o.lock_timeout_ms, .leave_running = o.leave_running,

@@ -61,13 +61,6 @@ static const struct cli_cmd cmd = {
 	.max_args = 0,
 };
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
 static double val(const ferry_sampler *s, size_t i, const char *m)
 {
 	double v;
@@ -292,8 +285,8 @@ static int listen_on(const char *addr, char *shown, size_t len)
 
 static void send_all(int fd, const char *p, size_t n)
 {
-	double deadline = now_s() + 2.0;
-	while (n && now_s() < deadline) {
+	double deadline = ferry_tools_now_s() + 2.0;
+	while (n && ferry_tools_now_s() < deadline) {
 		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
 		if (w > 0) {
 			p += w;
@@ -335,7 +328,7 @@ static void respond(struct client *c, ferry_sampler *s)
 static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
 {
 	while (!stop) {
-		double left = deadline - now_s();
+		double left = deadline - ferry_tools_now_s();
 		if (left <= 0)
 			return;
 		struct pollfd pf[MAX_CLIENTS + 1];
@@ -361,7 +354,7 @@ static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
 				cl[slot].fd = fd;
 				cl[slot].len = 0;
 				cl[slot].buf[0] = '\0';
-				cl[slot].since = now_s();
+				cl[slot].since = ferry_tools_now_s();
 			}
 		}
 		for (int i = 0; i < MAX_CLIENTS; i++) {
@@ -375,7 +368,7 @@ static void serve(int lfd, struct client *cl, ferry_sampler *s, double deadline)
 			}
 			int done = got > 0 && (strstr(c->buf, "\r\n\r\n") || strstr(c->buf, "\n\n"));
 			int dead = got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR) ||
-				   c->len >= sizeof(c->buf) - 1 || now_s() - c->since > 5.0;
+				   c->len >= sizeof(c->buf) - 1 || ferry_tools_now_s() - c->since > 5.0;
 			if (done)
 				respond(c, s);
 			if (done || dead) {
@@ -431,13 +424,13 @@ int ferry_cmd_top(int argc, char **argv)
 			close(lfd);
 		return 1;
 	}
-	double next = now_s() + interval;
+	double next = ferry_tools_now_s() + interval;
 	for (long shown = 0; !stop && (count < 0 || shown < count); shown++) {
 		if (lfd >= 0) {
 			serve(lfd, cl, s, next);
 		} else {
 			double left;
-			while (!stop && (left = next - now_s()) > 0) {
+			while (!stop && (left = next - ferry_tools_now_s()) > 0) {
 				struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
 				nanosleep(&ts, NULL);
 			}

@@ -11,13 +11,6 @@
 
 #define GET_MAX (64u << 20) /* bytes of the one ranged GET: long enough for a rate, one part */
 
-static double now_s(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -54,9 +47,9 @@ void ferry__doctor_url(ferry_report *r, const char *url)
 		f = NULL;
 		ferry__error_clear();
 	}
-	double t0 = now_s();
+	double t0 = ferry_tools_now_s();
 	int err = ferry_file_open(ctx, url, FERRY_O_RDONLY, &f);
-	double first = now_s() - t0;
+	double first = ferry_tools_now_s() - t0;
 	if (err) {
 		const char *why = ferry_last_error();
 		ferry__report_addf(r, "remote.reach", url, FERRY_VERDICT_FAIL, "the object answers a HEAD", "HEAD", 
@@ -85,10 +78,10 @@ void ferry__doctor_url(ferry_report *r, const char *url)
 	int n = 0;
 	for (; n < 3; n++) {
 		ferry_file *g = NULL;
-		t0 = now_s();
+		t0 = ferry_tools_now_s();
 		if (ferry_file_open(ctx, url, FERRY_O_RDONLY, &g))
 			break;
-		lat[n] = now_s() - t0;
+		lat[n] = ferry_tools_now_s() - t0;
 		ferry_file_destroy(g);
 	}
 	if (n)
@@ -107,9 +100,9 @@ void ferry__doctor_url(ferry_report *r, const char *url)
 		ferry__report_add(r, "remote.get_rate", url, FERRY_VERDICT_UNKNOWN, "out of memory",
 				  "one ranged GET of up to 64 MiB", "GET", "");
 	} else {
-		t0 = now_s();
+		t0 = ferry_tools_now_s();
 		ssize_t got = ferry_pread(f, buf, len, 0);
-		double dt = now_s() - t0;
+		double dt = ferry_tools_now_s() - t0;
 		if (got != (ssize_t)len)
 			ferry__report_addf(r, "remote.get_rate", url, FERRY_VERDICT_FAIL, "one ranged GET of up to 64 MiB", "GET",
 					   "", "%s", got < 0 ? ferry_last_error() : "short read");

@@ -108,6 +108,10 @@ FERRY_API FERRY_WUR int ferry_sampler_prometheus(ferry_sampler *s, const char **
  * \ufffd; NULL as null. Returns 0, -ENOMEM, or -EIO when out reports an error.
  */
 FERRY_API int ferry_tools_json_string(FILE *out, const char *s);
+/* Seconds on the monotonic clock (the CLI's timers and progress lines). */
+FERRY_API double ferry_tools_now_s(void);
+/* Writes path's dirty pages and drops its pages from the page cache (a cold read next); best effort. */
+FERRY_API void ferry_tools_drop_cache(const char *path);
 /* The CRC-32C that ferry's shard format stores (crc 0 to start; "123456789" gives 0xE3069283). */
 FERRY_API uint32_t ferry_tools_crc32c(uint32_t crc, const void *buf, size_t len);
 

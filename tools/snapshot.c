@@ -25,6 +25,7 @@
 #include "base/durable.h"
 #include "ferry/ferry.h"
 #include "ferry_snapshot.h"
+#include "ferry_tools.h"
 #include "gpu/shim.h"
 
 #define MANIFEST "ferry-snapshot.json"
@@ -33,13 +34,6 @@ const char *ferry_snapshot_state_name(int state)
 {
 	static const char *const names[] = {"running", "locked", "checkpointed", "failed"};
 	return state >= 0 && state <= 3 ? names[state] : "unknown";
-}
-
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 /* The thread's error detail without the ": <what err means>" that ferry__error appended, so that
@@ -108,18 +102,21 @@ static int api_get(const struct ferry__cuda_api **cu)
 	return err;
 }
 
+static int get_state(const struct ferry__cuda_api *cu, int pid, ferry__CUprocessState *s)
+{
+	*s = 0;
+	ferry__CUresult r = cu->CheckpointProcessGetState(pid, s);
+	return r == FERRY__CUDA_SUCCESS ? 0 : ferry__cuda_fail(r, "cuCheckpointProcessGetState(pid %d)", pid);
+}
+
 int ferry_snapshot_gpu_state(int pid, int *state)
 {
 	const struct ferry__cuda_api *cu;
-	int aerr = api_get(&cu);
-	if (aerr)
-		return aerr;
-	ferry__CUprocessState s = 0;
-	ferry__CUresult r = cu->CheckpointProcessGetState(pid, &s);
-	if (r != FERRY__CUDA_SUCCESS)
-		return ferry__cuda_fail(r, "cuCheckpointProcessGetState(pid %d)", pid);
-	*state = (int)s;
-	return 0;
+	ferry__CUprocessState s;
+	int err = api_get(&cu);
+	if (!err && !(err = get_state(cu, pid, &s)))
+		*state = (int)s;
+	return err;
 }
 
 /* The state after a failure, appended to the error: "; its GPU state is now running". */
@@ -177,12 +174,12 @@ int ferry_snapshot_gpu_resume(int pid)
 	int aerr = api_get(&cu);
 	if (aerr)
 		return aerr;
-	ferry__CUprocessState s = 0;
-	ferry__CUresult r = cu->CheckpointProcessGetState(pid, &s);
-	if (r != FERRY__CUDA_SUCCESS)
-		return ferry__cuda_fail(r, "cuCheckpointProcessGetState(pid %d)", pid);
+	ferry__CUprocessState s;
+	if ((aerr = get_state(cu, pid, &s)))
+		return aerr;
 	if (s == FERRY__CU_PROCESS_STATE_RUNNING)
 		return 0;
+	ferry__CUresult r;
 	if (s == FERRY__CU_PROCESS_STATE_CHECKPOINTED) {
 		ferry__CUcheckpointRestoreArgs ra;
 		memset(&ra, 0, sizeof(ra));
@@ -242,11 +239,11 @@ static int run(char *const argv[], char *out, size_t len, int timeout_s)
 	}
 	close(p[1]);
 	size_t n = 0;
-	double end = now_s() + timeout_s;
+	double end = ferry_tools_now_s() + timeout_s;
 	int killed = 0;
 	for (;;) {
 		struct pollfd pf = {.fd = p[0], .events = POLLIN};
-		int left = (int)((end - now_s()) * 1000);
+		int left = (int)((end - ferry_tools_now_s()) * 1000);
 		if (left <= 0) {
 			kill(pid, SIGKILL);
 			killed = 1;
@@ -490,10 +487,10 @@ int ferry_snapshot_take(int pid, const char *dir, const struct ferry_snapshot_op
 				   ferry_snapshot_state_name(state));
 		goto out;
 	}
-	double t0 = now_s();
+	double t0 = ferry_tools_now_s();
 	if ((err = ferry_snapshot_gpu_suspend(pid, o->lock_timeout_ms)))
 		goto out;
-	double t1 = now_s();
+	double t1 = ferry_tools_now_s();
 	char pids[32], out[4096];
 	snprintf(pids, sizeof(pids), "%d", pid);
 	char *argv[64] = {criu.path, (char *)"dump", (char *)"-t", pids, (char *)"-D", (char *)dir,
@@ -505,7 +502,7 @@ int ferry_snapshot_take(int pid, const char *dir, const struct ferry_snapshot_op
 	argv[n] = NULL;
 	int rc = run(argv, out, sizeof(out), 3600);
 	free(extra);
-	double t2 = now_s();
+	double t2 = ferry_tools_now_s();
 	if (rc != 0) {
 		char what[128];
 		snprintf(what, sizeof(what), "criu dump -t %d", pid);
@@ -580,17 +577,17 @@ int ferry_snapshot_restore(const char *dir, const struct ferry_snapshot_opts *o,
 	int k = 9;
 	char *extra = split_args(o->criu_args, argv, &k, 62);
 	argv[k] = NULL;
-	double t0 = now_s();
+	double t0 = ferry_tools_now_s();
 	int rc = run(argv, out, sizeof(out), 3600);
 	free(extra);
-	double t1 = now_s();
+	double t1 = ferry_tools_now_s();
 	if (rc != 0)
 		return criu_failed("criu restore", rc, out, dir, "restore.log");
 	if ((err = ferry_snapshot_gpu_resume((int)pid)))
 		return ferry__error(err, "criu restored pid %ld, but its GPU state was not: %s", pid, detail(msg, sizeof(msg), err));
 	if (seconds) {
 		seconds[0] = t1 - t0;
-		seconds[1] = now_s() - t1;
+		seconds[1] = ferry_tools_now_s() - t1;
 	}
 	return (int)pid;
 }

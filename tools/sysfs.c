@@ -171,6 +171,21 @@ int ferry_tools_json_string(FILE *out, const char *s)
 	return r;
 }
 
+double ferry_tools_now_s(void)
+{
+	return (double)ferry__now_ns() * 1e-9;
+}
+
+void ferry_tools_drop_cache(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		(void)fdatasync(fd);
+		(void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		close(fd);
+	}
+}
+
 uint32_t ferry_tools_crc32c(uint32_t crc, const void *buf, size_t len)
 {
 	return ferry__crc32c(crc, buf, len);
