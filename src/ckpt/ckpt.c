@@ -958,15 +958,9 @@ static int prune(const char *dir, int keep, int recycle)
 			continue; /* maybe being written */
 		int64_t **arr = has ? &committed : &debris;
 		size_t *n = has ? &nc : &nd, *c = has ? &cc : &cd;
-		if (*n == *c) {
-			size_t nc2 = *c ? *c * 2 : 16;
-			int64_t *q = realloc(*arr, nc2 * sizeof(int64_t));
-			if (!q) {
-				r = -ENOMEM;
-				break;
-			}
-			*arr = q;
-			*c = nc2;
+		if (ferry__grow((void **)arr, c, *n + 1, sizeof(**arr))) {
+			r = -ENOMEM;
+			break;
 		}
 		(*arr)[(*n)++] = s;
 	}
@@ -1150,15 +1144,9 @@ int64_t ferry_ckpt_steps(const char *dir, int64_t *steps, size_t cap)
 			if (s < 0 || strcmp(canon, e->d_name) || fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) ||
 			    !S_ISDIR(st.st_mode) || fstatat(dirfd(d), p, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
 				continue;
-			if (n == c) {
-				size_t c2 = c ? c * 2 : 16;
-				int64_t *q = realloc(all, c2 * sizeof(*q));
-				if (!q) {
-					r = ferry__error(-ENOMEM, "ckpt: out of memory");
-					break;
-				}
-				all = q;
-				c = c2;
+			if (ferry__grow((void **)&all, &c, n + 1, sizeof(*all))) {
+				r = ferry__error(-ENOMEM, "ckpt: out of memory");
+				break;
 			}
 			all[n++] = s;
 		}

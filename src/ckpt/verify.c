@@ -109,14 +109,8 @@ static int parse_shard_name(const char *name, int *rank, int *world)
 
 static struct vfile *add_file(ferry_ckpt_report *rep, const char *name)
 {
-	if (rep->nf == rep->cf) {
-		size_t c = rep->cf ? rep->cf * 2 : 8;
-		struct vfile *q = realloc(rep->f, c * sizeof(*q));
-		if (!q)
-			return NULL;
-		rep->f = q;
-		rep->cf = c;
-	}
+	if (ferry__grow((void **)&rep->f, &rep->cf, rep->nf + 1, sizeof(*rep->f)))
+		return NULL;
 	struct vfile *f = &rep->f[rep->nf];
 	memset(f, 0, sizeof(*f));
 	if (!(f->name = strdup(name)))
@@ -158,14 +152,8 @@ static int manifest_shards(struct ferry__json *j, struct manifest *m, const char
 	if (ferry__json_array_begin(j))
 		return 1;
 	while ((a = ferry__json_array_next(j)) == 1) {
-		if (m->n == m->cap) {
-			size_t c = m->cap ? m->cap * 2 : 8;
-			struct mshard *q = realloc(m->sh, c * sizeof(*q));
-			if (!q)
-				return ferry__error(-ENOMEM, "ckpt: out of memory");
-			m->sh = q;
-			m->cap = c;
-		}
+		if (ferry__grow((void **)&m->sh, &m->cap, m->n + 1, sizeof(*m->sh)))
+			return ferry__error(-ENOMEM, "ckpt: out of memory");
 		struct mshard *s = &m->sh[m->n];
 		memset(s, 0, sizeof(*s));
 		size_t opos = j->pos;
@@ -402,14 +390,8 @@ static void read_replicated(ferry_ckpt_report *rep, struct vfile *f, const char 
 				}
 				rp.nbytes = ferry_st_nbytes(st, (size_t)idx);
 				rp.file = f->name;
-				if (rep->nrp == rep->crp) {
-					size_t c = rep->crp ? rep->crp * 2 : 64;
-					struct rpiece *q = realloc(rep->rp, c * sizeof(*q));
-					if (!q)
-						goto bad_piece;
-					rep->rp = q;
-					rep->crp = c;
-				}
+				if (ferry__grow((void **)&rep->rp, &rep->crp, rep->nrp + 1, sizeof(*rep->rp)))
+					goto bad_piece;
 				rep->rp[rep->nrp++] = rp;
 				continue;
 bad_piece:
