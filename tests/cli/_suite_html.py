@@ -1,7 +1,7 @@
 """The HTML checks of the --suite tests: well formed enough and self-contained."""
 import html.parser
 
-VOID = {"meta", "br", "rect", "img", "hr", "link", "input", "col", "line"}
+VOID = {"meta", "br", "rect", "img", "hr", "link", "input", "col"}
 
 
 class Checker(html.parser.HTMLParser):

@@ -1,42 +1,12 @@
 """ferry bench --suite: the table with a reading per section, JSON, and a self-contained HTML report."""
-import html.parser
 import json
 import os
 
 from _bench import check, finish, run, scratch
+from _suite_html import Checker
 
 SECTIONS = ["Sequential vs random", "4 KiB vs 1 MiB requests", "Queue depth", "Jobs",
             "Buffered vs O_DIRECT", "psync vs io_uring"]
-VOID = {"meta", "br", "rect", "img", "hr", "link", "input", "col"}
-
-
-class Checker(html.parser.HTMLParser):
-    """Well-formed enough: every non-void element closed in order; no external resources."""
-
-    def __init__(self):
-        super().__init__()
-        self.stack, self.errors, self.tags = [], [], {}
-
-    def handle_starttag(self, tag, attrs):
-        self.tags[tag] = self.tags.get(tag, 0) + 1
-        for name, val in attrs:
-            if name in ("src", "href") or (val and "url(" in val):
-                self.errors.append(f"external resource: <{tag} {name}={val}>")
-        if tag == "script":
-            self.errors.append("script element")
-        if tag not in VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag, attrs):
-        self.tags[tag] = self.tags.get(tag, 0) + 1
-
-    def handle_endtag(self, tag):
-        if tag in VOID:
-            return
-        if not self.stack or self.stack[-1] != tag:
-            self.errors.append(f"</{tag}> closes {self.stack[-1] if self.stack else 'nothing'}")
-        else:
-            self.stack.pop()
 
 
 def main():
