@@ -615,17 +615,24 @@ def _remove_duplicate_names(state_dict, *, preferred_names=None, discard_names=N
     return to_remove
 
 
+def _st_layout(k, v):
+    """(safetensors dtype, shape) of tensor v named k as a file stores it: F4's last dimension counts
+    values, two per float4_e2m1fn_x2 element (so a scalar of it cannot be stored)."""
+    dt = _st_dtype_name(v.dtype)
+    shape = list(v.shape)
+    if dt == "F4":
+        if not shape:
+            raise ValueError("tensor %r: a float4_e2m1fn_x2 scalar holds two F4 values; "
+                             "safetensors needs a shape" % k)
+        shape[-1] *= 2
+    return dt, shape
+
+
 def _add_tensors(w, items):
     """Adds (name, tensor) to a C writer or checkpoint; returns the CUDA devices involved."""
     devices = set()
     for k, v in items:
-        dt = _st_dtype_name(v.dtype)
-        shape = list(v.shape)
-        if dt == "F4":
-            if not shape:
-                raise ValueError("tensor %r: a float4_e2m1fn_x2 scalar holds two F4 values; "
-                                 "safetensors needs a shape" % k)
-            shape[-1] *= 2
+        dt, shape = _st_layout(k, v)
         nb = v.numel() * v.element_size()
         w.add(k, dt, shape, v.data_ptr() if nb else 0, nb)
         if v.device.type == "cuda":
@@ -760,13 +767,7 @@ def save(tensors, metadata=None) -> bytes:
     metadata = _check_metadata(metadata) if metadata is not None else None
     rows = []
     for k, v in items:
-        dt = _st_dtype_name(v.dtype)
-        shape = list(v.shape)
-        if dt == "F4":
-            if not shape:
-                raise ValueError("tensor %r: a float4_e2m1fn_x2 scalar holds two F4 values; "
-                                 "safetensors needs a shape" % k)
-            shape[-1] *= 2
+        dt, shape = _st_layout(k, v)
         rows.append((-_LAYOUT.index(dt), k, dt, shape, v))
     rows.sort(key=lambda r: (r[0], r[1]))
     header, chunks, at = {}, [], 0
