@@ -243,7 +243,10 @@ static int status_errno(long status)
  * to machines that keep them elsewhere. SSL_CERT_FILE and CURL_CA_BUNDLE (the variables OpenSSL and
  * curl read) come first, then the first of the usual places that exists; NULL leaves libcurl's own.
  */
-static const char *ca_bundle(void)
+static const char *ca_found;
+static pthread_once_t ca_once = PTHREAD_ONCE_INIT;
+
+static void ca_find(void)
 {
 	static const char *const env[] = {"CURL_CA_BUNDLE", "SSL_CERT_FILE"};
 	static const char *const files[] = {
@@ -255,13 +258,21 @@ static const char *ca_bundle(void)
 	};
 	for (size_t i = 0; i < sizeof(env) / sizeof(env[0]); i++) {
 		const char *v = getenv(env[i]);
-		if (v && *v)
-			return v;
+		if (v && *v) {
+			ca_found = v;
+			return;
+		}
 	}
-	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]) && !ca_found; i++)
 		if (!access(files[i], R_OK))
-			return files[i];
-	return NULL;
+			ca_found = files[i];
+}
+
+/* Looked up once per process (every request sets it: a part's GET must not stat five paths). */
+static const char *ca_bundle(void)
+{
+	pthread_once(&ca_once, ca_find);
+	return ca_found;
 }
 
 /* Options every request of r carries. */
