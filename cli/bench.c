@@ -68,6 +68,31 @@ static const char *set_xfer(void *opts, const char *val)
 	       "gdsio's number 0-6, or all";
 }
 
+/* --gpus LIST: devices by number, comma separated, each once (gdsio's -d, for several) */
+static const char *set_gpus(void *opts, const char *val)
+{
+	static const char *const want = "a comma-separated list of GPU numbers, each once (0,1), at most 16";
+	struct bench_cli *c = opts;
+	const char *p = val;
+	c->jo.ngpus = 0;
+	while (*p) {
+		char *end;
+		if (*p < '0' || *p > '9' || c->jo.ngpus == BENCH_MAX_GPUS)
+			return want;
+		long v = strtol(p, &end, 10);
+		if (v > 1024 || (*end && *end != ','))
+			return want;
+		for (unsigned k = 0; k < c->jo.ngpus; k++)
+			if (c->jo.gpus[k] == (int)v)
+				return want;
+		c->jo.gpus[c->jo.ngpus++] = (int)v;
+		p = *end ? end + 1 : end;
+		if (*end && !*p)
+			return want;
+	}
+	return c->jo.ngpus ? NULL : want;
+}
+
 static const struct cli_choice rw_names[] = {
 	{"read", BENCH_READ, 0},	   {"write", BENCH_WRITE, 0},	      {"randread", BENCH_RANDREAD, 0},
 	{"randwrite", BENCH_RANDWRITE, 0}, {"randrw", BENCH_RANDRW, 0}, {NULL, 0, 0},
@@ -152,6 +177,9 @@ static const struct cli_opt rows[] = {
 	 .help = "to/from GPU memory (gdsio's -x): gds, cpu, cpu-gpu, cpu-async-gpu, pagecache-gpu, gds-async, "
 		 "gds-batch, auto (or gdsio's 0-6), or all"},
 	{.name = "gpu", .kind = CLI_INT, .off = JO(gpu), .arg = "N", .max = 1024, .help = "with -x: the GPU (default 0)"},
+	{.name = "gpus", .kind = CLI_FUNC, .set = set_gpus, .arg = "LIST",
+	 .help = "several GPUs at once from one process (gdsio's -d): --numjobs jobs per GPU, each GPU's figure, "
+		 "the total and the pinned ceilings of one GPU and of all at once (default -x auto)"},
 	{.name = "api", .kind = CLI_CHOICE, .off = JO(api_pread), .arg = "queue|pread", .choices = apis,
 	 .help = "queue: each job keeps --iodepth I/Os on its own ring (default); pread: each I/O is one "
 		 "ferry_pread/pwrite, split over the worker threads"},
@@ -211,6 +239,8 @@ static void json_cannot(struct bench_json *j, void *arg)
 		bench_json_close_obj(j);
 	}
 	bench_json_close_arr(j);
+	if (l->n && l->res[0]->opts.ngpus)
+		bench_json_gpus(j, l->res[0]);
 }
 
 static int run_suite(struct bench_cli *c, const struct cli_args *a, FILE **out)
@@ -335,6 +365,26 @@ int ferry_cmd_bench(int argc, char **argv)
 		rc = cli_usage_error(&cmd, NULL, "--gpu goes with -x");
 		goto done;
 	}
+	if (jo->ngpus) {
+		if (cli_given(&cmd, &a, "gpu")) {
+			rc = cli_usage_error(&cmd, NULL, "give --gpu or --gpus, not both");
+			goto done;
+		}
+		if (c.xall || c.bs_max != jo->bs) {
+			rc = cli_usage_error(&cmd, NULL, "--gpus takes one transfer mode and one --bs (not -x all or a sweep)");
+			goto done;
+		}
+		if (jo->xmode == BENCH_X_NONE) {
+			jo->xmode = BENCH_X_AUTO;
+			if (!cli_given(&cmd, &a, "direct"))
+				jo->direct = BENCH_DIRECT_AUTO;
+		}
+		if (!bench_x_on_gpu(jo->xmode)) {
+			rc = cli_usage_error(&cmd, NULL, "--gpus needs a transfer mode to GPU memory, not -x %s",
+					     bench_x_names[jo->xmode]);
+			goto done;
+		}
+	}
 	if (c.xall && c.bs_max != jo->bs) {
 		rc = cli_usage_error(&cmd, NULL, "-x all takes one --bs, not a sweep");
 		goto done;
@@ -351,7 +401,39 @@ int ferry_cmd_bench(int argc, char **argv)
 	double htod = 0, dtoh = 0;
 	char gpu_why[512] = "";
 	rc = 0;
-	if (jo->xmode != BENCH_X_NONE && (c.xall || bench_x_on_gpu(jo->xmode))) {
+	struct bench_gpu_part parts[BENCH_MAX_GPUS] = {{0}};
+	double htod_all = 0, dtoh_all = 0;
+	if (jo->ngpus) {
+		/* each listed device must exist before anything runs: a missing one is named, with the
+		 * devices this process can see */
+		int count = ferry_gpu_count();
+		if (count < 0) {
+			fprintf(stderr, "ferry bench: --gpus needs a GPU: %s\n", ferry_last_error());
+			rc = 1;
+			goto done;
+		}
+		for (unsigned g = 0; g < jo->ngpus; g++)
+			if (jo->gpus[g] >= count) {
+				const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+				fprintf(stderr, "ferry bench: --gpus: GPU %d does not exist: this process sees %d GPU%s, "
+						"numbered from 0 (CUDA_VISIBLE_DEVICES %s%s)\n",
+					jo->gpus[g], count, count == 1 ? "" : "s", vis ? "is " : "is unset", vis ? vis : "");
+				rc = 1;
+				goto done;
+			}
+		for (unsigned g = 0; g < jo->ngpus && !rc; g++)
+			if (ferry_gpu_copy_ceiling(jo->gpus[g], 256u << 20, 5, &parts[g].htod, &parts[g].dtoh) < 0)
+				rc = 1;
+		if (!rc && ferry_gpu_copy_ceiling_all(jo->gpus, jo->ngpus, 256u << 20, 5, &htod_all, &dtoh_all) < 0)
+			rc = 1;
+		if (rc) {
+			fprintf(stderr, "ferry bench: measuring the pinned copy ceilings of --gpus failed: %s\n",
+				ferry_last_error());
+			goto done;
+		}
+		jo->numjobs *= jo->ngpus;
+	}
+	if (!jo->ngpus && jo->xmode != BENCH_X_NONE && (c.xall || bench_x_on_gpu(jo->xmode))) {
 		/* the ceilings every GPU figure is a fraction of, measured in this run */
 		int err = ferry_gpu_copy_ceiling(jo->gpu, 256u << 20, 5, &htod, &dtoh);
 		if (err < 0) {
@@ -393,8 +475,14 @@ int ferry_cmd_bench(int argc, char **argv)
 			}
 			int failed = bench_run(&one, r);
 			bench_error_sink = NULL;
-			r->htod = htod;
-			r->dtoh = dtoh;
+			r->htod = jo->ngpus ? htod_all : htod;
+			r->dtoh = jo->ngpus ? dtoh_all : dtoh;
+			for (unsigned g = 0; g < jo->ngpus; g++) {
+				r->part[g].htod = parts[g].htod;
+				r->part[g].dtoh = parts[g].dtoh;
+			}
+			r->htod_all = htod_all;
+			r->dtoh_all = dtoh_all;
 			if (failed && !c.xall) {
 				rc = 1;
 				break;
@@ -418,7 +506,9 @@ int ferry_cmd_bench(int argc, char **argv)
 			bench_print_json(out, ok, nok, jo->xmode != BENCH_X_NONE ? json_cannot : NULL, &(struct cannot_list){res, n});
 		else
 			bench_print_normal(out, ok, nok);
-		if (!c.json && jo->xmode != BENCH_X_NONE)
+		if (!c.json && jo->ngpus && nok)
+			bench_print_gpus(out, ok[0]);
+		else if (!c.json && jo->xmode != BENCH_X_NONE)
 			bench_print_xfer(out, res, n);
 	}
 	for (unsigned i = 0; i < n; i++)

@@ -84,6 +84,8 @@ void bench_offsets_free(struct bench_offsets *g);
 enum bench_rw { BENCH_READ, BENCH_WRITE, BENCH_RANDREAD, BENCH_RANDWRITE, BENCH_RANDRW };
 enum bench_cold { BENCH_COLD_NONE, BENCH_COLD_FILE, BENCH_COLD_SYSTEM };
 
+#define BENCH_MAX_GPUS 16
+
 /* What one run (one job group: numjobs threads, one block size) is asked to do. */
 struct bench_job_opts {
 	const char *name;
@@ -108,6 +110,8 @@ struct bench_job_opts {
 	int quiet;              /* no notes on stderr (the suite) */
 	int xmode;              /* -x: BENCH_X_NONE (0: host memory, no -x), else BENCH_X(gdsio's number), BENCH_X_AUTO */
 	int gpu;                /* --gpu: the device for -x */
+	unsigned ngpus;         /* --gpus: 0, or the devices that job k uses in turn (gpus[k % ngpus]) */
+	int gpus[BENCH_MAX_GPUS];
 	int api_pread;          /* --api=pread: each I/O is one ferry_pread/pwrite (worker pool) */
 	enum bench_randgen randgen; /* --random_generator */
 	int norandommap;        /* --norandommap: uniform picks with repeats, no passes */
@@ -124,6 +128,8 @@ struct bench_job_opts {
 #define BENCH_X_AUTO 8
 #define BENCH_X_COUNT 9
 extern const char *const bench_x_names[BENCH_X_COUNT];
+/* The GPU job number job uses: --gpus' devices in turn, else --gpu. */
+int bench_job_gpu(const struct bench_job_opts *o, unsigned job);
 /* 1 if the mode moves data to or from device memory (all but none and cpu). */
 int bench_x_on_gpu(int xmode);
 
@@ -152,6 +158,13 @@ struct bench_result {
 	char path_info[768];    /* -x: ferry_file_path_info() of the file after the run */
 	double htod, dtoh;      /* -x: pinned copy ceilings (bytes/s) measured in the same invocation */
 	char cannot[768];       /* -x all: why this mode cannot run here ("" if it ran) */
+	/* --gpus: each device's part of the run (its jobs), and the ceilings of all at once */
+	struct bench_gpu_part {
+		uint64_t bytes, ios;
+		uint64_t wall_ns;       /* its jobs' first start to last finish */
+		double htod, dtoh;      /* this device's ceilings measured alone */
+	} part[BENCH_MAX_GPUS];
+	double htod_all, dtoh_all;      /* every listed device copying at once (bytes of all per second) */
 };
 
 /*
@@ -177,6 +190,11 @@ double bench_gbps(const struct bench_result *r);
 void bench_print_normal(FILE *out, struct bench_result *const *res, unsigned n);
 /* -x: the transfer modes' table, each figure beside the ceiling that bounds it. */
 void bench_print_xfer(FILE *out, struct bench_result *const *res, unsigned n);
+struct bench_json;
+/* --gpus: each GPU's figure and the total beside the ceilings of one and of all at once. */
+void bench_print_gpus(FILE *out, const struct bench_result *r);
+/* --gpus: the same in JSON, at the top level of "ferry" (an extra_top of bench_print_json). */
+void bench_json_gpus(struct bench_json *j, const struct bench_result *r);
 /* JSON in fio's schema; extra_top (may be NULL) writes more members into the top-level "ferry". */
 struct bench_json;
 void bench_print_json(FILE *out, struct bench_result *const *res, unsigned n,

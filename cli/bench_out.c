@@ -452,3 +452,53 @@ void bench_print_xfer(FILE *out, struct bench_result *const *res, unsigned n)
 	fprintf(out, "  of copy: the figure over the pinned ceiling of its direction; of storage: over mode cpu\n"
 		     "  (storage to host memory) measured just before, the ceiling when storage is the bottleneck\n");
 }
+
+void bench_print_gpus(FILE *out, const struct bench_result *r)
+{
+	const struct bench_job_opts *o = &r->opts;
+	int wr = bench_rw_writes(o->rw);
+	double one = 0, total = bench_gbps(r) * 1e9, all = wr ? r->dtoh_all : r->htod_all;
+
+	fprintf(out, "\n  %u GPUs at once, one process, one context; pinned copy ceilings measured in this run (%s)\n",
+		o->ngpus, wr ? "device-to-host" : "host-to-device");
+	fprintf(out, "  %-6s %9s %13s %9s\n", "gpu", "GB/s", "ceiling alone", "of it");
+	for (unsigned g = 0; g < o->ngpus; g++) {
+		const struct bench_gpu_part *p = &r->part[g];
+		double bw = p->wall_ns ? (double)p->bytes / ((double)p->wall_ns / 1e9) : 0;
+		double c = wr ? p->dtoh : p->htod;
+		if (c > one)
+			one = c;
+		fprintf(out, "  %-6d %9.3f %13.1f %9.2f\n", o->gpus[g], bw / 1e9, c / 1e9, c > 0 ? bw / c : 0);
+	}
+	fprintf(out, "  %-6s %9.3f %13s %9s  all at once: %.1f GB/s (%.2fx one GPU's), of it %.2f; %.2f CPU cores\n",
+		"total", total / 1e9, "-", "-", all / 1e9, one > 0 ? all / one : 0, all > 0 ? total / all : 0,
+		cpu_cores(r));
+}
+
+void bench_json_gpus(struct bench_json *j, const struct bench_result *r)
+{
+	const struct bench_job_opts *o = &r->opts;
+	int wr = bench_rw_writes(o->rw);
+	double total = bench_gbps(r) * 1e9, all = wr ? r->dtoh_all : r->htod_all;
+
+	bench_json_arr(j, "gpus");
+	for (unsigned g = 0; g < o->ngpus; g++) {
+		const struct bench_gpu_part *p = &r->part[g];
+		double bw = p->wall_ns ? (double)p->bytes / ((double)p->wall_ns / 1e9) : 0;
+		bench_json_obj(j, NULL);
+		bench_json_u64(j, "gpu", (uint64_t)o->gpus[g]);
+		bench_json_u64(j, "bytes", p->bytes);
+		bench_json_u64(j, "ios", p->ios);
+		bench_json_u64(j, "wall_ns", p->wall_ns);
+		bench_json_dbl(j, "bw_bytes", bw);
+		bench_json_dbl(j, "htod_ceiling_bytes", p->htod);
+		bench_json_dbl(j, "dtoh_ceiling_bytes", p->dtoh);
+		bench_json_close_obj(j);
+	}
+	bench_json_close_arr(j);
+	bench_json_dbl(j, "gpus_total_bw_bytes", total);
+	bench_json_dbl(j, "gpus_htod_ceiling_all_bytes", r->htod_all);
+	bench_json_dbl(j, "gpus_dtoh_ceiling_all_bytes", r->dtoh_all);
+	bench_json_dbl(j, "gpus_fraction_of_ceiling_all", all > 0 ? total / all : 0);
+	bench_json_dbl(j, "gpus_cpu_cores", cpu_cores(r));
+}

@@ -165,7 +165,8 @@ static int job_setup(struct bench_job *j)
 	if (bench_x_on_gpu(o->xmode)) {
 		/* the I/O buffers live in device memory; the host copy only seeds them */
 		void *dev = NULL;
-		err = ferry_gpu_malloc(o->gpu, j->memlen, &dev);
+		int gpu = bench_job_gpu(o, j->index);
+		err = ferry_gpu_malloc(gpu, j->memlen, &dev);
 		if (!err)
 			err = ferry_gpu_memcpy_htod(dev, j->mem, j->memlen);
 		ferry_free_aligned(j->mem, j->memlen);
@@ -173,7 +174,7 @@ static int job_setup(struct bench_job *j)
 		if (err < 0) {
 			if (dev)
 				ferry_gpu_free(dev);
-			job_fail(j, "cannot set up %zu bytes of GPU %d memory: %s (%s)", j->memlen, o->gpu,
+			job_fail(j, "cannot set up %zu bytes of GPU %d memory: %s (%s)", j->memlen, gpu,
 				 ferry_strerror(err), detail());
 			return -1;
 		}
@@ -627,7 +628,7 @@ static int setup_ctx(ferry_ctx **ctxp, const struct bench_job_opts *o)
 	if (!err && o->xmode != BENCH_X_NONE) {
 		err = ferry_ctx_set(ctx, "path", bench_x_names[o->xmode]);
 		char dev[16];
-		snprintf(dev, sizeof(dev), "%d", o->gpu);
+		snprintf(dev, sizeof(dev), "%d", bench_job_gpu(o, 0));
 		if (!err)
 			err = ferry_ctx_set(ctx, "device", dev);
 		/* a transfer to device memory goes through one slot: chunks must hold an I/O */
@@ -769,6 +770,19 @@ int bench_run(const struct bench_job_opts *o, struct bench_result *res)
 			res->direct = j->direct;
 	}
 	res->wall_ns = last > first ? last - first : 0;
+	for (unsigned g = 0; !ret && g < o->ngpus; g++) {
+		uint64_t f = UINT64_MAX, l = 0;
+		struct bench_gpu_part *p = &res->part[g];
+		for (unsigned i = g; i < o->numjobs; i += o->ngpus) {
+			p->bytes += jobs[i].dir[0].bytes + jobs[i].dir[1].bytes;
+			p->ios += jobs[i].dir[0].ios + jobs[i].dir[1].ios;
+			if (jobs[i].t_start < f)
+				f = jobs[i].t_start;
+			if (jobs[i].t_end > l)
+				l = jobs[i].t_end;
+		}
+		p->wall_ns = l > f ? l - f : 0;
+	}
 	res->self_cpu_s = tv_s(ru1.ru_utime) + tv_s(ru1.ru_stime) - tv_s(ru0.ru_utime) - tv_s(ru0.ru_stime);
 out:
 	free(jobs);
@@ -777,6 +791,11 @@ out:
 	if (ret && created && bench_rw_writes(o->rw) && !bench_rw_reads(o->rw))
 		unlink(o->filename);
 	return ret;
+}
+
+int bench_job_gpu(const struct bench_job_opts *o, unsigned job)
+{
+	return o->ngpus ? o->gpus[job % o->ngpus] : o->gpu;
 }
 
 const char *const bench_x_names[BENCH_X_COUNT] = {"none", "gds", "cpu", "cpu-gpu", "cpu-async-gpu",

@@ -82,6 +82,16 @@ FERRY_API int ferry_gds_status(const char *path, char *why, size_t len);
  */
 FERRY_API FERRY_WUR int ferry_gpu_copy_ceiling(int dev, size_t bytes, unsigned reps, double *htod,
 					       double *dtoh);
+/*
+ * The same ceilings for the n devices devs[] at once: a thread per device copies `bytes` each way
+ * between its own pinned buffer and its device, every repetition started on all of them together;
+ * *htod and *dtoh are the medians of the bytes of all devices per second (what the host's memory
+ * and links carry together, which may be less than n times one device's ceiling). Returns 0,
+ * FERRY_ENOGPU, -EINVAL (no device, more than 64, one listed twice, or one that does not exist),
+ * -ENOMEM, -EAGAIN or FERRY_ECUDA.
+ */
+FERRY_API FERRY_WUR int ferry_gpu_copy_ceiling_all(const int *devs, unsigned n, size_t bytes, unsigned reps,
+						   double *htod, double *dtoh);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
@@ -284,5 +285,178 @@ out:
 		cu->MemFreeHost(h);
 	free(t);
 	ferry__cuda_leave_device(prev);
+	return err;
+}
+
+/* ferry_gpu_copy_ceiling_all: one thread per device, each copying between its own pinned buffer and
+ * its device; a barrier starts every repetition on all of them at once and the time is taken from
+ * the barrier to the last copy's end, so the figure is what the host's memory and PCIe links carry
+ * together (one GPU's ceiling times n is what they would carry if nothing were shared). */
+struct ceil_all {
+	const int *devs;
+	unsigned n, reps;
+	size_t bytes;
+	pthread_barrier_t bar;
+	int err;              /* first failure, under mu, and its message */
+	char msg[512];
+	pthread_mutex_t mu;
+	pthread_cond_t open;
+	int gate;             /* 0 closed, 1 run, -1 leave (not every thread could start) */
+	double *t;            /* [0, reps): htod, [reps, 2 reps): dtoh, bytes/s of all devices together */
+};
+
+struct ceil_thread {
+	struct ceil_all *a;
+	unsigned idx;
+};
+
+static void ceil_fail(struct ceil_all *a, int err)
+{
+	pthread_mutex_lock(&a->mu);
+	if (!a->err) {
+		a->err = err;
+		/* the message is this thread's: the caller's thread gets a copy */
+		snprintf(a->msg, sizeof(a->msg), "%s", ferry_last_error());
+	}
+	pthread_mutex_unlock(&a->mu);
+}
+
+static int ceil_failed(struct ceil_all *a)
+{
+	pthread_mutex_lock(&a->mu);
+	int err = a->err;
+	pthread_mutex_unlock(&a->mu);
+	return err;
+}
+
+static void *ceil_main(void *arg)
+{
+	struct ceil_thread *th = arg;
+	struct ceil_all *a = th->a;
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	int dev = a->devs[th->idx];
+	ferry__CUcontext prev = NULL;
+	ferry__CUdeviceptr d = 0;
+	ferry__CUresult r = FERRY__CUDA_SUCCESS;
+	void *h = NULL;
+	int err, entered;
+
+	pthread_mutex_lock(&a->mu);
+	while (!a->gate)
+		pthread_cond_wait(&a->open, &a->mu);
+	int gate = a->gate;
+	pthread_mutex_unlock(&a->mu);
+	if (gate < 0)
+		return NULL;
+	err = ferry__cuda_enter_device(dev, &prev);
+	entered = !err;
+	if (!err && ((r = cu->MemHostAlloc(&h, a->bytes, FERRY__CU_MEMHOSTALLOC_PORTABLE)) ||
+		     (r = cu->MemAlloc(&d, a->bytes))))
+		err = ferry__cuda_fail(r, "ferry_gpu_copy_ceiling_all: allocating 2 x %zu bytes on device %d",
+				       a->bytes, dev);
+	if (!err) {
+		memset(h, 0x5a, a->bytes);
+		/* the first copy of each direction warms the path and is not counted */
+		if ((r = cu->MemcpyHtoD(d, h, a->bytes)) || (r = cu->MemcpyDtoH(h, d, a->bytes)))
+			err = ferry__cuda_fail(r, "ferry_gpu_copy_ceiling_all: copying %zu bytes on device %d",
+					       a->bytes, dev);
+	}
+	if (err)
+		ceil_fail(a, err);
+	pthread_barrier_wait(&a->bar);
+	/* every thread reads the same answer after the barrier, so all leave together or none */
+	for (unsigned i = 0; i < a->reps && !ceil_failed(a); i++) {
+		uint64_t t0 = 0, t1 = 0, t2 = 0;
+		pthread_barrier_wait(&a->bar);
+		t0 = ferry__now_ns();
+		if ((r = cu->MemcpyHtoD(d, h, a->bytes)))
+			ceil_fail(a, ferry__cuda_fail(r, "ferry_gpu_copy_ceiling_all: copying %zu bytes to device %d",
+						      a->bytes, dev));
+		pthread_barrier_wait(&a->bar);
+		t1 = ferry__now_ns();
+		if (!r && (r = cu->MemcpyDtoH(h, d, a->bytes)))
+			ceil_fail(a, ferry__cuda_fail(r, "ferry_gpu_copy_ceiling_all: copying %zu bytes from device %d",
+						      a->bytes, dev));
+		pthread_barrier_wait(&a->bar);
+		t2 = ferry__now_ns();
+		if (th->idx == 0) {
+			double all = (double)a->bytes * a->n;
+			a->t[i] = all / ((double)(t1 - t0 ? t1 - t0 : 1) / 1e9);
+			a->t[a->reps + i] = all / ((double)(t2 - t1 ? t2 - t1 : 1) / 1e9);
+		}
+		pthread_barrier_wait(&a->bar); /* nobody reads the failure flag of the next round early */
+	}
+	if (d)
+		cu->MemFree(d);
+	if (h)
+		cu->MemFreeHost(h);
+	if (entered)
+		ferry__cuda_leave_device(prev);
+	return NULL;
+}
+
+int ferry_gpu_copy_ceiling_all(const int *devs, unsigned n, size_t bytes, unsigned reps, double *htod,
+			       double *dtoh)
+{
+	struct ceil_all a = {.devs = devs, .n = n, .reps = reps, .bytes = bytes};
+	struct ceil_thread *th;
+	pthread_t *tid;
+	unsigned started = 0;
+	int err = ferry__cuda_require();
+
+	if (err)
+		return err;
+	if (!devs || !n || n > 64 || !bytes || !reps || reps > 1000 || !htod || !dtoh)
+		return ferry__error(-EINVAL, "ferry_gpu_copy_ceiling_all: %u devices, %zu bytes, %u repetitions",
+				    n, bytes, reps);
+	for (unsigned i = 0; i < n; i++) {
+		if (devs[i] < 0 || devs[i] >= ferry__cuda()->device_count)
+			return ferry__error(-EINVAL, "ferry_gpu_copy_ceiling_all: CUDA device %d does not exist "
+					    "(%d visible)", devs[i], ferry__cuda()->device_count);
+		for (unsigned k = 0; k < i; k++)
+			if (devs[k] == devs[i])
+				return ferry__error(-EINVAL, "ferry_gpu_copy_ceiling_all: device %d is listed twice",
+						    devs[i]);
+	}
+	a.t = calloc(2 * (size_t)reps, sizeof(*a.t));
+	th = calloc(n, sizeof(*th));
+	tid = calloc(n, sizeof(*tid));
+	if (!a.t || !th || !tid) {
+		free(a.t);
+		free(th);
+		free(tid);
+		return ferry__error(-ENOMEM, "ferry_gpu_copy_ceiling_all");
+	}
+	pthread_mutex_init(&a.mu, NULL);
+	pthread_cond_init(&a.open, NULL);
+	pthread_barrier_init(&a.bar, NULL, n);
+	for (; started < n; started++) {
+		th[started] = (struct ceil_thread){&a, started};
+		if (pthread_create(&tid[started], NULL, ceil_main, &th[started]))
+			break;
+	}
+	/* the threads wait at the gate until all exist: the barrier counts n of them */
+	pthread_mutex_lock(&a.mu);
+	a.gate = started < n ? -1 : 1;
+	pthread_cond_broadcast(&a.open);
+	pthread_mutex_unlock(&a.mu);
+	if (started < n)
+		err = ferry__error(-EAGAIN, "ferry_gpu_copy_ceiling_all: cannot start thread %u of %u", started, n);
+	for (unsigned i = 0; i < started; i++)
+		pthread_join(tid[i], NULL);
+	pthread_barrier_destroy(&a.bar);
+	if (!err && a.err)
+		err = ferry__error(a.err, "%s", a.msg);
+	else if (!err) {
+		qsort(a.t, reps, sizeof(*a.t), cmp_double);
+		qsort(a.t + reps, reps, sizeof(*a.t), cmp_double);
+		*htod = a.t[reps / 2];
+		*dtoh = a.t[reps + reps / 2];
+	}
+	pthread_cond_destroy(&a.open);
+	pthread_mutex_destroy(&a.mu);
+	free(a.t);
+	free(th);
+	free(tid);
 	return err;
 }
