@@ -141,6 +141,7 @@ int ferry_ctx_create(ferry_ctx **out)
 	*out = NULL;
 	if (!ctx)
 		return ferry__error(-ENOMEM, "allocating a context");
+	ferry__span_init();
 	ctx->pid = getpid();
 	pthread_mutex_init(&ctx->mu, NULL);
 	pthread_mutex_init(&ctx->slot_mu, NULL);
@@ -645,9 +646,15 @@ static void *worker_main(void *arg)
 	if (!done)
 		return NULL; /* the other workers carry on; nothing was taken */
 	for (;;) {
+		uint64_t t0 = FERRY__SPAN_T0();
 		pthread_mutex_lock(&ctx->mu);
-		while (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0)))
-			pthread_cond_wait(&ctx->work_cv, &ctx->mu);
+		if (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0))) {
+			uint64_t ti = FERRY__SPAN_T0();
+			while (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0)))
+				pthread_cond_wait(&ctx->work_cv, &ctx->mu);
+			FERRY__SPAN_ADD(q, FERRY__SPAN_IDLE, ti);
+			t0 = FERRY__SPAN_T0();
+		}
 		if (ctx->stopping && !ctx->work_head && q->pending == 0) {
 			pthread_mutex_unlock(&ctx->mu);
 			break;
@@ -686,12 +693,15 @@ static void *worker_main(void *arg)
 		if (took && more)
 			pthread_cond_signal(&ctx->work_cv); /* more for an idle sibling */
 		pthread_mutex_unlock(&ctx->mu);
+		FERRY__SPAN_ADD(q, FERRY__SPAN_TAKE, t0);
 
+		t0 = FERRY__SPAN_T0();
 		while (batch) {
 			struct ferry__chunk *c = batch;
 			batch = c->next;
 			ferry__ioq_queue(q, c);
 		}
+		FERRY__SPAN_ADD(q, FERRY__SPAN_QUEUE, t0);
 		/* wait for a completion only when there is nothing more to take: a unit chunk that is
 		 * read is finished at once, and the worker goes on to the next one */
 		int n = ferry__ioq_reap(q, q->pending && !(took_unit && more && q->free_chunks) ? 1 : 0, done,
@@ -707,11 +717,14 @@ static void *worker_main(void *arg)
 		}
 		/* counted before the requests complete, so that a waiter sees its chunks counted */
 		ferry__stats_flush(ctx, q->stats);
+		t0 = FERRY__SPAN_T0();
 		for (int i = 0; i < n; i++) {
 			entry_chunk_done(ctx, done[i]);
 			done[i]->entry = NULL;
 			ferry__ioq_put(q, done[i]);
 		}
+		FERRY__SPAN_ADD(q, FERRY__SPAN_DONE, t0);
+		ferry__span_flush(q->spans, 0);
 	}
 	free(done);
 	return NULL;

@@ -145,6 +145,65 @@ void ferry__stats_flush(ferry_ctx *ctx, uint64_t *local)
 		}
 }
 
+/* ------------------------------------------------------------------------------------- spans */
+
+int ferry__span_on;
+static pthread_once_t span_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t span_total[FERRY__SPAN__COUNT][2];
+static _Atomic uint64_t span_logged_at;
+
+static void span_read_env(void)
+{
+	const char *v = getenv("FERRY_ENGINE_TRACE");
+	ferry__span_on = v && *v && strcmp(v, "0") != 0;
+}
+
+void ferry__span_init(void)
+{
+	pthread_once(&span_once, span_read_env);
+}
+
+void ferry__span_flush(uint64_t (*spans)[2], int force)
+{
+	static const char *const names[FERRY__SPAN__COUNT] = {
+		"take", "queue", "sync_read", "gather", "h2d", "gpu_query", "gpu_wait", "ring", "done", "idle",
+		"submit"};
+
+	if (!ferry__span_on)
+		return;
+	for (int k = 0; k < FERRY__SPAN__COUNT; k++) {
+		if (spans[k][1]) {
+			atomic_fetch_add(&span_total[k][0], spans[k][0]);
+			atomic_fetch_add(&span_total[k][1], spans[k][1]);
+		}
+		spans[k][0] = spans[k][1] = 0;
+	}
+	uint64_t now = ferry__now_ns(), last = atomic_load(&span_logged_at);
+	if (!last) {
+		atomic_compare_exchange_strong(&span_logged_at, &last, now);
+		return;
+	}
+	if ((!force && now - last < 2000000000ull) || !atomic_compare_exchange_strong(&span_logged_at, &last, now))
+		return;
+	char line[1024];
+	int n = snprintf(line, sizeof(line), "engine spans over %.2f s (all workers):", (double)(now - last) / 1e9);
+	for (int k = 0; k < FERRY__SPAN__COUNT && n > 0 && (size_t)n < sizeof(line); k++) {
+		uint64_t ns = atomic_exchange(&span_total[k][0], 0), cnt = atomic_exchange(&span_total[k][1], 0);
+		if (cnt)
+			n += snprintf(line + n, sizeof(line) - (size_t)n, " %s %.3f s / %llu = %.2f us;", names[k],
+				      (double)ns / 1e9, (unsigned long long)cnt, (double)ns / 1e3 / (double)cnt);
+	}
+	FERRY__LOG(FERRY__LOG_ERROR, "%s", line);
+}
+
+void ferry__span_add1(int span, uint64_t t0)
+{
+	if (!ferry__span_on)
+		return;
+	atomic_fetch_add(&span_total[span][0], ferry__now_ns() - t0);
+	atomic_fetch_add(&span_total[span][1], 1);
+}
+
 static void entry_finish(ferry_ctx *ctx, struct ferry__entry *e)
 {
 	int err = atomic_load(&e->error);
@@ -205,6 +264,7 @@ static int check_args(ferry_file *f, const void *buf, size_t len, uint64_t off, 
 /* Queues entries on the work list (they must have length; their groups initialised). */
 static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, size_t stride)
 {
+	uint64_t t0 = FERRY__SPAN_T0();
 	int ret = ferry__ctx_start(ctx);
 	if (ret)
 		return ret;
@@ -239,6 +299,7 @@ static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, siz
 		while (wake--)
 			pthread_cond_signal(&ctx->work_cv);
 	pthread_mutex_unlock(&ctx->mu);
+	ferry__span_add1(FERRY__SPAN_SUBMIT, t0);
 	return 0;
 }
 

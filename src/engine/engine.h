@@ -277,6 +277,41 @@ int64_t ferry__psync_do(const struct ferry__op *op);
 
 /* --------------------------------------------------------------------------------------- queues */
 
+/*
+ * Engine spans (FERRY_ENGINE_TRACE=1, read once per process): where a worker's time goes, per
+ * phase, summed over the workers and logged every 2 s of activity and when the context ends. A
+ * diagnostic (issue 22: the per-piece cost of small reads into device memory), not a counter of the
+ * API: off, each span costs one predictable branch.
+ */
+enum ferry__span {
+	FERRY__SPAN_TAKE,      /* taking work off the context's list, the lock included */
+	FERRY__SPAN_QUEUE,     /* planning and queueing the taken chunks */
+	FERRY__SPAN_SYNC_READ, /* a resident chunk copied by the worker itself */
+	FERRY__SPAN_GATHER,    /* gathered small copies queued on the ring, and their ticket */
+	FERRY__SPAN_H2D,       /* a single copy to the GPU queued, and its ticket */
+	FERRY__SPAN_GPU_QUERY, /* asking whether a copy is over */
+	FERRY__SPAN_GPU_WAIT,  /* blocked on the oldest copy */
+	FERRY__SPAN_RING,      /* the storage ring's submit and reap */
+	FERRY__SPAN_DONE,      /* finished chunks accounted to their requests (waking waiters) */
+	FERRY__SPAN_IDLE,      /* waiting for work */
+	FERRY__SPAN_SUBMIT,    /* a caller's requests put on the work list, workers woken */
+	FERRY__SPAN__COUNT
+};
+extern int ferry__span_on; /* 1 when tracing; set once by ferry__span_init */
+void ferry__span_init(void);
+/* Folds a queue's spans into the process's and logs them when due (force: now). */
+void ferry__span_flush(uint64_t (*spans)[2], int force);
+/* One span of a thread that has no queue (a caller's), folded in at once. */
+void ferry__span_add1(int span, uint64_t t0);
+#define FERRY__SPAN_T0() (FERRY__UNLIKELY(ferry__span_on) ? ferry__now_ns() : 0)
+#define FERRY__SPAN_ADD(q, k, t0)                                            \
+	do {                                                                 \
+		if (FERRY__UNLIKELY(ferry__span_on)) {                       \
+			(q)->spans[k][0] += ferry__now_ns() - (t0);          \
+			(q)->spans[k][1]++;                                  \
+		}                                                            \
+	} while (0)
+
 /* A ring plus the chunk logic over it: bounce slots, resubmission, completion. One thread. */
 struct ferry__ioq {
 	ferry_ctx *ctx;
@@ -305,6 +340,7 @@ struct ferry__ioq {
 	/* counters kept here and folded into the context's once per reap (ferry__stats_flush): one
 	 * atomic add per counter per reap instead of several per I/O on shared cache lines */
 	uint64_t stats[FERRY_STAT__COUNT];
+	uint64_t spans[FERRY__SPAN__COUNT][2]; /* ns and count per span, when tracing */
 	struct ferry__ioq *reg_next; /* ctx registry of rings, for registered files */
 	bool files_registered;
 	/* FERRY__IOQ_OWNER: a ring only its creating thread may touch (io_uring SINGLE_ISSUER), so

@@ -289,6 +289,7 @@ static void gather_flush(struct ferry__ioq *q)
 
 	if (!n)
 		return;
+	uint64_t t0 = FERRY__SPAN_T0();
 	g->ngather = 0;
 	for (unsigned i = 0; i < n; i++) {
 		struct ferry__chunk *c = g->gather[i];
@@ -309,6 +310,7 @@ static void gather_flush(struct ferry__ioq *q)
 		}
 		g->ticket[chunk_index(q, c)] = r ? TICKET_NONE : last;
 	}
+	FERRY__SPAN_ADD(q, FERRY__SPAN_GATHER, t0);
 }
 
 /* Records the chunk's ticket after what was just queued on the ring. */
@@ -423,12 +425,15 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 		gpu_list_add(q, c);
 		return true;
 	}
+	uint64_t t0 = FERRY__SPAN_T0();
 	if ((r = ferry__ring_h2d(ring, (uint64_t)(uintptr_t)c->buf, c->bounce.slot + c->bounce.copy_off, n, async))) {
 		ferry__error_append("from %s", c->f->path);
 		c->result = r;
 		return false;
 	}
-	return async && record(q, ring, c, "cuMemcpyHtoDAsync");
+	bool ok = async && record(q, ring, c, "cuMemcpyHtoDAsync");
+	FERRY__SPAN_ADD(q, FERRY__SPAN_H2D, t0);
+	return ok;
 }
 
 void ferry__gpu_poll(struct ferry__ioq *q, bool block,
@@ -446,7 +451,9 @@ void ferry__gpu_poll(struct ferry__ioq *q, bool block,
 		if (t == TICKET_GATHERING)
 			return; /* the gather is not out yet: nothing after it is done either */
 		/* both: 1 when done, negative on failure; query: 0 while running */
+		uint64_t t0 = FERRY__SPAN_T0();
 		int r = t == TICKET_NONE ? 1 : block ? ferry__ring_sync(ring, t) : ferry__ring_query(ring, t);
+		FERRY__SPAN_ADD(q, block ? FERRY__SPAN_GPU_WAIT : FERRY__SPAN_GPU_QUERY, t0);
 
 		block = false;
 		if (r == 0)

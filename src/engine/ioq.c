@@ -67,6 +67,7 @@ nomem:
 
 void ferry__ioq_exit(struct ferry__ioq *q)
 {
+	ferry__span_flush(q->spans, 1);
 	ferry__ioq_gpu_exit(q);
 	if (q->gds)
 		ferry__backend_cufile.ring_exit(q->gds);
@@ -374,10 +375,12 @@ static void run_one_sync(struct ferry__ioq *q)
 	/* to the end here: a short read sent to the back of the list could wait behind a later
 	 * round of its own unit buffer, which waits for it */
 	int64_t res;
+	uint64_t t0 = FERRY__SPAN_T0();
 	do {
 		ferry__chunk_op(c, &op);
 		res = ferry__fault(c, ferry__psync_do(&op));
 	} while (ferry__chunk_complete(q->ctx, q->stats, c, res) == FERRY__CH_AGAIN);
+	FERRY__SPAN_ADD(q, FERRY__SPAN_SYNC_READ, t0);
 	stored(q, c);
 }
 
@@ -440,8 +443,10 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 			continue;
 		}
 		unsigned wait = block && !other ? 1 : 0;
+		uint64_t t0 = FERRY__SPAN_T0();
 		int n = merged ? q->ops->submit_reap(q->ring, wait, q->tags, q->res, q->depth)
 			       : q->ops->reap(q->ring, wait, q->tags, q->res, q->depth);
+		FERRY__SPAN_ADD(q, FERRY__SPAN_RING, t0);
 		if (n < 0 && merged) { /* nothing went in: queued again, as after a failed submit */
 			q->inflight -= merged;
 			q->queued = merged;

@@ -1,5 +1,6 @@
 /* The CUDA driver API, loaded at run time from libcuda.so.1. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -264,7 +265,9 @@ int ferry__cuda_fail(ferry__CUresult err, const char *fmt, ...)
 #define MAX_DEVICES 64
 
 static pthread_mutex_t ctx_lock = PTHREAD_MUTEX_INITIALIZER;
-static ferry__CUcontext primary[MAX_DEVICES];
+/* Retained once per device and kept for the process; read without the lock once set (every copy
+ * ring call asks for it: with the lock, eight workers' calls met on one mutex). */
+static _Atomic(ferry__CUcontext) primary[MAX_DEVICES];
 
 int ferry__cuda_primary_ctx(int dev, ferry__CUcontext *out)
 {
@@ -279,8 +282,12 @@ int ferry__cuda_primary_ctx(int dev, ferry__CUcontext *out)
 	if (dev < 0 || dev >= cu->device_count || dev >= MAX_DEVICES)
 		return ferry__error(-EINVAL, "CUDA device %d does not exist (%d visible)", dev,
 				    cu->device_count);
+	if ((ctx = atomic_load_explicit(&primary[dev], memory_order_acquire))) {
+		*out = ctx;
+		return 0;
+	}
 	pthread_mutex_lock(&ctx_lock);
-	ctx = primary[dev];
+	ctx = atomic_load_explicit(&primary[dev], memory_order_relaxed);
 	if (!ctx) {
 		r = cu->DeviceGet(&d, dev);
 		if (r == FERRY__CUDA_SUCCESS)
@@ -288,7 +295,7 @@ int ferry__cuda_primary_ctx(int dev, ferry__CUcontext *out)
 		if (r != FERRY__CUDA_SUCCESS)
 			err = ferry__cuda_fail(r, "cuDevicePrimaryCtxRetain(device %d)", dev);
 		else
-			primary[dev] = ctx;
+			atomic_store_explicit(&primary[dev], ctx, memory_order_release);
 	}
 	pthread_mutex_unlock(&ctx_lock);
 	if (err)
