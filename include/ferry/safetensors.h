@@ -141,6 +141,9 @@ enum ferry_save_stat {
 	FERRY_SAVE_STAT_PINNED_NEW_BYTES, /* "pinned_new_bytes": pinned by it (0: the slots were reused) */
 	FERRY_SAVE_STAT_FALLOCATED,       /* "fallocated": 1 when its file was laid out with fallocate */
 	FERRY_SAVE_STAT_RECYCLED,         /* "recycled": 1 when a checkpoint wrote over a recycled shard */
+	FERRY_SAVE_STAT_DEVICE_SNAPSHOT_BYTES, /* "device_snapshot_bytes": the state's bytes when an
+						* asynchronous save took its snapshot in device memory
+						* (save_snapshot), 0 when in pinned host memory */
 	FERRY_SAVE_STAT__COUNT
 };
 /*

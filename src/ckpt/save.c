@@ -46,7 +46,8 @@
 #define MAX_INFLIGHT_CAP 64
 
 enum { PREALLOC_AUTO, PREALLOC_ON, PREALLOC_OFF }; /* the save_prealloc knob */
-struct writer_knobs { uint64_t prealloc, chunk_mib, inflight, hold; }; /* ferry__st_writer_knobs */
+enum { SNAP_AUTO, SNAP_DEVICE, SNAP_PINNED };        /* the save_snapshot knob */
+struct writer_knobs { uint64_t prealloc, chunk_mib, inflight, hold, snapshot; }; /* ferry__st_writer_knobs */
 
 struct wtensor {
 	char *name;
@@ -103,6 +104,7 @@ _Static_assert((int)PH__COUNT == (int)FERRY_SAVE_PHASE__COUNT && (int)PH_CKPT_PR
 struct save_stats {
 	uint64_t ns[PH__COUNT];
 	uint64_t bytes, slots, pinned_new; /* pinned_new: bytes pinned by this save */
+	uint64_t devsnap; /* bytes of the device-side snapshot (0: the pinned path) */
 	int prealloc, recycled;
 };
 
@@ -146,6 +148,13 @@ struct job {
 	int prealloc_mode, prealloc; /* PREALLOC_*; whether this save's file was fallocated */
 	int recycled; /* 1: this save writes over j->reuse's blocks */
 	struct ferry__activity *act; /* what `ferry top` shows of this save (NULL: not publishing) */
+	/* The device-side snapshot (save_snapshot): the state copied into devbuf on the device; the
+	 * filler thread copies it out into the slots, pinning them as it goes, then frees devbuf. */
+	uint64_t devbuf;
+	int devsnap; /* this save takes the device-side snapshot */
+	pthread_t filler;
+	int filler_started;
+	uint64_t filler_pinned; /* bytes the filler pinned, read once it is joined */
 };
 
 struct ferry_st_writer {
@@ -549,6 +558,10 @@ static void job_free(struct job *j)
 {
 	if (!j)
 		return;
+	if (j->filler_started)
+		pthread_join(j->filler, NULL);
+	if (j->devbuf)
+		ferry__gpu_release(j->cuda_dev, j->devbuf);
 	for (size_t i = 0; i < j->k; i++)
 		ferry__pinned_free(j->w->pool, j->slots[i].buf);
 	free(j->slots);
@@ -788,6 +801,10 @@ static void *writer_thread(void *arg)
 	ferry_st_writer *w = j->w;
 	uint64_t t0 = ferry__now_ns(), t = t0;
 	int64_t res = consume(j);
+	if (j->filler_started) { /* it ends once every chunk is out of the device snapshot, or on j->err */
+		pthread_join(j->filler, NULL);
+		j->filler_started = 0;
+	}
 	if (j->hook) {
 		t = ferry__now_ns();
 		res = j->hook(j->arg, res);
@@ -801,6 +818,7 @@ static void *writer_thread(void *arg)
 		w->stats.ns[i] = j->ph[i];
 	w->stats.prealloc = j->prealloc;
 	w->stats.recycled = j->recycled;
+	w->stats.pinned_new += j->filler_pinned;
 	w->result = res;
 	if (res < 0)
 		snprintf(w->errmsg, sizeof(w->errmsg), "%s", ferry_last_error());
@@ -810,6 +828,110 @@ static void *writer_thread(void *arg)
 	return NULL;
 }
 
+/* The size of every slot of job j (one slot: the state's, rounded up to a page). */
+static size_t slot_size(const struct job *j)
+{
+	return j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : j->chunk;
+}
+
+/*
+ * The device-side snapshot's filler thread: copies chunk after chunk of devbuf into the slots
+ * (allocating and pinning each slot the first time, off the caller's path), as the writer frees
+ * them; then frees devbuf. The slots stay in the writer's pool, so the next save finds them pinned.
+ */
+static void *filler_thread(void *arg)
+{
+	struct job *j = arg;
+	int r = 0;
+	for (size_t c = 0; c < j->nchunks && !r; c++) {
+		struct slot *s = &j->slots[c % j->k];
+		pthread_mutex_lock(&j->mu);
+		while (s->state != S_FREE && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		r = (int)j->err;
+		pthread_mutex_unlock(&j->mu);
+		if (r)
+			break;
+		if (!s->buf) {
+			int pinned = 0;
+			uint64_t held = ferry__pinned_held(j->w->pool);
+			r = ferry__pinned_alloc(j->w->pool, slot_size(j), (void **)&s->buf, &pinned);
+			if (r) {
+				ferry__error_append("%s: a slot for the device snapshot's chunk %zu", j->path, c);
+				break;
+			}
+			s->pinned = pinned;
+			if (ferry__pinned_held(j->w->pool) > held)
+				j->filler_pinned += slot_size(j);
+		}
+		r = ferry__ring_d2h(j->ring, s->buf, j->devbuf + (uint64_t)c * j->chunk, chunk_len(j, c), s->pinned);
+		if (!r)
+			r = ferry__ring_record(j->ring, (unsigned)(c % j->k));
+		if (r) {
+			ferry__error_append("%s: copying chunk %zu out of the device snapshot", j->path, c);
+			break;
+		}
+		s->copied = 1;
+		pthread_mutex_lock(&j->mu);
+		s->state = S_READY;
+		pthread_cond_broadcast(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+	}
+	/* Every copy out of devbuf has landed (or the save failed): its memory goes back at once,
+	 * not when the writes end. */
+	int dr = ferry__ring_drain(j->ring);
+	if (!r && dr < 0)
+		r = dr;
+	ferry__gpu_release(j->cuda_dev, j->devbuf);
+	j->devbuf = 0;
+	if (r)
+		job_fail(j, r);
+	return NULL;
+}
+
+/*
+ * The caller's part of a device-side snapshot: every tensor copied into devbuf at the offset the
+ * file gives it (device tensors device to device, host tensors from host memory), then the filler
+ * thread started. Returns once the copies have landed: the caller may change its tensors then.
+ */
+static int produce_device(struct job *j, ferry_st_writer *w)
+{
+	void *prev = NULL;
+	int r;
+	uint64_t tp = ferry__now_ns();
+	if ((r = ferry__gpu_enter(j->cuda_dev, &prev)))
+		return r;
+	for (size_t ti = 0; ti < j->n && !r; ti++) {
+		const struct wtensor *t = &w->t[j->order[ti]];
+		uint64_t dst = j->devbuf + j->jt[ti].begin;
+		if (!t->nbytes)
+			continue;
+		r = t->dev >= 0 ? ferry__ring_d2d(j->ring, j->cuda_dev, dst, (uint64_t)(uintptr_t)t->data, (size_t)t->nbytes)
+				: ferry__ring_h2d(j->ring, dst, t->data, (size_t)t->nbytes, false);
+		if (r)
+			ferry__error_append("%s: copying tensor \"%s\" into the device snapshot", j->path, t->name);
+	}
+	lap(j, PH_CALL_COPY, &tp);
+	if (!r && (r = ferry__ring_drain(j->ring)))
+		ferry__error_append("%s: the device snapshot", j->path);
+	lap(j, PH_CALL_SYNC, &tp);
+	ferry__gpu_leave(prev);
+	if (!r) {
+		int e = pthread_create(&j->filler, NULL, filler_thread, j);
+		if (e)
+			r = ferry__error(-e, "%s: pthread_create: %s", j->path, strerror(e));
+		else
+			j->filler_started = 1;
+	}
+	if (r)
+		job_fail(j, r);
+	pthread_mutex_lock(&j->mu);
+	j->snapshot_done = 1;
+	pthread_cond_broadcast(&j->cv);
+	pthread_mutex_unlock(&j->mu);
+	return r;
+}
+
 /* The caller's part: copy every tensor into the ring of slots, in file order. */
 static int produce(ferry_st_writer *w, struct job *j)
 {
@@ -817,6 +939,8 @@ static int produce(ferry_st_writer *w, struct job *j)
 	size_t ti = 0;
 	int r = 0;
 
+	if (j->devsnap)
+		return produce_device(j, w);
 	uint64_t tp = ferry__now_ns();
 	if (j->ring && (r = ferry__gpu_enter(j->cuda_dev, &prev)))
 		return r;
@@ -887,6 +1011,7 @@ static int produce(ferry_st_writer *w, struct job *j)
 }
 
 static const char *const prealloc_choices[] = {"auto", "on", "off", NULL}; /* PREALLOC_* */
+static const char *const snapshot_choices[] = {"auto", "device", "pinned", NULL}; /* SNAP_* */
 
 #define WRITER(n, f, t, d, lo, hi, ...)                                                           \
 	{.name = n, .type = FERRY__KNOB_##t, FERRY__KNOB_AT(struct writer_knobs, f), .def = d, .min = lo, \
@@ -903,6 +1028,9 @@ static const struct ferry__knob writer_rows[] = {
 	       .doc = "pieces being written at once"),
 	WRITER("save_hold", hold, BOOL, 0, 0, 1, .env = "FERRY_SAVE_HOLD",
 	       .doc = "an asynchronous save writes only once its snapshot is taken (measurements)"),
+	WRITER("save_snapshot", snapshot, ENUM, SNAP_AUTO, 0, 2, .choices = snapshot_choices,
+	       .flags = FERRY__KNOB_NUMBERED, .env = "FERRY_SAVE_SNAPSHOT",
+	       .doc = "where an asynchronous save of GPU tensors takes its snapshot: device, pinned, auto"),
 };
 #undef WRITER
 
@@ -987,6 +1115,49 @@ static int have_tickets(ferry_st_writer *w, size_t n)
 	return r;
 }
 
+/*
+ * Whether an asynchronous save takes its snapshot on the device (save_snapshot): 1 with j->devbuf
+ * allocated, 0 for the pinned slots, or an error (save_snapshot=device that cannot be had). auto
+ * takes the device unless slots for the whole state are pinned already (an earlier save, or
+ * prepare()): the first save of a writer would otherwise pin them on the caller's thread (about
+ * 0.25 s per GB on the GPU machine, docs/PERFORMANCE.md), and a state larger than host_budget
+ * would wait for writes to free slots. Only when the device has the state's size free beyond a
+ * margin (HEADROOM), so that training's own allocations keep their room.
+ */
+#define HEADROOM(total) (((uint64_t)1 << 30) + (total) / 8)
+static int device_snapshot(ferry_st_writer *w, struct job *j, size_t want)
+{
+	int mode = (int)w->knobs.snapshot, r;
+	uint64_t fr = 0, tot = 0;
+	if (j->cuda_dev < 0 || !j->total || mode == SNAP_PINNED)
+		return 0;
+	if (!ferry__ring_can_d2d()) {
+		if (mode == SNAP_AUTO)
+			return 0;
+		return ferry__error(-ENOTSUP, "%s: save_snapshot=device: the CUDA driver has no cuMemcpyDtoDAsync", j->path);
+	}
+	if (mode == SNAP_AUTO) {
+		if (want >= j->nchunks && ferry__pinned_held(w->pool) >= (uint64_t)want * slot_size(j))
+			return 0; /* the whole state's slots, pinned already: by an earlier save, or prepare() */
+		if (ferry__gpu_mem_info(j->cuda_dev, &fr, &tot) || fr < j->total + HEADROOM(j->total))
+			return 0;
+	}
+	void *prev = NULL;
+	if ((r = ferry__gpu_enter(j->cuda_dev, &prev)) == 0) {
+		r = ferry__gpu_alloc(j->cuda_dev, (size_t)j->total, &j->devbuf);
+		ferry__gpu_leave(prev);
+	}
+	if (!r)
+		return j->devsnap = 1;
+	j->devbuf = 0;
+	if (mode == SNAP_AUTO) {
+		FERRY__LOG(FERRY__LOG_INFO, "%s: no device snapshot (%s); pinned slots instead", j->path, ferry_last_error());
+		return 0;
+	}
+	ferry__error_append("%s: save_snapshot=device", j->path);
+	return r;
+}
+
 static int job_setup(ferry_st_writer *w, struct job *j, int async)
 {
 	int r;
@@ -1012,9 +1183,15 @@ static int job_setup(ferry_st_writer *w, struct job *j, int async)
 	j->slots = calloc(want ? want : 1, sizeof(*j->slots));
 	if (!j->slots)
 		return ferry__error(-ENOMEM, "%s: slots", j->path);
+	if (async && (r = device_snapshot(w, j, want)) != 0) {
+		if (r < 0)
+			return r;
+		j->k = want; /* the filler thread allocates them */
+		return have_tickets(w, j->k);
+	}
 	for (size_t i = 0; i < want; i++) {
 		int pinned;
-		size_t sz = j->nchunks == 1 ? (size_t)((j->total + 4095) / 4096 * 4096) : j->chunk;
+		size_t sz = slot_size(j);
 		uint64_t held = ferry__pinned_held(w->pool);
 		r = ferry__pinned_alloc(w->pool, sz, (void **)&j->slots[i].buf, &pinned);
 		j->slots[i].pinned = pinned;
@@ -1184,6 +1361,7 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	w->stats.bytes = j->total;
 	w->stats.slots = j->k;
 	w->stats.pinned_new = j->pinned_new;
+	w->stats.devsnap = j->devsnap ? j->total : 0;
 	pthread_mutex_unlock(&w->mu);
 	if (async && !r)
 		return 0;
@@ -1223,6 +1401,7 @@ uint64_t ferry_st_writer_stat(const ferry_st_writer *w, enum ferry_save_stat whi
 	case FERRY_SAVE_STAT_PINNED_NEW_BYTES: return st.pinned_new;
 	case FERRY_SAVE_STAT_FALLOCATED: return (uint64_t)st.prealloc;
 	case FERRY_SAVE_STAT_RECYCLED: return (uint64_t)st.recycled;
+	case FERRY_SAVE_STAT_DEVICE_SNAPSHOT_BYTES: return st.devsnap;
 	default: return 0;
 	}
 }
@@ -1235,7 +1414,7 @@ uint64_t ferry_st_writer_phase_ns(const ferry_st_writer *w, enum ferry_save_phas
 const char *ferry_save_stat_name(enum ferry_save_stat which)
 {
 	static const char *const names[FERRY_SAVE_STAT__COUNT] = {"bytes", "slots", "pinned_new_bytes",
-								   "fallocated", "recycled"};
+								   "fallocated", "recycled", "device_snapshot_bytes"};
 	return (unsigned)which < FERRY_SAVE_STAT__COUNT ? names[which] : NULL;
 }
 

@@ -70,6 +70,7 @@ static const struct ferry__sym cuda_syms[] = {
 	/* No base name either (12.8 and 13.0); each on its own. */
 	SYM("cuMemcpyBatchAsync_v2", MemcpyBatchAsync_v2, NULL, 12),
 	SYM("cuMemcpyBatchAsync", MemcpyBatchAsync, NULL, 13),
+	SYM("cuMemcpyDtoDAsync_v2", MemcpyDtoDAsync, "cuMemcpyDtoDAsync", 14),
 };
 
 const struct ferry__sym *ferry__cuda_symbols(size_t *n)

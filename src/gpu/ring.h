@@ -95,6 +95,12 @@ int ferry__fence_sync(void *fence);
 /* Device memory for the features (loaders' batch buffers). */
 int ferry__gpu_alloc(int dev, size_t n, uint64_t *out);
 void ferry__gpu_release(int dev, uint64_t ptr);
+/* Free and total bytes of device dev (cuMemGetInfo; -ENOTSUP where the driver lacks it). */
+int ferry__gpu_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
+/* Copies n bytes between device addresses on ring r's stream (dev: r's device), queued after
+ * everything before it; -ENOTSUP where the driver lacks cuMemcpyDtoDAsync (ferry__ring_can_d2d). */
+int ferry__ring_d2d(struct ferry__ring_gpu *r, int dev, uint64_t dst, uint64_t src, size_t n);
+bool ferry__ring_can_d2d(void);
 
 /* Makes dev current on the calling thread, keeping the context that was current in *prev for
  * ferry__gpu_leave to put back. */

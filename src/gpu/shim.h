@@ -228,6 +228,9 @@ struct ferry__cuda_api {
 	ferry__CUresult (*MemcpyBatchAsync)(ferry__CUdeviceptr *dsts, ferry__CUdeviceptr *srcs, size_t *sizes,
 					    size_t count, ferry__CUmemcpyAttributes *attrs, size_t *attrsIdxs,
 					    size_t numAttrs, size_t *failIdx, ferry__CUstream stream);
+	/* optional: the checkpoint writer's device-side snapshot (gpu/devcopy.c) does without it */
+	ferry__CUresult (*MemcpyDtoDAsync)(ferry__CUdeviceptr dst, ferry__CUdeviceptr src, size_t size,
+					   ferry__CUstream stream);
 };
 
 /*

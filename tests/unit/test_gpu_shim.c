@@ -316,6 +316,131 @@ static void writer_device(void)
 }
 
 /*
+ * An asynchronous save's snapshot (the save_snapshot knob): auto takes it on the device for a
+ * writer's first save (no slots pinned yet, room on the device by the fake's cuMemGetInfo), in the
+ * pinned slots once that save left them pinned, and in pinned slots when the device lacks room
+ * ($FAKE_MEM_FREE); device and pinned force each. Each save's file holds the bytes the tensors had
+ * when the call returned (both tensors are overwritten right after it), and the device snapshot's
+ * memory is freed by the end of the save.
+ */
+static int sc_save_snapshot(void)
+{
+	enum { BIG = 40 << 20, SMALL = 4096 };
+	static const struct {
+		const char *knob, *mem_free;
+		int fresh, device;
+	} cases[] = {
+		{ "auto", NULL, 1, 1 },     /* a first save: nothing pinned, room: the device */
+		{ "auto", NULL, 0, 0 },     /* the first save's filler left the slots pinned */
+		{ "auto", "1073741824", 1, 0 }, /* 1 GiB free: below the state plus the margin */
+		{ "device", "1073741824", 1, 1 },
+		{ "pinned", NULL, 1, 0 },
+	};
+	char path[600];
+	ferry_ctx *ctx;
+	ferry_st_writer *w = NULL;
+	ferry_st *st;
+	void *dbig = NULL;
+	uint8_t *big = malloc(BIG), *back = malloc(BIG), *junk = malloc(BIG), host[SMALL], want_host[SMALL];
+	uint64_t shape_big[1] = {BIG}, shape_small[1] = {SMALL};
+
+	T_ASSERT(big && back && junk);
+	memset(junk, 0xee, BIG);
+	T_EQ_INT(ferry_gpu_malloc(0, BIG, &dbig), 0);
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		printf("save_snapshot=%s, free %s, %s writer\n", cases[c].knob, cases[c].mem_free ? cases[c].mem_free : "64 GiB",
+		       cases[c].fresh ? "a new" : "the same");
+		if (cases[c].mem_free)
+			setenv("FAKE_MEM_FREE", cases[c].mem_free, 1);
+		else
+			unsetenv("FAKE_MEM_FREE");
+		for (size_t i = 0; i < BIG; i++)
+			big[i] = (uint8_t)(i * 7 + (i >> 20) + c * 13);
+		for (size_t i = 0; i < SMALL; i++)
+			host[i] = want_host[i] = (uint8_t)(255 - i - c);
+		T_EQ_INT(ferry_gpu_memcpy_htod(dbig, big, BIG), 0);
+		if (cases[c].fresh) {
+			ferry_st_writer_destroy(w);
+			T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+		}
+		T_EQ_INT(ferry_st_writer_set(w, "save_snapshot", cases[c].knob), 0);
+		T_EQ_INT(ferry_st_writer_reset(w), 0);
+		T_ASSERT(ferry_st_writer_add(w, "big", FERRY_DT_U8, 1, shape_big, dbig, BIG) >= 0);
+		T_ASSERT(ferry_st_writer_add(w, "small", FERRY_DT_U8, 1, shape_small, host, SMALL) >= 0);
+		snprintf(path, sizeof(path), "%s/save_snapshot_%zu.safetensors", t_tmpdir(), c);
+		unlink(path);
+		int d0 = fake_counter("FERRY_CUDA_LIBRARY", "fake_dtod_async_calls");
+		T_EQ_INT(ferry_st_writer_save_async(w, path, 0), 0);
+		T_EQ_INT(ferry_gpu_memcpy_htod(dbig, junk, BIG), 0); /* the caller's tensors change at once */
+		memset(host, 0xee, SMALL);
+		T_ASSERT(ferry_st_writer_wait(w, -1) > BIG);
+		T_EQ_INT(ferry_st_writer_stat(w, FERRY_SAVE_STAT_DEVICE_SNAPSHOT_BYTES), cases[c].device ? BIG + SMALL : 0);
+		T_EQ_INT(fake_counter("FERRY_CUDA_LIBRARY", "fake_dtod_async_calls") - d0, cases[c].device ? 1 : 0);
+		/* a first save pins its slots: on the device path the filler thread does, off the call */
+		T_EQ_INT(ferry_st_writer_stat(w, FERRY_SAVE_STAT_PINNED_NEW_BYTES), cases[c].fresh ? 3u << 24 : 0);
+		T_EQ_INT(fake_ranges(2), 1); /* dbig: the device snapshot is gone */
+		T_ASSERT(ferry_st_open(ctx, path, &st) == 0);
+		int ib = ferry_st_find(st, "big"), is = ferry_st_find(st, "small");
+		T_ASSERT(ib >= 0 && is >= 0);
+		memset(back, 0, BIG);
+		T_EQ_INT(ferry_st_read(st, (size_t)ib, back, BIG), BIG);
+		T_CHECK(memcmp(back, big, BIG) == 0);
+		T_EQ_INT(ferry_st_read(st, (size_t)is, back, SMALL), SMALL);
+		T_CHECK(memcmp(back, want_host, SMALL) == 0);
+		ferry_st_destroy(st);
+		unlink(path);
+	}
+	/* host_budget below the state: the pinned path would wait for writes, so auto keeps taking
+	 * the device, its filler reusing the slots the budget allows */
+	ferry_ctx *small;
+	ferry_st_writer *ws;
+	T_ASSERT(ferry_ctx_create(&small) == 0);
+	T_EQ_INT(ferry_ctx_set(small, "host_budget", "32m"), 0);
+	T_ASSERT(ferry_st_writer_create(small, &ws) == 0);
+	T_ASSERT(ferry_st_writer_add(ws, "big", FERRY_DT_U8, 1, shape_big, dbig, BIG) >= 0);
+	for (int i = 0; i < 2; i++) {
+		snprintf(path, sizeof(path), "%s/save_snapshot_budget.safetensors", t_tmpdir());
+		unlink(path);
+		T_EQ_INT(ferry_st_writer_save_async(ws, path, 0), 0);
+		T_ASSERT(ferry_st_writer_wait(ws, -1) > BIG);
+		T_EQ_INT(ferry_st_writer_stat(ws, FERRY_SAVE_STAT_DEVICE_SNAPSHOT_BYTES), BIG);
+		T_EQ_INT(ferry_st_writer_stat(ws, FERRY_SAVE_STAT_SLOTS), 2);
+		T_ASSERT(ferry_st_open(small, path, &st) == 0);
+		T_EQ_INT(ferry_st_read(st, (size_t)ferry_st_find(st, "big"), back, BIG), BIG);
+		T_CHECK(memcmp(back, junk, BIG) == 0); /* the last case's overwrite, as dbig holds now */
+		ferry_st_destroy(st);
+		unlink(path);
+	}
+	ferry_st_writer_destroy(ws);
+	ferry_ctx_destroy(small);
+	/* forced onto a device that cannot hold it: the save is refused, naming the knob */
+	T_EQ_INT(ferry_st_writer_reset(w), 0);
+	T_EQ_INT(ferry_st_writer_set(w, "save_snapshot", "device"), 0);
+	T_ASSERT(ferry_st_writer_add(w, "big", FERRY_DT_U8, 1, shape_big, dbig, BIG) >= 0);
+	setenv("FAKE_ALLOC_FAIL", "1", 1);
+	snprintf(path, sizeof(path), "%s/save_snapshot_refused.safetensors", t_tmpdir());
+	T_EQ_INT(ferry_st_writer_save_async(w, path, 0), -ENOMEM);
+	HAS(ferry_last_error(), "save_snapshot=device");
+	/* auto falls back to the pinned slots */
+	ferry_st_writer_destroy(w);
+	T_ASSERT(ferry_st_writer_create(ctx, &w) == 0);
+	T_ASSERT(ferry_st_writer_add(w, "big", FERRY_DT_U8, 1, shape_big, dbig, BIG) >= 0);
+	T_EQ_INT(ferry_st_writer_save_async(w, path, 0), 0);
+	T_ASSERT(ferry_st_writer_wait(w, -1) > BIG);
+	T_EQ_INT(ferry_st_writer_stat(w, FERRY_SAVE_STAT_DEVICE_SNAPSHOT_BYTES), 0);
+	unsetenv("FAKE_ALLOC_FAIL");
+	unlink(path);
+	ferry_st_writer_destroy(w);
+	ferry_ctx_destroy(ctx);
+	T_EQ_INT(ferry_gpu_free(dbig), 0);
+	free(big);
+	free(back);
+	free(junk);
+	return t_result();
+}
+
+/*
  * The loader on a (fake) CUDA device, its device memory taken by the consumer (ferry_loader_take)
  * and given back (ferry_loader_buffer_destroy): each taken buffer holds its batch's bytes, slots get
  * other memory while the consumer keeps some (75 batches through 3 slots in at most 8 buffers), a buffer freed after the loader is destroyed is freed then (ASan checks
@@ -980,6 +1105,7 @@ struct fake {
 static const struct fake fakes[] = {
 	{ "cuda_ok.so", "fake_libcuda.c", "-DFAKE_DEVICES=2" },
 	{ "cuda_attrs.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_ATTRIBUTES" },
+	{ "cuda_meminfo.so", "fake_libcuda.c", "-DFAKE_MEMINFO" },
 	{ "cuda_batch.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_BATCH" },
 	{ "cuda_batch12.so", "fake_libcuda.c", "-DFAKE_BATCH12" },
 	{ "cuda_batch_refuse.so", "fake_libcuda.c", "-DFAKE_BATCH -DFAKE_BATCH_REFUSE" },
@@ -1303,6 +1429,7 @@ static const struct scenario scenarios[] = {
 	{ "zerodevices", sc_zerodevices, "cuda_zero.so", NX "c", NX "n" },
 	{ "fake", sc_fake, "cuda_ok.so", NX "libcufile.so.0", NX "n" },
 	{ "fake_attrs", sc_fake_attrs, "cuda_attrs.so", NX "c", NX "n" },
+	{ "save_snapshot", sc_save_snapshot, "cuda_meminfo.so", NX "c", NX "n" },
 	{ "gather_batch", sc_gather, "cuda_batch.so", NX "c", NX "n" },
 	{ "gather_batch12", sc_gather, "cuda_batch12.so", NX "c", NX "n" },
 	{ "gather_none", sc_gather, "cuda_ok.so", NX "c", NX "n" },

@@ -425,7 +425,7 @@ static void test_prealloc(void)
 	T_CHECK(ferry_st_writer_phase_ns(w, FERRY_PHASE_CALL_TOTAL) > 0);
 	T_CHECK(ferry_st_writer_phase_ns(w, FERRY_PHASE_WRITER_TOTAL) >= ferry_st_writer_phase_ns(w, FERRY_PHASE_WRITER_FSYNC));
 	T_EQ_INT(ferry_st_writer_phase_ns(w, FERRY_SAVE_PHASE__COUNT), 0);
-	const char *stat_names[] = {"bytes", "slots", "pinned_new_bytes", "fallocated", "recycled"};
+	const char *stat_names[] = {"bytes", "slots", "pinned_new_bytes", "fallocated", "recycled", "device_snapshot_bytes"};
 	const char *phase_names[] = {"call.check", "call.header", "call.slots", "call.start", "call.copy",
 				     "call.slot_wait", "call.sync", "call.total", "ckpt.prepare", "writer.layout",
 				     "writer.open", "writer.ready_wait", "writer.event_wait", "writer.hash",

@@ -2,7 +2,7 @@
  * A stand-in for libcuda.so.1, built by tests/unit/test_gpu_shim.c at test time (cc -shared). It
  * keeps "device memory" in host memory so that the shim's logic runs without a GPU. Knobs:
  * -DFAKE_INIT_RESULT=n (cuInit's result), -DFAKE_DEVICES=n, -DFAKE_ATTRIBUTES (export
- * cuPointerGetAttributes), -DFAKE_CHECKPOINT (export the checkpoint API, below), -DFAKE_BATCH
+ * cuPointerGetAttributes), -DFAKE_MEMINFO (export cuMemGetInfo), -DFAKE_CHECKPOINT (export the checkpoint API, below), -DFAKE_BATCH
  * (export cuMemcpyBatchAsync_v2, CUDA 13's form), -DFAKE_BATCH12 (export cuMemcpyBatchAsync, the
  * 12.8 form with failIdx), -DFAKE_BATCH_REFUSE (with FAKE_BATCH: every batch returns
  * CUDA_ERROR_NOT_SUPPORTED), and
@@ -117,6 +117,8 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n)
 	void *p;
 	if (!current)
 		return 201;
+	if (n > 4096 && getenv("FAKE_ALLOC_FAIL")) /* $FAKE_ALLOC_FAIL: allocations beyond a page fail */
+		return 2;
 	if (!n || !(p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095)))
 		return n ? 2 : 1;
 	if (add(p, n, DEVMEM, 1)) {
@@ -209,6 +211,24 @@ API CUresult cuMemcpyBatchAsync(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_
 }
 #endif
 API CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { (void)st; return cuMemcpyDtoH_v2(d, s, n); }
+static int dtod_async_calls;
+API int fake_dtod_async_calls(void) { return __atomic_load_n(&dtod_async_calls, __ATOMIC_SEQ_CST); }
+API CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st)
+{
+	(void)st;
+	__atomic_add_fetch(&dtod_async_calls, 1, __ATOMIC_SEQ_CST);
+	return current ? cuMemcpyDtoD_v2(d, s, n) : 201;
+}
+#ifdef FAKE_MEMINFO
+/* -DFAKE_MEMINFO: cuMemGetInfo says $FAKE_MEM_FREE bytes are free (read at each call; default 64 GiB) of 80 GiB. */
+API CUresult cuMemGetInfo_v2(size_t *fr, size_t *tot)
+{
+	const char *e = getenv("FAKE_MEM_FREE");
+	*fr = e ? (size_t)strtoull(e, NULL, 10) : (size_t)64 << 30;
+	*tot = (size_t)80 << 30;
+	return current ? 0 : 201;
+}
+#endif
 API CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { if (check(d, n, DEVMEM)) return 1; memset((void *)(uintptr_t)d, v, n); return 0; }
 API CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p)
 {
