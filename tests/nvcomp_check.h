@@ -96,44 +96,41 @@ static uint64_t t_rng(uint64_t *s)
 
 /*
  * uint16 token ids that look like tokenized text: a Zipf(1.0) unigram law over a 50,257-token
- * vocabulary (GPT-2's size), with a fifth of the positions continuing an earlier phrase of 4 to 32
- * tokens (text repeats names and phrases, which is what LZ matches find in real token shards).
+ * vocabulary (GPT-2's size), with one position in 50 starting a copy of an earlier phrase of 4 to 20
+ * tokens (about a fifth of the tokens: text repeats names and phrases, which LZ matches find).
  */
 static void t_gen_tokens(void *buf, size_t bytes, uint64_t seed)
 {
-	enum { VOCAB = 50257 };
-	static double cdf[VOCAB];
-	static int ready;
+	enum { VOCAB = 50257, QUANT = 1 << 20 };
+	static uint16_t *rank; /* inverse CDF: a uniform 20-bit number to a token's frequency rank */
 	uint16_t *t = buf;
 	size_t n = bytes / 2;
 	uint64_t s = seed | 1;
 
-	if (!ready) {
-		double sum = 0;
+	if (!rank) {
+		double sum = 0, acc = 0;
+		size_t q = 0;
+		T_ASSERT((rank = malloc(QUANT * sizeof(*rank))));
 		for (int i = 0; i < VOCAB; i++)
-			cdf[i] = (sum += 1.0 / (i + 1));
-		for (int i = 0; i < VOCAB; i++)
-			cdf[i] /= sum;
-		ready = 1;
+			sum += 1.0 / (i + 1);
+		for (int i = 0; i < VOCAB && q < QUANT; i++) {
+			acc += 1.0 / (i + 1) / sum;
+			while (q < QUANT && (double)q / QUANT < acc)
+				rank[q++] = (uint16_t)i;
+		}
+		while (q < QUANT)
+			rank[q++] = VOCAB - 1;
 	}
 	for (size_t i = 0; i < n;) {
-		if (i > 4096 && t_rng(&s) % 5 == 0) {
-			size_t len = 4 + t_rng(&s) % 29, from = i - 1 - t_rng(&s) % 4000;
+		uint64_t x = t_rng(&s);
+		if (i > 4096 && x % 50 == 0) {
+			size_t len = 4 + (x >> 8) % 17, from = i - 1 - (x >> 16) % 4000;
 			for (size_t k = 0; k < len && i < n; k++)
 				t[i++] = t[from + k];
 			continue;
 		}
-		double u = (double)(t_rng(&s) >> 11) / (double)(1ull << 53);
-		size_t lo = 0, hi = VOCAB - 1;
-		while (lo < hi) {
-			size_t mid = (lo + hi) / 2;
-			if (cdf[mid] < u)
-				lo = mid + 1;
-			else
-				hi = mid;
-		}
 		/* ids are not ranks: spread the frequent ones over the vocabulary as BPE merges do */
-		t[i++] = (uint16_t)((lo * 7919) % VOCAB);
+		t[i++] = (uint16_t)(((size_t)rank[(x >> 40) & (QUANT - 1)] * 7919) % VOCAB);
 	}
 	if (bytes & 1)
 		((unsigned char *)buf)[bytes - 1] = 0;

@@ -4,7 +4,7 @@
  * errors by chunk index) over a fake libcuda (tests/unit/fakes/fake_libcuda.c, device memory in
  * host memory) and a fake libnvcomp (fakes/fake_libnvcomp.c, libzstd and liblz4 underneath).
  * nvCOMP loads once per process, so each scenario runs in a child (this program re-executed with
- * the scenario's name and environment). tests/gpu/test_nvcomp.c runs the same check on the GPU.
+ * the scenario's name and environment). tests/gpu/test_nvcomp_gpu.c runs the same check on the GPU.
  */
 #include <sys/wait.h>
 
