@@ -87,6 +87,14 @@ run_ctest() {
 step "unit tests"
 skipping unit || run_ctest unit "$LOG_DIR/unit.log" -LE gpu -j "$JOBS"
 
+# nvCOMP for GPU decompression (issue 26; tests/gpu/test_nvcomp_gpu, bench/gpu-compress.sh): the
+# carried wheel's library (.whl/, unpacked, not installed), unless FERRY_NVCOMP_LIB names one.
+nvc_whl=$(ls .whl/nvidia_libnvcomp_cu13-*.whl 2>/dev/null | head -n 1)
+if [ -z "${FERRY_NVCOMP_LIB:-}" ] && [ -n "$nvc_whl" ] && "${PYTHON:-python3}" -m zipfile -e "$nvc_whl" "$ROOT/$BUILD_DIR/nvcomp-whl" >/dev/null 2>&1; then
+	export FERRY_NVCOMP_LIB=$ROOT/$BUILD_DIR/nvcomp-whl/nvidia/libnvcomp/lib64/libnvcomp.so.6
+	echo "nvCOMP: $FERRY_NVCOMP_LIB"
+fi
+
 step "GPU tests"
 skipping gpu || run_ctest gpu "$LOG_DIR/gpu.log" -L gpu
 # Figures the GPU tests print as "FIGURE name value unit".
@@ -158,7 +166,7 @@ fi
 # that a long benchmark can have a device call of its own. One per capability of docs/PERFORMANCE.md:
 # gpu-vsfio (the engine vs fio), gpu-read (GPU data paths), gpu-py-overhead (Python call overhead),
 # gpu-ckpt (checkpoints and weights; gpu-ckpt-save and gpu-ckpt-async measure one target each in a
-# shorter call) and gpu-loader (the loader). The default: gpu-read, gpu-ckpt and gpu-loader.
+# shorter call), gpu-loader (the loader) and gpu-compress (GPU decompression through nvCOMP, issue 26). The default: gpu-read, gpu-ckpt and gpu-loader.
 benches=()
 for pat in ${GPU_BENCHES:-gpu-read gpu-ckpt gpu-loader}; do
 	benches+=(bench/$pat.sh)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Issue 26's warm figure, in one process on one machine: GPU batched decompression through nvCOMP
+# (src/gpu/nvcomp.c) against the CPU's decompression of the same chunks on every core (libzstd and
+# liblz4 in threads), for uint16 token data and bf16 weights, chunks of 256 KiB, 1 MiB and 4 MiB:
+# the compression ratio, GPU GB/s with the compressed chunks already in device memory and from
+# pinned host memory (the copy included), CPU GB/s, and the ratios (target: GPU >= 3x the CPU on
+# all 16 cores, judged from pinned memory). The measurement is tests/gpu/test_nvcomp_gpu.c's
+# `bench` mode; without a GPU or nvCOMP only the CPU half runs (exit 77).
+# Prints "TABLE name | figure | note" rows; the full output goes to $FERRY_LOG_DIR.
+#   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-compress.sh     (built with -DFERRY_GPU_TESTS=ON)
+#   NVC_BENCH_MIB=256 (bytes per data set)
+set -u
+B=${FERRY_BUILD_DIR:-build}
+case $B in /*) ;; *) B=$PWD/$B ;; esac
+LOG=${FERRY_LOG_DIR:-/tmp/ferry-gpu-compress}
+mkdir -p "$LOG"
+prog=$B/tests/gpu/test_nvcomp_gpu
+if [ ! -x "$prog" ]; then
+	echo "skipped: $prog not built (configure with -DFERRY_GPU_TESTS=ON)"
+	exit 77
+fi
+# nvCOMP: the carried wheel's library (.whl/, unpacked, not installed) unless FERRY_NVCOMP_LIB names one.
+if [ -z "${FERRY_NVCOMP_LIB:-}" ]; then
+	whl=$(ls .whl/nvidia_libnvcomp_cu13-*.whl 2>/dev/null | head -n 1)
+	if [ -n "$whl" ] && python3 -m zipfile -e "$whl" "$B/nvcomp-whl" >/dev/null 2>&1; then
+		export FERRY_NVCOMP_LIB=$B/nvcomp-whl/nvidia/libnvcomp/lib64/libnvcomp.so.6
+	fi
+fi
+echo "FERRY_NVCOMP_LIB=${FERRY_NVCOMP_LIB:-unset, libnvcomp.so.6 from the library path}"
+nproc
+timeout 300 "$prog" bench 2>&1 | tee "$LOG/gpu-compress.txt"
+exit "${PIPESTATUS[0]}"
