@@ -89,13 +89,20 @@ int ferry__fsync_dirfd(int dirfd, const char *what)
 	return 0;
 }
 
+/* O_WRONLY unless extra asks for O_RDWR: O_WRONLY|O_RDWR is access mode 3, which can neither read nor
+ * write (ftruncate and a shared writable mmap fail with EINVAL). */
+static int write_mode(int extra)
+{
+	return (extra & O_ACCMODE) == O_RDWR ? 0 : O_WRONLY;
+}
+
 int ferry__create_excl(int dirfd, const char *name, int extra, mode_t mode)
 {
 	if (!*name || strchr(name, '/'))
 		return ferry__error(-EINVAL, "create \"%s\": not a single name", name);
 	int fd;
 	do
-		fd = openat(dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra, mode);
+		fd = openat(dirfd, name, write_mode(extra) | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | extra, mode);
 	while (fd < 0 && errno == EINTR);
 	if (fd < 0) {
 		int e = errno;
@@ -181,7 +188,7 @@ int ferry__tmp_adopt(int dirfd, int from_dirfd, const char *from, const char *fi
 			t->name[0] = '\0';
 			return r == -ENOENT ? 0 : ferry__error(r, "rename(%s, a temporary for %s): %s", from, final, strerror(-r));
 		}
-		t->fd = openat(dirfd, t->name, O_WRONLY | O_NOFOLLOW | O_CLOEXEC | extra);
+		t->fd = openat(dirfd, t->name, write_mode(extra) | O_NOFOLLOW | O_CLOEXEC | extra);
 		if (t->fd < 0) {
 			r = ferry__error(-errno, "open %s (was %s): %s", t->name, from, strerror(errno));
 			ferry__tmp_abort(t);

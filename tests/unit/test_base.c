@@ -358,6 +358,13 @@ static void test_durable(void)
 	snprintf(p, sizeof(p), "%s/m", dir);
 	slurp_is(p, "four");
 	T_EQ_INT(count_entries(dir), 4);
+	/* extra O_RDWR: a temporary that can be read back and mapped (the dataset cache maps it) */
+	T_EQ_INT(ferry__tmp_create(dfd, "rw", 0644, O_RDWR, &t1), 0);
+	T_EQ_INT(ftruncate(t1.fd, 4), 0);
+	T_EQ_INT(pwrite(t1.fd, "rwok", 4, 0), 4);
+	T_EQ_INT(pread(t1.fd, q, 4, 0), 4);
+	ferry__tmp_abort(&t1);
+	T_EQ_INT(count_entries(dir), 4);
 
 	/* a recycled file adopted as the temporary of another name, then committed */
 	T_EQ_INT(ferry__durable_write(dfd, "old", "recycled", 8, 0644, 0), 0);
