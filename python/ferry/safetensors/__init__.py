@@ -218,7 +218,10 @@ def _device(device):
     if dev.type == "cpu":
         return dev, -1
     if dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
+        # one process per GPU (torchrun): plain "cuda" is this rank's own GPU, LOCAL_RANK, not the
+        # first one for every rank of the host
+        local = _os.environ.get("LOCAL_RANK", "")
+        dev = torch.device("cuda", int(local) if local.isdigit() else torch.cuda.current_device())
     return dev, dev.index
 
 
@@ -419,8 +422,38 @@ class _TorchAlloc:
         return self.anchor.data_ptr()
 
 
+def _tensor_list(path, context):
+    """[(name, dtype name, shape, nbytes)] of a file set, in file order (headers only)."""
+    ctx = context if context is not None else _default_context()
+    with _errors(path):
+        ld = _ferry.load_open(ctx, _os.fspath(path))
+    out = []
+    for f, (_fpath, _md, tensors) in enumerate(ld.files()):
+        for name, dt, shape, off, nb in sorted(tensors, key=lambda t: t[3]):
+            out.append((name, dt, tuple(shape), nb))
+    return out
+
+
+def _slices_of_rule(path, rule, keys, context):
+    """slices= given as a function name, shape -> (dim, start, stop) or None: the dict it makes,
+    and the keys to load (every tensor, or ``keys``: the ones the rule does not cut load whole)."""
+    tensors = _tensor_list(path, context)
+    if keys is None:
+        keys = [t[0] for t in tensors]
+    elif isinstance(keys, str):
+        keys = [keys]
+    wanted = set(keys)
+    cut = {}
+    for name, _dt, shape, _nb in tensors:
+        if name in wanted:
+            spec = rule(name, shape)
+            if spec is not None:
+                cut[name] = spec
+    return list(keys), cut
+
+
 def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None, verify=False,
-              views=True, staging_budget=None, context=None, progress=None) -> dict:
+              views=True, staging_budget=None, context=None, progress=None, distributed=False) -> dict:
     """Load a safetensors file into torch tensors on ``device``.
 
     Like ``safetensors.torch.load_file(filename, device)``. ``filename`` may also be a sharded
@@ -429,11 +462,14 @@ def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None,
 
     Args:
         filename: the file (str or os.PathLike).
-        device: "cpu", "cuda", "cuda:N", an int (a CUDA device) or a torch.device.
+        device: "cpu", "cuda", "cuda:N", an int (a CUDA device) or a torch.device. Plain "cuda"
+            is cuda:LOCAL_RANK where torchrun set LOCAL_RANK, else the current device.
         keys: load only these tensors (a KeyError names a missing one).
         slices: ``{name: (dim, start, stop)}``: load only ``[start, stop)`` of dimension ``dim``
             of these tensors (negative indices and None as in Python slices), packed contiguously:
             what a tensor-parallel rank needs.
+            Or a rule, a function ``slices(name, shape)`` returning ``(dim, start, stop)`` for a
+            tensor to cut and None for one to load whole.
         verify: check every loaded tensor against the xxh3 checksum ferry stored when saving
             (``save_file(..., checksum=True)``); a mismatch or a missing checksum raises
             ``ferry.Error`` (FERRY_EVERIFY) naming the file and the tensor.
@@ -446,6 +482,12 @@ def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None,
             or True for a tqdm bar (docs/PYTHON.md, "Progress").
         backend: safetensors' ``"mmap"`` or ``"pread"`` (checked as safetensors checks it, another
             value raises SafetensorError); ferry reads through its own engine either way.
+        distributed: False (default); True (torch.distributed's default group) or a ProcessGroup:
+            a collective load, every rank of the group calling it with the same file set, keys
+            and slices. Each tensor a ``slices`` rule does not cut is read by one rank (the ranks'
+            shares balanced by bytes) and broadcast to the others; each rank reads its own slices.
+            Every rank returns the full dict, on its ``device`` (NCCL: each rank's own GPU; gloo:
+            "cpu"). ValueError without a process group or when the ranks name different tensors.
 
     Returns:
         ``dict[str, torch.Tensor]`` in file order (safetensors' order: by offset).
@@ -457,6 +499,16 @@ def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None,
         bad ``backend`` or ``device``.
     """
     _check_backend(backend)
+    if distributed is not False and distributed is not None:
+        from . import _dist
+        alloc = _TorchAlloc(device)
+        return _dist.load(filename, device, keys=keys, slices=slices, verify=verify, views=views,
+                          staging_budget=staging_budget, context=context, progress=progress,
+                          distributed=distributed, load_file=load_file, tensor_list=_tensor_list,
+                          torch_dtype=alloc.dtype, torch_shape=_torch_shape,
+                          device_of=lambda d: _device(d)[0])
+    if callable(slices):
+        keys, slices = _slices_of_rule(filename, slices, keys, context)
     if progress is None:
         return _load_torch(filename, device, keys, slices, verify, views, staging_budget, context,
                            _TorchAlloc(device))

@@ -1,6 +1,6 @@
 """Type stubs for ferry.safetensors (docs/CHECKPOINTS.md, "Python")."""
 import os
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Set, Tuple, Union
 
 import ferry
 
@@ -18,11 +18,13 @@ def load_file(
     *,
     backend: str = "mmap",
     keys: Optional[Iterable[str]] = None,
-    slices: Optional[Mapping[str, Slice]] = None,
+    slices: Union[None, Mapping[str, Slice], Callable[[str, Tuple[int, ...]], Optional[Slice]]] = None,
     verify: bool = False,
     views: bool = True,
     staging_budget: Optional[int] = None,
     context: Optional[ferry.Context] = None,
+    progress: Any = None,
+    distributed: Any = False,  # False, True (the default group) or a torch.distributed ProcessGroup
 ) -> Dict[str, Any]: ...
 def load(data: bytes) -> Dict[str, Any]: ...
 def save(tensors: Dict[str, Any], metadata: Optional[Dict[str, str]] = None) -> bytes: ...
