@@ -495,7 +495,10 @@ class Loader:
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 raise RuntimeError("ferry.Loader(device=%r): torch sees no CUDA device" % (device,))
-            dev = torch.device("cuda", torch.cuda.current_device() if dev.index is None else dev.index)
+            # torchrun: plain "cuda" is this rank's own GPU (LOCAL_RANK), not the host's first
+            local = _os.environ.get("LOCAL_RANK", "")
+            dev = torch.device("cuda", dev.index if dev.index is not None else
+                               int(local) if local.isdigit() else torch.cuda.current_device())
             self._cdev = dev.index
         elif dev.type == "cpu":
             self._cdev = -1

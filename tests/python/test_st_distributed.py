@@ -162,3 +162,15 @@ def test_plain_cuda_is_the_local_ranks_gpu(monkeypatch):
     assert (str(dev), index) == ("cuda:3", 3)
     assert fst._device("cuda:1")[1] == 1  # an explicit index wins
     assert fst._device("cpu")[1] == -1
+
+
+def test_loader_plain_cuda_is_the_local_ranks_gpu(tmp_path, monkeypatch):
+    # ferry.Loader(device="cuda") under torchrun: LOCAL_RANK's GPU. The loader makes its CUDA state
+    # lazily, so resolving the device needs no GPU once torch is told one exists.
+    np = need("numpy")
+    ferry.write_dataset(tmp_path / "ds", [np.arange(10, dtype=np.uint16)] * 20, shard_size=1000)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    loader = ferry.Loader(tmp_path / "ds", batch_size=4, device="cuda")
+    assert str(loader.device) == "cuda:3"
+    assert str(ferry.Loader(tmp_path / "ds", batch_size=4, device="cuda:1").device) == "cuda:1"
