@@ -152,10 +152,14 @@ static pthread_once_t span_once = PTHREAD_ONCE_INIT;
 static _Atomic uint64_t span_total[FERRY__SPAN__COUNT][2];
 static _Atomic uint64_t span_logged_at;
 
+static void span_at_exit(void);
+
 static void span_read_env(void)
 {
 	const char *v = getenv("FERRY_ENGINE_TRACE");
 	ferry__span_on = v && *v && strcmp(v, "0") != 0;
+	if (ferry__span_on)
+		atexit(span_at_exit); /* what the last 2 s gathered, in a process that never ends its context */
 }
 
 void ferry__span_init(void)
@@ -193,7 +197,13 @@ void ferry__span_flush(uint64_t (*spans)[2], int force)
 			n += snprintf(line + n, sizeof(line) - (size_t)n, " %s %.3f s / %llu = %.2f us;", names[k],
 				      (double)ns / 1e9, (unsigned long long)cnt, (double)ns / 1e3 / (double)cnt);
 	}
-	FERRY__LOG(FERRY__LOG_ERROR, "%s", line);
+	ferry__log(FERRY__LOG_INFO, "%s", line); /* asked for by FERRY_ENGINE_TRACE, whatever log_level says */
+}
+
+static void span_at_exit(void)
+{
+	uint64_t none[FERRY__SPAN__COUNT][2] = {{0}};
+	ferry__span_flush(none, 1);
 }
 
 void ferry__span_add1(int span, uint64_t t0)
