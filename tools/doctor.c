@@ -55,6 +55,7 @@ int ferry_doctor_run(const char *const *paths, size_t n, ferry_report **out)
 	ferry__doctor_memory(r);
 	ferry__doctor_io_uring(r);
 	ferry__doctor_gds(r, ngpus, paths, n);
+	ferry__doctor_nvcomp(r, ngpus);
 	ferry__doctor_snapshot(r, ngpus);
 	ferry__error_clear();
 	*out = r;

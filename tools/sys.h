@@ -150,5 +150,7 @@ void ferry__doctor_gds(ferry_report *r, int ngpus, const char *const *paths, siz
 void ferry__doctor_gpus(ferry_report *r, const struct ferry__pcidev *gpus, int ngpus);
 /* The snapshot.* rows (tools/doctor_snapshot.c): ferry snapshot's driver, CRIU and kernel needs. */
 void ferry__doctor_snapshot(ferry_report *r, int ngpus);
+/* The gpu.nvcomp row (tools/doctor_nvcomp.c): nvCOMP found or not, version, path, codecs. */
+void ferry__doctor_nvcomp(ferry_report *r, int ngpus);
 
 #endif
