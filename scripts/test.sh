@@ -99,6 +99,11 @@ if command -v clang >/dev/null; then
 	run "fuzz shard index 30s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_shard_index -max_total_time=30 \
 		-max_len=8192 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/shard_index 2>&1 |
 		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
+	# --- compressed files (issue 26): the trailer and index parsers and the chunk decoders, likewise
+	run "compile fuzz cz" cmake --build build-fuzz -j"$J" --target fuzz_cz_index
+	run "fuzz cz index 20s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_cz_index -max_total_time=20 \
+		-max_len=8192 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/cz_index 2>&1 |
+		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
 else
 	echo "=== fuzz safetensors: skipped: clang not installed"
 fi

@@ -5,6 +5,7 @@
 
 #include "ferry_test.h"
 #include "ferry/ckpt.h"
+#include "ferry/compress.h"
 #include "ferry/data.h"
 #include "ferry/ferry.h"
 #include "base/knob.h"
@@ -245,6 +246,7 @@ static void test_documented(void)
 		{"loader", ferry_loader_keys()},
 		{"checkpoint", ferry_ckpt_keys()},
 		{"safetensors writer", ferry_st_writer_keys()},
+		{"compressed file", ferry_cz_keys()},
 	};
 	for (size_t o = 0; o < sizeof(objects) / sizeof(objects[0]); o++)
 		for (const char *const *k = objects[o].keys; *k; k++) {

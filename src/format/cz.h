@@ -1,0 +1,83 @@
+/*
+ * ferry's compressed files (docs/FORMATS.md, issue 26): independently compressed chunks, each a
+ * standard zstd frame or an LZ4 frame of exactly one block, then the index in a skippable frame,
+ * then a fixed trailer in a skippable frame. `zstd -d` and `lz4 -d` of the stock tools give the
+ * original bytes back. This header is the parser and the per-chunk codec, kept apart from the
+ * reader and writer (include/ferry/compress.h) so that the fuzzer reaches them on plain buffers.
+ */
+#ifndef FERRY_FORMAT_CZ_H
+#define FERRY_FORMAT_CZ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FERRY__CZ_INDEX_MAGIC 0x184D2A5Eu   /* skippable frame 14: the index */
+#define FERRY__CZ_TRAILER_MAGIC 0x184D2A5Fu /* skippable frame 15: the trailer, last 80 bytes */
+#define FERRY__CZ_TRAILER_LEN 80u
+#define FERRY__CZ_INDEX_HEAD 24u  /* frame header 8, version 4, reserved 4, chunk count 8 */
+#define FERRY__CZ_ENTRY_LEN 48u
+#define FERRY__CZ_VERSION 1u
+#define FERRY__CZ_CHUNK_MIN (64u << 10)
+#define FERRY__CZ_CHUNK_MAX (4u << 20) /* an LZ4 frame's largest block */
+#define FERRY__CZ_LZ4_PAYLOAD 19u      /* magic 4, FLG, BD, content size 8, HC; block size 4 */
+#define FERRY__CZ_ZSTD_RAW_HEAD 13u    /* magic 4, descriptor, content size 8 */
+#define FERRY__CZ_ZSTD_RAW_BLOCK (128u << 10)
+
+#define FERRY__CZ_STORED 0x1u /* entry flag: the frame holds the bytes uncompressed */
+
+/* Codec numbers, as in the trailer and in gpu/nvcomp.h's enum. */
+#define FERRY__CZ_LZ4 1
+#define FERRY__CZ_ZSTD 2
+
+struct ferry__cz_chunk {
+	uint64_t c_off, u_off; /* the frame's offset in the file; its bytes' offset in the data */
+	uint64_t xxh_u, xxh_c; /* XXH3-64 of the uncompressed bytes and of the whole frame */
+	uint32_t c_size, u_size;
+	uint32_t payload_off; /* LZ4: the raw block's offset in the frame (19); zstd: 0 */
+	uint32_t flags;       /* FERRY__CZ_STORED */
+};
+
+struct ferry__cz_meta {
+	int codec;
+	uint32_t chunk_size, level;
+	uint64_t index_off, index_len, total, nchunks, index_xxh;
+	uint64_t compressed; /* bytes of chunk frames (index_off) */
+	struct ferry__cz_chunk *chunks; /* nchunks, malloc'd by ferry__cz_parse_index */
+};
+
+/* Whether the last 80 bytes of a file of file_size bytes look like a trailer (its two magics): 1 or 0. */
+int ferry__cz_is_trailer(const uint8_t *t, uint64_t file_size);
+/* Checks the trailer t (80 bytes) of a file of file_size bytes and fills m's scalar fields.
+ * 0 or FERRY_ECORRUPT naming name and the field. */
+int ferry__cz_parse_trailer(const uint8_t *t, uint64_t file_size, const char *name, struct ferry__cz_meta *m);
+/* Checks the index frame (m->index_len bytes) against m and every entry's fields, then sets
+ * m->chunks (free with ferry__cz_meta_free). 0, -ENOMEM or FERRY_ECORRUPT naming the chunk and field. */
+int ferry__cz_parse_index(const uint8_t *idx, const char *name, struct ferry__cz_meta *m);
+void ferry__cz_meta_free(struct ferry__cz_meta *m);
+
+/* Decodes chunk i's frame (c_size bytes at frame) into dst (u_size bytes). verify: checks the
+ * frame's XXH3 before and the bytes' XXH3 after. 0 or FERRY_ECORRUPT naming name, the chunk, the field. */
+int ferry__cz_decode(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst,
+		     int verify, const char *name);
+/* Checks only the frame's XXH3 (before the frame goes to a GPU decoder). */
+int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name);
+
+/* Encodes n bytes (1 <= n <= chunk_size) as one frame into out (room: ferry__cz_bound), filling
+ * e's sizes, flags, payload_off and checksums (not the offsets). Returns 0 or a negative code. */
+size_t ferry__cz_bound(int codec, size_t n);
+struct ferry__cz_cctx;
+int ferry__cz_cctx_create(int codec, struct ferry__cz_cctx **out);
+void ferry__cz_cctx_destroy(struct ferry__cz_cctx *c);
+int ferry__cz_encode(struct ferry__cz_cctx *c, int codec, int level, uint32_t chunk_size, const uint8_t *src,
+		     size_t n, uint8_t *out, struct ferry__cz_chunk *e);
+
+/* The index frame and trailer of a file whose chunks are m->chunks: writes ferry__cz_index_len
+ * bytes into idx and FERRY__CZ_TRAILER_LEN into t; sets m->index_xxh. */
+size_t ferry__cz_index_len(uint64_t nchunks);
+void ferry__cz_write_index(struct ferry__cz_meta *m, uint8_t *idx, uint8_t *t);
+
+/* Runs fn(arg, i) for i in [0, n) on up to threads threads (the caller's among them). Returns 0 or
+ * the error of the lowest failed i, with that call's ferry_last_error() detail on this thread. */
+int ferry__cz_parallel(size_t n, unsigned threads, int (*fn)(void *arg, size_t i), void *arg);
+
+#endif

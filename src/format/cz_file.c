@@ -1,0 +1,732 @@
+/*
+ * Compressed files (include/ferry/compress.h, docs/FORMATS.md): the writer (chunks compressed in
+ * parallel, a durable temporary renamed into place) and the reader (the index checked at open, any
+ * range decoded from the chunks it covers, into host memory or into device memory through nvCOMP
+ * or the CPU and the copy ring).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "base/durable.h"
+#include "base/knob.h"
+#include "format/cz.h"
+#include "ferry/compress.h"
+#include "ferry/gpu.h"
+#include "gpu/nvcomp.h"
+#include "gpu/ring.h"
+
+/* ------------------------------------------------------------------------------------- knobs */
+
+enum { GPU_AUTO, GPU_ON, GPU_OFF };
+static const char *const gpu_choices[] = {"auto", "on", "off", NULL};
+
+struct cz_knobs {
+	uint64_t chunk, level, threads, verify, gpu;
+};
+
+static uint64_t default_threads(void)
+{
+	long n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1 : n > 16 ? 16 : (uint64_t)n;
+}
+
+#define ROW(n, f, t, d, lo, hi, ...) \
+	{.name = n, .type = FERRY__KNOB_##t, FERRY__KNOB_AT(struct cz_knobs, f), .def = d, .min = lo, .max = hi, __VA_ARGS__}
+/* The defaults' reasons are in docs/CONFIG.md ("Compressed files"): measured there. */
+static const struct ferry__knob cz_rows[] = {
+	ROW("cz_chunk", chunk, SIZE, 1u << 20, FERRY__CZ_CHUNK_MIN, FERRY__CZ_CHUNK_MAX, .align = 4096,
+	    .env = "FERRY_CZ_CHUNK", .doc = "uncompressed bytes of one chunk of a new compressed file"),
+	ROW("cz_level", level, UINT, 0, 0, 22, .env = "FERRY_CZ_LEVEL",
+	    .doc = "compression level (0: the codec's default, zstd 3, lz4 fast)"),
+	ROW("cz_threads", threads, UINT, 8, 1, 256, .def_fn = default_threads, .env = "FERRY_CZ_THREADS",
+	    .doc = "threads that compress or decompress chunks at once"),
+	ROW("cz_verify", verify, BOOL, 1, 0, 1, .doc = "check each chunk's checksums when it is read"),
+	ROW("cz_gpu", gpu, ENUM, GPU_AUTO, 0, 2, .choices = gpu_choices, .env = "FERRY_CZ_GPU",
+	    .doc = "decode into device memory with nvCOMP: auto (where loaded), on (required), off"),
+};
+#undef ROW
+static const char *cz_keys[sizeof(cz_rows) / sizeof(cz_rows[0]) + 1];
+static const struct ferry__knobs cz_knob_table = {"compressed file", cz_rows, sizeof(cz_rows) / sizeof(cz_rows[0]),
+						  cz_keys};
+
+const char *const *ferry_cz_keys(void)
+{
+	return ferry__knobs_keys(&cz_knob_table);
+}
+
+const char *ferry_cz_codec_name(int codec)
+{
+	return codec == FERRY_CZ_LZ4 ? "lz4" : codec == FERRY_CZ_ZSTD ? "zstd" : NULL;
+}
+
+int ferry_cz_codec_from_name(const char *name)
+{
+	if (name && !strcmp(name, "lz4"))
+		return FERRY_CZ_LZ4;
+	if (name && !strcmp(name, "zstd"))
+		return FERRY_CZ_ZSTD;
+	return ferry__error(FERRY_EBADOPT, "codec '%s': expected lz4 or zstd", name ? name : "(null)");
+}
+
+/* ------------------------------------------------------------------------------------ writer */
+
+struct ferry_cz_writer {
+	struct cz_knobs knobs;
+	int codec, flags, dirfd;
+	struct ferry__tmpfile t;
+	char *path;
+	int state; /* 0 new, 1 writing, 2 committed, -1 failed */
+	uint8_t *in;
+	size_t in_len, in_cap; /* in_cap: threads chunks */
+	struct wslot {
+		struct ferry__cz_cctx *cctx;
+		uint8_t *out;
+		struct ferry__cz_chunk e;
+	} *slots;
+	unsigned nslots;
+	struct ferry__cz_meta m;
+	size_t chunks_cap;
+	uint64_t file_off;
+};
+
+int ferry_cz_writer_create(const char *path, int codec, int flags, ferry_cz_writer **out)
+{
+	*out = NULL;
+	if (!ferry_cz_codec_name(codec))
+		return ferry__error(FERRY_EBADOPT, "%s: codec %d: expected FERRY_CZ_LZ4 or FERRY_CZ_ZSTD", path, codec);
+	ferry_cz_writer *w = calloc(1, sizeof(*w));
+	if (!w || !(w->path = strdup(path))) {
+		free(w);
+		return ferry__error(-ENOMEM, "%s: compressed writer", path);
+	}
+	w->codec = codec;
+	w->flags = flags;
+	w->t.fd = -1;
+	int r = ferry__knobs_init(&cz_knob_table, &w->knobs);
+	const char *name = NULL;
+	if (!r && (w->dirfd = ferry__dir_open_parent(path, FERRY__DIR_FOLLOW, &name)) < 0)
+		r = w->dirfd;
+	else if (!r && (r = ferry__tmp_create(w->dirfd, name, 0644, 0, &w->t)) < 0)
+		ferry__error_append("%s: compressed writer", path);
+	if (r) {
+		if (w->dirfd > 0)
+			close(w->dirfd);
+		free(w->path);
+		free(w);
+		return r;
+	}
+	*out = w;
+	return 0;
+}
+
+int ferry_cz_writer_set(ferry_cz_writer *w, const char *key, const char *value)
+{
+	if (w->state != 0)
+		return ferry__error(FERRY_EBUSY, "ferry_cz_writer_set(%s): %s: the writer has started", key, w->path);
+	return ferry__knobs_set(&cz_knob_table, &w->knobs, key, value, "ferry_cz_writer_set");
+}
+
+static int writer_start(ferry_cz_writer *w)
+{
+	w->nslots = (unsigned)w->knobs.threads;
+	w->m.codec = w->codec;
+	w->m.chunk_size = (uint32_t)w->knobs.chunk;
+	w->m.level = (uint32_t)w->knobs.level;
+	w->in_cap = (size_t)w->nslots * w->m.chunk_size;
+	w->in = malloc(w->in_cap);
+	w->slots = calloc(w->nslots, sizeof(*w->slots));
+	if (!w->in || !w->slots)
+		return ferry__error(-ENOMEM, "%s: compressed writer: %zu bytes of buffers", w->path, w->in_cap);
+	for (unsigned i = 0; i < w->nslots; i++) {
+		int r = ferry__cz_cctx_create(w->codec, &w->slots[i].cctx);
+		if (r)
+			return r;
+		if (!(w->slots[i].out = malloc(ferry__cz_bound(w->codec, w->m.chunk_size))))
+			return ferry__error(-ENOMEM, "%s: compressed writer", w->path);
+	}
+	w->state = 1;
+	return 0;
+}
+
+static int encode_slot(void *arg, size_t i)
+{
+	ferry_cz_writer *w = arg;
+	size_t off = i * w->m.chunk_size;
+	size_t n = w->in_len - off < w->m.chunk_size ? w->in_len - off : w->m.chunk_size;
+	int r = ferry__cz_encode(w->slots[i].cctx, w->codec, (int)w->m.level, w->m.chunk_size, w->in + off, n,
+				 w->slots[i].out, &w->slots[i].e);
+	if (r)
+		ferry__error_append("%s: chunk %llu", w->path, (unsigned long long)(w->m.nchunks + i));
+	return r;
+}
+
+static int write_all(ferry_cz_writer *w, const void *buf, size_t n)
+{
+	const uint8_t *p = buf;
+	while (n) {
+		ssize_t k = pwrite(w->t.fd, p, n, (off_t)w->file_off);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return ferry__error(-errno, "pwrite(%s, offset %llu, %zu bytes): %s", w->t.name,
+					    (unsigned long long)w->file_off, n, strerror(errno));
+		p += k, n -= (size_t)k, w->file_off += (uint64_t)k;
+	}
+	return 0;
+}
+
+/* Compresses and writes what is in w->in (full chunks, and a short last one when closing). */
+static int flush(ferry_cz_writer *w)
+{
+	size_t n = (w->in_len + w->m.chunk_size - 1) / w->m.chunk_size;
+	if (!n)
+		return 0;
+	int r = ferry__cz_parallel(n, w->nslots, encode_slot, w);
+	if (!r && (r = ferry__grow((void **)&w->m.chunks, &w->chunks_cap, w->m.nchunks + n, sizeof(*w->m.chunks))))
+		ferry__error(r, "%s: compressed writer's index", w->path);
+	for (size_t i = 0; i < n && !r; i++) {
+		struct ferry__cz_chunk *e = &w->m.chunks[w->m.nchunks];
+		*e = w->slots[i].e;
+		e->c_off = w->file_off;
+		e->u_off = w->m.total;
+		if (!(r = write_all(w, w->slots[i].out, e->c_size))) {
+			w->m.nchunks++;
+			w->m.total += e->u_size;
+		}
+	}
+	w->in_len = 0;
+	return r;
+}
+
+int ferry_cz_writer_write(ferry_cz_writer *w, const void *buf, size_t len)
+{
+	if (w->state < 0 || w->state == 2)
+		return ferry__error(-EINVAL, "%s: compressed writer: %s", w->path, w->state < 0 ? "failed before" : "committed");
+	int r = w->state == 0 ? writer_start(w) : 0;
+	const uint8_t *p = buf;
+	while (!r && len) {
+		size_t k = w->in_cap - w->in_len < len ? w->in_cap - w->in_len : len;
+		memcpy(w->in + w->in_len, p, k);
+		w->in_len += k, p += k, len -= k;
+		if (w->in_len == w->in_cap)
+			r = flush(w);
+	}
+	if (r)
+		w->state = -1;
+	return r;
+}
+
+int64_t ferry_cz_writer_commit(ferry_cz_writer *w)
+{
+	int r = 0;
+	if (w->state == 0)
+		r = writer_start(w);
+	else if (w->state != 1)
+		return ferry__error(-EINVAL, "%s: compressed writer: %s", w->path, w->state < 0 ? "failed before" : "committed");
+	if (!r)
+		r = flush(w);
+	uint8_t *idx = NULL;
+	if (!r) {
+		w->m.index_off = w->file_off;
+		size_t ilen = ferry__cz_index_len(w->m.nchunks);
+		if (!(idx = malloc(ilen + FERRY__CZ_TRAILER_LEN)))
+			r = ferry__error(-ENOMEM, "%s: index of %llu chunks", w->path, (unsigned long long)w->m.nchunks);
+		else {
+			ferry__cz_write_index(&w->m, idx, idx + ilen);
+			r = write_all(w, idx, ilen + FERRY__CZ_TRAILER_LEN);
+		}
+	}
+	free(idx);
+	if (!r && (r = ferry__tmp_commit(&w->t, (w->flags & FERRY_CZ_EXCL) ? FERRY__DURABLE_NOREPLACE : 0)))
+		ferry__error_append("%s: compressed writer", w->path);
+	if (r) {
+		w->state = -1;
+		ferry__tmp_abort(&w->t);
+		return r;
+	}
+	w->state = 2;
+	return (int64_t)w->file_off;
+}
+
+void ferry_cz_writer_destroy(ferry_cz_writer *w)
+{
+	if (!w)
+		return;
+	if (w->state != 2)
+		ferry__tmp_abort(&w->t);
+	if (w->dirfd >= 0)
+		close(w->dirfd);
+	for (unsigned i = 0; w->slots && i < w->nslots; i++) {
+		ferry__cz_cctx_destroy(w->slots[i].cctx);
+		free(w->slots[i].out);
+	}
+	free(w->slots);
+	free(w->in);
+	ferry__cz_meta_free(&w->m);
+	free(w->path);
+	free(w);
+}
+
+/* ------------------------------------------------------------------------------------ reader */
+
+struct ferry_cz {
+	ferry_file *f;
+	char *path;
+	struct ferry__cz_meta m;
+	struct cz_knobs knobs;
+	uint64_t stored;
+	pthread_mutex_t lock; /* the device path's state and info */
+	char info[256];
+	int dev; /* the device of ring, pool, nvc; -1 none yet */
+	struct ferry__ring_gpu *ring;
+	struct ferry__pinned_pool *pool;
+	struct ferry__nvc *nvc;
+	uint64_t scratch;
+	size_t scratch_len;
+};
+
+static int read_exact(ferry_file *f, void *buf, size_t n, uint64_t off, const char *path, const char *what)
+{
+	ssize_t k = ferry_pread(f, buf, n, off);
+	if (k < 0) {
+		ferry__error_append("%s: reading %s", path, what);
+		return (int)k;
+	}
+	if ((size_t)k != n)
+		return ferry__error(FERRY_ECORRUPT, "%s: %s at offset %llu: %zd of %zu bytes before the end of the file (truncated?)",
+				    path, what, (unsigned long long)off, k, n);
+	return 0;
+}
+
+int ferry_cz_is_compressed(ferry_ctx *ctx, const char *path)
+{
+	ferry_file *f;
+	int r = ferry_file_open(ctx, path, FERRY_O_RDONLY | FERRY_O_BUFFERED, &f);
+	if (r)
+		return r;
+	int64_t size = ferry_file_size(f);
+	uint8_t t[FERRY__CZ_TRAILER_LEN];
+	if (size < 0)
+		r = (int)size;
+	else if (size < FERRY__CZ_TRAILER_LEN)
+		r = 0;
+	else if (!(r = read_exact(f, t, sizeof(t), (uint64_t)size - sizeof(t), path, "the trailer")))
+		r = ferry__cz_is_trailer(t, (uint64_t)size);
+	ferry_file_destroy(f);
+	return r;
+}
+
+int ferry_cz_open(ferry_ctx *ctx, const char *path, ferry_cz **out)
+{
+	*out = NULL;
+	ferry_cz *z = calloc(1, sizeof(*z));
+	if (!z || !(z->path = strdup(path))) {
+		free(z);
+		return ferry__error(-ENOMEM, "%s: compressed reader", path);
+	}
+	z->dev = -1;
+	pthread_mutex_init(&z->lock, NULL);
+	snprintf(z->info, sizeof(z->info), "none (no read yet)");
+	uint8_t t[FERRY__CZ_TRAILER_LEN], *idx = NULL;
+	int r = ferry__knobs_init(&cz_knob_table, &z->knobs);
+	if (!r)
+		r = ferry_file_open(ctx, path, FERRY_O_RDONLY, &z->f);
+	int64_t size = r ? 0 : ferry_file_size(z->f);
+	if (!r && size < 0)
+		r = (int)size;
+	if (!r && size < FERRY__CZ_TRAILER_LEN)
+		r = ferry__error(FERRY_ECORRUPT, "%s: %lld bytes: too short for a compressed file's %u-byte trailer", path,
+				 (long long)size, FERRY__CZ_TRAILER_LEN);
+	if (!r)
+		r = read_exact(z->f, t, sizeof(t), (uint64_t)size - sizeof(t), path, "the trailer");
+	if (!r)
+		r = ferry__cz_parse_trailer(t, (uint64_t)size, path, &z->m);
+	if (!r && !(idx = malloc(z->m.index_len)))
+		r = ferry__error(-ENOMEM, "%s: index of %llu bytes", path, (unsigned long long)z->m.index_len);
+	if (!r)
+		r = read_exact(z->f, idx, z->m.index_len, z->m.index_off, path, "the index");
+	if (!r)
+		r = ferry__cz_parse_index(idx, path, &z->m);
+	free(idx);
+	if (r) {
+		ferry_cz_destroy(z);
+		return r;
+	}
+	for (uint64_t i = 0; i < z->m.nchunks; i++)
+		z->stored += !!(z->m.chunks[i].flags & FERRY__CZ_STORED);
+	*out = z;
+	return 0;
+}
+
+void ferry_cz_destroy(ferry_cz *z)
+{
+	if (!z)
+		return;
+	if (z->scratch)
+		ferry__gpu_release(z->dev, z->scratch);
+	ferry__nvc_close(z->nvc);
+	ferry__ring_destroy(z->ring);
+	ferry__pinned_pool_destroy(z->pool);
+	ferry_file_destroy(z->f);
+	ferry__cz_meta_free(&z->m);
+	pthread_mutex_destroy(&z->lock);
+	free(z->path);
+	free(z);
+}
+
+int ferry_cz_set(ferry_cz *z, const char *key, const char *value)
+{
+	const struct ferry__knob *k = ferry__knobs_find(&cz_knob_table, key);
+	if (k && (!strcmp(key, "cz_chunk") || !strcmp(key, "cz_level")))
+		return ferry__error(FERRY_EBADOPT, "ferry_cz_set: %s: %s is the writer's (the file's is fixed)", z->path, key);
+	return ferry__knobs_set(&cz_knob_table, &z->knobs, key, value, "ferry_cz_set");
+}
+
+int64_t ferry_cz_size(const ferry_cz *z) { return (int64_t)z->m.total; }
+int64_t ferry_cz_compressed_size(const ferry_cz *z) { return (int64_t)z->m.compressed; }
+int ferry_cz_codec(const ferry_cz *z) { return z->m.codec; }
+int64_t ferry_cz_chunk_size(const ferry_cz *z) { return z->m.chunk_size; }
+int64_t ferry_cz_chunks(const ferry_cz *z) { return (int64_t)z->m.nchunks; }
+int64_t ferry_cz_stored_chunks(const ferry_cz *z) { return (int64_t)z->stored; }
+
+int ferry_cz_path_info(ferry_cz *z, char *buf, size_t len)
+{
+	pthread_mutex_lock(&z->lock);
+	int n = snprintf(buf, len, "%s", z->info);
+	pthread_mutex_unlock(&z->lock);
+	return n;
+}
+
+static void set_info(ferry_cz *z, const char *fmt, ...) FERRY__PRINTF(2, 3);
+static void set_info(ferry_cz *z, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	pthread_mutex_lock(&z->lock);
+	vsnprintf(z->info, sizeof(z->info), fmt, ap);
+	pthread_mutex_unlock(&z->lock);
+	va_end(ap);
+}
+
+/* One window of a read: chunks first..first+n-1, their frames at cbuf (the file's bytes from
+ * cbase), decoded into the part of [off, off + len) that each covers, at dst + (byte - off). */
+struct window {
+	ferry_cz *z;
+	const uint8_t *cbuf;
+	uint64_t cbase, first, off, len;
+	uint8_t *dst;
+	const uint64_t *list; /* chunk numbers (device path), or NULL for first + k */
+};
+
+static int decode_one(void *arg, size_t k)
+{
+	struct window *w = arg;
+	const struct ferry__cz_meta *m = &w->z->m;
+	uint64_t i = w->list ? w->list[k] : w->first + k;
+	const struct ferry__cz_chunk *e = &m->chunks[i];
+	const uint8_t *frame = w->cbuf + (e->c_off - w->cbase);
+	uint64_t lo = e->u_off > w->off ? e->u_off : w->off;
+	uint64_t hi = e->u_off + e->u_size < w->off + w->len ? e->u_off + e->u_size : w->off + w->len;
+	int verify = (int)w->z->knobs.verify;
+	if (lo == e->u_off && hi == e->u_off + e->u_size)
+		return ferry__cz_decode(m, i, frame, w->dst + (e->u_off - w->off), verify, w->z->path);
+	uint8_t *tmp = malloc(e->u_size);
+	if (!tmp)
+		return ferry__error(-ENOMEM, "%s: chunk %llu: %u bytes", w->z->path, (unsigned long long)i, e->u_size);
+	int r = ferry__cz_decode(m, i, frame, tmp, verify, w->z->path);
+	if (!r)
+		memcpy(w->dst + (lo - w->off), tmp + (lo - e->u_off), hi - lo);
+	free(tmp);
+	return r;
+}
+
+/* Chunks of one window: enough for every thread several times, within 256 MiB of data. */
+static uint64_t window_chunks(const ferry_cz *z)
+{
+	uint64_t n = z->knobs.threads * 4;
+	uint64_t cap = (256u << 20) / z->m.chunk_size;
+	return n > cap ? cap : n < 1 ? 1 : n;
+}
+
+/* The chunks [a, b) that [off, off + len) covers; len is clipped to the data. */
+static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uint64_t *b)
+{
+	if (off >= z->m.total)
+		*len = 0;
+	else if (*len > z->m.total - off)
+		*len = (size_t)(z->m.total - off);
+	*a = *len ? off / z->m.chunk_size : 0;
+	*b = *len ? (off + *len - 1) / z->m.chunk_size + 1 : 0;
+}
+
+static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
+{
+	uint64_t a, b;
+	cover(z, off, &len, &a, &b);
+	uint64_t step = window_chunks(z);
+	uint8_t *cbuf = NULL;
+	size_t ccap = 0;
+	int r = 0;
+	for (uint64_t i = a; i < b && !r; i += step) {
+		uint64_t n = b - i < step ? b - i : step;
+		const struct ferry__cz_chunk *e0 = &z->m.chunks[i], *e1 = &z->m.chunks[i + n - 1];
+		size_t span = (size_t)(e1->c_off + e1->c_size - e0->c_off);
+		if (span > ccap) {
+			free(cbuf);
+			if (!(cbuf = malloc(ccap = span))) {
+				r = ferry__error(-ENOMEM, "%s: %zu bytes of compressed chunks", z->path, span);
+				break;
+			}
+		}
+		if ((r = read_exact(z->f, cbuf, span, e0->c_off, z->path, "compressed chunks")))
+			break;
+		struct window w = {z, cbuf, e0->c_off, i, off, len, buf, NULL};
+		r = ferry__cz_parallel(n, (unsigned)z->knobs.threads, decode_one, &w);
+	}
+	free(cbuf);
+	return r ? r : (ssize_t)len;
+}
+
+/* The device path's resources on device dev; under z->lock. */
+static int device_setup(ferry_cz *z, int dev)
+{
+	if (z->dev == dev && z->ring)
+		return 0;
+	if (z->scratch)
+		ferry__gpu_release(z->dev, z->scratch);
+	z->scratch = 0, z->scratch_len = 0;
+	ferry__nvc_close(z->nvc);
+	ferry__ring_destroy(z->ring);
+	ferry__pinned_pool_destroy(z->pool);
+	z->nvc = NULL, z->ring = NULL, z->pool = NULL;
+	z->dev = dev;
+	int r = ferry__ring_create(dev, 1, 0, &z->ring);
+	if (!r)
+		r = ferry__pinned_pool_create(0, dev, &z->pool);
+	return r;
+}
+
+/* The pieces' copies in few driver calls from pinned memory, one by one (synchronous) where the
+ * pool could not pin (cuMemHostRegister refused). */
+static int copy_pieces(ferry_cz *z, const struct ferry__ring_piece *p, size_t n, bool pinned)
+{
+	if (pinned)
+		return n ? ferry__ring_h2d_gather(z->ring, p, n, NULL) : 0;
+	int r = 0;
+	for (size_t k = 0; k < n && !r; k++)
+		if (p[k].len)
+			r = ferry__ring_h2d(z->ring, p[k].dst, p[k].src, p[k].len, false);
+	return r;
+}
+
+struct check_job {
+	ferry_cz *z;
+	const uint8_t *cbuf;
+	uint64_t cbase;
+	const uint64_t *list;
+};
+
+static int check_one(void *arg, size_t k)
+{
+	struct check_job *j = arg;
+	const struct ferry__cz_chunk *e = &j->z->m.chunks[j->list[k]];
+	return ferry__cz_check_frame(&j->z->m, j->list[k], j->cbuf + (e->c_off - j->cbase), j->z->path);
+}
+
+/*
+ * One window into device memory at dptr (the bytes from off): the frames read into pinned memory;
+ * with nvCOMP, the chunks inside the range decoded on the GPU from a device copy of the frames,
+ * stored ones copied straight from their payload, the partial ones at the range's ends decoded on
+ * the CPU; without it, every chunk decoded on the CPU into pinned memory and copied.
+ */
+static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, uint64_t i0, uint64_t n,
+			 bool gpu, uint64_t *on_gpu, uint64_t *on_cpu)
+{
+	const struct ferry__cz_meta *m = &z->m;
+	const struct ferry__cz_chunk *e0 = &m->chunks[i0], *e1 = &m->chunks[i0 + n - 1];
+	size_t span = (size_t)(e1->c_off + e1->c_size - e0->c_off);
+	uint64_t wlo = e0->u_off > off ? e0->u_off : off;
+	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
+	void *cbuf = NULL, *ubuf = NULL;
+	int cpin = 0, upin = 0, r;
+	uint64_t *gl = calloc(n, sizeof(*gl) * 2);
+	struct ferry__ring_piece *pieces = calloc(n * (FERRY__CZ_CHUNK_MAX / FERRY__CZ_ZSTD_RAW_BLOCK + 2), sizeof(*pieces));
+	if (!gl || !pieces) {
+		r = ferry__error(-ENOMEM, "%s: device read of %llu chunks", z->path, (unsigned long long)n);
+		goto out;
+	}
+	uint64_t *cl = gl + n; /* chunks the CPU decodes */
+	size_t ng = 0, nc = 0, np = 0;
+	if ((r = ferry__pinned_alloc(z->pool, span, &cbuf, &cpin)))
+		goto out;
+	if ((r = read_exact(z->f, cbuf, span, e0->c_off, z->path, "compressed chunks")))
+		goto out;
+	for (uint64_t k = 0; k < n; k++) {
+		const struct ferry__cz_chunk *e = &m->chunks[i0 + k];
+		bool whole = e->u_off >= off && e->u_off + e->u_size <= off + len;
+		if (gpu && whole && !(e->flags & FERRY__CZ_STORED))
+			gl[ng++] = i0 + k;
+		else if (gpu && whole) {
+			const uint8_t *f = (const uint8_t *)cbuf + (e->c_off - e0->c_off);
+			uint64_t d = dptr + (e->u_off - off);
+			if (m->codec == FERRY__CZ_LZ4) {
+				pieces[np++] = (struct ferry__ring_piece){d, f + FERRY__CZ_LZ4_PAYLOAD, e->u_size};
+			} else {
+				for (uint32_t done = 0; done < e->u_size; done += FERRY__CZ_ZSTD_RAW_BLOCK) {
+					uint32_t b = e->u_size - done < FERRY__CZ_ZSTD_RAW_BLOCK ? e->u_size - done : FERRY__CZ_ZSTD_RAW_BLOCK;
+					const uint8_t *p = f + FERRY__CZ_ZSTD_RAW_HEAD + (done / FERRY__CZ_ZSTD_RAW_BLOCK) * (FERRY__CZ_ZSTD_RAW_BLOCK + 3);
+					pieces[np++] = (struct ferry__ring_piece){d + done, p + 3, b};
+				}
+			}
+			cl[nc++] = i0 + k; /* checked below like the GPU's; decoded by the copy */
+		} else
+			cl[nc++] = i0 + k;
+	}
+	if (z->knobs.verify) { /* the GPU cannot check the decoded bytes: at least the frames it decodes */
+		struct check_job cj = {z, cbuf, e0->c_off, gl};
+		if ((r = ferry__cz_parallel(ng, (unsigned)z->knobs.threads, check_one, &cj)))
+			goto out;
+	}
+	if (gpu) { /* stored chunks: their frames are checked while decoding the CPU list below */
+		size_t k = 0;
+		for (size_t q = 0; q < nc; q++) {
+			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
+			bool whole = e->u_off >= off && e->u_off + e->u_size <= off + len;
+			if (whole && z->knobs.verify && (r = ferry__cz_check_frame(m, cl[q], (const uint8_t *)cbuf + (e->c_off - e0->c_off), z->path)))
+				goto out;
+			if (!whole)
+				cl[k++] = cl[q];
+		}
+		nc = k;
+	}
+	/* CPU-decoded bytes: the partial chunks (gpu), or the whole window; into pinned memory */
+	uint64_t ulo = wlo, uhi = whi;
+	if (gpu && nc) {
+		const struct ferry__cz_chunk *a = &m->chunks[cl[0]], *b = &m->chunks[cl[nc - 1]];
+		ulo = a->u_off > off ? a->u_off : off;
+		uhi = b->u_off + b->u_size < off + len ? b->u_off + b->u_size : off + len;
+	}
+	if (nc) {
+		if ((r = ferry__pinned_alloc(z->pool, (size_t)(uhi - ulo), &ubuf, &upin)))
+			goto out;
+		struct window w = {z, cbuf, e0->c_off, 0, ulo, (size_t)(uhi - ulo), ubuf, cl};
+		/* a window of the partial chunks alone: bytes between them (GPU chunks) are skipped */
+		if ((r = ferry__cz_parallel(nc, (unsigned)z->knobs.threads, decode_one, &w)))
+			goto out;
+		for (size_t q = 0; q < nc; q++) {
+			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
+			uint64_t lo = e->u_off > off ? e->u_off : off;
+			uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
+			pieces[np++] = (struct ferry__ring_piece){dptr + (lo - off), (uint8_t *)ubuf + (lo - ulo), hi - lo};
+		}
+	}
+	if (ng) {
+		if (z->scratch_len < span) {
+			if (z->scratch)
+				ferry__gpu_release(z->dev, z->scratch);
+			z->scratch = 0;
+			if ((r = ferry__gpu_alloc(z->dev, span, &z->scratch)))
+				goto out;
+			z->scratch_len = span;
+		}
+		if (!z->nvc && (r = ferry__nvc_open(z->dev, m->codec, &z->nvc)))
+			goto out;
+		if ((r = ferry__ring_h2d(z->ring, z->scratch, cbuf, span, cpin)))
+			goto out;
+		uint64_t *src = calloc(ng, sizeof(*src) * 2);
+		size_t *slen = calloc(ng, sizeof(*slen) * 2);
+		if (!src || !slen) {
+			free(src), free(slen);
+			r = ferry__error(-ENOMEM, "%s: nvCOMP batch of %zu chunks", z->path, ng);
+			goto out;
+		}
+		uint64_t *dst = src + ng;
+		size_t *cap = slen + ng;
+		for (size_t q = 0; q < ng; q++) {
+			const struct ferry__cz_chunk *e = &m->chunks[gl[q]];
+			src[q] = z->scratch + (e->c_off - e0->c_off) + e->payload_off;
+			slen[q] = m->codec == FERRY__CZ_LZ4 ? e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4 : e->c_size;
+			dst[q] = dptr + (e->u_off - off);
+			cap[q] = e->u_size;
+		}
+		r = ferry__nvc_decompress(z->nvc, ferry__ring_stream(z->ring), ng, src, slen, dst, cap);
+		if (!r)
+			r = copy_pieces(z, pieces, np, cpin && (upin || !ubuf));
+		if (!r)
+			r = ferry__ring_drain(z->ring);
+		if (!r) {
+			r = ferry__nvc_finish(z->nvc, slen);
+			for (size_t q = 0; q < ng && !r; q++)
+				if (slen[q] != cap[q])
+					r = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu: nvCOMP decoded %zu bytes, the index says %zu",
+							 z->path, (unsigned long long)gl[q], slen[q], cap[q]);
+			if (r)
+				ferry__error_append("%s: chunks %llu to %llu on the GPU", z->path,
+						    (unsigned long long)gl[0], (unsigned long long)gl[ng - 1]);
+		}
+		free(src), free(slen);
+	} else if (np) {
+		if (!(r = copy_pieces(z, pieces, np, cpin && (upin || !ubuf))))
+			r = ferry__ring_drain(z->ring);
+	}
+	*on_gpu += ng;
+	*on_cpu += n - ng;
+out:
+	if (r)
+		ferry__ring_drain(z->ring); /* nothing may still read cbuf or ubuf when they go back */
+	ferry__pinned_free(z->pool, ubuf);
+	ferry__pinned_free(z->pool, cbuf);
+	free(gl), free(pieces);
+	return r;
+}
+
+static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uint64_t off)
+{
+	uint64_t a, b;
+	cover(z, off, &len, &a, &b);
+	const char *why = NULL;
+	bool gpu = false;
+	uint64_t on_gpu = 0, on_cpu = 0;
+	if (z->knobs.gpu == GPU_OFF)
+		why = "cz_gpu=off";
+	else
+		gpu = ferry__nvc_available(z->m.codec, &why) == 1; /* the same numbers */
+	if (!gpu && z->knobs.gpu == GPU_ON)
+		return ferry__error(FERRY_EBACKEND, "%s: cz_gpu=on, but nvCOMP cannot decode %s here: %s", z->path,
+				    ferry_cz_codec_name(z->m.codec), why ? why : "unknown");
+	pthread_mutex_lock(&z->lock);
+	void *prev = NULL; /* the caller's thread keeps its own current context */
+	int r = ferry__gpu_enter(dev, &prev);
+	if (!r) {
+		r = device_setup(z, dev);
+		uint64_t step = window_chunks(z);
+		for (uint64_t i = a; i < b && !r; i += step) {
+			uint64_t n = b - i < step ? b - i : step;
+			r = device_window(z, dptr, off, len, i, n, gpu, &on_gpu, &on_cpu);
+		}
+		ferry__gpu_leave(prev);
+	}
+	if (!r && gpu)
+		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu on the CPU: stored or partial)",
+			 (unsigned long long)on_gpu, (unsigned long long)on_cpu);
+	else if (!r)
+		snprintf(z->info, sizeof(z->info), "cpu (nvcomp: %s)", why ? why : "not available");
+	pthread_mutex_unlock(&z->lock);
+	return r ? r : (ssize_t)len;
+}
+
+ssize_t ferry_cz_pread(ferry_cz *z, void *buf, size_t len, uint64_t offset)
+{
+	int dev = -1;
+	if (len && ferry_mem_kind(buf, &dev) == FERRY_MEM_DEVICE)
+		return pread_device(z, (uint64_t)(uintptr_t)buf, dev, len, offset);
+	ssize_t r = pread_host(z, buf, len, offset);
+	if (r >= 0)
+		set_info(z, "cpu (host memory)");
+	return r;
+}
