@@ -204,6 +204,42 @@ FERRY_API FERRY_WUR int ferry_file_truncate(ferry_file *f, uint64_t size);
  */
 FERRY_API int ferry_file_path_info(ferry_file *f, char *buf, size_t len);
 
+/*
+ * Durable files: a new file that appears at its path only complete. ferry_durable_create makes
+ * ".NAME.ferry-tmp-<16 hex digits>" beside path exclusively (O_EXCL|O_NOFOLLOW, through the
+ * directory's descriptor, opened once) and holds an flock on it while it lives; it first removes
+ * such temporaries of the same NAME whose flock it can take (left by a writer that was killed).
+ * Write it with ferry_durable_pwrite or through the ferry_file of ferry_durable_open (the engine's
+ * asynchronous and GPU paths); ferry_durable_commit fsyncs it, renames it to path (or refuses to
+ * replace a file there) and fsyncs the directory; ferry_durable_destroy of one not committed
+ * removes its temporary and nothing else.
+ */
+typedef struct ferry_durable ferry_durable;
+
+#define FERRY_DURABLE_NOREPLACE 0x1 /* commit: -EEXIST when path exists (left as it is) */
+#define FERRY_DURABLE_NOSYNC 0x2    /* commit: no fsync of the file or the directory */
+
+/* Creates the temporary for path (mode 0644, umask applies). Returns 0 or -errno. */
+FERRY_API FERRY_WUR int ferry_durable_create(const char *path, ferry_durable **out);
+/*
+ * Opens the temporary as a ferry_file of ctx (FERRY_O_WRONLY or FERRY_O_RDWR, FERRY_O_BUFFERED),
+ * relative to the directory and checked to be the file made. The caller destroys it before the
+ * commit, with no request in flight. Returns 0 or -errno.
+ */
+FERRY_API FERRY_WUR int ferry_durable_open(ferry_durable *d, ferry_ctx *ctx, int flags, ferry_file **out);
+/* Writes all len bytes of host memory at offset. Returns len or -errno. */
+FERRY_API FERRY_WUR int64_t ferry_durable_pwrite(ferry_durable *d, const void *buf, size_t len, uint64_t offset);
+/* The temporary's path (for messages), "" once committed. */
+FERRY_API const char *ferry_durable_tmp_path(const ferry_durable *d);
+/*
+ * fsync, rename over path (FERRY_DURABLE_NOREPLACE: refused with -EEXIST), fsync of the directory.
+ * Returns 0 or a negative code. A failure before the rename removes the temporary (path is left
+ * as it was); after it (the directory's fsync) the file is in place and the error says so.
+ */
+FERRY_API FERRY_WUR int ferry_durable_commit(ferry_durable *d, int flags);
+/* Removes the temporary unless committed, releases the lock; accepts NULL. */
+FERRY_API void ferry_durable_destroy(ferry_durable *d);
+
 /* ------------------------------------------------------------------------- synchronous transfers */
 
 /*
