@@ -1046,6 +1046,262 @@ static PyTypeObject FileType = {
 	.tp_getset = file_getset,
 };
 
+/* -------------------------------------------------------------------------------- DurableFile */
+
+/*
+ * ferry_durable (ferry.h) for the Python writers that lay files out themselves (ferry.torch.save,
+ * ferry.dcp): the temporary is written through `file` (a ferry.File: the engine's asynchronous and
+ * GPU paths) or pwrite/write (host buffers), then committed or aborted.
+ */
+typedef struct {
+	PyObject_HEAD
+	ferry_durable *d;
+	ContextObject *ctx;
+	PyObject *path;
+	PyObject *tmp;
+	FileObject *file; /* opened on first use of .file */
+	uint64_t pos;     /* write()'s offset */
+	int committed;
+} DurableObject;
+
+static PyTypeObject DurableType;
+
+struct durable_args {
+	ferry_durable *d;
+};
+
+static int64_t durable_create(ferry_ctx *ctx, const char *path, void *arg)
+{
+	return ferry_durable_create(path, &((struct durable_args *)arg)->d);
+}
+
+static PyObject *durable_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"path", "context", NULL};
+	PyObject *path;
+	ContextObject *ctx;
+	struct durable_args a = {NULL};
+	DurableObject *self;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!:DurableFile", kwlist, &path, &ContextType, &ctx) ||
+	    ferry__py_path_call(NULL, path, durable_create, &a) < 0)
+		return NULL;
+	self = (DurableObject *)type->tp_alloc(type, 0);
+	if (!self) {
+		ferry_durable_destroy(a.d);
+		return NULL;
+	}
+	self->d = a.d;
+	self->ctx = (ContextObject *)Py_NewRef((PyObject *)ctx);
+	self->path = PyOS_FSPath(path);
+	self->tmp = PyUnicode_DecodeFSDefault(ferry_durable_tmp_path(a.d));
+	if (!self->path || !self->tmp) {
+		Py_DECREF(self);
+		return NULL;
+	}
+	return (PyObject *)self;
+}
+
+/* Closes .file; 0, or -1 with RuntimeError while an operation is in flight on it. */
+static int durable_close_file(DurableObject *self)
+{
+	PyObject *r;
+
+	if (!self->file || !self->file->f)
+		return 0;
+	r = file_close(self->file, NULL);
+	Py_XDECREF(r);
+	return r ? 0 : -1;
+}
+
+static void durable_dealloc(DurableObject *self)
+{
+	if (self->file && self->file->f && !self->file->inflight) {
+		ferry_file_destroy(self->file->f);
+		self->file->f = NULL;
+	}
+	ferry_durable_destroy(self->d); /* not committed: its temporary goes */
+	Py_XDECREF(self->file);
+	Py_XDECREF(self->ctx);
+	Py_XDECREF(self->path);
+	Py_XDECREF(self->tmp);
+	Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int durable_check(DurableObject *self)
+{
+	return ferry__py_closed(self->d, "durable file %R already committed or aborted", self->path);
+}
+
+static PyObject *durable_file(DurableObject *self, void *closure)
+{
+	ferry_file *f;
+	int r;
+
+	if (self->file)
+		return Py_NewRef((PyObject *)self->file);
+	if (durable_check(self) < 0)
+		return NULL;
+	FERRY_PY_NOGIL(NULL, r, ferry_durable_open(self->d, self->ctx->ctx, FERRY_O_WRONLY, &f));
+	if (r < 0)
+		return ferry__py_raise(r, self->tmp);
+	FileObject *fo = PyObject_New(FileObject, &FileType);
+	if (!fo) {
+		ferry_file_destroy(f);
+		return NULL;
+	}
+	fo->f = f;
+	fo->ctx = (ContextObject *)Py_NewRef((PyObject *)self->ctx);
+	fo->name = Py_NewRef(self->tmp);
+	fo->mode = PyUnicode_FromString("x");
+	fo->inflight = 0;
+	if (!fo->mode) {
+		Py_DECREF(fo);
+		return NULL;
+	}
+	self->file = fo;
+	return Py_NewRef((PyObject *)fo);
+}
+
+static PyObject *durable_pwrite_at(DurableObject *self, PyObject *obj, uint64_t off, int advance)
+{
+	struct ferry__py_buf b;
+	int64_t n;
+
+	if (durable_check(self) < 0 || buf_get(obj, &b, 0, NULL) < 0)
+		return NULL;
+	if (b.cuda) {
+		ferry__py_buf_release(&b);
+		PyErr_SetString(PyExc_TypeError, "DurableFile.pwrite/write take host memory; write "
+						 "device memory through .file");
+		return NULL;
+	}
+	FERRY_PY_NOGIL(NULL, n, ferry_durable_pwrite(self->d, b.ptr, b.len, off));
+	ferry__py_buf_release(&b);
+	if (ferry__py_failed(n, self->tmp))
+		return NULL;
+	if (advance)
+		self->pos = off + (uint64_t)n;
+	return PyLong_FromLongLong(n);
+}
+
+static PyObject *durable_pwrite(DurableObject *self, PyObject *args)
+{
+	PyObject *obj, *offo;
+	uint64_t off;
+
+	if (!PyArg_ParseTuple(args, "OO:pwrite", &obj, &offo) || ferry__py_u64(offo, "offset", &off) < 0)
+		return NULL;
+	return durable_pwrite_at(self, obj, off, 0);
+}
+
+static PyObject *durable_write(DurableObject *self, PyObject *obj)
+{
+	return durable_pwrite_at(self, obj, self->pos, 1);
+}
+
+static PyObject *durable_commit(DurableObject *self, PyObject *args, PyObject *kwds)
+{
+	static char *kwlist[] = {"durable", "replace", NULL};
+	int durable = 1, replace = 1, r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kwds, "|pp:commit", kwlist, &durable, &replace) ||
+	    durable_check(self) < 0 || durable_close_file(self) < 0)
+		return NULL;
+	FERRY_PY_NOGIL(NULL, r, ferry_durable_commit(self->d, (durable ? 0 : FERRY_DURABLE_NOSYNC) |
+							      (replace ? 0 : FERRY_DURABLE_NOREPLACE)));
+	ferry_durable_destroy(self->d); /* committed, or its temporary removed by the failure */
+	self->d = NULL;
+	self->committed = r == 0;
+	if (ferry__py_failed(r, self->path))
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *durable_abort(DurableObject *self, PyObject *unused)
+{
+	/* With writes still in flight on .file the temporary is unlinked all the same: they land in a
+	 * file no name leads to, and the File closes when its last request is waited. */
+	if (durable_close_file(self) < 0)
+		PyErr_Clear();
+	ferry_durable_destroy(self->d);
+	self->d = NULL;
+	Py_RETURN_NONE;
+}
+
+static PyObject *durable_enter(DurableObject *self, PyObject *unused)
+{
+	return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *durable_exit(DurableObject *self, PyObject *args)
+{
+	return durable_abort(self, NULL); /* after a commit: nothing left to remove */
+}
+
+static PyObject *durable_get_path(DurableObject *self, void *closure)
+{
+	return Py_NewRef(self->path);
+}
+
+static PyObject *durable_get_tmp(DurableObject *self, void *closure)
+{
+	return Py_NewRef(self->tmp);
+}
+
+static PyObject *durable_closed(DurableObject *self, void *closure)
+{
+	return PyBool_FromLong(self->d == NULL);
+}
+
+static PyObject *durable_get_committed(DurableObject *self, void *closure)
+{
+	return PyBool_FromLong(self->committed);
+}
+
+static PyObject *durable_repr(DurableObject *self)
+{
+	return PyUnicode_FromFormat("<ferry._ferry.DurableFile %R%s>", self->path,
+				    self->committed ? " committed" : self->d ? "" : " aborted");
+}
+
+static PyMethodDef durable_methods[] = {
+	{"pwrite", (PyCFunction)durable_pwrite, METH_VARARGS,
+	 "pwrite(buf, offset) -> int: writes all of buf (host memory) at offset of the temporary."},
+	{"write", (PyCFunction)durable_write, METH_O,
+	 "write(buf) -> int: writes buf (host memory) after the last write()."},
+	{"commit", (PyCFunction)(void (*)(void))durable_commit, METH_VARARGS | METH_KEYWORDS,
+	 "commit(durable=True, replace=True): closes .file, fsyncs, renames the temporary to path "
+	 "and fsyncs the directory (durable=False: no fsyncs). replace=False: FileExistsError if "
+	 "path exists, which is left as it is. A failed commit removes the temporary."},
+	{"abort", (PyCFunction)durable_abort, METH_NOARGS,
+	 "abort(): removes the temporary (nothing else); after a commit it does nothing."},
+	{"__enter__", (PyCFunction)durable_enter, METH_NOARGS, NULL},
+	{"__exit__", (PyCFunction)durable_exit, METH_VARARGS, "aborts unless committed"},
+	{NULL},
+};
+
+static PyGetSetDef durable_getset[] = {
+	{"file", (getter)durable_file, NULL, "The temporary as a ferry.File (opened on first use).", NULL},
+	{"path", (getter)durable_get_path, NULL, "The path the file appears at when committed.", NULL},
+	{"tmp", (getter)durable_get_tmp, NULL, "The temporary's path (.NAME.ferry-tmp-<random>).", NULL},
+	{"closed", (getter)durable_closed, NULL, "True once committed or aborted.", NULL},
+	{"committed", (getter)durable_get_committed, NULL, "True once committed.", NULL},
+	{NULL},
+};
+
+static PyTypeObject DurableType = {
+	FERRY_PY_TYPE("ferry._ferry.DurableFile", DurableObject, Py_TPFLAGS_DEFAULT,
+		      "DurableFile(path, context): a new file that appears at path only complete "
+		      "(ferry_durable_create: an exclusive, flocked temporary beside it; temporaries of "
+		      "path's name left by killed writers are removed first)."),
+	.tp_new = durable_new,
+	.tp_dealloc = (destructor)durable_dealloc,
+	.tp_repr = (reprfunc)durable_repr,
+	.tp_methods = durable_methods,
+	.tp_getset = durable_getset,
+};
+
 /* ------------------------------------------------------------------------------------- module */
 
 struct file_open_args {
@@ -1250,7 +1506,7 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	PyObject *m, *codes;
 
 	if (PyType_Ready(&ContextType) < 0 || PyType_Ready(&FileType) < 0 ||
-	    PyType_Ready(&RequestType) < 0)
+	    PyType_Ready(&RequestType) < 0 || PyType_Ready(&DurableType) < 0)
 		return NULL;
 	if (ferry__py_buf_init() < 0)
 		return NULL;
@@ -1262,6 +1518,7 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&ContextType) < 0 ||
 	    PyModule_AddObjectRef(m, "File", (PyObject *)&FileType) < 0 ||
 	    PyModule_AddObjectRef(m, "Request", (PyObject *)&RequestType) < 0 ||
+	    PyModule_AddObjectRef(m, "DurableFile", (PyObject *)&DurableType) < 0 ||
 	    PyModule_AddStringConstant(m, "version", ferry_version()) < 0)
 		goto fail;
 	for (size_t i = 0; i < sizeof(error_codes) / sizeof(error_codes[0]); i++) {

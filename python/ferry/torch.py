@@ -17,7 +17,6 @@ import io as _io
 import os as _os
 import pickle as _pickle
 import re as _re
-import secrets as _secrets
 import struct as _struct
 import sys as _sys
 import zlib as _zlib
@@ -559,78 +558,11 @@ def _fsync_dir(d):
         _os.close(fd)
 
 
-def _sweep_temporaries(d, base):
-    """Removes ``.BASE.ferry-tmp-*`` files in d that no live writer holds: a writer killed mid-save
-    (SIGKILL, OOM) leaves its temporary, as large as what it had written. Each writer holds an
-    flock on its temporary while it writes (the kernel drops it when the process dies), so one
-    whose lock can be taken is debris; it is unlinked only if the name still leads to the file
-    locked (never through a symlink)."""
-    import fcntl
-    prefix = ".%s.ferry-tmp-" % base
-    try:
-        names = [n for n in _os.listdir(d) if n.startswith(prefix)]
-    except OSError:
-        return
-    for n in names:
-        p = _os.path.join(d, n)
-        try:
-            fd = _os.open(p, _os.O_RDONLY | _os.O_NOFOLLOW | _os.O_CLOEXEC)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            st, now = _os.fstat(fd), _os.lstat(p)
-            if (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
-                _os.unlink(p)
-        except OSError:
-            pass  # held by a live writer, or gone
-        finally:
-            _os.close(fd)
-
-
-class _Durable:
-    """A new file at a random temporary name beside path (O_EXCL), renamed over path on commit.
-    The temporary is flock()ed while written, so that the next writer of the same name can tell a
-    dead writer's leftover from a live one's file and remove it (_sweep_temporaries)."""
-
-    def __init__(self, path, ctx):
-        import fcntl
-        self.path = _os.fspath(path)
-        d, base = _os.path.split(_os.path.abspath(self.path))
-        self.dir = d
-        _sweep_temporaries(d, base)
-        self.tmp = _os.path.join(d, ".%s.ferry-tmp-%s" % (base, _secrets.token_hex(6)))
-        self.file = _ferry.open(self.tmp, "x", context=ctx)
-        self._lock = _os.open(self.tmp, _os.O_RDONLY | _os.O_NOFOLLOW | _os.O_CLOEXEC)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-
-    def _unlock(self):
-        if self._lock is not None:
-            _os.close(self._lock)
-            self._lock = None
-
-    def commit(self, durable=True):
-        try:
-            if durable:
-                self.file.sync(full=True)
-        finally:
-            self.file.close()
-        try:
-            _os.rename(self.tmp, self.path)
-        finally:
-            self._unlock()
-        if durable:
-            _fsync_dir(self.dir)
-
-    def abort(self):
-        try:
-            self.file.close()
-        finally:
-            try:
-                _os.unlink(self.tmp)
-            except FileNotFoundError:
-                pass
-            self._unlock()
+# A new file at a random temporary name beside path (exclusive create), flocked while written,
+# renamed over path on commit(durable) with the fsyncs, removed by abort(): the durable-file module
+# of the C library (ferry_durable_*), which also removes the temporaries of path's name that a
+# killed writer left (their flock died with it). Attributes file (a ferry.File), tmp, path.
+_Durable = _ferry._ferry.DurableFile
 
 
 def save(obj, path, *, pickle_module=_pickle, pickle_protocol=2, durable=True, context=None):
