@@ -69,6 +69,7 @@ struct ferry_file {
 	int gds_state; /* FERRY__GDS_UNPROBED, or shim.h's FERRY__GDS_REFUSED/NATIVE/COMPAT */
 	void *gds_handle;
 	atomic_int gds_fallback_counted; /* auto's fallback from GDS counted once per file */
+	atomic_bool gds_auto_refused;    /* path=auto found GDS cannot be native here (gds_note says why) */
 	char gds_note[384];
 	struct ferry__remote *remote; /* a remote object (src/engine/remote.c): no descriptors, or NULL */
 };

@@ -60,12 +60,17 @@ const char *ferry__path_name(int path)
  * where it cannot exist is answered without loading cuFile. */
 static int gds_state(struct ferry_file *f, bool for_auto)
 {
+	/* path=auto on a machine where GDS cannot be native: answered without the file's lock, once
+	 * the note is written (every request into device memory asks) */
+	if (for_auto && atomic_load_explicit(&f->gds_auto_refused, memory_order_acquire))
+		return FERRY__GDS_REFUSED;
 	pthread_mutex_lock(&f->gds_mu);
 	if (f->gds_state == FERRY__GDS_UNPROBED) {
 		char why[320] = "";
 		if (for_auto && !ferry__gds_native_possible(why, sizeof(why))) {
 			/* not cached as the file's state: an explicit gds mode still asks cuFile */
 			snprintf(f->gds_note, sizeof(f->gds_note), "GDS: %s", why);
+			atomic_store_explicit(&f->gds_auto_refused, true, memory_order_release);
 			pthread_mutex_unlock(&f->gds_mu);
 			return FERRY__GDS_REFUSED;
 		}
