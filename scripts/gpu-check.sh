@@ -166,7 +166,9 @@ fi
 # that a long benchmark can have a device call of its own. One per capability of docs/PERFORMANCE.md:
 # gpu-vsfio (the engine vs fio), gpu-read (GPU data paths), gpu-py-overhead (Python call overhead),
 # gpu-ckpt (checkpoints and weights; gpu-ckpt-save and gpu-ckpt-async measure one target each in a
-# shorter call), gpu-loader (the loader) and gpu-compress (GPU decompression through nvCOMP, issue 26). The default: gpu-read, gpu-ckpt and gpu-loader.
+# shorter call), gpu-loader (the loader) and gpu-compress (GPU decompression through nvCOMP, issue 26);
+# issue 27's gpu-snapshot (GPU process snapshots at 1/10/40 GiB beside ferry.checkpoint) and
+# gpu-shuffled-copies (pre-shuffled copies read cold from the device's disk). The default: gpu-read, gpu-ckpt and gpu-loader.
 benches=()
 for pat in ${GPU_BENCHES:-gpu-read gpu-ckpt gpu-loader}; do
 	benches+=(bench/$pat.sh)

@@ -31,15 +31,7 @@ say() { echo "$*"; }
 	{ say "skipped: torch with CUDA is not available to $PY"; exit 77; }
 [ -x "$FERRY" ] || { say "FAIL: $FERRY is not built"; exit 1; }
 
-if [ -z "${FERRY_CRIU:-}" ] && ! command -v criu >/dev/null && [ ! -x /usr/sbin/criu ] && ls "$ROOT"/.deb/criu/criu_*.deb >/dev/null 2>&1; then
-	R=$T/criuroot
-	for f in "$ROOT"/.deb/criu/*.deb; do dpkg -x "$f" "$R"; done
-	printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/usr/lib/x86_64-linux-gnu:%s/lib/x86_64-linux-gnu exec %s/usr/sbin/criu "$@"\n' \
-		"$R" "$R" "$R" >"$T/criu"
-	chmod +x "$T/criu"
-	export FERRY_CRIU=$T/criu
-	say "criu: Debian's package from .deb/criu, $("$FERRY_CRIU" --version | head -1)"
-fi
+source "$ROOT/scripts/criu-env.sh" "$T"
 
 say "--- ferry doctor, snapshot rows"
 "$FERRY" doctor --no-color 2>&1 | grep -E 'snapshot\.' | cut -c1-600
