@@ -18,6 +18,29 @@ import concurrent.futures as _cf
 import os as _os
 import threading as _threading
 
+
+def _nvcomp_from_wheel() -> None:
+    """Points FERRY_NVCOMP_LIB at the nvidia-libnvcomp-cu13 wheel's libnvcomp.so.6 when that package
+    is installed and the variable is unset, so that `pip install nvidia-libnvcomp-cu13` is all GPU
+    decompression needs: the C side reads the variable when it first loads nvCOMP
+    (src/gpu/nvcomp.c). The package is located, not imported."""
+    if _os.environ.get("FERRY_NVCOMP_LIB"):
+        return
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("nvidia.libnvcomp")
+    except (ImportError, ValueError):
+        return
+    for d in (spec.submodule_search_locations or []) if spec else []:
+        lib = _os.path.join(d, "lib64", "libnvcomp.so.6")
+        if _os.path.exists(lib):
+            _os.environ["FERRY_NVCOMP_LIB"] = lib
+            return
+
+
+_nvcomp_from_wheel()
+
 from . import _ferry
 from ._ferry import (  # noqa: F401  (re-exported)
     ERROR_CODES,
