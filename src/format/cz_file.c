@@ -545,7 +545,7 @@ static int check_one(void *arg, size_t k)
  * the CPU; without it, every chunk decoded on the CPU into pinned memory and copied.
  */
 static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, uint64_t i0, uint64_t n,
-			 bool gpu, uint64_t *on_gpu, uint64_t *on_cpu)
+			 bool gpu, uint64_t *on_gpu, uint64_t *on_cpu, int *refused)
 {
 	const struct ferry__cz_meta *m = &z->m;
 	const struct ferry__cz_chunk *e0 = &m->chunks[i0], *e1 = &m->chunks[i0 + n - 1];
@@ -626,35 +626,68 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 		}
 	}
 	if (ng) {
-		if (z->scratch_len < span) {
+		/* nvCOMP wants each input and output aligned (8 bytes for zstd): the frames go to the
+		 * scratch at 256-byte boundaries, and where the destination's chunks are not 16-byte
+		 * aligned (a read from an unaligned offset) they are decoded into the scratch and
+		 * copied device to device. */
+		bool direct = (dptr - off) % 16 == 0;
+		size_t need = 0;
+		for (size_t q = 0; q < ng; q++) {
+			const struct ferry__cz_chunk *e = &m->chunks[gl[q]];
+			need += ((size_t)e->c_size + 255) & ~(size_t)255;
+			if (!direct)
+				need += ((size_t)e->u_size + 255) & ~(size_t)255;
+		}
+		if (!direct && !ferry__ring_can_d2d()) {
+			r = ferry__error(-ENOTSUP, "the destination is not 16-byte aligned for nvCOMP's outputs, and the driver has no cuMemcpyDtoDAsync");
+			*refused = 1;
+			goto out;
+		}
+		if (z->scratch_len < need) {
 			if (z->scratch)
 				ferry__gpu_release(z->dev, z->scratch);
-			z->scratch = 0;
-			if ((r = ferry__gpu_alloc(z->dev, span, &z->scratch)))
+			z->scratch = 0, z->scratch_len = 0;
+			if ((r = ferry__gpu_alloc(z->dev, need, &z->scratch)))
 				goto out;
-			z->scratch_len = span;
+			z->scratch_len = need;
 		}
-		if (!z->nvc && (r = ferry__nvc_open(z->dev, m->codec, &z->nvc)))
+		if (!z->nvc && (r = ferry__nvc_open(z->dev, m->codec, &z->nvc))) {
+			*refused = 1;
 			goto out;
-		if ((r = ferry__ring_h2d(z->ring, z->scratch, cbuf, span, cpin)))
-			goto out;
-		uint64_t *src = calloc(ng, sizeof(*src) * 2);
+		}
+		uint64_t *src = calloc(ng, sizeof(*src) * 3);
 		size_t *slen = calloc(ng, sizeof(*slen) * 2);
-		if (!src || !slen) {
-			free(src), free(slen);
+		struct ferry__ring_piece *in = calloc(ng, sizeof(*in));
+		if (!src || !slen || !in) {
+			free(src), free(slen), free(in);
 			r = ferry__error(-ENOMEM, "%s: nvCOMP batch of %zu chunks", z->path, ng);
 			goto out;
 		}
-		uint64_t *dst = src + ng;
+		uint64_t *dst = src + ng, *out_at = src + 2 * ng;
 		size_t *cap = slen + ng;
+		uint64_t at = z->scratch;
 		for (size_t q = 0; q < ng; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[gl[q]];
-			src[q] = z->scratch + (e->c_off - e0->c_off) + e->payload_off;
 			slen[q] = m->codec == FERRY__CZ_LZ4 ? e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4 : e->c_size;
+			in[q] = (struct ferry__ring_piece){at, (const uint8_t *)cbuf + (e->c_off - e0->c_off) + e->payload_off, slen[q]};
+			src[q] = at;
+			at += (slen[q] + 255) & ~(size_t)255;
 			dst[q] = dptr + (e->u_off - off);
 			cap[q] = e->u_size;
 		}
-		r = ferry__nvc_decompress(z->nvc, ferry__ring_stream(z->ring), ng, src, slen, dst, cap);
+		for (size_t q = 0; q < ng; q++) {
+			out_at[q] = direct ? dst[q] : at;
+			if (!direct)
+				at += (cap[q] + 255) & ~(size_t)255;
+		}
+		r = copy_pieces(z, in, ng, cpin);
+		if (!r) {
+			r = ferry__nvc_decompress(z->nvc, ferry__ring_stream(z->ring), ng, src, slen, out_at, cap);
+			if (r == -EINVAL || r == -ENOTSUP) /* refused before anything ran: the CPU does it */
+				*refused = 1;
+		}
+		for (size_t q = 0; q < ng && !r && !direct; q++)
+			r = ferry__ring_d2d(z->ring, z->dev, dst[q], out_at[q], cap[q]);
 		if (!r)
 			r = copy_pieces(z, pieces, np, cpin && (upin || !ubuf));
 		if (!r)
@@ -669,13 +702,15 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 				ferry__error_append("%s: chunks %llu to %llu on the GPU", z->path,
 						    (unsigned long long)gl[0], (unsigned long long)gl[ng - 1]);
 		}
-		free(src), free(slen);
+		free(src), free(slen), free(in);
 	} else if (np) {
 		if (!(r = copy_pieces(z, pieces, np, cpin && (upin || !ubuf))))
 			r = ferry__ring_drain(z->ring);
 	}
-	*on_gpu += ng;
-	*on_cpu += n - ng;
+	if (!r) {
+		*on_gpu += ng;
+		*on_cpu += n - ng;
+	}
 out:
 	if (r)
 		ferry__ring_drain(z->ring); /* nothing may still read cbuf or ubuf when they go back */
@@ -690,6 +725,7 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	uint64_t a, b;
 	cover(z, off, &len, &a, &b);
 	const char *why = NULL;
+	char whybuf[200];
 	bool gpu = false;
 	uint64_t on_gpu = 0, on_cpu = 0;
 	if (z->knobs.gpu == GPU_OFF)
@@ -707,12 +743,19 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 		uint64_t step = window_chunks(z);
 		for (uint64_t i = a; i < b && !r; i += step) {
 			uint64_t n = b - i < step ? b - i : step;
-			r = device_window(z, dptr, off, len, i, n, gpu, &on_gpu, &on_cpu);
+			int refused = 0;
+			r = device_window(z, dptr, off, len, i, n, gpu, &on_gpu, &on_cpu, &refused);
+			if (r && refused) { /* nvCOMP turned the batch down before it ran: the CPU decodes */
+				snprintf(whybuf, sizeof(whybuf), "refused: %s", ferry_last_error());
+				why = whybuf;
+				gpu = false;
+				r = device_window(z, dptr, off, len, i, n, gpu, &on_gpu, &on_cpu, &refused);
+			}
 		}
 		ferry__gpu_leave(prev);
 	}
 	if (!r && gpu)
-		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu on the CPU: stored or partial)",
+		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial)",
 			 (unsigned long long)on_gpu, (unsigned long long)on_cpu);
 	else if (!r)
 		snprintf(z->info, sizeof(z->info), "cpu (nvcomp: %s)", why ? why : "not available");

@@ -1,0 +1,109 @@
+/* Compressed files read into device memory (include/ferry/compress.h): for each codec, the whole
+ * file and ranges that cross chunk boundaries and end at the end, decoded with cz_gpu=off (the CPU
+ * and the copy ring) and cz_gpu=auto (nvCOMP where it is loaded), each compared with the data; the
+ * file mixes compressible chunks with a stored (random) one. Prints the path each read took. With
+ * cz_gpu=on, a machine without nvCOMP must refuse (FERRY_EBACKEND) rather than fall back. */
+#include "ferry/compress.h"
+#include "ferry/gpu.h"
+#include "ferry_test.h"
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next(void)
+{
+	rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+	return rng;
+}
+
+static void check(ferry_cz *z, void *dev, const uint8_t *data, size_t n, uint64_t off, size_t len, const char *what)
+{
+	uint8_t *host = malloc(len);
+	memset(host, 0xEE, len); /* the destination poisoned, so no earlier read's bytes pass */
+	T_EQ_INT(ferry_gpu_memcpy_htod(dev, host, len), 0);
+	ssize_t want = off >= n ? 0 : (ssize_t)(n - off < len ? n - off : len);
+	ssize_t got = ferry_cz_pread(z, dev, len, off);
+	char info[256];
+	ferry_cz_path_info(z, info, sizeof(info));
+	if (got != want) {
+		fprintf(stderr, "%s: pread(%zu at %llu) into device memory: %zd, want %zd: %s\n", what, len,
+			(unsigned long long)off, got, want, ferry_last_error());
+		t_failures++;
+	} else if (want) {
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(host, dev, (size_t)want), 0);
+		if (memcmp(host, data + off, (size_t)want)) {
+			fprintf(stderr, "%s: pread(%zu at %llu) into device memory: bytes differ (%s)\n", what, len,
+				(unsigned long long)off, info);
+			t_failures++;
+		}
+	}
+	printf("%s: %zu bytes at %llu: %s\n", what, len, (unsigned long long)off, info);
+	free(host);
+}
+
+int main(void)
+{
+	char why[256];
+	if (!ferry_gpu_available(why, sizeof(why)))
+		T_SKIP("no GPU: %s", why);
+	ferry_ctx *ctx;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	const size_t cs = 256 << 10, n = 9 * cs + 777;
+	uint8_t *data = malloc(n);
+	static const uint16_t phrase[16] = {464, 3290, 286, 262, 11, 1110, 318, 257, 922, 40, 1049, 13, 198, 50256, 7, 99};
+	for (size_t i = 0; i + 1 < n; i += 2) { /* uint16 tokens: phrases of a small vocabulary, and rare ones */
+		uint16_t t = (next() & 15) ? phrase[(i / 2) % 16] : (uint16_t)(next() % 50000);
+		data[i] = (uint8_t)t, data[i + 1] = (uint8_t)(t >> 8);
+	}
+	data[n - 1] = 7;
+	for (size_t i = 4 * cs; i < 5 * cs; i++) /* chunk 4: random, stored */
+		data[i] = (uint8_t)(next() >> 32);
+	void *dev;
+	T_ASSERT(ferry_gpu_malloc(0, n, &dev) == 0);
+	char path[512];
+	for (int codec = FERRY_CZ_LZ4; codec <= FERRY_CZ_ZSTD; codec++) {
+		snprintf(path, sizeof(path), "%s/test_cz_gpu.%d.%s", t_tmpdir(), (int)getpid(), ferry_cz_codec_name(codec));
+		ferry_cz_writer *w;
+		T_ASSERT(ferry_cz_writer_create(path, codec, 0, &w) == 0);
+		T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "256k") == 0);
+		T_ASSERT(ferry_cz_writer_write(w, data, n) == 0);
+		T_ASSERT(ferry_cz_writer_commit(w) > 0);
+		ferry_cz_writer_destroy(w);
+		ferry_cz *z;
+		T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
+		T_CHECK(ferry_cz_stored_chunks(z) >= 1);
+		for (int g = 0; g < 2; g++) {
+			char what[64];
+			snprintf(what, sizeof(what), "%s cz_gpu=%s", ferry_cz_codec_name(codec), g ? "auto" : "off");
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu", g ? "auto" : "off"), 0);
+			check(z, dev, data, n, 0, n, what);
+			check(z, dev, data, n, cs - 5, 2 * cs + 10, what);   /* partial, whole, whole, partial */
+			check(z, dev, data, n, 3 * cs + 1, 3 * cs, what);      /* across the stored chunk */
+			check(z, dev, data, n, n - 1000, 5000, what);          /* to the end, clipped */
+			check(z, dev, data, n, 2 * cs, cs, what);              /* exactly one chunk */
+			char info[256];
+			ferry_cz_path_info(z, info, sizeof(info));
+			if (!g)
+				T_CHECK(strncmp(info, "cpu (nvcomp: cz_gpu=off)", 24) == 0);
+			else if (getenv("FERRY_CZ_EXPECT_NVCOMP")) /* the fakes' run: nvCOMP is there */
+				T_CHECK(strncmp(info, "nvcomp (", 8) == 0);
+		}
+		/* cz_gpu=on: nvCOMP or a refusal that says why, never a silent CPU decode */
+		T_EQ_INT(ferry_cz_set(z, "cz_gpu", "on"), 0);
+		ssize_t r = ferry_cz_pread(z, dev, n, 0);
+		char info[256];
+		ferry_cz_path_info(z, info, sizeof(info));
+		if (r < 0) {
+			T_EQ_INT(r, FERRY_EBACKEND);
+			printf("%s cz_gpu=on: refused: %s\n", ferry_cz_codec_name(codec), ferry_last_error());
+		} else {
+			T_EQ_INT(r, n);
+			T_CHECK(strncmp(info, "nvcomp", 6) == 0);
+			printf("%s cz_gpu=on: %s\n", ferry_cz_codec_name(codec), info);
+		}
+		ferry_cz_destroy(z);
+		unlink(path);
+	}
+	T_EQ_INT(ferry_gpu_free(dev), 0);
+	free(data);
+	ferry_ctx_destroy(ctx);
+	return t_result();
+}
