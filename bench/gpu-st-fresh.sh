@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 22's fresh-process safetensors target in one device call (GPU_BENCHES=gpu-st-fresh):
+# one load_file per new process, 4 GB of 78 bf16 tensors (and 4,000 small ones: the per-tensor
+# target) into GPU memory, ferry beside InstantTensor, fastsafetensors and kvikio (carried in .whl/,
+# installed by scripts/gpu-check.sh) and the pinned copy into new device memory (the ceiling); first
+# from /dev/shm, then from the disk's page cache (a directory on the repository's disk, the file
+# read once before the rounds). bench/st-fresh.py prints the TABLE rows (ferry vs ceiling and best
+# peer, rounds within 15% of their median, 4,000 vs 78 tensors); a peer that fails gets a FAILED row
+# and the others go on. About 3 minutes on the H100 VM. FERRY_ST_FRESH_SIZE (default 4g),
+# FERRY_ST_FRESH_PROCS (3), FERRY_ST_FRESH_DISK_DIR (default $FERRY_BUILD_DIR/st-fresh-disk).
+set -u
+cd "$(dirname "$0")/.." || exit 1
+PY=${PYTHON:-python3}
+"$PY" -c 'import ferry.safetensors' 2>/dev/null || { echo "skipped: the ferry Python package is not installed (pip install .)"; exit 77; }
+SIZE=${FERRY_ST_FRESH_SIZE:-4g}
+PROCS=${FERRY_ST_FRESH_PROCS:-3}
+LOADERS=ferry,instanttensor,fastsafetensors,kvikio,ceiling
+SHM=/dev/shm/ferry-st-fresh
+DISK=${FERRY_ST_FRESH_DISK_DIR:-${FERRY_BUILD_DIR:-build-gpu-check}/st-fresh-disk}
+rm -rf "$SHM" "$DISK" && mkdir -p "$SHM" "$DISK" || exit 1
+rc=0
+echo "=== /dev/shm"
+FERRY_TRACE=1 "$PY" bench/st-fresh.py --device cuda --size "$SIZE" --tensors 78,4000 --procs "$PROCS" --loads 2 \
+	--loaders "$LOADERS" --dir "$SHM" --json "$SHM/st-fresh-shm.json"
+rc=$?
+if [ $rc -eq 77 ]; then # no CUDA device: st-fresh.py said why
+	rm -rf "$SHM" "$DISK"
+	exit 77
+fi
+fs=$(stat -f -c %T "$DISK")
+echo "=== the disk's page cache: $DISK ($fs)"
+if [ "$fs" = tmpfs ]; then
+	echo "TABLE st-fresh page cache | skipped | $DISK is on tmpfs, not a disk: set FERRY_ST_FRESH_DISK_DIR"
+else
+	"$PY" bench/st-fresh.py --device cuda --size "$SIZE" --tensors 78 --procs "$PROCS" --loads 2 \
+		--loaders "$LOADERS" --dir "$DISK" --json "$DISK/st-fresh-disk.json" || rc=1
+fi
+[ -n "${FERRY_LOG_DIR:-}" ] && cp "$SHM"/*.json "$DISK"/*.json "$FERRY_LOG_DIR/" 2>/dev/null
+rm -rf "$SHM" "$DISK"
+exit $rc
