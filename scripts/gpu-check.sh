@@ -169,6 +169,7 @@ fi
 # shorter call), gpu-loader (the loader) and gpu-compress (GPU decompression through nvCOMP, issue 26);
 # issue 27's gpu-snapshot (GPU process snapshots at 1/10/40 GiB beside ferry.checkpoint) and
 # gpu-shuffled-copies (pre-shuffled copies read cold from the device's disk). The default: gpu-read, gpu-ckpt and gpu-loader.
+# multi-gpu: several GPUs of one host (issue 28); on one GPU it runs its 1-GPU rows and exits 77.
 benches=()
 for pat in ${GPU_BENCHES:-gpu-read gpu-ckpt gpu-loader}; do
 	benches+=(bench/$pat.sh)
