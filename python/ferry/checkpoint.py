@@ -483,9 +483,13 @@ def save(state, directory, step, rank=None, world_size=None, keep=None, metadata
 def async_save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
                checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
                context=None, progress=None) -> SaveHandle:
-    """``save`` in the background: returns once every tensor is copied into pinned host memory
-    (device-to-host copies at full speed, within the context's ``host_budget`` knob; a larger
-    state blocks until written parts free memory), so the caller may change the tensors at once.
+    """``save`` in the background: returns once every tensor is snapshotted, so the caller may
+    change the tensors at once: into one copy on the GPU (device-to-device copies) where the GPU has
+    room and the directory's pinned slots do not hold the state yet, as at its first save, the save's
+    own thread then pinning the slots and copying the snapshot out; else into pinned host memory
+    (device-to-host copies at full speed, within the context's ``host_budget`` knob; a larger state
+    blocks until written parts free memory). ``FERRY_SAVE_SNAPSHOT=device|pinned`` forces a path;
+    ``phases()["device_snapshot_bytes"]`` says which one ran (docs/CHECKPOINTS.md).
     Errors come from ``handle.wait()``. A second save while one is in flight waits for it
     (``busy="wait"``) or raises ferry.Error FERRY_EBUSY (``busy="refuse"``). Under
     torch.distributed no collective runs in the background: rank 0 commits when it sees every
