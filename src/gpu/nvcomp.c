@@ -263,6 +263,7 @@ struct ferry__nvc {
 	ferry__CUdeviceptr temp;
 	size_t temp_cap;
 	size_t n;    /* chunks of the batch in flight (0: none) */
+	void *stream; /* its stream */
 };
 
 #define ARRAYS_BYTES(cap) ((cap) * (5 * sizeof(uint64_t) + sizeof(nvc_status)))
@@ -382,10 +383,19 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 
 	if (!d || (n && (!src || !src_len || !dst || !dst_cap)))
 		return ferry__error(-EINVAL, "nvcomp: decompress: NULL argument");
-	if (d->n)
-		return ferry__error(FERRY_EBUSY, "nvcomp: decompress: the last batch (%zu chunks) was not finished", d->n);
 	if (!cu)
 		return ferry__cuda_require();
+	if (d->n) {
+		/* A batch left unfinished (its caller failed between enqueue and finish) is dropped once
+		 * its stream has drained: its results land in the host mirror this batch reuses. */
+		if ((r = ferry__cuda_enter_device(d->dev, &prev)) < 0)
+			return r;
+		cr = cu->StreamSynchronize((ferry__CUstream)d->stream);
+		ferry__cuda_leave_device(prev);
+		if (cr != FERRY__CUDA_SUCCESS)
+			return ferry__cuda_fail(cr, "nvcomp: cuStreamSynchronize (the unfinished batch of %zu chunks)", d->n);
+		d->n = 0;
+	}
 	if (!n)
 		return 0;
 	for (size_t i = 0; i < n; i++) {
@@ -442,6 +452,7 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 		goto out;
 	}
 	d->n = n;
+	d->stream = stream;
 	r = 0;
 out:
 	ferry__cuda_leave_device(prev);
