@@ -18,6 +18,8 @@ int ferry_cmd_ckpt_bench(int argc, char **argv);   /* cli/ckpt_bench.c: ferry ck
 int ferry_cmd_ckpt_plan(int argc, char **argv);    /* cli/ckpt_plan.c: ferry ckpt plan */
 int ferry_cmd_snapshot(int argc, char **argv);     /* cli/snapshot.c */
 int ferry_cmd_restore(int argc, char **argv);      /* cli/snapshot.c */
-int ferry_cmd_stage(int argc, char **argv);        /* cli/stage.c: ferry stage, ferry cp */
+int ferry_cmd_stage(int argc, char **argv);        /* cli/stage.c: ferry stage, ferry cp between URL and path */
+int ferry_cmd_cp(int argc, char **argv);           /* cli/cz.c: ferry cp (compressed copies, else stage) */
+int ferry_cmd_cz(int argc, char **argv);           /* cli/cz.c: ferry cz info */
 
 #endif

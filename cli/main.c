@@ -24,7 +24,8 @@ const struct ferry_cli_command ferry_cli_commands[] = {
 	{"snapshot", "suspend a CUDA process (GPU state, then CRIU) into a directory", ferry_cmd_snapshot},
 	{"restore", "bring back a process from ferry snapshot's directory", ferry_cmd_restore},
 	{"stage", "copy objects to local storage and back: s3:// prefix <-> directory, resumable", ferry_cmd_stage},
-	{"cp", "the same as stage", ferry_cmd_stage},
+	{"cp", "ferry stage, and compressed copies: --compress zstd|lz4, or a compressed SRC decompressed", ferry_cmd_cp},
+	{"cz", "compressed files: cz info FILE (codec, ratio, chunks)", ferry_cmd_cz},
 	{"version", "print the version", cmd_version},
 	{NULL, NULL, NULL},
 };
