@@ -12,6 +12,13 @@ pin_memory=True, prefetch_factor=4, .to(device, non_blocking=True)) on one uint1
   cold (--cold-dir, page cache dropped before each run): the disk's raw read ceiling in the same
     run (O_DIRECT, 8 threads x 8 MiB), then sequential, shuffled and block orders, at most one pass.
 
+  --fixed-costs (issue 22's workload alone, bench/gpu-loader-fixed.sh): batches of 64 x 2049 uint16
+    tokens, shuffled, to the GPU, ferry.Loader at its defaults against DataLoader with 8 and with 16
+    workers (pin_memory, prefetch_factor 4); samples/s, the cores of each (ferry: the whole process
+    and without the consuming thread; DataLoader: the process and its workers), the consumer's wait
+    fraction (time inside next() over the wall time) in a loop that does no work and in one whose
+    step is about 50 ms of bf16 matmuls (at most 2 steps queued ahead), beside the GPU's idle share.
+
 Prints `TABLE name | figure | note` lines. Sized to finish in under 4 minutes on a 16-core machine
 with the defaults (--gb 4 --seconds 8); bench/loader-gpu.sh is the wrapper gpu-check.sh style.
     bench/loader-gpu.py [--gb 4] [--seconds 8] [--warm-dir /dev/shm/ferry-loader]
@@ -165,10 +172,29 @@ def proc_cpu_s(pids):
     return total
 
 
+class Windows(Dataset):
+    """Windows of `seq` tokens one after another over the token file (issue 22's 2049: 2048 and
+    the label's shift), as ferry.Loader(seq_len=seq) cuts them."""
+
+    def __init__(self, path, seq):
+        self.path, self.seq = path, seq
+        self.n = os.path.getsize(path) // (2 * seq)
+        self.mm = None
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.mm is None:
+            self.mm = np.memmap(self.path, dtype=np.uint16, mode="r")
+        return torch.from_numpy(np.array(self.mm[i * self.seq:(i + 1) * self.seq]))
+
+
 class TorchPeer:
-    def __init__(self, bin_path, batch, shuffle, device):
+    def __init__(self, bin_path, batch, shuffle, device, workers=8, seq=None):
         self.device = device
-        self.dl = DataLoader(Tokens(bin_path), batch_size=batch, shuffle=shuffle, num_workers=8,
+        ds = Tokens(bin_path) if seq is None else Windows(bin_path, seq)
+        self.dl = DataLoader(ds, batch_size=batch, shuffle=shuffle, num_workers=workers,
                              pin_memory=True, prefetch_factor=4, persistent_workers=True)
         self.it = None
 
@@ -195,9 +221,10 @@ class TorchPeer:
 
 
 class FerryPeer:
-    def __init__(self, prefix, batch, order, device, threads, prefetch):
-        self.loader = ferry.Loader(prefix, batch_size=batch, seq_len=SEQ, order=order, seed=0,
-                                   device=device, threads=threads, prefetch=prefetch, block=256)
+    def __init__(self, prefix, batch, order, device, threads, prefetch, seq=SEQ):
+        kw = {k: v for k, v in (("threads", threads), ("prefetch", prefetch)) if v is not None}  # None: the default
+        self.loader = ferry.Loader(prefix, batch_size=batch, seq_len=seq, order=order, seed=0,
+                                   device=device, block=256, **kw)
 
     def batches(self):
         while True:
@@ -370,6 +397,117 @@ def data_stall(make_peer, batch, device, step_s, seconds, hz, rounds):
     return out
 
 
+# --------------------------------------------------------------------- issue 22's workload
+
+
+def matmul_step(target_s):
+    """A realistic GPU step: k bf16 matmuls of 4096 x 4096, k calibrated to take about target_s."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        a @ b
+    torch.cuda.synchronize()
+    k = max(1, round(target_s / ((time.perf_counter() - t0) / 20)))
+
+    def step(batch, acc):
+        acc += batch.view(torch.int16)[:, 0].sum()  # the step reads its batch
+        for _ in range(k):
+            c = a @ b
+        acc += c[0, 0].to(torch.int64)
+    return step, k
+
+
+def consumer_loop(it, seconds, step=None):
+    """The consumer's wait fraction (time inside next() over the wall time), samples/s, and with a
+    step the GPU's idle share (1 - the steps' event time over the stream's span; at most 2 steps
+    queued ahead, as a training loop runs). `it`: the peer's batches() (one per peer: a second
+    generator over a ferry.Loader would close it when the first is collected)."""
+    gc.collect()
+    gc.freeze()
+    next(it)
+    torch.cuda.synchronize()
+    acc = torch.zeros((), device="cuda", dtype=torch.int64)
+    starts, ends = [], []
+    waited = 0.0
+    samples = 0
+    t0 = time.perf_counter()
+    end = t0 + seconds
+    while time.perf_counter() < end:
+        w0 = time.perf_counter()
+        b = next(it)
+        waited += time.perf_counter() - w0
+        samples += b.shape[0]
+        if step is not None:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            step(b, acc)
+            e.record()
+            starts.append(s)
+            ends.append(e)
+            if len(ends) > 2:
+                ends[-3].synchronize()
+    torch.cuda.synchronize()
+    wall = time.perf_counter() - t0
+    gc.unfreeze()
+    idle = None
+    if starts:
+        busy = sum(s.elapsed_time(e) for s, e in zip(starts, ends))
+        idle = max(0.0, 1 - busy / starts[0].elapsed_time(ends[-1]))
+    return waited / wall, samples / wall, idle
+
+
+def fixed_costs(a, dev):
+    """Issue 22's loader target in one run: ferry >= 10x DataLoader with 8 and with 16 workers,
+    ferry's process <= 1 core, and the wait fraction with a ~50 ms GPU step next to the no-work loop."""
+    seq, batch = 2049, 64
+    prefix, bin_path, n = make_data(a.warm_dir, a.gb)
+    table("loader fixed-costs data", f"{n * SEQ * 2 / 2**30:.2f} GiB in {a.warm_dir}",
+          f"batches of {batch} x {seq} uint16 tokens, shuffled, to {dev}")
+    rates = {}
+    p = FerryPeer(prefix, batch, "shuffle", dev, None, None, seq=seq)
+    sps, cores, bps = alone(p, a.seconds)
+    st = p.loader.stats()
+    whole, consumer = p.split_cores
+    p.close()
+    p = FerryPeer(prefix, batch, "shuffle", dev, None, None, seq=seq)
+    w_nowork = consumer_loop(p.batches(), a.seconds / 2)[0]
+    p.close()
+    rates["ferry"] = sps
+    table("loader fixed-costs ferry", f"{sps:.0f} samples/s",
+          f"{bps / 1e9:.2f} GB/s; {whole:.2f} cores in the process (target <= 1) = consumer thread {consumer:.2f} "
+          f"+ the rest {whole - consumer:.2f} (pipeline {st['cpu_cores']:.2f}); defaults (threads, prefetch); "
+          f"wait fraction {st['wait_fraction']:.2f} (the loader's own measure), {w_nowork:.2f} in a loop doing no work")
+    table("target loader fixed-costs ferry process cores <= 1", f"{whole:.2f}", "met" if whole <= 1 else "NOT met")
+    for workers in (8, 16):
+        p = TorchPeer(bin_path, batch, True, dev, workers=workers, seq=seq)
+        sps, cores, bps = alone(p, a.seconds)
+        p.close()
+        rates[workers] = sps
+        table(f"loader fixed-costs DataLoader {workers} workers", f"{sps:.0f} samples/s",
+              f"{bps / 1e9:.2f} GB/s, {cores:.2f} cores (process and workers), pin_memory, prefetch_factor 4")
+        r = rates["ferry"] / sps
+        table(f"target loader fixed-costs ferry vs DataLoader {workers} workers >= 10x", f"{r:.2f}x",
+              "met" if r >= 10 else "NOT met")
+    step, k = matmul_step(0.05)
+    for name, make in (("ferry", lambda: FerryPeer(prefix, batch, "shuffle", dev, None, None, seq=seq)),
+                       ("DataLoader 16 workers", lambda: TorchPeer(bin_path, batch, True, dev, workers=16, seq=seq))):
+        p = make()
+        it = p.batches()
+        w0, r0, _ = consumer_loop(it, a.seconds / 2)
+        w1, r1, idle = consumer_loop(it, max(a.seconds, 4), step)
+        p.close()
+        table(f"loader fixed-costs {name} wait fraction, 50 ms GPU step", f"{w1:.3f}",
+              f"step {k} bf16 matmuls 4096^2 ({1 / (r1 / batch) * 1e3:.0f} ms a step measured), GPU idle {idle * 100:.2f}%; "
+              f"the loop doing no work: wait fraction {w0:.2f} at {r0:.0f} samples/s")
+    if not a.keep:
+        for f in (bin_path, prefix + ".idx"):
+            os.unlink(f)
+
+
 # -------------------------------------------------------------------------------------- main
 
 
@@ -388,6 +526,8 @@ def main():
     ap.add_argument("--cold-dir", default="/var/tmp/ferry-loader")
     ap.add_argument("--skip-cold", action="store_true")
     ap.add_argument("--keep", action="store_true", help="keep the data files")
+    ap.add_argument("--fixed-costs", action="store_true",
+                    help="only issue 22's loader workload (batch 64 x 2049, DataLoader 8 and 16 workers, 50 ms step)")
     ap.add_argument("--ferry-warm-only", action="store_true",
                     help="only ferry's warm samples/s per order, then stop (bench/gpu-ab.sh runs it per build)")
     a = ap.parse_args()
@@ -398,6 +538,10 @@ def main():
     B, S = a.batch_size, a.seconds
     table("loader machine", torch.cuda.get_device_name(dev), f"{os.cpu_count()} CPUs, torch {torch.__version__}")
 
+    if a.fixed_costs:
+        fixed_costs(a, dev)
+        table("loader bench time", f"{time.perf_counter() - T0:.0f} s", "")
+        return
     prefix, bin_path, n = make_data(a.warm_dir, a.gb)
     table("loader data", f"{n * SEQ * 2 / 2**30:.2f} GiB", f"{n} samples of {SEQ} uint16 tokens, batch {B}, "
           f"made in {time.perf_counter() - T0:.0f} s")
