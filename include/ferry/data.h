@@ -109,6 +109,14 @@ FERRY_API const char *ferry_dataset_key(const ferry_dataset *ds, uint64_t i, siz
  * naming the shard.
  */
 FERRY_API FERRY_WUR int ferry_dataset_verify(ferry_dataset *ds);
+/*
+ * What the local cache of a dataset of URLs did (the context's cache_dir, docs/REMOTE.md), as one
+ * JSON object written into buf: {"dir", "budget", "shards", "staged" (held now), "reused" (found
+ * staged, by anyone), "fetched", "fetched_bytes", "evicted", "remote_reads" (reads that went to the
+ * object: no room), "error" (the first staging failure, "")}; "{}" without a cache. Returns what
+ * snprintf returns (the length it needed) or a negative code.
+ */
+FERRY_API FERRY_WUR int ferry_dataset_cache_stats(ferry_dataset *ds, char *buf, size_t len);
 
 /* ----------------------------------------------------------------------------------------- writer */
 

@@ -268,6 +268,18 @@ static PyObject *ds_key(DatasetObject *self, PyObject *arg)
 	return PyBytes_FromStringAndSize(k, (Py_ssize_t)len);
 }
 
+static PyObject *ds_cache_stats(DatasetObject *self, PyObject *unused)
+{
+	char buf[2048];
+
+	if (ds_check(self) < 0)
+		return NULL;
+	int n = ferry_dataset_cache_stats(self->d->ds, buf, sizeof(buf));
+	if (ferry__py_failed(n < 0 ? n : 0, self->path))
+		return NULL;
+	return PyUnicode_FromString(buf);
+}
+
 static PyObject *ds_verify(DatasetObject *self, PyObject *unused)
 {
 	int err;
@@ -316,6 +328,8 @@ static PyMethodDef ds_methods[] = {
 	 "locate_into(uint32 buffer[count], uint64 buffer[count]): each sample's shard and offset."},
 	{"shard_path", (PyCFunction)ds_shard_path, METH_O, "shard_path(k) -> str"},
 	{"key", (PyCFunction)ds_key, METH_O, "key(i) -> bytes | None"},
+	{"cache_stats", (PyCFunction)ds_cache_stats, METH_NOARGS,
+	 "cache_stats() -> str: JSON of what the cache_dir of a dataset of URLs did ({} without one)."},
 	{"verify", (PyCFunction)ds_verify, METH_NOARGS,
 	 "verify(): re-read every shard and check its CRC-32C (ferry datasets)."},
 	{"close", (PyCFunction)ds_close, METH_NOARGS, "close()"},

@@ -24,6 +24,11 @@ _ORDERS = {"sequential": _ferry.ORDER_SEQUENTIAL, "shuffle": _ferry.ORDER_SHUFFL
 _U64 = 1 << 64
 
 
+def _is_url(path) -> bool:
+    return isinstance(path, str) and path[:5].lower() == "s3://" or \
+        isinstance(path, str) and path.lower().startswith(("http://", "https://"))
+
+
 def _elem_numpy(name: str) -> str:
     """The NumPy type of an element type NumPy names so (bytes are read as uint8)."""
     return "uint8" if name == "bytes" else name
@@ -128,6 +133,10 @@ class IndexedDataset:
     mapped raises SIGBUS on access); with ``mmap=False`` each is one read into a new array.
     ``sizes`` are the samples' lengths in elements (``int64``). ``copies``: the number of
     pre-shuffled copies (``write_dataset(shuffled_copies=N)``), 0 without.
+
+    ``path`` may be an ``s3://`` or ``http(s)://`` prefix of the same objects (read through the
+    remote backend; samples are read, never mapped); with the context's ``cache_dir`` set, whole
+    shards are staged there and read from it (docs/REMOTE.md, "The dataset cache").
     """
 
     def __init__(self, path, *, mmap: bool = True, context=None):
@@ -144,7 +153,8 @@ class IndexedDataset:
         self._n = len(self._ds)
         self._bytes = np.empty(self._n, dtype=np.int64)
         self._ds.sizes_into(self._bytes)
-        self._mmap = bool(mmap)
+        # a URL's shards are objects: nothing to map (their staged copies may be evicted)
+        self._mmap = bool(mmap) and not _is_url(_os.fspath(path))
         self._maps = None
         if self._mmap:
             self._shard = np.empty(self._n, dtype=np.uint32)
@@ -215,6 +225,11 @@ class IndexedDataset:
     def verify(self) -> None:
         """Re-read every shard and compare its CRC-32C with the index (ferry datasets)."""
         self._ds.verify()
+
+    def cache_stats(self) -> dict:
+        """What the local cache of a dataset of URLs did (``cache_dir``): ``{}`` without one."""
+        import json
+        return json.loads(self._ds.cache_stats())
 
     def close(self) -> None:
         if self._maps:

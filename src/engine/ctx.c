@@ -99,6 +99,13 @@ static const struct ferry__knob ctx_rows[] = {
 	    .doc = "retries of a GET on 5xx, SlowDown, timeouts and resets (exponential backoff, jitter)"),
 	CTX("remote_timeout", remote_timeout, UINT, 30, 1, 3600, .env = "FERRY_REMOTE_TIMEOUT",
 	    .doc = "seconds a remote transfer may stall (under 1 KiB/s) before it is cut and retried"),
+	/* the local cache of datasets read from URLs (src/format/cache.c, docs/REMOTE.md) */
+	{.name = "cache_dir", .type = FERRY__KNOB_TEXT, FERRY__KNOB_AT(struct ferry__config, cache_dir),
+	 .env = "FERRY_CACHE_DIR", .doc = "directory of the local cache of datasets read from URLs (\"\": none)"},
+	CTX("cache_bytes", cache_bytes, SIZE, 0, 0, UINT64_MAX, .env = "FERRY_CACHE_BYTES",
+	    .doc = "byte budget of cache_dir, least recently used shards evicted (0: no limit)"),
+	CTX("cache_jobs", cache_jobs, UINT, 4, 1, 64, .env = "FERRY_CACHE_JOBS",
+	    .doc = "shards of a dataset staged into cache_dir at once"),
 };
 #undef CTX
 #undef NUM
@@ -215,6 +222,13 @@ int ferry_ctx_get(const ferry_ctx *ctx, const char *key, char *buf, size_t len)
 uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx)
 {
 	return ctx->cfg.host_budget;
+}
+
+const char *ferry__ctx_cache(const ferry_ctx *ctx, uint64_t *bytes, unsigned *jobs)
+{
+	*bytes = ctx->cfg.cache_bytes;
+	*jobs = (unsigned)ctx->cfg.cache_jobs;
+	return ctx->cfg.cache_dir;
 }
 
 size_t ferry__slot_size(const ferry_ctx *ctx)

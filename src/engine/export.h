@@ -36,6 +36,10 @@ int ferry__remote_list(ferry_ctx *ctx, const char *prefix, ferry__remote_list_fn
 int ferry__remote_delete(ferry_ctx *ctx, const char *url);
 /* The context's host_budget knob: pinned host memory its users may hold (0: no limit). */
 uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx);
+/* The context's cache knobs (cache_dir: "" for none, cache_bytes, cache_jobs). */
+const char *ferry__ctx_cache(const ferry_ctx *ctx, uint64_t *bytes, unsigned *jobs);
+/* A remote file's ETag as HEAD gave it ("" when the server sends none); NULL for a local file. */
+const char *ferry__file_etag(const ferry_file *f);
 
 /*
  * What a process is doing, for `ferry top`: a loader, a checkpoint save, a safetensors load. When

@@ -68,6 +68,11 @@ int ferry__remote_delete(ferry_ctx *ctx, const char *url)
 {
 	return ferry__error(FERRY_EBACKEND, "delete(%s): built without libcurl", url);
 }
+const char *ferry__file_etag(const ferry_file *f)
+{
+	(void)f;
+	return NULL;
+}
 
 #else
 
@@ -823,6 +828,11 @@ void ferry__remote_close(struct ferry__remote *r)
 	free(r->url);
 	free(r->http);
 	free(r);
+}
+
+const char *ferry__file_etag(const ferry_file *f)
+{
+	return f && f->remote ? f->remote->etag : NULL;
 }
 
 uint64_t ferry__remote_size(const struct ferry__remote *r)

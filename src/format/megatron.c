@@ -112,7 +112,7 @@ int ferry__megatron_open(struct ferry_dataset *ds, const char *prefix)
 	snprintf(ds->paths[0], l, "%s.bin", prefix);
 	uint8_t *buf;
 	size_t len;
-	int err = ferry__read_whole(idx, &buf, &len);
+	int err = ferry__read_whole_at(ds->ctx, idx, &buf, &len);
 	if (err == -ENOENT)
 		ferry__error_append("neither a ferry dataset directory nor a Megatron prefix");
 	if (!err) {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -388,6 +389,36 @@ int ferry__read_whole(const char *path, uint8_t **buf, size_t *len)
 	return 0;
 }
 
+int ferry__path_is_url(const char *p)
+{
+	return !strncasecmp(p, "s3://", 5) || !strncasecmp(p, "http://", 7) || !strncasecmp(p, "https://", 8);
+}
+
+int ferry__read_whole_at(ferry_ctx *ctx, const char *path, uint8_t **buf, size_t *len)
+{
+	if (!ferry__path_is_url(path))
+		return ferry__read_whole(path, buf, len);
+	ferry_file *f;
+	int r = ferry_file_open(ctx, path, FERRY_O_RDONLY, &f);
+	if (r)
+		return r;
+	int64_t size = ferry_file_size(f);
+	uint8_t *b = size < 0 ? NULL : malloc(size ? (size_t)size : 1);
+	if (!b) {
+		ferry_file_destroy(f);
+		return size < 0 ? (int)size : ferry__error(-ENOMEM, "reading %s (%lld bytes)", path, (long long)size);
+	}
+	ssize_t got = size ? ferry_pread(f, b, (size_t)size, 0) : 0;
+	ferry_file_destroy(f);
+	if (got != size) {
+		free(b);
+		return got < 0 ? (int)got : ferry__error(-EIO, "%s: short read (%zd of %lld bytes)", path, got, (long long)size);
+	}
+	*buf = b;
+	*len = (size_t)size;
+	return 0;
+}
+
 int ferry__dataset_check_sizes(struct ferry_dataset *ds)
 {
 	struct ferry__index *x = &ds->x;
@@ -454,11 +485,15 @@ static int open_copies(struct ferry_dataset *ds, const char *dir, uint32_t idx_c
 	snprintf(p, l, "%s/%s", dir, FERRY__CPY_NAME);
 	uint8_t *buf;
 	size_t len;
-	if (access(p, F_OK) < 0 && errno == ENOENT) {
+	if (!ferry__path_is_url(p) && access(p, F_OK) < 0 && errno == ENOENT) {
 		free(p);
 		return 0;
 	}
-	int err = ferry__read_whole(p, &buf, &len);
+	int err = ferry__read_whole_at(ds->ctx, p, &buf, &len);
+	if (err == -ENOENT && ferry__path_is_url(p)) { /* no such object: no copies */
+		free(p);
+		return 0;
+	}
 	if (!err) {
 		err = ferry__copies_parse(buf, len, 1, p, &ds->x, idx_crc, &ds->copies);
 		free(buf);
@@ -483,7 +518,7 @@ static int ferry_open_index(struct ferry_dataset *ds, const char *idx_path, cons
 {
 	uint8_t *buf;
 	size_t len;
-	int err = ferry__read_whole(idx_path, &buf, &len);
+	int err = ferry__read_whole_at(ds->ctx, idx_path, &buf, &len);
 	if (err)
 		return err;
 	err = ferry__shard_index_parse(buf, len, 1, idx_path, &ds->x);
@@ -531,7 +566,27 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out)
 		ferry_dataset_destroy(ds);
 		return ferry__error(-ENOMEM, "ferry_dataset_open(%s)", path);
 	}
-	if (path_is_dir(path)) {
+	int url = ferry__path_is_url(path);
+	if (url && !ends_with(path, ".idx") && !ends_with(path, ".bin")) {
+		/* a prefix of objects: a ferry dataset's (ferry.idx under it), else a Megatron prefix */
+		memcpy(tmp, path, pl + 1);
+		while (pl > 1 && tmp[pl - 1] == '/')
+			tmp[--pl] = 0;
+		char *idx = malloc(pl + 32);
+		if (!idx) {
+			err = ferry__error(-ENOMEM, "ferry_dataset_open(%s)", path);
+		} else {
+			snprintf(idx, pl + 32, "%s/%s", tmp, FERRY__IDX_NAME);
+			err = ferry_open_index(ds, idx, tmp);
+			free(idx);
+		}
+		if (err == -ENOENT && !ds->paths) {
+			ferry__error_clear();
+			err = ferry__megatron_open(ds, tmp);
+			if (!err)
+				err = open_files(ds);
+		}
+	} else if (!url && path_is_dir(path)) {
 		snprintf(tmp, pl + 32, "%s/%s", path, FERRY__IDX_NAME);
 		err = ferry_open_index(ds, tmp, path);
 	} else if (ends_with(path, "/" FERRY__IDX_NAME) || !strcmp(path, FERRY__IDX_NAME)) {
@@ -551,6 +606,8 @@ int ferry_dataset_open(ferry_ctx *ctx, const char *path, ferry_dataset **out)
 			err = open_files(ds);
 	}
 	free(tmp);
+	if (!err && url)
+		err = ferry__dataset_cache_open(ds);
 	if (err) {
 		ferry_dataset_destroy(ds);
 		return err;
@@ -563,6 +620,7 @@ void ferry_dataset_destroy(ferry_dataset *ds)
 {
 	if (!ds)
 		return;
+	ferry__dataset_cache_close(ds); /* its threads read files[] */
 	for (uint32_t s = 0; s < ds->x.nfiles + ds->copies.nfiles; s++) {
 		if (ds->files)
 			ferry_file_destroy(ds->files[s]);
@@ -635,7 +693,9 @@ ssize_t ferry_dataset_read(ferry_dataset *ds, uint64_t i, void *buf, size_t len)
 		return ferry__error(-ENOSPC, "ferry_dataset_read: sample %llu is %llu bytes, buffer %zu",
 				    (unsigned long long)i, (unsigned long long)l, len);
 	uint32_t s = ferry__index_shard_of(&ds->x, i);
-	ssize_t r = ferry_pread(ds->files[s], buf, l, ds->x.off[i]);
+	ferry_file *f = ferry__dataset_file_get(ds, s);
+	ssize_t r = ferry_pread(f, buf, l, ds->x.off[i]);
+	ferry__dataset_file_put(ds, s, f);
 	if (r < 0) {
 		ferry__error_append("sample %llu of %s", (unsigned long long)i, ds->paths[s]);
 		return r;

@@ -94,10 +94,28 @@ struct ferry_dataset {
 	char *path;       /* what was opened */
 	char **paths;     /* [nfiles] data files */
 	ferry_file **files;
+	struct ferry__dscache *cache; /* a dataset of URLs with the context's cache_dir set (cache.c) */
 };
 
 /* Reads a whole small file (an index) into memory. Returns 0 or -errno (with detail). */
 int ferry__read_whole(const char *path, uint8_t **buf, size_t *len);
+/* The same for a path or a URL (s3://, http(s)://, read through ctx's remote backend). */
+int ferry__read_whole_at(ferry_ctx *ctx, const char *path, uint8_t **buf, size_t *len);
+/* s3://, http:// or https:// */
+int ferry__path_is_url(const char *path);
+
+/*
+ * The dataset cache (cache.c, docs/REMOTE.md): with the context's cache_dir set, a dataset of URLs
+ * stages whole shards into it. ferry__dataset_file_get gives the file to read shard s from (the
+ * staged one, staging it first when it is not and there is room; else the object) and must be
+ * paired with ferry__dataset_file_put once the reads from it are done. Without a cache: files[s].
+ */
+int ferry__dataset_cache_open(struct ferry_dataset *ds);
+void ferry__dataset_cache_close(struct ferry_dataset *ds);
+ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s);
+void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f);
+/* A new pass over the data (an epoch): shards that found no room are tried again. */
+void ferry__dataset_cache_rewind(struct ferry_dataset *ds);
 /* Checks each shard's size against the index: FERRY_ECORRUPT naming shard and first sample cut. */
 int ferry__dataset_check_sizes(struct ferry_dataset *ds);
 

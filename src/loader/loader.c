@@ -81,6 +81,7 @@ struct worker {
 	uint8_t *stage;
 	size_t stage_cap;
 	uint8_t *inl; /* per group of the batch being filled: read inline (1) or by the engine */
+	ferry_file **gf; /* per group: the file it reads (ferry__dataset_file_get), put after the reads */
 	size_t inl_cap;
 	uint64_t cpu_ns;
 };
@@ -290,6 +291,7 @@ static int epoch_indices(struct worker *w, uint64_t epoch)
 	ferry__distributed_from_order(order, l->items, l->world_size, l->rank, l->per_rank,
 				      w->epoch_idx);
 	w->cached_epoch = epoch;
+	ferry__dataset_cache_rewind(l->ds); /* shards that found no room in the cache are tried again */
 	return 0;
 }
 
@@ -355,9 +357,9 @@ static size_t group_end(const struct ferry_loader *l, const struct worker *w, si
  * engine costs a worker handoff per read and, for io_uring buffered reads that cannot complete
  * inline (tmpfs here), a punt to an io-wq kernel thread: measured in docs/DATA.md, "Loader notes".
  */
-static int read_inline(const struct ferry_loader *l, uint32_t file, uint64_t off, uint64_t len, void *dst)
+static int read_inline(const struct ferry_loader *l, ferry_file *f, uint64_t off, uint64_t len, void *dst)
 {
-	int fd = ferry__file_fd(l->ds->files[file]);
+	int fd = ferry__file_fd(f);
 	if (!l->inline_cached || !ferry__range_resident(fd, off, len))
 		return 0;
 	uint64_t done = 0;
@@ -387,6 +389,16 @@ static void iota64(int64_t *p, int64_t base, uint64_t n)
 }
 
 /* documents=1: a sequence of the batch starts at element `at`. */
+/* Hands back the files a batch's groups read (a dataset's cache may evict them again). */
+static void put_files(const struct ferry_loader *l, struct worker *w, size_t np)
+{
+	for (size_t g = 0; g < np; g++)
+		if (w->gf[g]) {
+			ferry__dataset_file_put(l->ds, w->pieces[w->sorted[g]].file, w->gf[g]);
+			w->gf[g] = NULL;
+		}
+}
+
 static int cu_push(struct ferry_loader_batch *s, uint64_t at, uint64_t *seg)
 {
 	if (s->ncu == s->cu_cap) /* not reached: a batch has at most elements + samples + 1 */
@@ -491,11 +503,15 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	/* One flag per group: read here (1) or by the engine (0); the error path below skips the former. */
 	if (np > w->inl_cap) {
 		uint8_t *f = realloc(w->inl, np);
-		if (!f)
+		if (f)
+			w->inl = f;
+		ferry_file **gf = f ? realloc(w->gf, np * sizeof(*gf)) : NULL;
+		if (!gf)
 			return ferry__error(-ENOMEM, "loader: %zu reads", np);
-		w->inl = f;
+		w->gf = gf;
 		w->inl_cap = np;
 	}
+	memset(w->gf, 0, np * sizeof(*w->gf));
 	for (int pass = 0; pass < 2; pass++) {
 		size_t stage_pos = 0;
 		for (size_t g = 0; g < np;) {
@@ -509,13 +525,16 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 					stage_need += span;
 			} else {
 				void *dst = inplace ? (uint8_t *)s->host + p0->dst : w->stage + stage_pos;
-				w->inl[g] = (uint8_t)read_inline(l, p0->file, p0->off, span, dst);
+				ferry_file *f = w->gf[g] = ferry__dataset_file_get(l->ds, p0->file);
+				w->inl[g] = (uint8_t)read_inline(l, f, p0->off, span, dst);
 				if (w->inl[g]) {
 					inlined++;
 				} else {
-					int r = ferry_batch_add_read(w->batch, l->ds->files[p0->file], p0->off, span, dst);
-					if (r < 0)
+					int r = ferry_batch_add_read(w->batch, f, p0->off, span, dst);
+					if (r < 0) {
+						put_files(l, w, np);
 						return r;
+					}
 				}
 				if (!inplace)
 					stage_pos += span;
@@ -537,9 +556,12 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		}
 	}
 	if (ferry_batch_count(w->batch)) {
-		if ((err = ferry_batch_submit(w->batch)))
+		if ((err = ferry_batch_submit(w->batch))) {
+			put_files(l, w, np);
 			return err;
+		}
 		int r = ferry_batch_wait(w->batch, -1);
+		put_files(l, w, np);
 		if (r != 0) {
 			/* Name the entry that failed or came back short. */
 			size_t e = 0;
@@ -575,6 +597,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			return r < 0 ? r : ferry__error(FERRY_ECORRUPT, "loader: short read");
 		}
 	}
+	put_files(l, w, np);
 	/* Scatter the staged groups. */
 	size_t stage_pos = 0;
 	for (size_t g = 0; g < np;) {
@@ -933,6 +956,7 @@ void ferry_loader_destroy(ferry_loader *l)
 		free(w->pieces);
 		free(w->sorted);
 		free(w->inl);
+		free(w->gf);
 		if (w->stage)
 			ferry_free_aligned(w->stage, w->stage_cap);
 	}

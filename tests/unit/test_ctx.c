@@ -27,7 +27,12 @@ int main(void)
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
 	/* every listed key reads back; defaults as documented in docs/CONFIG.md */
 	for (const char *const *k = ferry_ctx_keys(); *k; k++)
-		T_CHECK(ferry_ctx_get(ctx, *k, buf, sizeof(buf)) > 0);
+		T_CHECK(ferry_ctx_get(ctx, *k, buf, sizeof(buf)) > 0 || !strcmp(*k, "cache_dir"));
+	/* cache_dir: text, empty (no cache) by default */
+	T_CHECK(ferry_ctx_get(ctx, "cache_dir", buf, sizeof(buf)) == 0 && !buf[0]);
+	T_CHECK(ferry_ctx_set(ctx, "cache_dir", "/tmp/c") == 0 && ferry_ctx_get(ctx, "cache_dir", buf, sizeof(buf)) == 6 &&
+		!strcmp(buf, "/tmp/c"));
+	T_CHECK(ferry_ctx_set(ctx, "cache_dir", "") == 0);
 	{
 		/* threads: 3/4 of the CPUs this process may run on, 4 to 16 */
 		cpu_set_t set;

@@ -1,0 +1,507 @@
+/*
+ * The local cache of datasets read from URLs (docs/REMOTE.md, "The dataset cache"): whole shards
+ * staged into the context's cache_dir by cache_jobs threads, ahead of the loader (in index order)
+ * and at once for a shard a read is waiting for; reads go to the staged file while it is there,
+ * to the object otherwise. An entry is "<xxh3(url)>-<xxh3(ETag, size)>.fcache", so a changed
+ * object has another name and is fetched again, never mixed with the old bytes; beside it
+ * "<name>.json" records the URL, ETag and size, compared on reuse. Entries are made through
+ * durable.h (a temporary renamed into place: no process sees a half file) and held open with a
+ * shared flock while a dataset uses them; eviction (least recently used first, by mtime, which
+ * every use sets) takes an exclusive flock without waiting and skips what is in use, in this
+ * process or another.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/base.h"
+#include "base/durable.h"
+#include "base/sbuf.h"
+#include "base/xxh.h"
+#include "engine/export.h"
+#include "format/shards.h"
+
+enum { ST_NONE, ST_STAGING, ST_READY };
+
+struct centry {
+	ferry_file *local; /* ST_READY: the staged file, flock(LOCK_SH) held on its descriptor */
+	int state;
+	unsigned users;    /* reads holding local (ferry__dataset_file_get .. put) */
+	bool used;         /* read since it was staged: may be evicted */
+	bool skipped;      /* no room: read from the object until the next ferry__dataset_cache_rewind */
+	bool urgent;       /* a read waits for it */
+	char name[64];
+};
+
+struct ferry__dscache {
+	struct ferry_dataset *ds;
+	int dirfd;
+	char *dir;
+	uint64_t budget;
+	unsigned jobs;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct centry *e;
+	uint32_t n;
+	uint32_t next; /* background staging: the next shard in index order */
+	bool stop;
+	pthread_t *threads;
+	unsigned nthreads;
+	/* what happened, for ferry__dataset_cache_stats */
+	uint64_t hits, fetched, fetched_bytes, evicted, remote_reads;
+	char err[512]; /* the first staging failure (reads then go to the object) */
+};
+
+static void entry_name(const char *url, ferry_file *remote, char *out, size_t len)
+{
+	const char *etag = ferry__file_etag(remote);
+	char v[400];
+	int k = snprintf(v, sizeof(v), "%s\n%lld", etag ? etag : "", (long long)ferry_file_size(remote));
+	snprintf(out, len, "%016" PRIx64 "-%016" PRIx64 ".fcache", ferry__xxh3_64(url, strlen(url)),
+		 ferry__xxh3_64(v, (size_t)(k < 0 ? 0 : k)));
+}
+
+static int meta_text(const char *url, ferry_file *remote, char *out, size_t len)
+{
+	const char *etag = ferry__file_etag(remote);
+	struct ferry__sbuf b = {0};
+	
+	ferry__sbuf_puts(&b, "{\"url\": ");
+	ferry__sbuf_json(&b, url);
+	ferry__sbuf_puts(&b, ", \"etag\": ");
+	ferry__sbuf_json(&b, etag ? etag : "");
+	ferry__sbuf_printf(&b, ", \"size\": %lld}\n", (long long)ferry_file_size(remote));
+	int n = -1;
+	if (!b.oom && b.len < len) {
+		memcpy(out, b.data, b.len + 1);
+		n = (int)b.len;
+	}
+	ferry__sbuf_free(&b);
+	return n;
+}
+
+/* 1 when dirfd/name is the file open as fd (not removed or replaced since), else 0. */
+static int same_file(int dirfd, const char *name, int fd)
+{
+	struct stat a, b;
+	return !fstat(fd, &a) && !fstatat(dirfd, name, &b, AT_SYMLINK_NOFOLLOW) && a.st_dev == b.st_dev &&
+	       a.st_ino == b.st_ino;
+}
+
+/*
+ * The staged file of shard s when dirfd holds a whole, matching one: opened, locked shared, its
+ * mtime set to now (its recency). 1 with *out, 0 when there is none (or it does not match).
+ */
+static int open_entry(struct ferry__dscache *c, uint32_t s, const char *name, ferry_file **out)
+{
+	struct ferry_dataset *ds = c->ds;
+	ferry_file *remote = ds->files[s];
+	char meta[1600], want[1600], mname[80];
+	int want_len = meta_text(ds->paths[s], remote, want, sizeof(want));
+	snprintf(mname, sizeof(mname), "%s.json", name);
+	int mfd = openat(c->dirfd, mname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (mfd < 0)
+		return 0;
+	ssize_t got = read(mfd, meta, sizeof(meta));
+	close(mfd);
+	if (want_len < 0 || got != want_len || memcmp(meta, want, (size_t)got))
+		return 0;
+	size_t pl = strlen(c->dir) + strlen(name) + 2;
+	char *p = malloc(pl);
+	if (!p)
+		return 0;
+	snprintf(p, pl, "%s/%s", c->dir, name);
+	ferry_file *f = NULL;
+	int r = ferry_file_open(ds->ctx, p, FERRY_O_RDONLY, &f);
+	free(p);
+	if (r)
+		return 0;
+	int fd = ferry__file_fd(f);
+	struct stat st;
+	/* an evictor holding LOCK_EX unlinks the name before it lets go: check the name after the lock */
+	if (flock(fd, LOCK_SH) || !same_file(c->dirfd, name, fd) || fstat(fd, &st) ||
+	    (int64_t)st.st_size != ferry_file_size(remote)) {
+		ferry_file_destroy(f);
+		return 0;
+	}
+	futimens(fd, NULL);
+	*out = f;
+	return 1;
+}
+
+/* Removes dirfd/name (and its .json) unless someone holds it: 1 removed, 0 in use or gone. */
+static int evict_file(int dirfd, const char *name)
+{
+	int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	int done = 0;
+	if (!flock(fd, LOCK_EX | LOCK_NB) && same_file(dirfd, name, fd)) {
+		char m[300];
+		snprintf(m, sizeof(m), "%s.json", name);
+		done = !unlinkat(dirfd, name, 0);
+		unlinkat(dirfd, m, 0);
+	}
+	close(fd);
+	return done;
+}
+
+struct dent {
+	char name[64];
+	uint64_t bytes;
+	struct timespec mtime;
+};
+
+static int cmp_dent(const void *a, const void *b)
+{
+	const struct dent *x = a, *y = b;
+	if (x->mtime.tv_sec != y->mtime.tv_sec)
+		return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
+	return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : x->mtime.tv_nsec > y->mtime.tv_nsec;
+}
+
+/*
+ * Room for need more bytes under the budget: the directory's entries (every process's) are
+ * counted and the least recently used evicted until they fit, skipping entries in use (this
+ * dataset's shards being read or not yet read since staged; anyone's locked ones). Called with
+ * c->mu held; drops it while it works on files. 0 when there is room, -ENOSPC when not.
+ */
+static int make_room(struct ferry__dscache *c, uint64_t need)
+{
+	if (!c->budget)
+		return 0;
+	if (need > c->budget)
+		return -ENOSPC;
+	int dfd = openat(c->dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
+	if (!d) {
+		if (dfd >= 0)
+			close(dfd);
+		return -ENOSPC;
+	}
+	struct dent *v = NULL;
+	size_t nv = 0, cap = 0;
+	uint64_t total = 0;
+	struct dirent *de;
+	while ((de = readdir(d))) {
+		size_t l = strlen(de->d_name);
+		struct stat st;
+		if (l < 7 || l >= sizeof(v->name) || strcmp(de->d_name + l - 7, ".fcache") ||
+		    fstatat(c->dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) || !S_ISREG(st.st_mode))
+			continue;
+		if (ferry__grow((void **)&v, &cap, nv + 1, sizeof(*v)))
+			break;
+		memcpy(v[nv].name, de->d_name, l + 1);
+		v[nv].bytes = (uint64_t)st.st_size;
+		v[nv].mtime = st.st_mtim;
+		total += v[nv].bytes;
+		nv++;
+	}
+	closedir(d);
+	qsort(v, nv, sizeof(*v), cmp_dent);
+	for (size_t i = 0; i < nv && total + need > c->budget; i++) {
+		/* one of this dataset's: give it up first when it may go */
+		uint32_t s;
+		for (s = 0; s < c->n && strcmp(c->e[s].name, v[i].name); s++)
+			;
+		if (s < c->n) {
+			struct centry *e = &c->e[s];
+			if (e->state != ST_READY || e->users || !e->used)
+				continue;
+			ferry_file *f = e->local;
+			e->local = NULL;
+			e->state = ST_NONE;
+			pthread_mutex_unlock(&c->mu);
+			ferry_file_destroy(f); /* drops its LOCK_SH */
+			pthread_mutex_lock(&c->mu);
+		}
+		pthread_mutex_unlock(&c->mu);
+		int gone = evict_file(c->dirfd, v[i].name);
+		pthread_mutex_lock(&c->mu);
+		if (gone) {
+			total -= v[i].bytes;
+			c->evicted++;
+		}
+	}
+	free(v);
+	return total + need <= c->budget ? 0 : -ENOSPC;
+}
+
+/* Downloads shard s whole into dirfd/name (durable.h: a temporary renamed into place). */
+static int fetch(struct ferry__dscache *c, uint32_t s, const char *name)
+{
+	struct ferry_dataset *ds = c->ds;
+	ferry_file *remote = ds->files[s];
+	int64_t size = ferry_file_size(remote);
+	char meta[1600], mname[80];
+	int mlen = meta_text(ds->paths[s], remote, meta, sizeof(meta));
+	if (size < 0 || mlen < 0)
+		return ferry__error(-EINVAL, "%s: cache %s: the ETag is too long to record", ds->paths[s], c->dir);
+	/* the record first: an entry whose data is in place always has it (a record alone is ignored) */
+	snprintf(mname, sizeof(mname), "%s.json", name);
+	int r = ferry__durable_write(c->dirfd, mname, meta, (size_t)mlen, 0644, 0);
+	if (r)
+		return r;
+	struct ferry__tmpfile t;
+	if ((r = ferry__tmp_create(c->dirfd, name, 0644, O_RDWR, &t)))
+		return r;
+	if (size && ftruncate(t.fd, size))
+		r = ferry__error(-errno, "%s: cache %s/%s: ftruncate", ds->paths[s], c->dir, t.name);
+	if (!r && size) {
+		/* the parallel ranged GETs land in the file's pages: no bounce buffer of our own */
+		void *m = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, t.fd, 0);
+		if (m == MAP_FAILED) {
+			r = ferry__error(-errno, "%s: cache %s/%s: mmap", ds->paths[s], c->dir, t.name);
+		} else {
+			ssize_t got = ferry_pread(remote, m, (size_t)size, 0);
+			if (got != size)
+				r = got < 0 ? (int)got : ferry__error(-EIO, "%s: short read staging it (%zd of %lld bytes)",
+								      ds->paths[s], got, (long long)size);
+			if (!r && msync(m, (size_t)size, MS_SYNC))
+				r = ferry__error(-errno, "%s: cache %s/%s: msync", ds->paths[s], c->dir, t.name);
+			munmap(m, (size_t)size);
+		}
+	}
+	if (!r)
+		r = ferry__tmp_commit(&t, FERRY__DURABLE_NOREPLACE | FERRY__DURABLE_NOSYNC);
+	if (r)
+		ferry__tmp_abort(&t);
+	if (r == -EEXIST) { /* another process staged it meanwhile: theirs is as good */
+		ferry__error_clear();
+		r = 0;
+	}
+	return r;
+}
+
+/* One shard: reused when staged before (by anyone), else fetched when there is room. */
+static void stage(struct ferry__dscache *c, uint32_t s)
+{
+	struct centry *e = &c->e[s];
+	ferry_file *f = NULL;
+	int ok = open_entry(c, s, e->name, &f);
+	pthread_mutex_lock(&c->mu);
+	if (ok) {
+		c->hits++;
+	} else if (make_room(c, (uint64_t)ferry_file_size(c->ds->files[s])) == 0) {
+		pthread_mutex_unlock(&c->mu);
+		int r = fetch(c, s, e->name);
+		if (r && !c->err[0]) {
+			pthread_mutex_lock(&c->mu);
+			if (!c->err[0])
+				snprintf(c->err, sizeof(c->err), "%s", ferry_last_error());
+			pthread_mutex_unlock(&c->mu);
+		}
+		ok = !r && open_entry(c, s, e->name, &f);
+		pthread_mutex_lock(&c->mu);
+		if (ok) {
+			c->fetched++;
+			c->fetched_bytes += (uint64_t)ferry_file_size(c->ds->files[s]);
+		}
+	}
+	if (ok) {
+		e->local = f;
+		e->state = ST_READY;
+		e->used = false;
+	} else {
+		e->state = ST_NONE;
+		e->skipped = true;
+	}
+	e->urgent = false;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+/* The next shard to stage (under mu): one a read waits for, else the next in index order. */
+static int pick(struct ferry__dscache *c, uint32_t *s)
+{
+	for (uint32_t i = 0; i < c->n; i++)
+		if (c->e[i].urgent && c->e[i].state == ST_NONE) {
+			*s = i;
+			return 1;
+		}
+	for (; c->next < c->n; c->next++)
+		if (c->e[c->next].state == ST_NONE && !c->e[c->next].skipped) {
+			*s = c->next++;
+			return 1;
+		}
+	return 0;
+}
+
+static void *stager(void *arg)
+{
+	struct ferry__dscache *c = arg;
+	pthread_mutex_lock(&c->mu);
+	while (!c->stop) {
+		uint32_t s;
+		if (!pick(c, &s)) {
+			pthread_cond_wait(&c->cv, &c->mu);
+			continue;
+		}
+		c->e[s].state = ST_STAGING;
+		pthread_mutex_unlock(&c->mu);
+		stage(c, s);
+		pthread_mutex_lock(&c->mu);
+	}
+	pthread_mutex_unlock(&c->mu);
+	return NULL;
+}
+
+int ferry__dataset_cache_open(struct ferry_dataset *ds)
+{
+	uint64_t budget;
+	unsigned jobs;
+	const char *dir = ferry__ctx_cache(ds->ctx, &budget, &jobs);
+	uint32_t all = ds->x.nfiles + ds->copies.nfiles;
+	if (!dir[0] || !all)
+		return 0;
+	struct ferry__dscache *c = calloc(1, sizeof(*c));
+	if (!c || !(c->e = calloc(all, sizeof(*c->e))) || !(c->dir = strdup(dir)) ||
+	    !(c->threads = calloc(jobs, sizeof(*c->threads)))) {
+		if (c) {
+			free(c->e);
+			free(c->dir);
+		}
+		free(c);
+		return ferry__error(-ENOMEM, "%s: cache %s", ds->path, dir);
+	}
+	c->ds = ds;
+	c->n = all;
+	c->budget = budget;
+	c->jobs = jobs;
+	c->dirfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (c->dirfd < 0) {
+		int r = c->dirfd;
+		free(c->threads);
+		free(c->e);
+		free(c->dir);
+		free(c);
+		ferry__error_append("the cache_dir of %s", ds->path);
+		return r;
+	}
+	for (uint32_t s = 0; s < all; s++)
+		entry_name(ds->paths[s], ds->files[s], c->e[s].name, sizeof(c->e[s].name));
+	pthread_mutex_init(&c->mu, NULL);
+	pthread_cond_init(&c->cv, NULL);
+	ds->cache = c;
+	for (unsigned i = 0; i < jobs; i++) {
+		if (pthread_create(&c->threads[i], NULL, stager, c))
+			break;
+		c->nthreads++;
+	}
+	if (!c->nthreads) {
+		ferry__dataset_cache_close(ds);
+		return ferry__error(-EAGAIN, "%s: cache %s: no staging thread", ds->path, dir);
+	}
+	return 0;
+}
+
+void ferry__dataset_cache_close(struct ferry_dataset *ds)
+{
+	struct ferry__dscache *c = ds->cache;
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->mu);
+	c->stop = true;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+	for (unsigned i = 0; i < c->nthreads; i++)
+		pthread_join(c->threads[i], NULL);
+	for (uint32_t s = 0; s < c->n; s++)
+		ferry_file_destroy(c->e[s].local);
+	pthread_mutex_destroy(&c->mu);
+	pthread_cond_destroy(&c->cv);
+	close(c->dirfd);
+	free(c->threads);
+	free(c->e);
+	free(c->dir);
+	free(c);
+	ds->cache = NULL;
+}
+
+ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s)
+{
+	struct ferry__dscache *c = ds->cache;
+	if (!c || s >= c->n)
+		return ds->files[s];
+	pthread_mutex_lock(&c->mu);
+	struct centry *e = &c->e[s];
+	/* a shard not staged yet is staged now, whole, and the read waits for it: a read of the object
+	 * beside the staging would fetch its bytes twice */
+	if (e->state == ST_NONE && !e->skipped) {
+		e->urgent = true;
+		pthread_cond_broadcast(&c->cv);
+	}
+	while (!c->stop && (e->state == ST_STAGING || (e->state == ST_NONE && e->urgent)))
+		pthread_cond_wait(&c->cv, &c->mu);
+	ferry_file *f;
+	if (e->state == ST_READY) {
+		e->users++;
+		e->used = true;
+		f = e->local;
+	} else {
+		c->remote_reads++;
+		f = ds->files[s];
+	}
+	pthread_mutex_unlock(&c->mu);
+	return f;
+}
+
+void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f)
+{
+	struct ferry__dscache *c = ds->cache;
+	if (!c || s >= c->n || f == ds->files[s])
+		return;
+	pthread_mutex_lock(&c->mu);
+	if (c->e[s].users)
+		c->e[s].users--;
+	pthread_mutex_unlock(&c->mu);
+}
+
+void ferry__dataset_cache_rewind(struct ferry_dataset *ds)
+{
+	struct ferry__dscache *c = ds->cache;
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->mu);
+	for (uint32_t s = 0; s < c->n; s++)
+		c->e[s].skipped = false;
+	c->next = 0;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+int ferry_dataset_cache_stats(ferry_dataset *ds, char *buf, size_t len)
+{
+	if (!ds || (!buf && len))
+		return ferry__error(-EINVAL, "ferry_dataset_cache_stats: NULL argument");
+	struct ferry__dscache *c = ds->cache;
+	if (!c)
+		return snprintf(buf, len, "{}");
+	pthread_mutex_lock(&c->mu);
+	uint32_t ready = 0;
+	for (uint32_t s = 0; s < c->n; s++)
+		ready += c->e[s].state == ST_READY;
+	struct ferry__sbuf b = {0};
+	
+	ferry__sbuf_puts(&b, "{\"dir\": ");
+	ferry__sbuf_json(&b, c->dir);
+	ferry__sbuf_printf(&b, ", \"budget\": %" PRIu64 ", \"shards\": %u, \"staged\": %u, \"reused\": %" PRIu64
+			   ", \"fetched\": %" PRIu64 ", \"fetched_bytes\": %" PRIu64 ", \"evicted\": %" PRIu64
+			   ", \"remote_reads\": %" PRIu64 ", \"error\": ", c->budget, c->n, ready, c->hits,
+			   c->fetched, c->fetched_bytes, c->evicted, c->remote_reads);
+	ferry__sbuf_json(&b, c->err);
+	ferry__sbuf_puts(&b, "}");
+	pthread_mutex_unlock(&c->mu);
+	int n = b.oom ? ferry__error(-ENOMEM, "cache stats") : snprintf(buf, len, "%s", b.data);
+	ferry__sbuf_free(&b);
+	return n;
+}

@@ -1,0 +1,285 @@
+"""Datasets over s3:// and their local cache (issue 23, docs/REMOTE.md "Datasets and the cache"):
+ferry.IndexedDataset and ferry.Loader over an s3:// prefix (the same samples, and each rank the same
+indices, as over the local directory); with cache_dir, whole shards staged once and the second
+epoch served from the cache with no GET of shard data (counted at a proxy of the test's own in
+front of moto), a reopened dataset reusing the staged shards, a changed object fetched again
+(never mixed), a byte budget kept by evicting the least recently used shards, and two processes
+sharing one cache_dir. moto's S3 server on 127.0.0.1, started and stopped here."""
+import http.client
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("moto", reason="moto is not installed (pip install 'moto[server]')")
+pytest.importorskip("boto3", reason="boto3 is not installed (moto[server] brings it)")
+torch = pytest.importorskip("torch", reason="torch is not installed (ferry.Loader returns torch tensors)")
+import ferry  # noqa: E402
+import _moto  # noqa: E402
+
+N = 64
+SHARD = 4096  # bytes per shard: 64 samples of 16-200 uint16 -> several shards
+
+
+class CountingProxy:
+    """Passes every request to moto and records (method, path, Range) of each."""
+
+    def __init__(self, upstream_port):
+        self.requests = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _forward(self, method):
+                with proxy.lock:
+                    proxy.requests.append((method, self.path.split("?")[0], self.headers.get("Range")))
+                n = int(self.headers.get("Content-Length") or 0)
+                payload = self.rfile.read(n) if n else None
+                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
+                conn.request(method, self.path, body=payload, headers=headers)
+                resp = conn.getresponse()
+                body = resp.read()
+                conn.close()
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body) if method != "HEAD" else
+                                                       resp.getheader("Content-Length", "0")))
+                self.end_headers()
+                if method != "HEAD":
+                    self.wfile.write(body)
+
+            def do_GET(self):
+                self._forward("GET")
+
+            def do_HEAD(self):
+                self._forward("HEAD")
+
+            def do_PUT(self):
+                self._forward("PUT")
+
+            def do_POST(self):
+                self._forward("POST")
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def gets(self, part):
+        """GETs of objects whose path contains part."""
+        with self.lock:
+            return [r for r in self.requests if r[0] == "GET" and part in r[1]]
+
+    def clear(self):
+        with self.lock:
+            self.requests.clear()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = _moto.Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def proxy(server):
+    p = CountingProxy(server.port)
+    yield p
+    p.stop()
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, server, proxy):
+    _moto.use(monkeypatch, tmp_path, server, endpoint=proxy.endpoint)
+    monkeypatch.delenv("FERRY_CACHE_DIR", raising=False)
+    monkeypatch.delenv("FERRY_CACHE_BYTES", raising=False)
+
+
+def _samples(seed):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 65535, size=int(rng.integers(16, 200)), dtype=np.uint16) for _ in range(N)]
+
+
+def _upload(server, tmp_path, prefix, seed=1):
+    """write_dataset into a local directory, its files put under prefix. (local dir, samples, url)."""
+    samples = _samples(seed)
+    d = tmp_path / ("local-%s-%d" % (prefix.strip("/").replace("/", "-"), seed))
+    ferry.write_dataset(d, samples, shard_size=SHARD)
+    names = sorted(os.listdir(d))
+    assert sum(n.endswith(".fsh") for n in names) >= 4, names
+    for n in names:
+        server.put("%s/%s" % (prefix, n), (d / n).read_bytes())
+    return d, samples, server.url(prefix)
+
+
+def _ctx(cache=None, budget=None, **kw):
+    args = dict(threads=2, remote_retries=1)
+    if cache is not None:
+        args["cache_dir"] = str(cache)
+    if budget is not None:
+        args["cache_bytes"] = budget
+    args.update(kw)
+    return ferry.Context(**args)
+
+
+def _epoch(loader):
+    out = []
+    for flat, offs in loader:
+        out.append((loader.last_indices.copy(), flat.numpy().copy(), offs.numpy().copy()))
+    return out
+
+
+def _check(batches, samples):
+    for idx, flat, offs in batches:
+        for k, i in enumerate(idx):
+            assert np.array_equal(flat[offs[k]:offs[k + 1]], samples[i]), (i, k)
+
+
+def _entries(cache):
+    return sorted(n for n in os.listdir(cache) if n.endswith(".fcache"))
+
+
+def test_dataset_and_loader_over_s3(server, env, proxy, tmp_path):
+    d, samples, url = _upload(server, tmp_path, "plain")
+    ds = ferry.IndexedDataset(url, context=_ctx())
+    assert len(ds) == N and ds.shards >= 4 and ds.cache_stats() == {}
+    for i in (0, 1, N // 2, N - 1):
+        assert np.array_equal(ds[i], samples[i]), i
+    ds.close()
+    # each rank's indices and bytes as over the local directory (the loader's exact accounting)
+    for world, rank in ((1, 0), (3, 2)):
+        got = _epoch(ferry.Loader(url, batch_size=5, rank=rank, world_size=world, seed=7, device="cpu",
+                                  context=_ctx()))
+        want = _epoch(ferry.Loader(d, batch_size=5, rank=rank, world_size=world, seed=7, device="cpu"))
+        assert [b[0].tolist() for b in got] == [b[0].tolist() for b in want]
+        assert np.array_equal(np.concatenate([b[0] for b in got]),
+                              ferry.distributed_indices(N, world, rank, seed=7, epoch=0))
+        _check(got, samples)
+    assert proxy.gets("/plain/shard-"), "the shards were not read from the server"
+    with pytest.raises(FileNotFoundError) as e:
+        ferry.IndexedDataset(server.url("no-such-dataset"), context=_ctx())
+    assert "no-such-dataset" in str(e.value), str(e.value)
+
+
+def test_cache_second_epoch_no_gets(server, env, proxy, tmp_path):
+    d, samples, url = _upload(server, tmp_path, "cached")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    ctx = _ctx(cache)
+    loader = ferry.Loader(url, batch_size=8, seed=3, device="cpu", context=ctx)
+    shards = loader.dataset.shards
+    proxy.clear()
+    e0 = _epoch(loader)
+    _check(e0, samples)
+    st = loader.dataset.cache_stats()
+    assert st["fetched"] == shards and st["staged"] == shards and st["remote_reads"] == 0, st
+    assert len(proxy.gets("/cached/shard-")) >= shards  # each shard fetched whole (ranged GETs)
+    assert len(_entries(cache)) == shards and len([n for n in os.listdir(cache) if n.endswith(".json")]) == shards
+    proxy.clear()
+    loader.set_epoch(1)
+    e1 = _epoch(loader)
+    _check(e1, samples)
+    assert np.array_equal(np.concatenate([b[0] for b in e1]), ferry.distributed_indices(N, 1, 0, seed=3, epoch=1))
+    assert proxy.gets("/cached/") == [], proxy.requests
+    loader.close()
+
+    # a new process's view: the dataset opened again reuses what is staged (HEADs only)
+    proxy.clear()
+    ds = ferry.IndexedDataset(url, context=_ctx(cache))
+    assert [np.array_equal(ds[i], samples[i]) for i in range(N)] == [True] * N
+    st = ds.cache_stats()
+    assert st["reused"] == shards and st["fetched"] == 0, st
+    assert proxy.gets("/cached/shard-") == [], proxy.requests
+    ds.close()
+
+    # the objects replaced (another dataset under the same names): fetched again, never mixed
+    _, samples2, _ = _upload(server, tmp_path, "cached", seed=2)
+    proxy.clear()
+    ds = ferry.IndexedDataset(url, context=_ctx(cache))
+    assert all(np.array_equal(ds[i], samples2[i]) for i in range(N))
+    st = ds.cache_stats()
+    assert st["fetched"] == ds.shards and st["reused"] == 0, st
+    ds.close()
+
+
+def test_cache_budget_evicts_lru(server, env, proxy, tmp_path):
+    _, samples, url = _upload(server, tmp_path, "budget")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sizes = [s["Size"] for s in server.s3.list_objects_v2(Bucket=_moto.BUCKET, Prefix="budget/shard-")["Contents"]]
+    budget = max(sizes) * 2 + 1  # two shards at a time
+    ds = ferry.IndexedDataset(url, context=_ctx(cache, budget, cache_jobs=1))
+    for i in range(N):  # in order: shard after shard, each evicting the least recently used
+        assert np.array_equal(ds[i], samples[i]), i
+        used = sum(os.path.getsize(cache / n) for n in _entries(cache))
+        assert used <= budget, (i, used, budget)
+    st = ds.cache_stats()
+    assert st["evicted"] >= ds.shards - 2 and st["fetched"] >= ds.shards, st
+    ds.close()
+    # what is left is the most recently used: the last shards
+    left = _entries(cache)
+    assert 1 <= len(left) <= 2
+    # a budget smaller than one shard: nothing staged, every read goes to the object
+    small = tmp_path / "small"
+    small.mkdir()
+    ds = ferry.IndexedDataset(url, context=_ctx(small, 16))
+    assert np.array_equal(ds[3], samples[3])
+    st = ds.cache_stats()
+    assert st["fetched"] == 0 and st["remote_reads"] >= 1 and _entries(small) == [], st
+    ds.close()
+
+
+_READER = r"""
+import sys, zlib, numpy as np, ferry
+url, cache = sys.argv[1], sys.argv[2]
+ds = ferry.IndexedDataset(url, context=ferry.Context(threads=2, cache_dir=cache))
+crc = 0
+for i in range(len(ds)):
+    crc = zlib.crc32(ds[i].tobytes(), crc)
+print("crc", crc, "stats", ds.cache_stats()["fetched"] + ds.cache_stats()["reused"])
+"""
+
+
+def test_two_processes_share_a_cache(server, env, proxy, tmp_path):
+    _, samples, url = _upload(server, tmp_path, "shared")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    want = 0
+    import zlib
+    for s in samples:
+        want = zlib.crc32(s.tobytes(), want)
+    script = tmp_path / "reader.py"
+    script.write_text(_READER)
+    procs = [subprocess.Popen([sys.executable, str(script), url, str(cache)], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=dict(os.environ)) for _ in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0 and ("crc %d " % want) in out, out
+    names = os.listdir(cache)
+    assert not [n for n in names if ".tmp-" in n], names  # no half file left, none shown
+    entries = _entries(cache)
+    ds = ferry.IndexedDataset(url, context=_ctx(cache))
+    assert len(entries) == ds.shards, entries
+    for n in entries:
+        meta = json.loads((cache / (n + ".json")).read_text())
+        assert meta["url"].startswith(url + "/shard-") and meta["etag"] and \
+            meta["size"] == os.path.getsize(cache / n), meta
+    ds.close()
