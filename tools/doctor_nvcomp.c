@@ -23,7 +23,7 @@ void ferry__doctor_nvcomp(ferry_report *r, int ngpus)
 	int zstd = ferry__nvc_available(FERRY__NVC_ZSTD, &why_zstd);
 	if (!ferry__nvc_version()) {
 		ferry__report_addf(r, "gpu.nvcomp", "host", ngpus ? FERRY_VERDICT_WARN : FERRY_VERDICT_OK, expect, src,
-				   ngpus ? fix : "", "not found: %s%s", why_zstd,
+				   ngpus ? fix : "", "%s%s", why_zstd,
 				   ngpus ? "; compressed data decompresses on the CPU" : "; not needed: no NVIDIA GPU");
 		return;
 	}

@@ -1,8 +1,9 @@
 /*
  * GPU decompression through nvCOMP (gpu/nvcomp.h), loaded at run time from the library the PyPI
- * wheel nvidia-libnvcomp-cu13 ships (libnvcomp.so.6) or the system's. Only the batched C API of
- * nvCOMP 5/6 is used (nvcomp/zstd.h, nvcomp/lz4.h: the *DecompressOpts_t structs passed by value);
- * the few types are declared here by hand, so no nvCOMP header is needed to build.
+ * wheel nvidia-libnvcomp-cu13 ships (libnvcomp.so.6) or the system's. Only nvCOMP 6's batched C
+ * API is used (nvcomp/zstd.h, nvcomp/lz4.h: the *DecompressOpts_t structs passed by value; another
+ * major version is refused by name); the few types are declared here by hand, so no nvCOMP header
+ * is needed to build.
  *
  * What nvCOMP's headers (6.0.0.12) say about the data, which the format must respect:
  *  - zstd: standard frames of at most 2^31-1 bytes decompressed per chunk
@@ -158,11 +159,20 @@ static void load(void)
 		snprintf(libpath, sizeof(libpath), "%s", env && *env ? env : "libnvcomp");
 	}
 	memset(&props, 0, sizeof(props));
-	if (api.GetProperties(&props) == 0 && props.version)
-		snprintf(version, sizeof(version), "%u.%u.%u", props.version / 1000, props.version % 1000 / 100,
-			 props.version % 100);
-	else
-		snprintf(version, sizeof(version), "unknown");
+	if (api.GetProperties(&props) != 0 || !props.version) {
+		snprintf(reason, sizeof(reason), "unsupported version: %.600s: nvcompGetProperties gave no version", libpath);
+		return;
+	}
+	snprintf(version, sizeof(version), "%u.%u.%u", props.version / 1000, props.version % 1000 / 100,
+		 props.version % 100);
+	/* The prototypes above are nvCOMP 6's headers'; another major may give the same names other
+	 * arguments (the options structs passed by value are recent), and a call through the wrong
+	 * prototype corrupts the stack: refuse it by name. */
+	if (props.version / 1000 != 6) {
+		snprintf(reason, sizeof(reason), "unsupported version: nvCOMP %s (%.600s): ferry speaks nvCOMP 6's batched API "
+			 "(pip install nvidia-libnvcomp-cu13==6.*)", version, libpath);
+		return;
+	}
 	loaded = 1;
 	FERRY__LOG(FERRY__LOG_INFO, "nvCOMP %s loaded from %s%s%s", version, libpath,
 		   groups_missing & (1u << (G_LZ4 - 1)) ? " (no batched LZ4)" : "",

@@ -51,7 +51,7 @@ def check(name, c, verdict, *texts):
 
 
 c, gpu = row({"FERRY_NVCOMP_LIB": "/nonexistent/libnvcomp.so.6"})
-check("absent", c, "warn" if gpu else "ok", "not found: library not found", "FERRY_NVCOMP_LIB=/nonexistent/libnvcomp.so.6")
+check("absent", c, "warn" if gpu else "ok", "library not found", "FERRY_NVCOMP_LIB=/nonexistent/libnvcomp.so.6")
 if gpu and "pip install nvidia-libnvcomp-cu13" not in c["fix"]:
     failures.append("absent: fix does not say how to install it: %r" % c["fix"])
 lib = os.path.realpath(os.path.join(tmp, "nvcomp.so"))

@@ -1,6 +1,6 @@
 /*
  * gpu/nvcomp.h without a GPU: nvCOMP absent (FERRY_NVCOMP_LIB pointing nowhere), present without a
- * GPU, present without one codec's symbols, and the whole decoder (arrays, temp space, statuses,
+ * GPU, present without one codec's symbols, of another major version, and the whole decoder (arrays, temp space, statuses,
  * errors by chunk index) over a fake libcuda (tests/unit/fakes/fake_libcuda.c, device memory in
  * host memory) and a fake libnvcomp (fakes/fake_libnvcomp.c, libzstd and liblz4 underneath).
  * nvCOMP loads once per process, so each scenario runs in a child (this program re-executed with
@@ -84,6 +84,17 @@ static int no_zstd(void)
 	return t_result();
 }
 
+static int old_major(void)
+{
+	const char *why = NULL;
+
+	T_EQ_INT(ferry__nvc_available(FERRY__NVC_LZ4, &why), 0);
+	HAS(why, "unsupported version: nvCOMP 5.1.0");
+	HAS(why, "nvcomp_v5.so");
+	T_CHECK(ferry__nvc_version() == NULL);
+	return t_result();
+}
+
 static int batch(void)
 {
 	char why[512];
@@ -113,6 +124,7 @@ static const struct scenario {
 	{"absent", absent, "/nonexistent/libnvcomp.so.6", "/nonexistent/libcuda.so.1"},
 	{"no_gpu", no_gpu, "nvcomp.so", "/nonexistent/libcuda.so.1"},
 	{"no_zstd", no_zstd, "nvcomp_nozstd.so", "cuda.so"},
+	{"old_major", old_major, "nvcomp_v5.so", "cuda.so"},
 	{"batch", batch, "nvcomp.so", "cuda.so"},
 };
 #define NSCEN (sizeof(scenarios) / sizeof(scenarios[0]))
@@ -125,6 +137,7 @@ static int build(char *why, size_t len)
 		{"cuda.so", "fake_libcuda.c", "", "-lpthread"},
 		{"nvcomp.so", "fake_libnvcomp.c", "", "-l:libzstd.so.1 -l:liblz4.so.1"},
 		{"nvcomp_nozstd.so", "fake_libnvcomp.c", "-DFAKE_NO_ZSTD", "-l:libzstd.so.1 -l:liblz4.so.1"},
+		{"nvcomp_v5.so", "fake_libnvcomp.c", "-DFAKE_VERSION=5100", "-l:libzstd.so.1 -l:liblz4.so.1"},
 	};
 	char src[4096], cmd[12000];
 	const char *cc = getenv("CC");

@@ -2,7 +2,8 @@
  * A stand-in for libnvcomp.so.6, built by tests/unit/test_nvcomp.c at test time (cc -shared), to
  * go with fake_libcuda.c, whose "device memory" is host memory: the batched decompressors run
  * libzstd and liblz4 on the CPU over the device arrays, so src/gpu/nvcomp.c's logic (arrays, temp
- * space, statuses, sizes) runs without a GPU. -DFAKE_NO_ZSTD leaves the zstd symbols out.
+ * space, statuses, sizes) runs without a GPU. -DFAKE_NO_ZSTD leaves the zstd symbols out;
+ * -DFAKE_VERSION=n sets nvcompGetProperties' version (major * 1000 + minor * 100 + patch).
  * The prototypes are nvCOMP 6's (nvcomp/zstd.h, nvcomp/lz4.h).
  */
 #include <stdint.h>
@@ -33,7 +34,10 @@ API int fake_nvcomp_nonzero_opts(void) { return nonzero_opts; }
 
 API int nvcompGetProperties(props_t *p)
 {
-	p->version = 6000; /* 6.0.0 */
+#ifndef FAKE_VERSION
+#define FAKE_VERSION 6000 /* 6.0.0 */
+#endif
+	p->version = FAKE_VERSION;
 	p->cudart_version = 13000;
 	return 0;
 }
