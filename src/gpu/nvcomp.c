@@ -44,6 +44,7 @@ typedef struct {
 	int bitshuffle_mode;
 	char reserved[48];
 } nvc_dopts;
+_Static_assert(sizeof(nvc_dopts) == 64, "nvCOMP 6's decompression options are 64 bytes");
 typedef struct {
 	size_t input, output, temp;
 } nvc_align;
