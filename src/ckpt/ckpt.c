@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -144,13 +145,20 @@ int ferry__url_get(ferry_ctx *ctx, const char *url, size_t max, char **buf, size
 	return 0;
 }
 
-int ferry__url_put(ferry_ctx *ctx, const char *url, const void *buf, size_t len)
+static int64_t parse_step_name(const char *s);
+
+/* ferry__url_put with the commit conditional on cond (ferry__file_put_condition), NULL for none. */
+static int url_put_cond(ferry_ctx *ctx, const char *url, const void *buf, size_t len, const char *cond)
 {
 	ferry_ctx *own = NULL;
 	ferry_file *f = NULL;
 	int r = ctx ? 0 : ferry_ctx_create(&own);
 	if (!r)
 		r = ferry_file_open(ctx ? ctx : own, url, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &f);
+	if (!r && cond && !strncasecmp(url, "s3://", 5)) {
+		int c = ferry__file_put_condition(f, cond);
+		r = c < 0 ? c : 0;
+	}
 	ssize_t got = r || !len ? 0 : ferry_pwrite(f, buf, len, 0);
 	if (!r && got != (ssize_t)len)
 		r = got < 0 ? (int)got : ferry__error(-EIO, "%s: short write", url);
@@ -159,6 +167,47 @@ int ferry__url_put(ferry_ctx *ctx, const char *url, const void *buf, size_t len)
 	ferry_file_destroy(f);
 	ferry_ctx_destroy(own);
 	return r;
+}
+
+int ferry__url_put(ferry_ctx *ctx, const char *url, const void *buf, size_t len)
+{
+	return url_put_cond(ctx, url, buf, len, NULL);
+}
+
+/*
+ * `latest` under an s3:// prefix, as a compare-and-swap: written only if it is still the object read
+ * here (If-Match its ETag; If-None-Match: * when there is none) and names a step before this one, so
+ * that of two writers committing to one prefix at once the second is refused, not silently lost.
+ */
+static int put_latest_url(ferry_ctx *ctx, const char *url, int64_t step, const char *text, size_t len)
+{
+	ferry_file *f = NULL;
+	char cond[300] = "If-None-Match: *", buf[128];
+	int r = ferry_file_open(ctx, url, FERRY_O_RDONLY, &f);
+	if (r == -ENOENT) {
+		ferry__error_clear();
+	} else if (r) {
+		return r;
+	} else {
+		int64_t size = ferry_file_size(f);
+		ssize_t n = size > 0 && size < (int64_t)sizeof(buf) ? ferry_pread(f, buf, (size_t)size, 0) : 0;
+		const char *etag = ferry__file_etag(f);
+		if (etag && etag[0])
+			snprintf(cond, sizeof(cond), "If-Match: %s", etag);
+		else
+			cond[0] = 0;
+		ferry_file_destroy(f);
+		if (n < 0)
+			return (int)n;
+		buf[n] = 0;
+		if (n && buf[n - 1] == '\n')
+			buf[n - 1] = 0;
+		int64_t have = parse_step_name(buf);
+		if (have >= step)
+			return ferry__error(-EEXIST, "%s names step %lld, not before step %lld: another writer committed to "
+					    "this prefix meanwhile", url, (long long)have, (long long)step);
+	}
+	return url_put_cond(ctx, url, text, len, cond[0] ? cond : NULL);
 }
 
 int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len)
@@ -631,7 +680,8 @@ static int step_write(ferry_ctx *ctx, const char *dir, int64_t step, const char 
 	if (strstr(dir, "://")) {
 		char p[PATH_MAX + 64];
 		snprintf(p, sizeof(p), "%s/%s", sp, name);
-		return ferry__url_put(ctx, p, text, len);
+		/* a manifest is written once per step: a second writer's is refused (remote_lock) */
+		return url_put_cond(ctx, p, text, len, !strcmp(name, "manifest.json") ? "If-None-Match: *" : NULL);
 	}
 	int fd = ferry__dir_open(sp, 0);
 	if (fd < 0)
@@ -683,7 +733,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 		int n = snprintf(text, sizeof(text), "step-%012lld\n", (long long)step);
 		snprintf(p, sizeof(p), "%s/latest", ck->dir);
 		/* S3: one PUT, which replaces the object atomically: `latest` names the old step or this one */
-		r = ck->url ? ferry__url_put(ck->ctx, p, text, (size_t)n) : ferry__write_durable(p, text, (size_t)n);
+		r = ck->url ? put_latest_url(ck->ctx, p, step, text, (size_t)n) : ferry__write_durable(p, text, (size_t)n);
 	}
 	ferry__sbuf_free(&m);
 	free(bytes);

@@ -99,6 +99,8 @@ static const struct ferry__knob ctx_rows[] = {
 	    .doc = "retries of a GET on 5xx, SlowDown, timeouts and resets (exponential backoff, jitter)"),
 	CTX("remote_timeout", remote_timeout, UINT, 30, 1, 3600, .env = "FERRY_REMOTE_TIMEOUT",
 	    .doc = "seconds a remote transfer may stall (under 1 KiB/s) before it is cut and retried"),
+	CTX("remote_lock", remote_lock, BOOL, 1, 0, 1, .env = "FERRY_REMOTE_LOCK",
+	    .doc = "checkpoint manifests and latest on s3:// are conditional writes (a second writer is refused)"),
 	/* the local cache of datasets read from URLs (src/format/cache.c, docs/REMOTE.md) */
 	{.name = "cache_dir", .type = FERRY__KNOB_TEXT, FERRY__KNOB_AT(struct ferry__config, cache_dir),
 	 .env = "FERRY_CACHE_DIR", .doc = "directory of the local cache of datasets read from URLs (\"\": none)"},

@@ -45,6 +45,7 @@ struct ferry__config {
 	uint64_t remote_part_size;   /* remote backend: bytes of one ranged GET */
 	uint64_t remote_retries;     /* remote backend: retries of a failed GET before the error */
 	uint64_t remote_timeout;     /* remote backend: seconds a transfer may stall before a retry */
+	uint64_t remote_lock;        /* conditional writes of checkpoint manifests and `latest` on s3 */
 	char cache_dir[1024];        /* datasets of URLs: the local cache's directory, "" for none */
 	uint64_t cache_bytes;        /* its byte budget (0: no limit but the disk's) */
 	uint64_t cache_jobs;         /* shards staged into it at once per dataset */

@@ -40,6 +40,13 @@ uint64_t ferry__ctx_host_budget(const ferry_ctx *ctx);
 const char *ferry__ctx_cache(const ferry_ctx *ctx, uint64_t *bytes, unsigned *jobs);
 /* A remote file's ETag as HEAD gave it ("" when the server sends none); NULL for a local file. */
 const char *ferry__file_etag(const ferry_file *f);
+/*
+ * The commit of an s3:// object being written is made conditional on header ("If-None-Match: *":
+ * only if there is no object; "If-Match: <ETag>": only if it is still that one). A refused commit
+ * is -EEXIST, a store without conditional writes -EOPNOTSUPP, each saying so. Returns 1 when set,
+ * 0 when the context's remote_lock knob is off (nothing set), or a negative code.
+ */
+int ferry__file_put_condition(ferry_file *f, const char *header);
 
 /*
  * What a process is doing, for `ferry top`: a loader, a checkpoint save, a safetensors load. When

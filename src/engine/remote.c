@@ -73,6 +73,11 @@ const char *ferry__file_etag(const ferry_file *f)
 	(void)f;
 	return NULL;
 }
+int ferry__file_put_condition(ferry_file *f, const char *header)
+{
+	(void)f;
+	return ferry__error(FERRY_EBACKEND, "conditional write (%s): built without libcurl", header);
+}
 
 #else
 
@@ -115,6 +120,8 @@ struct ferry__remote {
 	char **etags;       /* of the uploaded parts, by part number - 1 */
 	unsigned nuploaded, etags_cap;
 	pthread_mutex_t wmu; /* one writer at a time */
+	char cond[320];      /* the commit's condition (ferry__file_put_condition), "" for none */
+	bool lock;           /* the context's remote_lock knob */
 };
 
 static void abort_upload(struct ferry__remote *r);
@@ -753,6 +760,7 @@ int ferry__remote_open(ferry_ctx *ctx, const char *url, int flags, struct ferry_
 	pthread_mutex_init(&r->wmu, NULL);
 	r->ctx = ctx;
 	r->connections = (unsigned)ctx->cfg.remote_connections;
+	r->lock = ctx->cfg.remote_lock != 0;
 	r->part_size = (size_t)ctx->cfg.remote_part_size;
 	r->retries = (unsigned)ctx->cfg.remote_retries;
 	r->timeout = (unsigned)ctx->cfg.remote_timeout;
@@ -835,6 +843,19 @@ const char *ferry__file_etag(const ferry_file *f)
 	return f && f->remote ? f->remote->etag : NULL;
 }
 
+int ferry__file_put_condition(ferry_file *f, const char *header)
+{
+	struct ferry__remote *r = f ? f->remote : NULL;
+	if (!r || !r->writing || !r->s3)
+		return ferry__error(-EINVAL, "%s: a condition is for an s3:// object being written", f ? f->path : "(null)");
+	if (!r->lock)
+		return 0;
+	if (strlen(header) >= sizeof(r->cond))
+		return ferry__error(-ENAMETOOLONG, "%s: condition too long", r->url);
+	snprintf(r->cond, sizeof(r->cond), "%s", header);
+	return 1;
+}
+
 uint64_t ferry__remote_size(const struct ferry__remote *r)
 {
 	return r->writing && !r->committed ? r->written : r->size;
@@ -873,6 +894,7 @@ struct wreq {
 	long status;
 	CURL *e;
 	struct curl_slist *hdrs;
+	const char *cond; /* a conditional write's header (If-None-Match: *, If-Match: ETag), or NULL */
 };
 
 static size_t on_wbody(char *data, size_t size, size_t nmemb, void *ud)
@@ -950,6 +972,8 @@ static void wreq_setup(struct ferry__remote *r, struct wreq *w, const char *meth
 		for (struct curl_slist *h = r->headers; h; h = h->next)
 			if (strncasecmp(h->data, "x-amz-content-sha256:", 21))
 				w->hdrs = curl_slist_append(w->hdrs, h->data);
+		if (w->cond && w->cond[0])
+			w->hdrs = curl_slist_append(w->hdrs, w->cond);
 	}
 	common_opts(r, e);
 	curl_easy_setopt(e, CURLOPT_URL, url);
@@ -1166,6 +1190,27 @@ static void abort_upload(struct ferry__remote *r)
 	free(w);
 }
 
+/*
+ * A conditional commit refused: 412 is another writer's object (or `latest` changed under us), 501
+ * (or S3's NotImplemented) a store that does not do conditional writes; other errors stay as they are.
+ */
+static int cond_failed(struct ferry__remote *r, struct wreq *w, int err)
+{
+	char code[64], msg[320], why[sizeof(r->err)];
+	if (!r->cond[0])
+		return err;
+	ferry__s3_error_code(w->body, w->blen, code, sizeof(code), msg, sizeof(msg));
+	snprintf(why, sizeof(why), "%s", ferry_last_error());
+	if (w->status == 412)
+		return fail(r, -EEXIST, "%s: the conditional write (%s) was refused: another writer wrote this object "
+			    "first (a second job saving to this prefix?): %s", r->url, r->cond, why);
+	if (w->status == 501 || !strcmp(code, "NotImplemented"))
+		return fail(r, -EOPNOTSUPP, "%s: the store does not support conditional writes (%s), so it cannot "
+			    "keep a second writer from committing over this one; remote_lock=0 (FERRY_REMOTE_LOCK=0) "
+			    "writes without the condition: %s", r->url, r->cond, why);
+	return err;
+}
+
 static int write_failed(struct ferry__remote *r, int err)
 {
 	r->write_err = err;
@@ -1247,7 +1292,10 @@ int ferry__remote_commit(struct ferry__remote *r)
 			ret = write_failed(r, fail(r, -ENOMEM, "%s: PUT: out of memory", r->url));
 			goto out;
 		}
+		w->cond = r->cond;
 		ret = wreq_run(r, w, "PUT", r->http, r->nwparts ? &r->wparts[0] : &empty, NULL, 0, "PutObject");
+		if (ret)
+			ret = cond_failed(r, w, ret);
 		wreq_free(w);
 		free(w);
 		if (ret)
@@ -1274,7 +1322,10 @@ int ferry__remote_commit(struct ferry__remote *r)
 						      i + 1, r->etags[i]);
 			n += (size_t)snprintf(xml + n, cap - n, "</CompleteMultipartUpload>");
 			write_url(r, url, sizeof(url), "", 0);
+			w->cond = r->cond;
 			ret = wreq_run(r, w, "POST", url, NULL, xml, n, "CompleteMultipartUpload");
+			if (ret)
+				ret = cond_failed(r, w, ret);
 		}
 		if (w)
 			wreq_free(w);
