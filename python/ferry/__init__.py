@@ -44,6 +44,7 @@ _nvcomp_from_wheel()
 from . import _ferry
 from ._ferry import (  # noqa: F401  (re-exported)
     ERROR_CODES,
+    CompressedFile as _CompressedFile,
     GDS_COMPAT,
     GDS_NATIVE,
     GDS_REFUSED,
@@ -63,6 +64,7 @@ __all__ = [
     "Context", "Error", "File", "Future", "KNOBS", "ERROR_CODES", "open", "read", "write",
     "default_context", "set_default_context", "buffer_info", "gpu_available", "gpu_count",
     "gds_status", "strerror", "err_name", "backend_unavailable_reason",
+    "CompressedFile", "compress_file", "is_compressed",
 ]
 
 #: The knob names, as in ferry_ctx_keys() and FERRY_<KEY> environment variables.
@@ -154,22 +156,64 @@ _MODES = {
 }
 
 
-def open(path, mode: str = "r", context: Context | None = None, *, buffered: bool = False) -> File:
+def open(path, mode: str = "r", context: Context | None = None, *, buffered: bool = False,
+         compressed: bool | None = None):
     """Open a file for positional, zero-copy transfers.
 
     mode: "r", "r+", "w" (create, truncate), "w+", "x" (create, must not exist), "x+"; a "b" is
     accepted and ignored (ferry is always binary). buffered=True never opens an O_DIRECT
     descriptor. Raises FileNotFoundError, PermissionError, IsADirectoryError, ... (OSError).
+
+    In mode "r", a ferry compressed file (docs/FORMATS.md) opens as a ``CompressedFile``, whose
+    ``pread_into`` and ``size`` are the uncompressed bytes': ``compressed=None`` looks at the
+    file's last 80 bytes to tell (one more open and read), True requires one, False never checks.
     """
     if not isinstance(mode, str):
         raise TypeError("mode must be a str, not %s" % type(mode).__name__)
     flags = _MODES.get(mode.replace("b", ""))
     if flags is None:
         raise ValueError("invalid mode %r: expected one of %s" % (mode, ", ".join(_MODES)))
+    ctx = context if context is not None else default_context()
+    path = _os.fspath(path)
+    if mode.replace("b", "") == "r" and compressed is not False:
+        if compressed or _ferry.cz_is_compressed(ctx, path):
+            return CompressedFile(path, context=ctx)
+    elif compressed:
+        raise ValueError("compressed=True opens for reading only (mode 'r'), not %r" % mode)
     if buffered:
         flags |= _ferry.O_BUFFERED
-    return _ferry.open(context if context is not None else default_context(),
-                       _os.fspath(path), flags, mode)
+    return _ferry.open(ctx, path, flags, mode)
+
+
+class CompressedFile(_CompressedFile):
+    """A ferry compressed file (docs/FORMATS.md) opened for reading: ``pread_into(buf, offset)``
+    reads uncompressed bytes into host or CUDA memory, decoding only the chunks covered, in
+    parallel (nvCOMP on the GPU for CUDA buffers where it is loaded); ``path_info()`` says how the
+    last read decoded. ``size``, ``compressed_size``, ``codec``, ``chunk_size``, ``chunks``,
+    ``stored_chunks``; ``set(key, value)`` for the knobs cz_threads, cz_verify, cz_gpu. Raises
+    ferry.Error (FERRY_ECORRUPT) naming the chunk and field of a damaged file."""
+
+    def __new__(cls, path, context: Context | None = None):
+        return super().__new__(cls, context if context is not None else default_context(), path)
+
+
+def compress_file(src, dst, codec: str = "zstd", level: int | None = None, chunk=None,
+                  threads: int | None = None, context: Context | None = None,
+                  exclusive: bool = False) -> int:
+    """Write ``src`` (a path or URL ferry reads) as a ferry compressed file at ``dst``.
+
+    codec: "zstd" or "lz4"; level: the codec's level (None: zstd 3, lz4 fast); chunk: bytes per
+    chunk (an int or "1m"; None: the cz_chunk knob); threads: chunks compressed at once.
+    ``dst`` appears only complete (a temporary renamed); exclusive=True refuses an existing one
+    (FileExistsError). Returns ``dst``'s size in bytes.
+    """
+    return _ferry.compress_file(context if context is not None else default_context(), src, dst,
+                                codec, level, chunk, threads, exclusive)
+
+
+def is_compressed(path, context: Context | None = None) -> bool:
+    """True when ``path`` is a ferry compressed file (it ends in the format's trailer)."""
+    return _ferry.cz_is_compressed(context if context is not None else default_context(), path)
 
 
 class Future(_ferry.Request):
@@ -295,13 +339,17 @@ def _allocate(nbytes: int, kind: str, index, prefer: str | None):
 
 
 def read(path, offset: int = 0, length: int | None = None, device="cpu", dtype=None,
-         context: Context | None = None, like: str | None = None):
+         context: Context | None = None, like: str | None = None, info: dict | None = None):
     """Read ``length`` bytes (default: to the end of the file) at ``offset`` into new memory.
 
     Returns a ``torch.Tensor`` on ``device`` ("cpu", "cuda", "cuda:N") when torch can be imported,
     else a NumPy array (host) or CuPy array (GPU), else a bytearray; ``like`` ("torch", "numpy")
     forces the kind. ``dtype`` (a torch or NumPy dtype) reinterprets the bytes, which must then be
     a whole number of elements. Fewer bytes than asked come back only at end of file.
+
+    A ferry compressed file reads as its uncompressed bytes (offset and length count those).
+    ``info``, a dict, gets ``compressed`` (bool), ``path`` (how the read ran: for a compressed
+    file, "cpu (...)" or "nvcomp (...)", else ``File.path_info()``) and, compressed, ``codec``.
     """
     kind, index = _parse_device(device)
     with open(path, "r", context=context) as f:
@@ -311,6 +359,11 @@ def read(path, offset: int = 0, length: int | None = None, device="cpu", dtype=N
             raise ValueError("length must not be negative")
         buf, lib = _allocate(length, kind, index, like)
         n = f.pread_into(buf, offset)
+        if info is not None:
+            info["compressed"] = isinstance(f, _CompressedFile)
+            info["path"] = f.path_info()
+            if info["compressed"]:
+                info["codec"] = f.codec
     if n < length:
         buf = buf[:n]
     if dtype is not None:

@@ -1541,6 +1541,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
 		goto fail;
 	if (ferry__py_data_init(m) < 0 || ferry__py_pack_init(m) < 0) /* data (issue 6), pack (21) */
 		goto fail;
+	if (ferry__py_cz_init(m) < 0) /* compressed files (issue 26): _cz.c */
+		goto fail;
 	Py_DECREF(codes);
 	if (ferry__py_ckpt_init(m) < 0) /* safetensors and checkpoints: _ckpt.c */
 		goto fail_m;

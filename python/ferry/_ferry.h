@@ -185,5 +185,7 @@ FERRY_PY_HIDDEN int ferry__py_ckpt_init(PyObject *m);
 FERRY_PY_HIDDEN int ferry__py_data_init(PyObject *m);
 /* _pack.c: adds PackWriter, the dataset writer in phases (ferry.pack). */
 FERRY_PY_HIDDEN int ferry__py_pack_init(PyObject *m);
+/* _cz.c: adds CompressedFile, compress_file and cz_is_compressed (compressed files, issue 26). */
+FERRY_PY_HIDDEN int ferry__py_cz_init(PyObject *m);
 
 #endif

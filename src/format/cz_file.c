@@ -5,10 +5,12 @@
  * or the CPU and the copy ring).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "base/base.h"
@@ -305,6 +307,22 @@ static int read_exact(ferry_file *f, void *buf, size_t n, uint64_t off, const ch
 
 int ferry_cz_is_compressed(ferry_ctx *ctx, const char *path)
 {
+	if (!strstr(path, "://")) { /* a local file: 80 bytes with pread, none of the engine's set-up */
+		uint8_t t[FERRY__CZ_TRAILER_LEN];
+		struct stat st;
+		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			return ferry__error(-errno, "open(%s, read): %s", path, strerror(errno));
+		int r = 0; /* not a regular file, or too short: not compressed (an open for I/O says the rest) */
+		if (!fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size >= (off_t)sizeof(t)) {
+			ssize_t k = pread(fd, t, sizeof(t), st.st_size - (off_t)sizeof(t));
+			r = k == (ssize_t)sizeof(t) ? ferry__cz_is_trailer(t, (uint64_t)st.st_size)
+			    : ferry__error(k < 0 ? -errno : -EIO, "pread(%s, offset %lld, 80 bytes): %s", path,
+					   (long long)(st.st_size - (off_t)sizeof(t)), k < 0 ? strerror(errno) : "short");
+		}
+		close(fd);
+		return r;
+	}
 	ferry_file *f;
 	int r = ferry_file_open(ctx, path, FERRY_O_RDONLY | FERRY_O_BUFFERED, &f);
 	if (r)
