@@ -403,9 +403,10 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 			return r;
 		cr = cu->StreamSynchronize((ferry__CUstream)d->stream);
 		ferry__cuda_leave_device(prev);
-		if (cr != FERRY__CUDA_SUCCESS)
-			return ferry__cuda_fail(cr, "nvcomp: cuStreamSynchronize (the unfinished batch of %zu chunks)", d->n);
+		size_t left = d->n;
 		d->n = 0;
+		if (cr != FERRY__CUDA_SUCCESS)
+			return ferry__cuda_fail(cr, "nvcomp: cuStreamSynchronize (the unfinished batch of %zu chunks)", left);
 	}
 	if (!n)
 		return 0;
@@ -478,9 +479,23 @@ int ferry__nvc_finish(struct ferry__nvc *d, size_t *out_len)
 	if (!d)
 		return ferry__error(-EINVAL, "nvcomp: finish: NULL decoder");
 	n = d->n;
-	d->n = 0;
 	if (!n)
 		return 0;
+	/* The sizes and statuses are the stream's last copy: read before it ran, they are stale. */
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	ferry__CUcontext prev;
+	ferry__CUresult cr = FERRY__CUDA_SUCCESS;
+	if (cu && (r = ferry__cuda_enter_device(d->dev, &prev)) == 0) {
+		cr = cu->StreamQuery((ferry__CUstream)d->stream);
+		ferry__cuda_leave_device(prev);
+	}
+	if (r < 0)
+		return r;
+	if (cr == FERRY__CUDA_ERROR_NOT_READY)
+		return ferry__error(FERRY_EBUSY, "nvcomp: finish: the batch of %zu chunks is still running (synchronise its stream first)", n);
+	d->n = 0;
+	if (cr != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(cr, "nvcomp: cuStreamQuery (the batch of %zu chunks)", n);
 	const uint64_t *len = (const uint64_t *)d->host + 4 * n;
 	const nvc_status *st = (const nvc_status *)(len + n);
 	for (size_t i = 0; i < n; i++) {

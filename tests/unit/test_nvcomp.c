@@ -107,6 +107,38 @@ static int batch(void)
 		if (t_nvc_check(codec, 0, why, sizeof(why)) < 0)
 			T_SKIP("%s", why);
 	}
+	/* finish before the stream has run the batch: refused, the batch kept for a later finish */
+	{
+		const struct ferry__cuda_api *cu = ferry__cuda();
+		void (*query)(int);
+		struct t_codecs cc;
+		unsigned char plain[4096], comp[8192];
+		ferry__CUdeviceptr din, dout;
+		struct ferry__nvc *d;
+		size_t out = 0;
+		T_ASSERT(t_codecs_load(&cc, why, sizeof(why)) == 0);
+		t_gen_tokens(plain, sizeof(plain), 3);
+		size_t clen = t_compress(&cc, FERRY__NVC_LZ4, 1, plain, sizeof(plain), comp, sizeof(comp)), cap = sizeof(plain);
+		T_ASSERT(clen > 0);
+		h = dlopen(getenv("FERRY_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+		T_ASSERT(h);
+		*(void **)&query = dlsym(h, "fake_set_stream_query");
+		T_ASSERT(query);
+		T_ASSERT(cu->MemAlloc(&din, sizeof(comp)) == 0 && cu->MemAlloc(&dout, sizeof(plain)) == 0);
+		T_ASSERT(cu->MemcpyHtoD(din, comp, clen) == 0);
+		T_ASSERT(ferry__nvc_open(0, FERRY__NVC_LZ4, &d) == 0);
+		uint64_t s = din, o = dout;
+		T_EQ_INT(ferry__nvc_decompress(d, NULL, 1, &s, &clen, &o, &cap), 0);
+		query(600); /* CUDA_ERROR_NOT_READY */
+		T_EQ_INT(ferry__nvc_finish(d, &out), FERRY_EBUSY);
+		HAS(ferry_last_error(), "still running");
+		query(0);
+		T_EQ_INT(ferry__nvc_finish(d, &out), 0);
+		T_EQ_INT(out, sizeof(plain));
+		ferry__nvc_close(d);
+		cu->MemFree(din);
+		cu->MemFree(dout);
+	}
 	/* the options struct went over zeroed (every field's default) */
 	h = dlopen(getenv("FERRY_NVCOMP_LIB"), RTLD_NOW | RTLD_NOLOAD);
 	T_ASSERT(h);
