@@ -52,7 +52,8 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
  * After the stream's work has completed (the caller synchronised it): the decompressed size of
  * each chunk of the last batch into out_len[i] (may be NULL), and 0, or a negative code naming
  * the first failed chunk by its index in the batch and nvCOMP's status in ferry_last_error().
- * A batch never finished is dropped when the next one is enqueued (its stream synchronised first).
+ * Before the stream has run the batch: FERRY_EBUSY, the batch kept. A batch never finished is
+ * dropped when the next one is enqueued (its stream synchronised first).
  */
 int ferry__nvc_finish(struct ferry__nvc *d, size_t *out_len);
 
