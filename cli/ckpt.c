@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt_torch.h"
 #include "commands.h"
 #include "ferry/ckpt.h"
 #include "ferry/safetensors.h"
@@ -18,7 +19,8 @@
 
 #define PATH_ABOUT                                                                                       \
 	"PATH: a .safetensors file, a model.safetensors.index.json, a directory holding either,\n"          \
-	"a checkpoint step directory (step-N), or a checkpoint directory (its latest step, or --step N)."
+	"a checkpoint step directory (step-N), a checkpoint directory (its latest step, or --step N),\n"    \
+	"a torch.distributed.checkpoint directory (it holds .metadata) or a torch.save file (.pt, .bin)."
 
 struct inspect_opts {
 	int json;
@@ -67,7 +69,9 @@ static const struct cli_cmd verify_cmd = PATH_COMMAND(
 	"Checks a checkpoint step by the rules of ferry.checkpoint.verify (ferry_ckpt_verify): manifest\n"
 	"present and well-formed, its world equal to the shards it lists and to the files present, each\n"
 	"shard's name, size, structure, step/run/rank/world metadata and every stored checksum; reports\n"
-	"every problem found. A plain file or index: structure and checksums. Exits 1 if one fails.",
+	"every problem found. A plain file or index: structure and checksums. A DCP directory: every item\n"
+	"inside its file, each item's zip and crc32s; a torch.save file: its crc32s and storages\n"
+	"(docs/CLI.md). Exits 1 if one fails.",
 	verify_rows);
 
 #define META_SHOWN 120
@@ -105,6 +109,36 @@ static int has_step_dirs(const char *dir)
 }
 
 /*
+ * resolve() of an s3:// URL (docs/REMOTE.md): .../step-N is that step of the prefix before it; a
+ * prefix with a `latest` object (or --step) is a checkpoint; anything else one object (a file).
+ */
+static int resolve_url(const struct cli_cmd *cmd, const struct cli_args *a, int has_step, uint64_t step,
+		       struct target *t)
+{
+	char *base = strrchr(t->dir, '/');
+	int64_t s = base ? parse_step(base + 1) : -1;
+	if (s >= 0) {
+		if (has_step && (uint64_t)s != step)
+			return cli_usage_error(cmd, a, "--step %llu, but %s is step %lld", (unsigned long long)step,
+					       t->dir, (long long)s);
+		*base = '\0';
+	} else if (has_step) {
+		if (step > INT64_MAX)
+			return cli_usage_error(cmd, a, "--step %llu is out of range", (unsigned long long)step);
+		s = (int64_t)step;
+	} else {
+		s = ferry_ckpt_latest(t->dir);
+		if (s == -ENOENT)
+			return 0; /* no `latest`: an object */
+		if (s < 0)
+			return fprintf(stderr, "ferry %s: %s: %s\n", cmd->name, ferry_strerror((int)s), ferry_last_error()), 1;
+	}
+	t->is_step = 1;
+	t->step = s;
+	return 0;
+}
+
+/*
  * Resolves PATH: a step directory (step-N, with or without a trailing '/'), a checkpoint directory
  * (it has `latest`, or --step was given), else a plain path. Returns 0, 1 after an error printed,
  * or 2 (a usage error printed).
@@ -122,6 +156,8 @@ static int resolve(const struct cli_cmd *cmd, const struct cli_args *a, const ch
 		return fprintf(stderr, "ferry %s: %s: path too long\n", cmd->name, path), 1;
 	memcpy(t->dir, path, n);
 	t->dir[n] = '\0';
+	if (strstr(t->dir, "://"))
+		return resolve_url(cmd, a, has_step, step, t);
 	if (stat(t->dir, &st) || !S_ISDIR(st.st_mode)) {
 		if (has_step)
 			return cli_usage_error(cmd, a, "--step is for a checkpoint directory, and %s is not one", path);
@@ -271,6 +307,9 @@ static int cmd_inspect(int argc, char **argv)
 	int rc = cli_parse(&inspect_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
+	enum ckpt_torch_kind tk = cli_given(&inspect_cmd, &a, "step") ? CKPT_TORCH_NONE : ckpt_torch_kind(a.argv[0]);
+	if (tk != CKPT_TORCH_NONE)
+		return ckpt_torch_inspect(a.argv[0], tk, o.json);
 	if ((rc = resolve(&inspect_cmd, &a, a.argv[0], cli_given(&inspect_cmd, &a, "step"), o.step, &t)))
 		return rc;
 	ferry_ctx *ctx = NULL;
@@ -517,6 +556,9 @@ static int cmd_verify(int argc, char **argv)
 	int rc = cli_parse(&verify_cmd, &o, argc, argv, &a);
 	if (rc != CLI_CONTINUE)
 		return rc;
+	enum ckpt_torch_kind tk = cli_given(&verify_cmd, &a, "step") ? CKPT_TORCH_NONE : ckpt_torch_kind(a.argv[0]);
+	if (tk != CKPT_TORCH_NONE)
+		return ckpt_torch_verify(a.argv[0], tk, o.json);
 	if ((rc = resolve(&verify_cmd, &a, a.argv[0], cli_given(&verify_cmd, &a, "step"), o.step, &t)))
 		return rc;
 	ferry_ctx *ctx = NULL;

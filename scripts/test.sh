@@ -87,7 +87,12 @@ fi
 if command -v clang >/dev/null; then
 	run "build fuzz" env CC=clang cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_FUZZ=ON \
 		-DFERRY_SANITIZE=address,undefined
-	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_shard_index fuzz_aws_config
+	run "compile fuzz" cmake --build build-fuzz -j"$J" --target fuzz_safetensors fuzz_shard_index fuzz_aws_config \
+		fuzz_torchfmt
+	# --- issue 24: DCP's .metadata (restricted unpickler), torch.save's data.pkl and zip (tools/torchfmt.c)
+	run "fuzz torchfmt 30s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_torchfmt -max_total_time=30 \
+		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/torchfmt 2>&1 |
+		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
 	# --- remote (issue 23): the ~/.aws INI reader and S3 error bodies, likewise
 	run "fuzz aws config 20s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_aws_config -max_total_time=20 \
 		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/aws_config 2>&1 |
