@@ -167,20 +167,26 @@ static pthread_once_t native_once = PTHREAD_ONCE_INIT;
 static int native_possible;
 static char native_why[320];
 
-static void native_probe(void)
+int ferry__gds_native_probe(char *why, size_t len)
 {
-	native_possible = have_nvidia_fs() || p2pdma_enabled();
-	if (!native_possible)
-		snprintf(native_why, sizeof(native_why),
-			 "nvidia-fs is not loaded and cufile.json does not enable use_pci_p2pdma: "
-			 "cuFile could only run in compatibility mode (POSIX reads inside cuFile)%s; ferry "
-			 "uses its pipelined bounce path",
+	if (have_nvidia_fs() || p2pdma_enabled())
+		return 1;
+	if (why && len)
+		snprintf(why, len, "nvidia-fs is not loaded and cufile.json does not enable use_pci_p2pdma: "
+				   "cuFile could only run in compatibility mode (POSIX reads inside cuFile)%s; ferry "
+				   "uses its pipelined bounce path",
 			 have_udev() ? "" : ", and /run/udev is absent, so it would refuse files (5027)");
+	return 0;
+}
+
+static void native_once_probe(void)
+{
+	native_possible = ferry__gds_native_probe(native_why, sizeof(native_why));
 }
 
 int ferry__gds_native_possible(char *why, size_t len)
 {
-	pthread_once(&native_once, native_probe);
+	pthread_once(&native_once, native_once_probe);
 	if (!native_possible && why && len)
 		snprintf(why, len, "%s", native_why);
 	return native_possible;

@@ -478,8 +478,11 @@ int ferry__gds_probe_fd(int fd, char *why, size_t len);
  * Whether true GPUDirect DMA can happen here at all (nvidia-fs loaded, or P2PDMA enabled in
  * cufile.json), without loading cuFile. 0 with the reason in why when it cannot: `auto` then skips
  * cuFile (its driver open costs about a second) since compatibility mode is slower than ferry's path.
+ * Asked once per process (the answer and its reason kept: path=auto asks at every request into
+ * device memory, and reading cufile.json each time cost about 50 us a request); _probe asks again.
  */
 int ferry__gds_native_possible(char *why, size_t len);
+int ferry__gds_native_probe(char *why, size_t len);
 
 /* ---------------------------------------------------------------------------------- NVML ABI */
 
