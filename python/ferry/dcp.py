@@ -21,6 +21,7 @@ import io as _io
 import os as _os
 import pickle as _pickle
 import sys as _sys
+import zlib as _zlib
 from concurrent.futures import ThreadPoolExecutor as _Pool
 
 import torch as _torch
@@ -37,7 +38,65 @@ from . import torch as _ft
 __all__ = ["Writer", "Reader"]
 
 
-def _unlink_durably(path):
+def _is_url(path):
+    return isinstance(path, str) and "://" in path
+
+
+class _UrlFS:
+    """FileSystem's interface (the parts the stock writer and reader call) over an ``s3://``
+    prefix: objects read and written by ferry's remote backend (docs/REMOTE.md)."""
+
+    def __init__(self, owner):
+        self._owner = owner
+
+    def _ctx(self):
+        ctx = self._owner._ctx
+        return ctx if ctx is not None else _ferry.default_context()
+
+    def init_path(self, path):
+        return _os.fspath(path).rstrip("/")
+
+    def concat_path(self, path, suffix):
+        return "%s/%s" % (path, suffix)
+
+    def mkdir(self, path):
+        pass  # a prefix exists once an object under it does
+
+    def exists(self, path):
+        try:
+            with _ferry.open(path, "r", context=self._ctx()):
+                return True
+        except FileNotFoundError:
+            return False
+
+    def read(self, path):
+        with _ferry.open(path, "r", context=self._ctx()) as f:
+            buf = bytearray(f.size)
+            if f.size and f.pread_into(buf, 0) != f.size:
+                raise OSError("%s: short read of %d bytes" % (path, f.size))
+        return bytes(buf)
+
+    def put(self, path, blob):
+        """One object, whole or not at all: it appears at the commit (sync)."""
+        with _ferry.open(path, "w", context=self._ctx()) as f:
+            if blob and f.pwrite_from(blob, 0) != len(blob):
+                raise OSError("%s: short write" % path)
+            f.sync()
+
+    def create_stream(self, path, mode):
+        if "r" not in mode:
+            raise NotImplementedError("%s: the stock writer's streams do not write to s3:// "
+                                      "(ferry.dcp.Writer writes the objects itself)" % path)
+        return _io.BytesIO(self.read(path))
+
+
+def _unlink_durably(path, fs=None):
+    if isinstance(fs, _UrlFS):
+        # No delete through the public API: an empty .metadata is what a reader takes for "no
+        # checkpoint" (unpickling fails), and it is replaced by the real one at the end.
+        if fs.exists(path):
+            fs.put(path, b"")
+        return
     try:
         _os.unlink(path)
     except FileNotFoundError:
@@ -55,8 +114,11 @@ class Writer(_fs.FileSystemWriter):
     """
 
     def __init__(self, path, *args, context=None, **kwargs):
-        super().__init__(path, *args, **kwargs)
+        super().__init__(str(path) if _is_url(path) else path, *args, **kwargs)
         self._ctx = context
+        if _is_url(path):
+            self.fs = _UrlFS(self)
+            self.path = self.fs.init_path(path)
 
     def _stock(self):
         return (self.transforms.extensions or
@@ -65,18 +127,21 @@ class Writer(_fs.FileSystemWriter):
     def prepare_local_plan(self, plan):
         plan = super().prepare_local_plan(plan)
         if not self.use_collectives and self.rank is not None:
-            _unlink_durably(str(self._get_metadata_path(self.rank)))
+            _unlink_durably(str(self._get_metadata_path(self.rank)), self.fs)
         return plan
 
     def prepare_global_plan(self, plans):
         # Every rank has checked for an existing checkpoint (prepare_local_plan) and none writes
         # data before the plans come back: the old .metadata goes first, so that a save killed
         # midway leaves no directory that reads as complete.
-        _unlink_durably(str(self._get_metadata_path()))
+        _unlink_durably(str(self._get_metadata_path()), self.fs)
         return super().prepare_global_plan(plans)
 
     def _write_data(self, planner, file_queue):
         if self._stock():
+            if isinstance(self.fs, _UrlFS):
+                raise NotImplementedError("ferry.dcp.Writer: extensions and the SAFETENSORS format "
+                                          "are written by the stock code, which has no s3:// path")
             return super()._write_data(planner, file_queue)
         ctx = self._ctx if self._ctx is not None else _ferry.default_context()
         jobs = []
@@ -87,7 +152,7 @@ class Writer(_fs.FileSystemWriter):
                 parts = list(pool.map(lambda j: self._write_file(ctx, planner, *j), jobs))
         else:
             parts = [self._write_file(ctx, planner, *j) for j in jobs]
-        if self.sync_files and jobs:
+        if self.sync_files and jobs and not isinstance(self.fs, _UrlFS):
             _ft._fsync_dir(_os.path.abspath(str(self.path)))
         fut = _Future()
         fut.set_result([r for part in parts for r in part])
@@ -100,7 +165,60 @@ class Writer(_fs.FileSystemWriter):
         return (self.thread_count == 1 and self.per_thread_copy_ahead > 0 and
                 (_torch.cuda.is_available() or bool(custom and custom.is_available())))
 
+    def _tensor_items(self, items):
+        tensor_items = [wi for wi in items if wi.type != _WriteItemType.BYTE_IO]
+        if self._overlapping():
+            tensor_items.sort(key=_fs._item_size)  # _OverlappingCpuLoader's order
+        return tensor_items
+
+    def _write_url(self, ctx, planner, url, storage_key, items):
+        """One object, written in order (an upload takes no other): the byte items, then each
+        tensor's zip, its storage's crc32 computed from the host bytes before the data descriptor
+        after them is written; the object appears whole at the commit, or not at all."""
+        results = []
+        crc_on = _torch.serialization.get_crc32_options()
+        with _ferry.open(url, "w", context=ctx) as f:
+            at = 0
+
+            def put(b):
+                nonlocal at
+                if len(b) and f.pwrite_from(b, at) != len(b):
+                    raise OSError("%s: short write at offset %d" % (url, at))
+                at += len(b)
+
+            for wi in items:
+                if wi.type != _WriteItemType.BYTE_IO:
+                    continue
+                data = planner.resolve_data(wi)
+                b = data.getbuffer() if isinstance(data, _io.BytesIO) else memoryview(data)
+                results.append(_WriteResult(index=wi.index, size_in_bytes=len(b),
+                                            storage_data=_fs._StorageInfo(storage_key, at, len(b))))
+                put(b)
+            for wi in self._tensor_items(items):
+                t = planner.resolve_data(wi).detach()
+                if t.untyped_storage().nbytes() != t.nbytes:
+                    t = t.clone()
+                if t.device.type != "cpu":
+                    t = t.cpu()  # remote writes are from host memory (docs/REMOTE.md)
+                layout = _ft._Layout(t, url)
+                base, pos = at, 0
+                for off, s, rec in layout.holes:
+                    data = _ft._byte_view(s).numpy()
+                    if crc_on:
+                        layout.set_crc(rec, off, _zlib.crc32(data) if len(data) else 0)
+                    put(memoryview(layout.blob)[pos:off])
+                    put(data)
+                    pos = off + len(data)
+                put(memoryview(layout.blob)[pos:layout.size])
+                results.append(_WriteResult(index=wi.index, size_in_bytes=layout.size,
+                                            storage_data=_fs._StorageInfo(storage_key, base,
+                                                                          layout.size)))
+            f.sync()
+        return results
+
     def _write_file(self, ctx, planner, path, storage_key, items):
+        if isinstance(self.fs, _UrlFS):
+            return self._write_url(ctx, planner, str(path), storage_key, items)
         out = _ft._Durable(str(path), ctx)
         writes = None
         try:
@@ -120,10 +238,7 @@ class Writer(_fs.FileSystemWriter):
                                             storage_data=_fs._StorageInfo(storage_key, at, len(b))))
                 at += len(b)
             writes = _ft._Writes(f)
-            tensor_items = [wi for wi in items if wi.type != _WriteItemType.BYTE_IO]
-            if self._overlapping():
-                tensor_items.sort(key=_fs._item_size)  # _OverlappingCpuLoader's order
-            for wi in tensor_items:
+            for wi in self._tensor_items(items):
                 t = planner.resolve_data(wi).detach()
                 if t.untyped_storage().nbytes() != t.nbytes:
                     t = t.clone()  # as the stock loader does: minimal storage, same strides
@@ -164,6 +279,9 @@ class Writer(_fs.FileSystemWriter):
         else:
             final = str(self._get_metadata_path())
         blob = _pickle.dumps(metadata)
+        if isinstance(self.fs, _UrlFS):
+            self.fs.put(final, blob)  # last, after every data object is committed
+            return
         ctx = self._ctx if self._ctx is not None else _ferry.default_context()
         out = _ft._Durable(final, ctx)
         try:
@@ -184,8 +302,20 @@ class Reader(_fs.FileSystemReader):
     """
 
     def __init__(self, path, *args, context=None, **kwargs):
-        super().__init__(path, *args, **kwargs)
+        super().__init__(str(path) if _is_url(path) else path, *args, **kwargs)
         self._ctx = context
+        if _is_url(path):
+            self.fs = _UrlFS(self)
+            self.path = self.fs.init_path(path)
+
+    def read_metadata(self, *args, **kwargs):
+        if isinstance(self.fs, _UrlFS):
+            p = str(self._get_metadata_path(kwargs.get("rank")))
+            blob = self.fs.read(p)
+            if not blob:
+                raise _ft.FormatError("%s: empty: a save over this checkpoint did not finish, so "
+                                      "there is no complete checkpoint here" % p)
+        return super().read_metadata(*args, **kwargs)
 
     def read_data(self, plan, planner):
         ctx = self._ctx if self._ctx is not None else _ferry.default_context()
@@ -202,6 +332,9 @@ class Reader(_fs.FileSystemReader):
             with _ferry.open(path, "r", context=ctx) as f:
                 self._read_file(f, path, reqs, planner)
         if stock:
+            if isinstance(self.fs, _UrlFS):
+                raise NotImplementedError("ferry.dcp.Reader: items with extensions are read by the "
+                                          "stock code, which has no s3:// path")
             from torch.distributed.checkpoint.planner import LoadPlan
             super().read_data(LoadPlan(stock), planner)
         fut = _Future()
