@@ -480,10 +480,163 @@ def _crc_pool():
     return _crc_pool_
 
 
+# A storage's crc32 is computed in pieces of this many bytes, each on a thread of the pool, and
+# combined (crc32_combine): one large tensor no longer checksums on one core. GPU storages pass
+# through pinned buffers of this size (_staged).
+_CRC_PIECE = 64 << 20
+_STAGE_BUFFERS = 4
+
+
+class _Done:
+    """A finished future."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+def _gf2_times(mat, vec):
+    s, i = 0, 0
+    while vec:
+        if vec & 1:
+            s ^= mat[i]
+        vec >>= 1
+        i += 1
+    return s
+
+
+def _gf2_square(mat):
+    return [_gf2_times(mat, mat[n]) for n in range(32)]
+
+
+_shift_ops = {}
+
+
+def _shift_op(n):
+    """The GF(2) operator that appends n zero bytes to a crc32 (zlib's crc32_combine)."""
+    odd = [0xEDB88320] + [1 << k for k in range(31)]  # one zero bit
+    even = _gf2_square(odd)  # two
+    odd = _gf2_square(even)  # four
+    op = [1 << k for k in range(32)]  # identity
+    while True:
+        even = _gf2_square(odd)  # one zero byte, then powers of two of them
+        if n & 1:
+            op = [_gf2_times(even, v) for v in op]
+        n >>= 1
+        if not n:
+            return op
+        odd = _gf2_square(even)
+        if n & 1:
+            op = [_gf2_times(odd, v) for v in op]
+        n >>= 1
+        if not n:
+            return op
+
+
+def _crc32_combine(crc1, crc2, len2):
+    """crc32(a + b) from crc1 = crc32(a), crc2 = crc32(b), len2 = len(b) (zlib's crc32_combine).
+    The operator is cached by length: pieces share one, so a combine is one 32-step product."""
+    if len2 <= 0:
+        return crc1
+    op = _shift_ops.get(len2)
+    if op is None:
+        op = _shift_ops[len2] = _shift_op(len2)
+    return _gf2_times(op, crc1) ^ crc2
+
+
+class _Combined:
+    """The crc32 of consecutive pieces whose crc32s are futures."""
+
+    def __init__(self, parts):
+        self.parts = parts  # (future, length)
+
+    def result(self):
+        crc = 0
+        for fu, n in self.parts:
+            crc = _crc32_combine(crc, fu.result(), n)
+        return crc
+
+
+def _crc_async(arr):
+    """The crc32 of a host array (numpy uint8), in pieces on the pool's threads."""
+    n = arr.nbytes
+    if n <= _CRC_PIECE:
+        return _crc_pool().submit(_zlib.crc32, arr)
+    return _Combined([(_crc_pool().submit(_zlib.crc32, arr[o:o + _CRC_PIECE]),
+                       min(_CRC_PIECE, n - o)) for o in range(0, n, _CRC_PIECE)])
+
+
+_pinned_ = {}
+
+
+def _pinned(device):
+    """_STAGE_BUFFERS pinned buffers of _CRC_PIECE bytes and a copy stream for device, kept for
+    the process (pinning costs milliseconds per save otherwise)."""
+    key = (str(device), _CRC_PIECE)
+    got = _pinned_.get(key)
+    if got is None:
+        bufs = [_torch.empty(_CRC_PIECE, dtype=_torch.uint8, pin_memory=True)
+                for _ in range(_STAGE_BUFFERS)]
+        got = _pinned_[key] = (bufs, _torch.cuda.Stream(device))
+    return got
+
+
+def _stage_piece(f, dst, at, ev):
+    ev.synchronize()
+    w = f.pwrite_from_async(dst, at)
+    crc = _zlib.crc32(dst.numpy())
+    return crc, w.result()
+
+
+def _staged(f, buf, at):
+    """Writes a GPU byte tensor at offset `at` of f through pinned buffers: each piece copied
+    device-to-host once into a pinned buffer, then written by ferry and checksummed from that
+    same buffer on a pool thread while the next piece copies; returns the crc32. No second host
+    copy (torch.save's path, and ours before, made a pageable .cpu() copy to checksum)."""
+    bufs, stream = _pinned(buf.device)
+    stream.wait_stream(_torch.cuda.current_stream(buf.device))
+    n = buf.numel()
+    busy = [None] * len(bufs)
+    parts = []
+    try:
+        for i, o in enumerate(range(0, n, _CRC_PIECE)):
+            k = i % len(bufs)
+            if busy[k] is not None:
+                busy[k].result()  # the buffer's last write and crc32 are done
+            p = min(_CRC_PIECE, n - o)
+            dst = bufs[k][:p]
+            with _torch.cuda.stream(stream):
+                dst.copy_(buf[o:o + p], non_blocking=True)
+                ev = _torch.cuda.Event()
+                ev.record(stream)
+            busy[k] = _crc_pool().submit(_stage_piece, f, dst, at + o, ev)
+            parts.append((busy[k], p, at + o))
+    finally:
+        results = []
+        err = None
+        for fu, p, a in parts:  # every piece in flight ends before the buffers are reused
+            try:
+                results.append((fu.result(), p, a))
+            except BaseException as e:
+                err = err or e
+        if err is not None:
+            raise err
+    crc = 0
+    for (c, wrote), p, a in results:
+        if wrote != p:
+            raise OSError("%s: short write at offset %d: %d of %d bytes" % (f.name, a, wrote, p))
+        crc = _crc32_combine(crc, c, p)
+    return crc
+
+
 class _Writes:
     """Writes _Layouts into one file: each storage's bytes by ferry (host or GPU memory) as soon
-    as it is added, its crc32 (when torch.serialization.get_crc32_options()) computed meanwhile,
-    the zip around it once the crc32s are known; at most about `limit` storage bytes in flight."""
+    as it is added, its crc32 (when torch.serialization.get_crc32_options()) computed meanwhile
+    in pieces on threads, the zip around it once the crc32s are known; at most about `limit`
+    storage bytes in flight. With crc32s on, a GPU storage goes through pinned buffers and is
+    checksummed there (_staged)."""
 
     def __init__(self, f, limit=1 << 30):
         self.f, self.limit = f, limit
@@ -502,13 +655,15 @@ class _Writes:
                     continue
                 buf = _byte_view(s)
                 if buf.device.type == "cuda":
+                    if crc_on:
+                        crcs.append((rec, off, _Done(_staged(self.f, buf, base + off))))
+                        data.append((_Done(n), n, base + off))
+                        continue
                     # ferry copies on its own streams: the tensor's producers must be done.
                     _torch.cuda.current_stream(buf.device).synchronize()
-                    if crc_on:
-                        buf = buf.cpu()  # the crc32 needs the bytes on the host
                 data.append((self.f.pwrite_from_async(buf, base + off), n, base + off))
                 if crc_on:
-                    crcs.append((rec, off, _crc_pool().submit(_zlib.crc32, buf.numpy())))
+                    crcs.append((rec, off, _crc_async(buf.numpy())))
                 self.inflight += n
         finally:
             self.queue.append((base, layout, data, crcs, sum(n for _f, n, _a in data)))
