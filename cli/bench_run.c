@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -483,16 +484,25 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 {
 	struct stat st;
 	*created = 0;
-	if (stat(o->filename, &st) == 0) {
-		if (S_ISDIR(st.st_mode))
+	/* an object (s3://, http(s)://): read where it is, never created or written (docs/REMOTE.md) */
+	int url = !strncasecmp(o->filename, "s3://", 5) || !strncasecmp(o->filename, "http://", 7) ||
+		  !strncasecmp(o->filename, "https://", 8);
+	if (url && bench_rw_writes(o->rw))
+		return err1("%s: a URL is benchmarked for reads only (--rw read or randread)", o->filename);
+	if (url || stat(o->filename, &st) == 0) {
+		if (url)
+			; /* no local file to check */
+		else if (S_ISDIR(st.st_mode))
 			return err1("%s is a directory; --filename needs a file", o->filename);
 		/* opening a FIFO blocks until a writer comes; a socket cannot be opened. Block
 		 * devices stay allowed (raw-device benches, as fio's). */
-		if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+		if (!url && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode)))
 			return err1("%s is a %s; --filename needs a regular file or a block device", o->filename,
 				    S_ISFIFO(st.st_mode) ? "FIFO (named pipe)" : "socket");
 		ferry_file *f;
-		int flags = (bench_rw_writes(o->rw) ? FERRY_O_RDWR : FERRY_O_RDONLY) | FERRY_O_BUFFERED;
+		int flags = bench_rw_writes(o->rw) ? FERRY_O_RDWR : FERRY_O_RDONLY;
+		if (!url)
+			flags |= FERRY_O_BUFFERED;
 		int err = ferry_file_open(ctx, o->filename, flags, &f);
 		if (err < 0)
 			return err1("cannot open %s for %s: %s (%s)", o->filename,

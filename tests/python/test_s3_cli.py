@@ -1,0 +1,83 @@
+"""The CLI on s3:// (issue 23): `ferry bench --filename s3://...` reads an object (reads only: a
+write is refused naming the URL), and `ferry ckpt inspect` of a checkpoint prefix and of one of its
+step URLs shows the step's shards. moto's S3 server on 127.0.0.1, started and stopped here; the
+CLI is FERRY_CLI (CI: the wheel's) or build/ferry."""
+import json
+import os
+import subprocess
+
+import pytest
+
+from conftest import need
+
+pytest.importorskip("moto", reason="moto is not installed (pip install 'moto[server]')")
+pytest.importorskip("boto3", reason="boto3 is not installed (moto[server] brings it)")
+import ferry  # noqa: E402
+import _moto  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+@pytest.fixture(scope="module")
+def cli():
+    c = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
+    if not os.access(c, os.X_OK):
+        pytest.skip("no ferry CLI at %s (cmake --build build, or set FERRY_CLI)" % c)
+    return c
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = _moto.Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path, server):
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    monkeypatch.setenv("TMPDIR", str(stage))
+    _moto.use(monkeypatch, tmp_path, server)
+
+
+def _run(cli, *args):
+    return subprocess.run([cli] + list(args), capture_output=True, text=True, timeout=120, env=dict(os.environ))
+
+
+def test_bench_reads_an_object(cli, server, env):
+    url = server.put("cli/object.bin", os.urandom(4 << 20))
+    p = _run(cli, "bench", "--filename", url, "--bs", "1m", "--output-format", "json")
+    assert p.returncode == 0, p.stderr
+    job = json.loads(p.stdout)["jobs"][0]
+    assert job["read"]["io_bytes"] == 4 << 20, job["read"]
+    p = _run(cli, "bench", "--filename", url, "--rw", "write", "--size", "1m")
+    assert p.returncode == 1 and url in p.stderr and "reads only" in p.stderr, p.stderr
+    assert server.get("cli/object.bin") and len(server.get("cli/object.bin")) == 4 << 20
+    p = _run(cli, "bench", "--filename", server.url("cli/missing.bin"), "--size", "1m")
+    assert p.returncode == 1 and "404" in p.stderr, p.stderr
+
+
+def test_ckpt_inspect_of_a_prefix(cli, server, env):
+    torch = need("torch")
+    prefix = server.url("cli/run")
+    ctx = ferry.Context(threads=2)
+    ferry.checkpoint.save({"w": torch.ones(4, 4), "b": torch.zeros(3, dtype=torch.int64)}, prefix, 3, context=ctx)
+    ferry.checkpoint.save({"w": torch.ones(4, 4), "b": torch.zeros(5, dtype=torch.int64)}, prefix, 7, context=ctx,
+                          keep=0)
+    p = _run(cli, "ckpt", "inspect", prefix, "--json")
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["step"] == 7 and got["world"] == 1, got  # the step `latest` names
+    shapes = {t["name"]: t["shape"] for t in got["files"][0]["tensors"]}
+    assert shapes == {"w": [4, 4], "b": [5]}, shapes
+    p = _run(cli, "ckpt", "inspect", prefix + "/step-000000000003")
+    assert p.returncode == 0 and "step 3, 1 rank" in p.stdout and "rank-00000-of-00001.safetensors" in p.stdout, \
+        p.stdout + p.stderr
+    p = _run(cli, "ckpt", "inspect", prefix, "--step", "3", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["step"] == 3, p.stderr
+    # one object of it, as a file
+    p = _run(cli, "ckpt", "inspect", prefix + "/step-000000000007/rank-00000-of-00001.safetensors")
+    assert p.returncode == 0 and "[5]" in p.stdout, p.stdout + p.stderr
+    p = _run(cli, "ckpt", "inspect", server.url("cli/nothing-here"))
+    assert p.returncode == 1 and "NoSuchKey" in p.stderr, p.stderr
