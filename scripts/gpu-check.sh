@@ -167,6 +167,7 @@ fi
 # gpu-vsfio (the engine vs fio), gpu-read (GPU data paths), gpu-py-overhead (Python call overhead),
 # gpu-ckpt (checkpoints and weights; gpu-ckpt-save and gpu-ckpt-async measure one target each in a
 # shorter call), gpu-loader (the loader) and gpu-compress (GPU decompression through nvCOMP, issue 26);
+# gpu-cz-read (compressed files read into GPU memory, warm nvCOMP vs CPU and cold vs disk x ratio, issue 26);
 # issue 27's gpu-snapshot (GPU process snapshots at 1/10/40 GiB beside ferry.checkpoint) and
 # gpu-shuffled-copies (pre-shuffled copies read cold from the device's disk). The default: gpu-read, gpu-ckpt and gpu-loader.
 # multi-gpu: several GPUs of one host (issue 28); on one GPU it runs its 1-GPU rows and exits 77.

@@ -482,31 +482,123 @@ static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uin
 	*b = *len ? (off + *len - 1) / z->m.chunk_size + 1 : 0;
 }
 
+/*
+ * The compressed bytes of a read's windows of chunks, two buffers: the next window is read
+ * (ferry_pread_async, the engine's workers) while the current one decodes, so storage and
+ * decoding overlap. Device reads take pinned buffers from the reader's pool.
+ */
+struct fetch {
+	ferry_cz *z;
+	uint64_t b, step;
+	bool pinned;
+	struct fetch_slot {
+		void *buf;
+		size_t cap, span;
+		int pin;
+		uint64_t i, n, c_off;
+		ferry_req *req;
+	} s[2];
+};
+
+static int fetch_start(struct fetch *f, int k, uint64_t i)
+{
+	struct fetch_slot *s = &f->s[k];
+	const struct ferry__cz_meta *m = &f->z->m;
+	s->i = i;
+	s->n = f->b - i < f->step ? f->b - i : f->step;
+	s->c_off = m->chunks[i].c_off;
+	s->span = (size_t)(m->chunks[i + s->n - 1].c_off + m->chunks[i + s->n - 1].c_size - s->c_off);
+	if (s->cap < s->span) {
+		if (f->pinned)
+			ferry__pinned_free(f->z->pool, s->buf);
+		else
+			free(s->buf);
+		s->buf = NULL, s->cap = 0;
+		int r = f->pinned ? ferry__pinned_alloc(f->z->pool, s->span, &s->buf, &s->pin)
+				  : (s->buf = malloc(s->span)) ? 0 : -ENOMEM;
+		if (r)
+			return ferry__error(r, "%s: %zu bytes for compressed chunks", f->z->path, s->span);
+		s->cap = s->span;
+	}
+	int r = ferry_pread_async(f->z->f, s->buf, s->span, s->c_off, &s->req);
+	if (r)
+		ferry__error_append("%s: reading chunks %llu to %llu", f->z->path, (unsigned long long)i,
+				    (unsigned long long)(i + s->n - 1));
+	return r;
+}
+
+static int fetch_wait(struct fetch *f, int k)
+{
+	struct fetch_slot *s = &f->s[k];
+	if (!s->req)
+		return 0;
+	ssize_t got = ferry_req_wait(s->req, -1);
+	ferry_req_destroy(s->req);
+	s->req = NULL;
+	if (got < 0) {
+		ferry__error_append("%s: reading chunks %llu to %llu", f->z->path, (unsigned long long)s->i,
+				    (unsigned long long)(s->i + s->n - 1));
+		return (int)got;
+	}
+	if ((size_t)got != s->span)
+		return ferry__error(FERRY_ECORRUPT, "%s: chunks %llu to %llu at offset %llu: %zd of %zu bytes before the end of the file (truncated?)",
+				    f->z->path, (unsigned long long)s->i, (unsigned long long)(s->i + s->n - 1),
+				    (unsigned long long)s->c_off, got, s->span);
+	return 0;
+}
+
+static void fetch_end(struct fetch *f)
+{
+	for (int k = 0; k < 2; k++) {
+		if (f->s[k].req) {
+			(void)ferry_req_wait(f->s[k].req, -1);
+			ferry_req_destroy(f->s[k].req);
+		}
+		if (f->pinned)
+			ferry__pinned_free(f->z->pool, f->s[k].buf);
+		else
+			free(f->s[k].buf);
+	}
+}
+
+/* Runs fn on each window of [a, b) in order, its compressed bytes read ahead. */
+static int each_window(ferry_cz *z, uint64_t a, uint64_t b, bool pinned,
+		       int (*fn)(void *arg, const struct fetch_slot *s), void *arg)
+{
+	struct fetch f = {.z = z, .b = b, .step = window_chunks(z), .pinned = pinned};
+	int r = a < b ? fetch_start(&f, 0, a) : 0, k = 0;
+	for (uint64_t i = a; i < b && !r; i += f.step, k ^= 1) {
+		if (i + f.step < b)
+			r = fetch_start(&f, k ^ 1, i + f.step);
+		int w = fetch_wait(&f, k);
+		r = w ? w : r;
+		if (!r)
+			r = fn(arg, &f.s[k]);
+	}
+	fetch_end(&f);
+	return r;
+}
+
+struct host_read {
+	ferry_cz *z;
+	uint8_t *buf;
+	uint64_t off;
+	size_t len;
+};
+
+static int host_window(void *arg, const struct fetch_slot *s)
+{
+	struct host_read *h = arg;
+	struct window w = {h->z, s->buf, s->c_off, s->i, h->off, h->len, h->buf, NULL};
+	return ferry__cz_parallel(s->n, (unsigned)h->z->knobs.threads, decode_one, &w);
+}
+
 static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 {
 	uint64_t a, b;
 	cover(z, off, &len, &a, &b);
-	uint64_t step = window_chunks(z);
-	uint8_t *cbuf = NULL;
-	size_t ccap = 0;
-	int r = 0;
-	for (uint64_t i = a; i < b && !r; i += step) {
-		uint64_t n = b - i < step ? b - i : step;
-		const struct ferry__cz_chunk *e0 = &z->m.chunks[i], *e1 = &z->m.chunks[i + n - 1];
-		size_t span = (size_t)(e1->c_off + e1->c_size - e0->c_off);
-		if (span > ccap) {
-			free(cbuf);
-			if (!(cbuf = malloc(ccap = span))) {
-				r = ferry__error(-ENOMEM, "%s: %zu bytes of compressed chunks", z->path, span);
-				break;
-			}
-		}
-		if ((r = read_exact(z->f, cbuf, span, e0->c_off, z->path, "compressed chunks")))
-			break;
-		struct window w = {z, cbuf, e0->c_off, i, off, len, buf, NULL};
-		r = ferry__cz_parallel(n, (unsigned)z->knobs.threads, decode_one, &w);
-	}
-	free(cbuf);
+	struct host_read h = {z, buf, off, len};
+	int r = each_window(z, a, b, false, host_window, &h);
 	return r ? r : (ssize_t)len;
 }
 
@@ -563,15 +655,14 @@ static int check_one(void *arg, size_t k)
  * the CPU; without it, every chunk decoded on the CPU into pinned memory and copied.
  */
 static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, uint64_t i0, uint64_t n,
-			 bool gpu, uint64_t *on_gpu, uint64_t *on_cpu, int *refused)
+			 void *cbuf, int cpin, bool gpu, uint64_t *on_gpu, uint64_t *on_cpu, int *refused)
 {
 	const struct ferry__cz_meta *m = &z->m;
 	const struct ferry__cz_chunk *e0 = &m->chunks[i0], *e1 = &m->chunks[i0 + n - 1];
-	size_t span = (size_t)(e1->c_off + e1->c_size - e0->c_off);
 	uint64_t wlo = e0->u_off > off ? e0->u_off : off;
 	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
-	void *cbuf = NULL, *ubuf = NULL;
-	int cpin = 0, upin = 0, r;
+	void *ubuf = NULL;
+	int upin = 0, r;
 	uint64_t *gl = calloc(n, sizeof(*gl) * 2);
 	struct ferry__ring_piece *pieces = calloc(n * (FERRY__CZ_CHUNK_MAX / FERRY__CZ_ZSTD_RAW_BLOCK + 2), sizeof(*pieces));
 	if (!gl || !pieces) {
@@ -580,10 +671,6 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 	}
 	uint64_t *cl = gl + n; /* chunks the CPU decodes */
 	size_t ng = 0, nc = 0, np = 0;
-	if ((r = ferry__pinned_alloc(z->pool, span, &cbuf, &cpin)))
-		goto out;
-	if ((r = read_exact(z->f, cbuf, span, e0->c_off, z->path, "compressed chunks")))
-		goto out;
 	for (uint64_t k = 0; k < n; k++) {
 		const struct ferry__cz_chunk *e = &m->chunks[i0 + k];
 		bool whole = e->u_off >= off && e->u_off + e->u_size <= off + len;
@@ -733,8 +820,34 @@ out:
 	if (r)
 		ferry__ring_drain(z->ring); /* nothing may still read cbuf or ubuf when they go back */
 	ferry__pinned_free(z->pool, ubuf);
-	ferry__pinned_free(z->pool, cbuf);
 	free(gl), free(pieces);
+	return r;
+}
+
+struct dev_read {
+	ferry_cz *z;
+	uint64_t dptr, off;
+	size_t len;
+	bool gpu;
+	uint64_t on_gpu, on_cpu;
+	char *whybuf;
+	size_t whylen;
+	const char *why; /* set when nvCOMP refused a batch */
+};
+
+static int dev_window(void *arg, const struct fetch_slot *s)
+{
+	struct dev_read *d = arg;
+	int refused = 0;
+	int r = device_window(d->z, d->dptr, d->off, d->len, s->i, s->n, s->buf, s->pin, d->gpu, &d->on_gpu,
+			      &d->on_cpu, &refused);
+	if (r && refused) { /* nvCOMP turned the batch down before it ran: the CPU decodes */
+		snprintf(d->whybuf, d->whylen, "refused: %s", ferry_last_error());
+		d->why = d->whybuf;
+		d->gpu = false;
+		r = device_window(d->z, d->dptr, d->off, d->len, s->i, s->n, s->buf, s->pin, false, &d->on_gpu,
+				  &d->on_cpu, &refused);
+	}
 	return r;
 }
 
@@ -758,18 +871,12 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	int r = ferry__gpu_enter(dev, &prev);
 	if (!r) {
 		r = device_setup(z, dev);
-		uint64_t step = window_chunks(z);
-		for (uint64_t i = a; i < b && !r; i += step) {
-			uint64_t n = b - i < step ? b - i : step;
-			int refused = 0;
-			r = device_window(z, dptr, off, len, i, n, gpu, &on_gpu, &on_cpu, &refused);
-			if (r && refused) { /* nvCOMP turned the batch down before it ran: the CPU decodes */
-				snprintf(whybuf, sizeof(whybuf), "refused: %s", ferry_last_error());
-				why = whybuf;
-				gpu = false;
-				r = device_window(z, dptr, off, len, i, n, gpu, &on_gpu, &on_cpu, &refused);
-			}
-		}
+		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
+		if (!r)
+			r = each_window(z, a, b, true, dev_window, &d);
+		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;
+		if (d.why)
+			why = d.why;
 		ferry__gpu_leave(prev);
 	}
 	if (!r && gpu)

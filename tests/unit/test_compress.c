@@ -400,6 +400,32 @@ static void writer_lifecycle(void)
 	T_EQ_INT(system(cmd), 0);
 }
 
+/* Reads of many windows (cz_threads=1: 4 chunks each), the next window's bytes read ahead while
+ * one decodes: whole, from the middle of a window to the middle of another, the last windows. */
+static void windows(void)
+{
+	size_t n = 21 * 65536 + 999;
+	uint8_t *data = malloc(n);
+	fill(D_TOKENS, data, n);
+	char path[700];
+	snprintf(path, sizeof(path), "%s/windows.fz", dir);
+	T_ASSERT(write_file(path, FERRY_CZ_ZSTD, "64k", data, n, 0) > 0);
+	ferry_cz *z;
+	T_EQ_INT(ferry_cz_open(ctx, path, &z), 0);
+	T_EQ_INT(ferry_cz_chunks(z), 22);
+	for (int t = 1; t <= 3; t++) {
+		char th[4];
+		snprintf(th, sizeof(th), "%d", t);
+		T_EQ_INT(ferry_cz_set(z, "cz_threads", th), 0);
+		check_range(z, data, n, 0, n, "windows: whole");
+		check_range(z, data, n, 3 * 65536 + 17, 9 * 65536, "windows: across three");
+		check_range(z, data, n, 15 * 65536 - 1, n, "windows: the last ones");
+	}
+	ferry_cz_destroy(z);
+	unlink(path);
+	free(data);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/test_compress.%d", t_tmpdir(), (int)getpid());
@@ -408,6 +434,7 @@ int main(void)
 	int tools = have_tool("zstd") && have_tool("lz4");
 	round_trips(tools);
 	damaged();
+	windows();
 	writer_lifecycle();
 	ferry_ctx_destroy(ctx);
 	rmdir(dir);
