@@ -1083,6 +1083,14 @@ static int sc_two_devices(void)
 	T_EQ_INT(ferry_gpu_free(d[1]), 0);
 	free(src);
 	free(back);
+	/* the pinned ceiling of both devices at once; a device listed twice or missing is named */
+	double htod = 0, dtoh = 0;
+	T_EQ_INT(ferry_gpu_copy_ceiling_all((const int[]){0, 1}, 2, 1 << 20, 3, &htod, &dtoh), 0);
+	T_CHECK(htod > 0 && dtoh > 0);
+	T_EQ_INT(ferry_gpu_copy_ceiling_all((const int[]){1, 1}, 2, 1 << 20, 3, &htod, &dtoh), -EINVAL);
+	HAS(ferry_last_error(), "device 1 is listed twice");
+	T_EQ_INT(ferry_gpu_copy_ceiling_all((const int[]){0, 2}, 2, 1 << 20, 3, &htod, &dtoh), -EINVAL);
+	HAS(ferry_last_error(), "CUDA device 2 does not exist (2 visible)");
 	return t_result();
 }
 
