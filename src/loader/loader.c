@@ -388,6 +388,53 @@ static void iota64(int64_t *p, int64_t base, uint64_t n)
 		p[e] = base + (int64_t)e;
 }
 
+/*
+ * The sample holding stream byte `at` (cum: n + 1 byte prefix sums, cum[0] = 0 <= at < cum[n]): a
+ * guess from the mean sample length, a gallop to bracket `at`, then a binary search inside the
+ * bracket. Samples of one length (packed tokens) land on the guess. A binary search over the whole
+ * of cum, ~17 dependent loads for 131k samples, was half of the pipeline thread's own time per
+ * window (perf, docs/PERFORMANCE.md, issue 22).
+ */
+static uint64_t sample_at(const uint64_t *cum, uint64_t n, uint64_t at)
+{
+	uint64_t lo, hi, g = cum[n] ? (uint64_t)((unsigned __int128)at * n / cum[n]) : 0;
+	if (g >= n)
+		g = n - 1;
+	if (cum[g] <= at) {
+		lo = g;
+		for (uint64_t step = 1;; step *= 2) {
+			hi = lo + step;
+			if (hi >= n) {
+				hi = n;
+				break;
+			}
+			if (cum[hi] > at)
+				break;
+			lo = hi;
+		}
+	} else {
+		hi = g;
+		for (uint64_t step = 1;; step *= 2) {
+			if (hi <= step) {
+				lo = 0;
+				break;
+			}
+			lo = hi - step;
+			if (cum[lo] <= at)
+				break;
+			hi = lo;
+		}
+	}
+	while (hi - lo > 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (cum[mid] <= at)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 /* documents=1: a sequence of the batch starts at element `at`. */
 /* Hands back the files a batch's groups read (a dataset's cache may evict them again). */
 static void put_files(const struct ferry_loader *l, struct worker *w, size_t np)
@@ -456,15 +503,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		}
 		int pending = 0; /* a document starts with the next token */
 		uint64_t want = l->seq_len * l->esize, at = (uint64_t)item * want;
-		uint64_t lo = 0, hi = x->n;
-		while (hi - lo > 1) { /* sample holding stream byte `at` */
-			uint64_t mid = lo + (hi - lo) / 2;
-			if (l->cum[mid] <= at)
-				lo = mid;
-			else
-				hi = mid;
-		}
-		for (uint64_t i = lo; want; i++) {
+		for (uint64_t i = sample_at(l->cum, x->n, at); want; i++) {
 			uint64_t in = at - l->cum[i], take = x->len[i] - in;
 			if (take > want)
 				take = want;
