@@ -9,6 +9,16 @@ ferry's writers always; torch.save never fsyncs (its row says so). Prints TABLE 
 
     python3 bench/dcp-torch.py [--size 1g] [--dir /tmp/ferry-dcp-bench] [--device cpu|cuda]
                                [--repeat 3] [--drop-caches]
+
+--targets (bench/gpu-dcp-torch.sh) measures issue 24's targets in ONE process instead, beside the
+ceilings measured in the same run: a --size state (model bf16, optimizer fp32) on --device;
+dcp.save (fsynced) against dd's fsynced write; dcp.load warm against the pinned copy into new
+device memory and cold (pages dropped by POSIX_FADV_DONTNEED, no root needed) against dd's read;
+a checkpoint saved by 4 gloo ranks loaded by this process (4->1); dcp.async_save's blocked time
+against the device-to-host copy with a matmul training step running meanwhile (its slowdown);
+ferry.torch.save/load of a --pt-size pytorch_model.bin. Stock PyTorch in every row.
+
+    python3 bench/dcp-torch.py --targets --device cuda --size 8g --pt-size 4g --dir /var/tmp/ferry-dcp
 """
 import argparse
 import os
@@ -87,6 +97,274 @@ def child(op, a):
     print("RESULT %.6f %d" % (dt, nbytes))
 
 
+# ------------------------------------------------------------------ --targets: issue 24 in one run
+
+RESHARD = r"""
+import os, sys, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard
+import ferry.dcp
+rank, world, port, path, n, layers = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4],
+                                      int(sys.argv[5]), int(sys.argv[6]))
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank, world_size=world)
+mesh = init_device_mesh("cpu", (world,))
+st = {}
+for i in range(layers):
+    full = torch.full((n,), float(i), dtype=torch.bfloat16 if i % 2 else torch.float32)
+    st["layer.%d" % i] = distribute_tensor(full, mesh, [Shard(0)])
+dcp.save(st, storage_writer=ferry.dcp.Writer(path))
+dist.destroy_process_group()
+print("rank %d ok" % rank)
+"""
+
+
+def _targets_state(size, device):
+    """Model (bf16 weights) and optimizer (fp32 exp_avg, exp_avg_sq) of 64 layers, about size bytes."""
+    import torch
+    layers = 64
+    n = max(1, size // (10 * layers))
+    model, optim = {}, {}
+    for i in range(layers):
+        model["layer.%d.weight" % i] = torch.full((n,), float(i % 7), dtype=torch.bfloat16, device=device)
+        optim[i] = {"exp_avg": torch.full((n,), 0.5 * i, device=device),
+                    "exp_avg_sq": torch.full((n,), 0.25 * i, device=device),
+                    "step": torch.tensor(10.0)}
+    return {"model": model, "optim": {"state": optim}}
+
+
+def _tensors(sd):
+    import torch
+    if isinstance(sd, dict):
+        return [t for v in sd.values() for t in _tensors(v)]
+    return [sd] if isinstance(sd, torch.Tensor) else []
+
+
+def _nbytes(sd):
+    return sum(t.numel() * t.element_size() for t in _tensors(sd))
+
+
+def _evict(path):
+    """Drops path's pages (every file under a directory) from the page cache: fsync, then
+    POSIX_FADV_DONTNEED, which needs no root."""
+    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def targets(a):
+    """Issue 24's targets at --size (8 GB) and --pt-size (4 GB) on the GPU, with the ceilings
+    measured in the same run. TABLE rows: capability | ferry | stock | ceiling | ratio | target."""
+    import socket
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    import ferry.dcp
+    import ferry.torch
+    warnings.simplefilter("ignore")
+    dev = a.device
+    cuda = dev.startswith("cuda")
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    size, pt_size = _size(a.size), _size(a.pt_size)
+    d = a.dir
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo",
+                            init_method="tcp://127.0.0.1:%d" % port, rank=0, world_size=1)
+    t_start = time.perf_counter()
+
+    def timed(fn):
+        sync()
+        t = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t
+
+    def gb(nbytes, s):
+        return nbytes / s / 1e9
+
+    def table(cap, nbytes, fs, stock_name, ss, ceil_name, cs, target):
+        """target: the least ferry/ceiling ratio (None: no ceiling target)."""
+        r = cs / fs if cs else None
+        met = "n/a" if target is None or r is None else ("met" if r >= target else "MISSED")
+        print("TABLE %s | ferry %.2f GB/s (%.2f s) | %s %s | %s %s | %s | %s" % (
+            cap, gb(nbytes, fs), fs,
+            stock_name, "%.2f GB/s (%.2f s), ferry %.2fx" % (gb(nbytes, ss), ss, ss / fs) if ss else "-",
+            ceil_name, "%.2f GB/s" % gb(nbytes, cs) if cs else "-",
+            "%.2fx of the ceiling" % r if r else "-",
+            "target >= %.2fx: %s" % (target, met) if target else "-"), flush=True)
+
+    st = _targets_state(size, dev)
+    nbytes = _nbytes(st)
+    flat = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
+    # ceilings: pinned host -> new device memory, device -> pinned host, the disk's fsynced
+    # write and cold read (dd, 16 MiB blocks)
+    if cuda:
+        h2d = timed(lambda: torch.empty(nbytes, dtype=torch.uint8, device=dev).copy_(pinned, non_blocking=True))
+        d2h = timed(lambda: pinned.copy_(flat, non_blocking=True))
+    else:
+        h2d = d2h = None
+    del flat
+    ddf = os.path.join(d, "dd.bin")
+    blocks = max(1, nbytes >> 24)
+    wr = timed(lambda: subprocess.run(["dd", "if=/dev/zero", "of=" + ddf, "bs=16M", "count=%d" % blocks,
+                                       "conv=fsync"], check=True, capture_output=True))
+    _evict(ddf)
+    rd = timed(lambda: subprocess.run(["dd", "if=" + ddf, "of=/dev/null", "bs=16M"], check=True,
+                                      capture_output=True))
+    os.unlink(ddf)
+    scale = nbytes / (blocks << 24)
+    wr, rd = wr * scale, rd * scale
+    print("CEILING pinned->device %s, device->pinned %s, disk write+fsync %.2f GB/s, disk read cold "
+          "%.2f GB/s (%d bytes)" % ("%.2f GB/s" % gb(nbytes, h2d) if h2d else "-",
+                                    "%.2f GB/s" % gb(nbytes, d2h) if d2h else "-",
+                                    gb(nbytes, wr), gb(nbytes, rd), nbytes), flush=True)
+
+    # dcp.save to the disk, fsynced (FileSystemWriter's sync_files=True, ferry always)
+    fs_ = timed(lambda: dcp.save(st, storage_writer=ferry.dcp.Writer(os.path.join(d, "ferry"))))
+    ss = timed(lambda: dcp.save(st, storage_writer=dcp.FileSystemWriter(os.path.join(d, "stock"))))
+    shutil.rmtree(os.path.join(d, "stock"))
+    table("dcp.save %s" % a.size, nbytes, fs_, "FileSystemWriter", ss, "disk write+fsync", wr, 0.95)
+
+    # dcp.load into GPU memory: warm (just written) against the pinned copy, cold against dd
+    zeros = _targets_state(size, dev)
+    for t in _tensors(zeros):
+        t.zero_()
+    src = os.path.join(d, "ferry")
+    fl = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
+    bad = [i for i, (x, y) in enumerate(zip(_tensors(st), _tensors(zeros))) if not torch.equal(x, y)]
+    if bad:
+        raise SystemExit("dcp.load ferry: %d tensors differ, first #%d" % (len(bad), bad[0]))
+    sl = timed(lambda: dcp.load(zeros, storage_reader=dcp.FileSystemReader(src)))
+    table("dcp.load warm %s" % a.size, nbytes, fl, "FileSystemReader", sl, "pinned copy", h2d, 0.85)
+    _evict(src)
+    flc = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
+    _evict(src)
+    slc = timed(lambda: dcp.load(zeros, storage_reader=dcp.FileSystemReader(src)))
+    table("dcp.load cold %s" % a.size, nbytes, flc, "FileSystemReader", slc, "disk read", rd, 0.95)
+    shutil.rmtree(src)
+
+    # dcp.async_save: the caller's blocked time against the device-to-host copy, and a training
+    # step's slowdown while the save runs
+    if cuda:
+        m = torch.randn(a.step_dim, a.step_dim, dtype=torch.bfloat16, device=dev)
+
+        def train_step():
+            for _ in range(8):
+                torch.mm(m, m)
+            torch.cuda.synchronize()
+
+        for _ in range(3):
+            train_step()
+        base = [timed(train_step) for _ in range(10)]
+        base_s = statistics.median(base)
+        for name, mk in (("ferry", lambda p: ferry.dcp.Writer(p)),
+                         ("ferry cached", lambda p: ferry.dcp.Writer(p, cache_staged_state_dict=True)),
+                         ("stock", lambda p: dcp.FileSystemWriter(p))):
+            for call in (1, 2):
+                p = os.path.join(d, "async-%s-%d" % (name.replace(" ", "-"), call))
+                sync()
+                t = time.perf_counter()
+                fut = dcp.async_save(st, storage_writer=mk(p))
+                blocked = time.perf_counter() - t
+                during = []
+                while not fut.done():
+                    during.append(timed(train_step))
+                fut.result()
+                total = time.perf_counter() - t
+                slow = (statistics.median(during) / base_s - 1) * 100 if during else float("nan")
+                print("TABLE dcp.async_save %s %s, call %d | blocked %.3f s | device->pinned copy "
+                      "%.3f s | %.2fx of the copy (target <= 1.2x: %s) | %d training steps during the "
+                      "save: %+.1f%% step time (target <= 5%%: %s) | save done after %.2f s" % (
+                          a.size, name, call, blocked, d2h, blocked / d2h,
+                          "met" if blocked <= 1.2 * d2h else "MISSED", len(during), slow,
+                          "met" if during and slow <= 5 else ("no step ran" if not during else "MISSED"),
+                          total), flush=True)
+                shutil.rmtree(p, ignore_errors=True)
+        del m
+
+    # resharded: saved by 4 ranks (gloo processes on the CPU), loaded here by one into GPU memory
+    if a.reshard:
+        rdir = os.path.join(d, "reshard")
+        n = max(4, size // (3 * a.reshard_layers) // 4 * 4)  # fp32 and bf16 layers, ~size bytes
+        script = os.path.join(d, "reshard.py")
+        with open(script, "w") as f:
+            f.write(RESHARD)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            rport = s.getsockname()[1]
+        procs = [subprocess.Popen([sys.executable, script, str(r), "4", str(rport), rdir, str(n),
+                                   str(a.reshard_layers)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(4)]
+        outs = [p.communicate()[0] for p in procs]
+        if any(p.returncode for p in procs):
+            print("TABLE dcp.load resharded | not measured: the 4-rank save failed: %s"
+                  % outs[[p.returncode != 0 for p in procs].index(True)][-300:].replace("\n", " "))
+        else:
+            tgt = {"layer.%d" % i: torch.zeros(n, dtype=torch.bfloat16 if i % 2 else torch.float32,
+                                               device=dev) for i in range(a.reshard_layers)}
+            rb = _nbytes(tgt)
+            frw = timed(lambda: dcp.load(tgt, storage_reader=ferry.dcp.Reader(rdir)))
+            if any(not torch.equal(tgt["layer.%d" % i], torch.full_like(tgt["layer.%d" % i], float(i)))
+                   for i in range(a.reshard_layers)):
+                raise SystemExit("resharded dcp.load ferry: values differ")
+            srw = timed(lambda: dcp.load(tgt, storage_reader=dcp.FileSystemReader(rdir)))
+            table("dcp.load warm resharded 4->1 %s" % a.size, rb, frw, "FileSystemReader", srw,
+                  "pinned copy", h2d * rb / nbytes if h2d else None, 0.85)
+            _evict(rdir)
+            frc = timed(lambda: dcp.load(tgt, storage_reader=ferry.dcp.Reader(rdir)))
+            _evict(rdir)
+            src_ = timed(lambda: dcp.load(tgt, storage_reader=dcp.FileSystemReader(rdir)))
+            table("dcp.load cold resharded 4->1 %s" % a.size, rb, frc, "FileSystemReader", src_,
+                  "disk read", rd * rb / nbytes, 0.95)
+        shutil.rmtree(rdir, ignore_errors=True)
+    del st, zeros
+
+    # torch.save / torch.load of a --pt-size pytorch_model.bin (bf16, GPU tensors)
+    pt = {"layer.%d.weight" % i: torch.full((pt_size // 2 // 64,), float(i), dtype=torch.bfloat16,
+                                            device=dev) for i in range(64)}
+    pb = _nbytes(pt)
+    mp = os.path.join(d, "pytorch_model.bin")
+    fsv = timed(lambda: ferry.torch.save(pt, mp))
+    os.unlink(mp)
+
+    def stock_save():
+        torch.save(pt, mp)
+        fd = os.open(mp, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+
+    ssv = timed(stock_save)
+    table("ferry.torch.save %s (torch.save + fsync)" % a.pt_size, pb, fsv, "torch.save", ssv,
+          "disk write+fsync", wr * pb / nbytes, 0.95)
+    del pt
+    fl = timed(lambda: ferry.torch.load(mp, map_location=dev))
+    sl = timed(lambda: torch.load(mp, map_location=dev, weights_only=True))
+    table("ferry.torch.load warm %s" % a.pt_size, pb, fl, "torch.load", sl, "pinned copy",
+          h2d * pb / nbytes if h2d else None, 0.85)
+    _evict(mp)
+    flc = timed(lambda: ferry.torch.load(mp, map_location=dev))
+    _evict(mp)
+    slc = timed(lambda: torch.load(mp, map_location=dev, weights_only=True))
+    table("ferry.torch.load cold %s" % a.pt_size, pb, flc, "torch.load", slc, "disk read",
+          rd * pb / nbytes, 0.95)
+    shutil.rmtree(d, ignore_errors=True)
+    dist.destroy_process_group()
+    print("DONE in %.1f s (torch %s, device %s)" % (time.perf_counter() - t_start, torch.__version__,
+                                                    torch.cuda.get_device_name() if cuda else "cpu"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="1g")
@@ -95,9 +373,18 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--drop-caches", action="store_true")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--targets", action="store_true",
+                    help="issue 24's targets in one process, with the ceilings (bench/gpu-dcp-torch.sh)")
+    ap.add_argument("--pt-size", default="4g", help="--targets: the pytorch_model.bin's size")
+    ap.add_argument("--step-dim", type=int, default=8192, help="--targets: the training step's matmul size")
+    ap.add_argument("--no-reshard", dest="reshard", action="store_false",
+                    help="--targets: skip the load of a checkpoint saved by 4 ranks")
+    ap.add_argument("--reshard-layers", type=int, default=16)
     a = ap.parse_args()
     if a.child:
         return child(a.child, a)
+    if a.targets:
+        return targets(a)
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
     # the files the loads read: written by stock PyTorch

@@ -170,6 +170,7 @@ fi
 # gpu-cz-read (compressed files read into GPU memory, warm nvCOMP vs CPU and cold vs disk x ratio, issue 26);
 # issue 27's gpu-snapshot (GPU process snapshots at 1/10/40 GiB beside ferry.checkpoint) and
 # gpu-shuffled-copies (pre-shuffled copies read cold from the device's disk). The default: gpu-read, gpu-ckpt and gpu-loader.
+# gpu-dcp-torch: issue 24's DCP and torch.save/load targets at 8 GB with their ceilings (about 3 minutes).
 # multi-gpu: several GPUs of one host (issue 28); on one GPU it runs its 1-GPU rows and exits 77.
 # remote-read: object storage (issue 23), a /dev/shm file over 127.0.0.1 into GPU memory, ferry vs
 # kvikio's RemoteFile with curl as the ceiling (its own range server; under a minute).
