@@ -44,6 +44,7 @@ struct centry {
 
 struct ferry__dscache {
 	struct ferry_dataset *ds;
+	pid_t pid; /* the process that made it: a fork()ed child has none of its threads */
 	int dirfd;
 	char *dir;
 	uint64_t budget;
@@ -374,6 +375,7 @@ int ferry__dataset_cache_open(struct ferry_dataset *ds)
 		return ferry__error(-ENOMEM, "%s: cache %s", ds->path, dir);
 	}
 	c->ds = ds;
+	c->pid = getpid();
 	c->n = all;
 	c->budget = budget;
 	c->jobs = jobs;
@@ -409,16 +411,22 @@ void ferry__dataset_cache_close(struct ferry_dataset *ds)
 	struct ferry__dscache *c = ds->cache;
 	if (!c)
 		return;
-	pthread_mutex_lock(&c->mu);
-	c->stop = true;
-	pthread_cond_broadcast(&c->cv);
-	pthread_mutex_unlock(&c->mu);
-	for (unsigned i = 0; i < c->nthreads; i++)
-		pthread_join(c->threads[i], NULL);
+	bool forked = c->pid != getpid();
+	if (!forked) { /* a fork()ed child has no stagers to stop, and the mutex may be a parent thread's */
+		pthread_mutex_lock(&c->mu);
+		c->stop = true;
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+		for (unsigned i = 0; i < c->nthreads; i++)
+			pthread_join(c->threads[i], NULL);
+	}
 	for (uint32_t s = 0; s < c->n; s++)
-		ferry_file_destroy(c->e[s].local);
-	pthread_mutex_destroy(&c->mu);
-	pthread_cond_destroy(&c->cv);
+		if (!forked || c->e[s].state == ST_READY)
+			ferry_file_destroy(c->e[s].local);
+	if (!forked) {
+		pthread_mutex_destroy(&c->mu);
+		pthread_cond_destroy(&c->cv);
+	}
 	close(c->dirfd);
 	free(c->threads);
 	free(c->e);
@@ -432,8 +440,10 @@ ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s)
 	struct ferry__dscache *c = ds->cache;
 	if (!c || s >= c->n)
 		return ds->files[s];
-	pthread_mutex_lock(&c->mu);
 	struct centry *e = &c->e[s];
+	if (c->pid != getpid()) /* a fork()ed child (DataLoader workers): what was staged, else the object */
+		return e->state == ST_READY ? e->local : ds->files[s];
+	pthread_mutex_lock(&c->mu);
 	/* a shard not staged yet is staged now, whole, and the read waits for it: a read of the object
 	 * beside the staging would fetch its bytes twice */
 	if (e->state == ST_NONE && !e->skipped) {
@@ -458,7 +468,7 @@ ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s)
 void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f)
 {
 	struct ferry__dscache *c = ds->cache;
-	if (!c || s >= c->n || f == ds->files[s])
+	if (!c || s >= c->n || f == ds->files[s] || c->pid != getpid())
 		return;
 	pthread_mutex_lock(&c->mu);
 	if (c->e[s].users)
@@ -469,7 +479,7 @@ void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f
 void ferry__dataset_cache_rewind(struct ferry_dataset *ds)
 {
 	struct ferry__dscache *c = ds->cache;
-	if (!c)
+	if (!c || c->pid != getpid())
 		return;
 	pthread_mutex_lock(&c->mu);
 	for (uint32_t s = 0; s < c->n; s++)
@@ -486,6 +496,8 @@ int ferry_dataset_cache_stats(ferry_dataset *ds, char *buf, size_t len)
 	struct ferry__dscache *c = ds->cache;
 	if (!c)
 		return snprintf(buf, len, "{}");
+	if (c->pid != getpid())
+		return ferry__error(-ECHILD, "ferry_dataset_cache_stats: a fork()ed child does not run the cache");
 	pthread_mutex_lock(&c->mu);
 	uint32_t ready = 0;
 	for (uint32_t s = 0; s < c->n; s++)

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -32,6 +33,7 @@ class CountingProxy:
     def __init__(self, upstream_port):
         self.requests = []
         self.lock = threading.Lock()
+        self.delay = 0.0  # seconds each ranged GET of a shard waits (a slow store)
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -43,6 +45,8 @@ class CountingProxy:
             def _forward(self, method):
                 with proxy.lock:
                     proxy.requests.append((method, self.path.split("?")[0], self.headers.get("Range")))
+                if proxy.delay and method == "GET" and "/shard-" in self.path:
+                    time.sleep(proxy.delay)
                 n = int(self.headers.get("Content-Length") or 0)
                 payload = self.rfile.read(n) if n else None
                 conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
@@ -244,6 +248,28 @@ def test_cache_budget_evicts_lru(server, env, proxy, tmp_path):
     assert np.array_equal(ds[3], samples[3])
     st = ds.cache_stats()
     assert st["fetched"] == 0 and st["remote_reads"] >= 1 and _entries(small) == [], st
+    ds.close()
+
+
+def test_forked_child_reads_without_the_stagers(server, env, proxy, tmp_path):
+    """A fork()ed child (DataLoader workers) has none of the stagers' threads: it reads what is
+    staged from the cache and the rest from the object, and never waits for a stage."""
+    _, samples, url = _upload(server, tmp_path, "forked")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    proxy.delay = 1.0  # staging takes seconds: the child starts while every shard is in flight
+    ds = ferry.IndexedDataset(url, context=_ctx(cache, cache_jobs=1))
+    pid = os.fork()
+    if pid == 0:  # the child: a hang becomes a failure after 30 s
+        import signal
+        signal.alarm(30)
+        ok = all(np.array_equal(ds[i], samples[i]) for i in range(0, N, 7))
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    proxy.delay = 0.0
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    assert all(np.array_equal(ds[i], samples[i]) for i in range(N))  # the parent's cache still works
+    assert ds.cache_stats()["staged"] == ds.shards
     ds.close()
 
 
