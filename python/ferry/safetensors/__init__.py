@@ -305,8 +305,9 @@ def _trace_done(spans, t0):
             "%s=%.3fms" % (k, v * 1e3) for k, v in spans.items()))
 
 
-def _load_torch(path, device, keys, slices, verify, views, staging_budget, context, alloc):
-    """The load behind load_file (torch) and ferry.safetensors.numpy.load_file (alloc decides)."""
+def _load_torch(path, device, keys, slices, verify, views, staging_budget, context, alloc, ld=None):
+    """The load behind load_file (torch) and ferry.safetensors.numpy.load_file (alloc decides).
+    ld: the file set already opened (its headers parsed) by the caller, or None."""
     clock = _time.perf_counter
     t0 = clock()
     spans = {}
@@ -314,8 +315,9 @@ def _load_torch(path, device, keys, slices, verify, views, staging_budget, conte
     starter = _start_workers(ctx, spans)
     t = clock()
     spans["context"] = t - t0
-    with _errors(path):
-        ld = _ferry.load_open(ctx, _os.fspath(path))
+    if ld is None:
+        with _errors(path):
+            ld = _ferry.load_open(ctx, _os.fspath(path))
     files = ld.files()
     where = {}  # name -> (file index, offset, dtype, shape, nbytes)
     for f, (_fpath, _md, tensors) in enumerate(files):
@@ -422,8 +424,9 @@ class _TorchAlloc:
         return self.anchor.data_ptr()
 
 
-def _tensor_list(path, context):
-    """[(name, dtype name, shape, nbytes)] of a file set, in file order (headers only)."""
+def _open_set(path, context):
+    """(the file set opened, its headers parsed; [(name, dtype name, shape, nbytes)] in file order).
+    The opened set is handed to _load_torch, so that a load that plans first parses each header once."""
     ctx = context if context is not None else _default_context()
     with _errors(path):
         ld = _ferry.load_open(ctx, _os.fspath(path))
@@ -431,13 +434,17 @@ def _tensor_list(path, context):
     for f, (_fpath, _md, tensors) in enumerate(ld.files()):
         for name, dt, shape, off, nb in sorted(tensors, key=lambda t: t[3]):
             out.append((name, dt, tuple(shape), nb))
-    return out
+    return ld, out
 
 
-def _slices_of_rule(path, rule, keys, context):
+def _tensor_list(path, context):
+    """[(name, dtype name, shape, nbytes)] of a file set, in file order (headers only)."""
+    return _open_set(path, context)[1]
+
+
+def _slices_of_rule(tensors, rule, keys):
     """slices= given as a function name, shape -> (dim, start, stop) or None: the dict it makes,
     and the keys to load (every tensor, or ``keys``: the ones the rule does not cut load whole)."""
-    tensors = _tensor_list(path, context)
     if keys is None:
         keys = [t[0] for t in tensors]
     elif isinstance(keys, str):
@@ -499,24 +506,28 @@ def load_file(filename, device="cpu", *, backend="mmap", keys=None, slices=None,
         bad ``backend`` or ``device``.
     """
     _check_backend(backend)
+    ctx = context if context is not None else _default_context()
+    ld = None
+    if callable(slices) or (distributed is not False and distributed is not None):
+        ld, tensors = _open_set(filename, ctx)
+
+    def local(keys, slices):
+        alloc = _TorchAlloc(device)
+        if progress is None:
+            return _load_torch(filename, device, keys, slices, verify, views, staging_budget, ctx, alloc, ld)
+        return _progress.run(lambda: _load_torch(filename, device, keys, slices, verify, views,
+                                                 staging_budget, ctx, alloc, ld),
+                             progress, _progress.load_total(filename), _progress.ctx_counter(ctx, "bytes_read"),
+                             _os.path.basename(_os.fspath(filename)))
+
     if distributed is not False and distributed is not None:
         from . import _dist
-        alloc = _TorchAlloc(device)
-        return _dist.load(filename, device, keys=keys, slices=slices, verify=verify, views=views,
-                          staging_budget=staging_budget, context=context, progress=progress,
-                          distributed=distributed, load_file=load_file, tensor_list=_tensor_list,
-                          torch_dtype=alloc.dtype, torch_shape=_torch_shape,
-                          device_of=lambda d: _device(d)[0])
+        return _dist.load(filename, tensors, keys=keys, slices=slices, views=views, distributed=distributed,
+                          local=local, torch_dtype=_TorchAlloc(device).dtype, torch_shape=_torch_shape,
+                          dev=_device(device)[0])
     if callable(slices):
-        keys, slices = _slices_of_rule(filename, slices, keys, context)
-    if progress is None:
-        return _load_torch(filename, device, keys, slices, verify, views, staging_budget, context,
-                           _TorchAlloc(device))
-    ctx = context if context is not None else _default_context()
-    return _progress.run(lambda: _load_torch(filename, device, keys, slices, verify, views,
-                                             staging_budget, ctx, _TorchAlloc(device)),
-                         progress, _progress.load_total(filename), _progress.ctx_counter(ctx, "bytes_read"),
-                         _os.path.basename(_os.fspath(filename)))
+        keys, slices = _slices_of_rule(tensors, slices, keys)
+    return local(keys, slices)
 
 
 def load_model_dir(directory, device="cpu", **kwargs) -> dict:

@@ -37,12 +37,13 @@ def plan_owners(sizes, world):
     return owner
 
 
-def load(filename, device, *, keys, slices, verify, views, staging_budget, context, progress,
-         distributed, load_file, tensor_list, torch_dtype, torch_shape, device_of):
+def load(filename, tensors, *, keys, slices, views, distributed, local, torch_dtype, torch_shape, dev):
+    """tensors: [(name, dtype name, shape, nbytes)] of the set in file order (its headers, parsed
+    once by the caller); local(keys, slices): this rank's own read, a plain load of the set
+    opened already."""
     import torch
 
     dist, group, rank, world = _group_info(torch, distributed)
-    tensors = tensor_list(filename, context)  # [(name, dtype name, shape, nbytes)] in file order
     if keys is not None:
         if isinstance(keys, str):
             keys = [keys]
@@ -72,11 +73,7 @@ def load(filename, device, *, keys, slices, verify, views, staging_budget, conte
     whole = {n: b for n, _d, _s, b in tensors if n not in cut}
     owner = plan_owners(whole, world)
     mine = [n for n in whole if owner[n] == rank]
-    local = {}
-    if mine or cut:
-        local = load_file(filename, device, keys=mine, slices=cut, verify=verify, views=views,
-                          staging_budget=staging_budget, context=context, progress=progress)
-    dev = device_of(device)
+    got = local(mine, cut) if mine or cut else {}
     out = {}
     # broadcasts, in the same order on every rank: per owner, its tensors in file order, small
     # ones packed into buckets
@@ -92,20 +89,20 @@ def load(filename, device, *, keys, slices, verify, views, staging_budget, conte
                 size += _aligned(nb)
                 continue
             if bucket:
-                _send_bucket(torch, dist, group, src, rank == r, bucket, size, local, out, info, dev,
+                _send_bucket(torch, dist, group, src, rank == r, bucket, size, got, out, info, dev,
                              torch_dtype, torch_shape, views)
             bucket, size = [], 0
             if n is not None:
                 if nb < BUCKET_BYTES:
                     bucket, size = [n], _aligned(nb)
                 else:
-                    t = local[n] if rank == r else torch.empty(torch_shape(n, info[n][0], info[n][1]),
+                    t = got[n] if rank == r else torch.empty(torch_shape(n, info[n][0], info[n][1]),
                                                                dtype=torch_dtype(n, info[n][0]), device=dev)
                     if nb:
                         dist.broadcast(_bytes_of(t), src, group=group)
                     out[n] = t
     for n in cut:
-        out[n] = local[n]
+        out[n] = got[n]
     return {n: out[n] for n, _d, _s, _b in tensors}
 
 
