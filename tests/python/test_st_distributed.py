@@ -28,36 +28,35 @@ WORKER = textwrap.dedent("""
     plain = {}
     for s in shards:
         plain.update(st_load(s))
+    # 1. the whole set on every rank, bit for bit a plain load's, in file order
     ctx = ferry.Context()
-    if mode == "mismatch":
-        try:
-            fst.load_file(index, "cpu", distributed=True, context=ctx,
-                          keys=["b"] if rank else None)
-        except ValueError as e:
-            assert "other tensors than rank 0" in str(e), e
-            print("rank %d ok" % rank)
-            sys.exit(0)
+    sd = fst.load_file(index, "cpu", distributed=True, context=ctx, views=(mode != "noviews"))
+    assert list(sd) == list(fst.load_file(index, "cpu", context=ferry.Context())), "file order"
+    assert set(sd) == set(plain), sorted(set(sd) ^ set(plain))
+    for k, v in plain.items():
+        assert sd[k].dtype == v.dtype and sd[k].shape == v.shape, k
+        assert torch.equal(sd[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)), k
+    read_full = ctx.stats()["bytes_read"]
+    # 2. a slices rule: the "w" matrices cut by rows, this rank's part read by itself
+    def rule(name, shape):
+        if name.startswith("w") and len(shape) == 2:
+            n = shape[0] // world
+            return (0, rank * n, shape[0] if rank == world - 1 else (rank + 1) * n)
+        return None
+    rctx = ferry.Context()
+    sd = fst.load_file(index, "cpu", distributed=True, slices=rule, context=rctx)
+    for k, v in plain.items():
+        want = rule(k, tuple(v.shape))
+        ref = v if want is None else v[want[1]:want[2]]
+        assert sd[k].dtype == ref.dtype and sd[k].shape == ref.shape, (k, sd[k].shape, ref.shape)
+        assert torch.equal(sd[k].reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)), k
+    # 3. ranks naming other tensors: refused on every rank, nothing hangs
+    try:
+        fst.load_file(index, "cpu", distributed=True, keys=["b"] if rank else None)
         raise SystemExit("rank %d: a mismatch was not refused" % rank)
-    if mode == "rule":
-        def rule(name, shape):
-            if name.startswith("w") and len(shape) == 2:
-                n = shape[0] // world
-                return (0, rank * n, (rank + 1) * n)
-            return None
-        sd = fst.load_file(index, "cpu", distributed=True, slices=rule, context=ctx)
-        for k, v in plain.items():
-            want = rule(k, tuple(v.shape))
-            ref = v if want is None else v[want[1]:want[2]]
-            assert sd[k].dtype == ref.dtype and sd[k].shape == ref.shape, (k, sd[k].shape, ref.shape)
-            assert torch.equal(sd[k].reshape(-1).view(torch.uint8), ref.contiguous().reshape(-1).view(torch.uint8)), k
-    else:
-        sd = fst.load_file(index, "cpu", distributed=True, context=ctx, views=(mode != "noviews"))
-        assert list(sd) == list(fst.load_file(index, "cpu", context=ferry.Context())), "file order"
-        assert set(sd) == set(plain), sorted(set(sd) ^ set(plain))
-        for k, v in plain.items():
-            assert sd[k].dtype == v.dtype and sd[k].shape == v.shape, k
-            assert torch.equal(sd[k].reshape(-1).view(torch.uint8), v.reshape(-1).view(torch.uint8)), k
-    print(json.dumps({"rank": rank, "read": ctx.stats()["bytes_read"]}))
+    except ValueError as e:
+        assert "other tensors than rank 0" in str(e), e
+    print(json.dumps({"rank": rank, "read": read_full, "read_rule": rctx.stats()["bytes_read"]}))
     dist.destroy_process_group()
     print("rank %d ok" % rank)
 """)
@@ -87,24 +86,25 @@ def _needs_gloo():
         pytest.skip("torch.distributed with gloo is not available in this torch")
 
 
-def _reads(outs):
+def _reads(outs, key):
     r = {}
     for out in outs:
         for line in out.splitlines():
             if line.startswith("{"):
                 j = json.loads(line)
-                r[j["rank"]] = j["read"]
+                r[j["rank"]] = j[key]
     return r
 
 
 @pytest.mark.parametrize("world,mode", [(2, "views"), (3, "noviews")])
 def test_each_rank_reads_its_share(tmp_path, world, mode):
+    """Also, in the same ranks: the slices rule and a mismatch refused (the worker asserts them)."""
     _needs_gloo()
     index, shards, sizes = make_set(tmp_path)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     outs = run_ranks(script, world, tmp_path / "store", index, ",".join(shards), mode)
-    reads = _reads(outs)
+    reads = _reads(outs, "read")
     owners = _dist.plan_owners({t[0]: sizes[t[0]] for t in fst._tensor_list(index, None)}, world)
     share = [sum(sizes[k] for k, r in owners.items() if r == rank) for rank in range(world)]
     assert sum(share) == sum(sizes.values())
@@ -115,26 +115,9 @@ def test_each_rank_reads_its_share(tmp_path, world, mode):
         assert reads[rank] == share[rank] + hdr, (rank, reads, share, hdr)
     # balanced: no rank holds more than the largest tensor above an even share
     assert max(share) - sum(share) / world <= max(sizes.values()), share
-
-
-def test_slices_rule_each_rank_its_own(tmp_path):
-    _needs_gloo()
-    index, shards, sizes = make_set(tmp_path)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    outs = run_ranks(script, 2, tmp_path / "store", index, ",".join(shards), "rule")
-    reads = _reads(outs)
-    hdr = sum(8 + int.from_bytes(open(s, "rb").read(8), "little") for s in shards)
-    # the cut tensors' halves and the rest once: every tensor byte once, plus each rank's headers
-    assert sum(reads.values()) == sum(sizes.values()) + 2 * hdr, (reads, sizes, hdr)
-
-
-def test_ranks_naming_other_tensors_are_refused(tmp_path):
-    _needs_gloo()
-    index, shards, _ = make_set(tmp_path)
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    run_ranks(script, 2, tmp_path / "store", index, ",".join(shards), "mismatch")
+    # the rule: the cut tensors' parts and the rest once: every tensor byte once, plus each rank's headers
+    rule = _reads(outs, "read_rule")
+    assert sum(rule.values()) == sum(sizes.values()) + world * hdr, (rule, sizes, hdr)
 
 
 def test_without_a_process_group_it_says_so(tmp_path):
