@@ -19,6 +19,7 @@ import pickle as _pickle
 import re as _re
 import struct as _struct
 import sys as _sys
+import threading as _threading
 import zlib as _zlib
 
 import torch as _torch
@@ -574,6 +575,7 @@ def _crc_async(arr):
 
 
 _pinned_ = {}
+_staging_lock = _threading.Lock()
 
 
 def _pinned(device):
@@ -600,6 +602,11 @@ def _staged(f, buf, at):
     device-to-host once into a pinned buffer, then written by ferry and checksummed from that
     same buffer on a pool thread while the next piece copies; returns the crc32. No second host
     copy (torch.save's path, and ours before, made a pageable .cpu() copy to checksum)."""
+    with _staging_lock:  # one staging at a time: DCP's writer threads share the buffers
+        return _staged_locked(f, buf, at)
+
+
+def _staged_locked(f, buf, at):
     bufs, stream = _pinned(buf.device)
     stream.wait_stream(_torch.cuda.current_stream(buf.device))
     n = buf.numel()
