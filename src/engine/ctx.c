@@ -678,7 +678,11 @@ static void *worker_main(void *arg)
 		unsigned took = 0;
 		bool took_unit = false;
 		struct ferry__chunk *batch = NULL, **tail = &batch;
-		while (ctx->work_head) {
+		/* a fair share of the list's bytes per take, so that a batch of large pieces is spread
+		 * over the workers (a worker copies resident pieces one by one) while small pieces stay
+		 * with one worker (ferry__take_share) */
+		uint64_t share = ferry__take_share(ctx, ctx->work_bytes), taken = 0;
+		while (ctx->work_head && taken < share) {
 			struct ferry__entry *e = ctx->work_head;
 			struct ferry__chunk *c = ferry__ioq_get(q);
 			if (!c)
@@ -690,6 +694,8 @@ static void *worker_main(void *arg)
 			c->unit.in = false;
 			if (e->units)
 				ferry__units_assign(ctx, e, c);
+			taken += c->len;
+			ctx->work_bytes -= c->len < ctx->work_bytes ? c->len : ctx->work_bytes;
 			e->cursor = end;
 			if (end == e->off + e->len) {
 				ctx->work_head = e->next_work;

@@ -271,6 +271,16 @@ static int check_args(ferry_file *f, const void *buf, size_t len, uint64_t off, 
 	return 0;
 }
 
+/* The bytes one worker takes off the work list at a time: an even share of what is listed, at
+ * least TAKE_MIN (below it, handing pieces to another worker costs more than copying them). */
+#define TAKE_MIN ((uint64_t)2 << 20)
+
+uint64_t ferry__take_share(const ferry_ctx *ctx, uint64_t listed)
+{
+	uint64_t share = ctx->nworkers ? listed / ctx->nworkers : listed;
+	return share < TAKE_MIN ? TAKE_MIN : share;
+}
+
 /* Queues entries on the work list (they must have length; their groups initialised). */
 static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, size_t stride)
 {
@@ -283,13 +293,14 @@ static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, siz
 		e->units = e->len && ferry__units_eligible(ctx, e);
 		e->unit_left = 0;
 	}
-	uint64_t chunks = 0;
+	uint64_t chunks = 0, bytes = 0;
 	pthread_mutex_lock(&ctx->mu);
 	for (size_t i = 0; i < n; i++) {
 		struct ferry__entry *e = (struct ferry__entry *)((char *)es + i * stride);
 		if (!e->len)
 			continue;
 		chunks += atomic_load_explicit(&e->chunks_left, memory_order_relaxed);
+		bytes += e->len;
 		e->next_work = NULL;
 		if (ctx->work_tail)
 			ctx->work_tail->next_work = e;
@@ -303,6 +314,14 @@ static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, siz
 	 * reads and letting it wake the next cost 40% of read_batch's IOPS (bench/small-reads.py,
 	 * the 2-core VM, threads=2, queue_depth 16). */
 	uint64_t wake = (chunks + ctx->cfg.queue_depth - 1) / ctx->cfg.queue_depth;
+	/* and as many as take a share of the bytes each: 32 pieces of 1 MiB woke 2 workers, which
+	 * took 16 each and copied them one by one (6.9 GB/s into GPU memory against 18.5 for the
+	 * same pieces as 32 requests, H100, bench/small-reads.py) */
+	ctx->work_bytes += bytes;
+	uint64_t share = ferry__take_share(ctx, ctx->work_bytes);
+	uint64_t by_bytes = (ctx->work_bytes + share - 1) / share;
+	if (by_bytes > wake)
+		wake = by_bytes;
 	if (wake >= ctx->nworkers)
 		pthread_cond_broadcast(&ctx->work_cv);
 	else

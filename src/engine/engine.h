@@ -491,6 +491,7 @@ struct ferry_ctx {
 	pthread_mutex_t mu; /* work list, workers, file table, ring registry */
 	pthread_cond_t work_cv;
 	struct ferry__entry *work_head, *work_tail;
+	uint64_t work_bytes; /* bytes of the work list not yet taken (under mu): balances the takes */
 	bool started, stopping;
 	int start_error;
 	const struct ferry__backend_ops *backend;
@@ -523,6 +524,8 @@ struct ferry_ctx {
 		else                                              \
 			ferry__stat_add((ctx), (s), (n));         \
 	} while (0)
+/* The bytes a worker takes off the work list at once, listed bytes being there (engine.c). */
+uint64_t ferry__take_share(const ferry_ctx *ctx, uint64_t listed);
 void ferry__stats_flush(ferry_ctx *ctx, uint64_t *local);
 
 /* Mirrors the counters `ferry top` shows into the context's publication, when there is one. */
