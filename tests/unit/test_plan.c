@@ -47,9 +47,24 @@ static void check_plan(uint64_t off, size_t len, uintptr_t addr, uint32_t bs, ui
 	}
 }
 
+/* A worker's share of the work list: an even split of the listed bytes over the workers, at least
+ * 2 MiB, so that 32 pieces of 1 MiB reach 8 workers (4 MiB each) and small pieces stay together. */
+static void test_take_share(void)
+{
+	ferry_ctx *ctx;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_ASSERT(ferry_ctx_set(ctx, "threads", "8") == 0);
+	T_ASSERT(ferry_ctx_start(ctx) == 0);
+	T_EQ_INT((long long)ferry__take_share(ctx, 32ull << 20), 4ll << 20);
+	T_EQ_INT((long long)ferry__take_share(ctx, 32ull << 12), 2ll << 20);
+	T_EQ_INT((long long)ferry__take_share(ctx, 1ull << 30), 128ll << 20);
+	ferry_ctx_destroy(ctx);
+}
+
 int main(void)
 {
 	uint64_t seed = 0x1234567;
+	test_take_share();
 	const uint32_t bss[] = {512, 4096};
 	const uint64_t chunks[] = {4096, 65536, 1 << 20, 3 * 4096};
 
