@@ -356,6 +356,75 @@ static void *stager(void *arg)
 	return NULL;
 }
 
+/* A small object (a dataset's index) read whole through the context's cache_dir: 1 with *buf from
+ * the entry when it matches remote's URL, ETag and size; 0 when there is none (or no cache_dir). */
+int ferry__cache_get_small(ferry_ctx *ctx, const char *url, ferry_file *remote, uint8_t **buf, size_t *len)
+{
+	uint64_t budget;
+	unsigned jobs;
+	const char *dir = ferry__ctx_cache(ctx, &budget, &jobs);
+	char name[64], mname[80], meta[1600], want[1600];
+	int64_t size = ferry_file_size(remote);
+	int want_len = meta_text(url, remote, want, sizeof(want));
+	if (!dir[0] || size < 0 || want_len < 0)
+		return 0;
+	entry_name(url, remote, name, sizeof(name));
+	snprintf(mname, sizeof(mname), "%s.json", name);
+	int dfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (dfd < 0) {
+		ferry__error_clear();
+		return 0;
+	}
+	int hit = 0, mfd = openat(dfd, mname, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	ssize_t got = mfd < 0 ? -1 : read(mfd, meta, sizeof(meta));
+	if (mfd >= 0)
+		close(mfd);
+	int fd = got == want_len && !memcmp(meta, want, (size_t)got) ? openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC) : -1;
+	struct stat st;
+	uint8_t *b = NULL;
+	if (fd >= 0 && !fstat(fd, &st) && st.st_size == size && (b = malloc(size ? (size_t)size : 1))) {
+		size_t done = 0;
+		while (done < (size_t)size) {
+			ssize_t r = pread(fd, b + done, (size_t)size - done, (off_t)done);
+			if (r <= 0 && !(r < 0 && errno == EINTR))
+				break;
+			done += r > 0 ? (size_t)r : 0;
+		}
+		if (done == (size_t)size) {
+			futimens(fd, NULL);
+			*buf = b;
+			*len = done;
+			hit = 1;
+		} else {
+			free(b);
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	close(dfd);
+	return hit;
+}
+
+/* Records a small object just read from remote in the cache (best effort: a failure is no error). */
+void ferry__cache_put_small(ferry_ctx *ctx, const char *url, ferry_file *remote, const uint8_t *buf, size_t len)
+{
+	uint64_t budget;
+	unsigned jobs;
+	const char *dir = ferry__ctx_cache(ctx, &budget, &jobs);
+	char name[64], mname[80], meta[1600];
+	int mlen = meta_text(url, remote, meta, sizeof(meta));
+	if (!dir[0] || mlen < 0 || (budget && len > budget))
+		return;
+	entry_name(url, remote, name, sizeof(name));
+	snprintf(mname, sizeof(mname), "%s.json", name);
+	int dfd = ferry__dir_open(dir, FERRY__DIR_FOLLOW);
+	if (dfd >= 0 && !ferry__durable_write(dfd, mname, meta, (size_t)mlen, 0644, 0))
+		(void)ferry__durable_write(dfd, name, buf, len, 0644, FERRY__DURABLE_NOREPLACE);
+	if (dfd >= 0)
+		close(dfd);
+	ferry__error_clear();
+}
+
 int ferry__dataset_cache_open(struct ferry_dataset *ds)
 {
 	uint64_t budget;

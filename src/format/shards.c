@@ -402,6 +402,10 @@ int ferry__read_whole_at(ferry_ctx *ctx, const char *path, uint8_t **buf, size_t
 	int r = ferry_file_open(ctx, path, FERRY_O_RDONLY, &f);
 	if (r)
 		return r;
+	if (ferry__cache_get_small(ctx, path, f, buf, len)) { /* unchanged since cached: no GET */
+		ferry_file_destroy(f);
+		return 0;
+	}
 	int64_t size = ferry_file_size(f);
 	uint8_t *b = size < 0 ? NULL : malloc(size ? (size_t)size : 1);
 	if (!b) {
@@ -409,6 +413,8 @@ int ferry__read_whole_at(ferry_ctx *ctx, const char *path, uint8_t **buf, size_t
 		return size < 0 ? (int)size : ferry__error(-ENOMEM, "reading %s (%lld bytes)", path, (long long)size);
 	}
 	ssize_t got = size ? ferry_pread(f, b, (size_t)size, 0) : 0;
+	if (got == size)
+		ferry__cache_put_small(ctx, path, f, b, (size_t)size);
 	ferry_file_destroy(f);
 	if (got != size) {
 		free(b);
@@ -423,7 +429,7 @@ int ferry__dataset_check_sizes(struct ferry_dataset *ds)
 {
 	struct ferry__index *x = &ds->x;
 	for (uint32_t s = 0; s < x->nfiles; s++) {
-		int64_t sz = ferry_file_size(ds->files[s]);
+		int64_t sz = ds->cz && ds->cz[s] ? ferry_cz_size(ds->cz[s]) : ferry_file_size(ds->files[s]); /* cz: uncompressed */
 		if (sz < 0)
 			return (int)sz;
 		if ((uint64_t)sz >= x->file_bytes[s])
@@ -456,6 +462,18 @@ static int open_files(struct ferry_dataset *ds)
 		if (err < 0) {
 			ferry__error_append("shard %u of %s", s, ds->path);
 			return err;
+		}
+	}
+	/* compressed shards (ferry pack --compress; local datasets): read through a cz reader */
+	if (ds->x.nfiles && !ferry__path_is_url(ds->paths[0]) && !(ds->cz = calloc(ds->x.nfiles, sizeof(*ds->cz))))
+		return ferry__error(-ENOMEM, "opening %u shards", ds->x.nfiles);
+	for (uint32_t s = 0; ds->cz && s < ds->x.nfiles; s++) {
+		int cz = ferry_cz_is_compressed(ds->ctx, ds->paths[s]);
+		if (cz == 1)
+			cz = ferry_cz_open(ds->ctx, ds->paths[s], &ds->cz[s]);
+		if (cz < 0) {
+			ferry__error_append("shard %u of %s", s, ds->path);
+			return cz;
 		}
 	}
 	for (uint32_t k = 0; k < ds->copies.nfiles; k++) {
@@ -621,6 +639,9 @@ void ferry_dataset_destroy(ferry_dataset *ds)
 	if (!ds)
 		return;
 	ferry__dataset_cache_close(ds); /* its threads read files[] */
+	for (uint32_t s = 0; ds->cz && s < ds->x.nfiles; s++)
+		ferry_cz_destroy(ds->cz[s]);
+	free(ds->cz);
 	for (uint32_t s = 0; s < ds->x.nfiles + ds->copies.nfiles; s++) {
 		if (ds->files)
 			ferry_file_destroy(ds->files[s]);
@@ -666,6 +687,11 @@ int ferry_dataset_locate(const ferry_dataset *ds, uint64_t i, uint32_t *shard, u
 	return 0;
 }
 
+ferry_cz *ferry__dataset_cz(const struct ferry_dataset *ds, uint32_t s)
+{
+	return ds->cz && s < ds->x.nfiles ? ds->cz[s] : NULL;
+}
+
 const char *ferry_dataset_shard_path(const ferry_dataset *ds, uint32_t k)
 {
 	return ds && k < ds->x.nfiles ? ds->paths[k] : NULL;
@@ -694,7 +720,8 @@ ssize_t ferry_dataset_read(ferry_dataset *ds, uint64_t i, void *buf, size_t len)
 				    (unsigned long long)i, (unsigned long long)l, len);
 	uint32_t s = ferry__index_shard_of(&ds->x, i);
 	ferry_file *f = ferry__dataset_file_get(ds, s);
-	ssize_t r = ferry_pread(f, buf, l, ds->x.off[i]);
+	ferry_cz *cz = ferry__dataset_cz(ds, s);
+	ssize_t r = cz ? ferry_cz_pread(cz, buf, l, ds->x.off[i]) : ferry_pread(f, buf, l, ds->x.off[i]);
 	ferry__dataset_file_put(ds, s, f);
 	if (r < 0) {
 		ferry__error_append("sample %llu of %s", (unsigned long long)i, ds->paths[s]);

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "ferry/compress.h" /* compressed shards (cz) */
 #include "ferry/data.h"
 
 #define FERRY__IDX_MAGIC "FERRYIDX"
@@ -95,7 +96,11 @@ struct ferry_dataset {
 	char **paths;     /* [nfiles] data files */
 	ferry_file **files;
 	struct ferry__dscache *cache; /* a dataset of URLs with the context's cache_dir set (cache.c) */
+	ferry_cz **cz; /* [nfiles]: the reader of a compressed shard (ferry pack --compress), else NULL */
 };
+
+/* Shard s's compressed-file reader when it is one (ferry pack --compress), else NULL. */
+ferry_cz *ferry__dataset_cz(const struct ferry_dataset *ds, uint32_t s);
 
 /* Reads a whole small file (an index) into memory. Returns 0 or -errno (with detail). */
 int ferry__read_whole(const char *path, uint8_t **buf, size_t *len);
@@ -114,6 +119,10 @@ int ferry__dataset_cache_open(struct ferry_dataset *ds);
 void ferry__dataset_cache_close(struct ferry_dataset *ds);
 ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s);
 void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f);
+/* A small object (an index) through cache_dir: get gives 1 with *buf when an entry matches remote's
+ * URL, ETag and size (no GET), put records what was just read (best effort). */
+int ferry__cache_get_small(ferry_ctx *ctx, const char *url, ferry_file *remote, uint8_t **buf, size_t *len);
+void ferry__cache_put_small(ferry_ctx *ctx, const char *url, ferry_file *remote, const uint8_t *buf, size_t len);
 /* A new pass over the data (an epoch): shards that found no room are tried again. */
 void ferry__dataset_cache_rewind(struct ferry_dataset *ds);
 /* Checks each shard's size against the index: FERRY_ECORRUPT naming shard and first sample cut. */
