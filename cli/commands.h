@@ -21,5 +21,9 @@ int ferry_cmd_restore(int argc, char **argv);      /* cli/snapshot.c */
 int ferry_cmd_stage(int argc, char **argv);        /* cli/stage.c: ferry stage, ferry cp between URL and path */
 int ferry_cmd_cp(int argc, char **argv);           /* cli/cz.c: ferry cp (compressed copies, else stage) */
 int ferry_cmd_cz(int argc, char **argv);           /* cli/cz.c: ferry cz info */
+/* cli/cz.c: every shard of the ferry dataset in dir rewritten as a compressed file (codec, or 0:
+ * zstd where it saves a tenth of the shard, else the shard stays plain). 0 or a negative code. */
+struct ferry_ctx;
+int ferry_cli_cz_shards(struct ferry_ctx *ctx, const char *dir, int codec);
 
 #endif

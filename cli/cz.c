@@ -6,6 +6,8 @@
  * ferry cp between a URL and a local path without these options is ferry stage (cli/stage.c).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +17,7 @@
 
 #include "commands.h"
 #include "ferry/compress.h"
+#include "ferry/data.h"
 #include "ferry/ferry.h"
 #include "progress.h"
 
@@ -293,4 +296,81 @@ int ferry_cmd_cz(int argc, char **argv)
 	}
 	ferry_ctx_destroy(ctx);
 	return rc;
+}
+
+/* src into a new compressed file dst (replacing it); its size, or a negative code. */
+static int64_t compress_one(ferry_ctx *ctx, const char *src, const char *dst, int codec, char *buf)
+{
+	ferry_file *f = NULL;
+	ferry_cz_writer *w = NULL;
+	int64_t r = ferry_file_open(ctx, src, FERRY_O_RDONLY, &f), size = r ? 0 : ferry_file_size(f);
+	if (!r && size < 0)
+		r = size;
+	if (!r)
+		r = ferry_cz_writer_create(dst, codec, 0, &w);
+	for (uint64_t off = 0; !r && off < (uint64_t)size;) {
+		ssize_t k = ferry_pread(f, buf, BLOCK, off);
+		r = k <= 0 ? (k < 0 ? k : -EIO) : ferry_cz_writer_write(w, buf, (size_t)k);
+		off += k > 0 ? (uint64_t)k : 0;
+	}
+	if (!r)
+		r = ferry_cz_writer_commit(w);
+	ferry_cz_writer_destroy(w);
+	ferry_file_destroy(f);
+	return r;
+}
+
+int ferry_cli_cz_shards(ferry_ctx *ctx, const char *dir, int codec)
+{
+	ferry_dataset *ds;
+	int r = ferry_dataset_open(ctx, dir, &ds);
+	if (r)
+		return r;
+	uint32_t n = ferry_dataset_shards(ds);
+	char **paths = calloc(n ? n : 1, sizeof(*paths));
+	for (uint32_t k = 0; paths && k < n; k++)
+		paths[k] = strdup(ferry_dataset_shard_path(ds, k));
+	ferry_dataset_destroy(ds);
+	char *buf = malloc(BLOCK);
+	if (!paths || !buf)
+		r = -ENOMEM;
+	for (uint32_t k = 0; !r && k < n; k++) {
+		if (!paths[k]) {
+			r = -ENOMEM;
+			break;
+		}
+		if (codec) {
+			int64_t c = compress_one(ctx, paths[k], paths[k], codec, buf);
+			r = c < 0 ? (int)c : 0;
+			continue;
+		}
+		/* auto: zstd into a temporary beside the shard, kept only where it saves a tenth */
+		char tmp[4096];
+		struct stat plain;
+		snprintf(tmp, sizeof(tmp), "%s.cz-auto-%d", paths[k], (int)getpid());
+		int64_t c = stat(paths[k], &plain) ? -errno : compress_one(ctx, paths[k], tmp, FERRY_CZ_ZSTD, buf);
+		if (c < 0)
+			r = (int)c;
+		else if (c * 10 <= (int64_t)plain.st_size * 9) {
+			if (rename(tmp, paths[k]))
+				r = -errno;
+			char d[4096];
+			snprintf(d, sizeof(d), "%s", paths[k]);
+			char *slash = strrchr(d, '/');
+			if (slash)
+				*slash = 0;
+			int fd = open(slash ? d : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+			if (fd >= 0) {
+				if (!r && fsync(fd))
+					r = -errno;
+				close(fd);
+			}
+		}
+		unlink(tmp); /* not taken (or already renamed: nothing there) */
+	}
+	for (uint32_t k = 0; paths && k < n; k++)
+		free(paths[k]);
+	free(paths);
+	free(buf);
+	return r;
 }

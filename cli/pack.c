@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "ferry/compress.h" /* --compress */
 #include "ferry/data.h"
 #include "ferry/ferry.h"
 #include "ferry_jsonl.h"
@@ -980,7 +981,12 @@ struct pack_opts {
 	uint64_t shard_size;
 	unsigned copies; /* --shuffled-copies */
 	uint64_t seed;
+	int compress; /* --compress: 0 none, FERRY_CZ_LZ4, FERRY_CZ_ZSTD, or CZ_AUTO */
 };
+
+#define CZ_AUTO 3 /* --compress auto: zstd where it shrinks a shard by a tenth, else plain */
+static const struct cli_choice cz_kinds[] = {
+	{"none", 0, 0}, {"zstd", FERRY_CZ_ZSTD, 0}, {"lz4", FERRY_CZ_LZ4, 0}, {"auto", CZ_AUTO, 0}, {NULL, 0, 0}};
 
 static const struct cli_choice formats[] = {
 	{"ferry", FERRY_WRITE_FERRY, 0}, {"megatron", FERRY_WRITE_MEGATRON, 0}, {NULL, 0, 0}};
@@ -1013,6 +1019,9 @@ static const struct cli_opt rows[] = {
 		 "with --seed), N times the data's bytes more, for the loader's copies=1 (ferry format)"},
 	{.name = "seed", .kind = CLI_U64, .off = PO(seed), .arg = "S",
 	 .help = "seed of --shuffled-copies' orders: the loader's seed (default 0)"},
+	{.name = "compress", .kind = CLI_CHOICE, .off = PO(compress), .choices = cz_kinds,
+	 .help = "write each shard as a ferry compressed file (docs/FORMATS.md; the loader and ferry_dataset_read\n"
+		 "decode it on their threads): zstd, lz4, auto (zstd where it saves a tenth), none (default)"},
 	{.name = "keys", .kind = CLI_FLAG, .off = PO(keys),
 	 .help = "store each sample's source (file name, file@offset) as its key"},
 	{.name = "threads", .kind = CLI_INT, .off = PO(threads), .arg = "N", .min = 1, .max = 1024,
@@ -1077,6 +1086,8 @@ int ferry_cmd_pack(int argc, char **argv)
 		return cli_usage_error(&cmd, &a, "--json-key is for JSON Lines inputs");
 	if (o.copies && o.kind != FERRY_WRITE_FERRY)
 		return cli_usage_error(&cmd, &a, "--shuffled-copies is for the ferry format");
+	if (o.compress && o.kind != FERRY_WRITE_FERRY)
+		return cli_usage_error(&cmd, &a, "--compress is for the ferry format (Megatron's tools read plain .bin files)");
 	if (o.json_key && dtype >= 0) {
 		size_t k = 0, nt = sizeof(token_types) / sizeof(token_types[0]);
 		while (k < nt && token_types[k].dt != dtype)
@@ -1268,6 +1279,9 @@ static int pack_run(const struct pack_opts *o, int dtype, char **inputs, int nin
 			failed = 1;
 		} else if ((err = ferry_dataset_writer_set_copies(p.w, o->copies, o->seed)) ||
 			   (err = ferry_dataset_writer_finish(p.w))) {
+			lib_error(err);
+			failed = 1;
+		} else if (o->compress && (err = ferry_cli_cz_shards(ctx, out, o->compress == CZ_AUTO ? 0 : o->compress))) {
 			lib_error(err);
 			failed = 1;
 		}

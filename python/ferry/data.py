@@ -120,6 +120,11 @@ def distributed_indices(n: int, num_replicas: int, rank: int, shuffle: bool = Tr
 # ----------------------------------------------------------------------------------- datasets
 
 
+def _is_compressed(path) -> bool:
+    from . import is_compressed  # ferry/__init__.py imports this module
+    return is_compressed(path)
+
+
 class IndexedDataset:
     """A packed dataset: a directory written by ``ferry pack``/``write_dataset`` (or its
     ``ferry.idx``), or a Megatron/NeMo prefix (``prefix.idx`` + ``prefix.bin``, given without
@@ -153,8 +158,10 @@ class IndexedDataset:
         self._n = len(self._ds)
         self._bytes = np.empty(self._n, dtype=np.int64)
         self._ds.sizes_into(self._bytes)
-        # a URL's shards are objects: nothing to map (their staged copies may be evicted)
-        self._mmap = bool(mmap) and not _is_url(_os.fspath(path))
+        # a URL's shards are objects: nothing to map (their staged copies may be evicted); shards
+        # written by ferry pack --compress are read (decompressed) through the C library
+        self._mmap = bool(mmap) and not _is_url(_os.fspath(path)) and not any(
+            _is_compressed(self._ds.shard_path(k)) for k in range(self.shards))
         self._maps = None
         if self._mmap:
             self._shard = np.empty(self._n, dtype=np.uint32)

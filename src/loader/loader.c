@@ -565,7 +565,17 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			} else {
 				void *dst = inplace ? (uint8_t *)s->host + p0->dst : w->stage + stage_pos;
 				ferry_file *f = w->gf[g] = ferry__dataset_file_get(l->ds, p0->file);
-				w->inl[g] = (uint8_t)read_inline(l, f, p0->off, span, dst);
+				ferry_cz *cz = ferry__dataset_cz(l->ds, p0->file);
+				if (cz) { /* a compressed shard: decoded here, on the worker's thread */
+					ssize_t k = ferry_cz_pread(cz, dst, span, p0->off);
+					if (k != (ssize_t)span) {
+						put_files(l, w, np);
+						return k < 0 ? (int)k : ferry__error(FERRY_ECORRUPT, "loader: %s: bytes %llu..%llu past the end of the compressed shard",
+										     ferry_dataset_shard_path(l->ds, p0->file), (unsigned long long)p0->off,
+										     (unsigned long long)end);
+					}
+				}
+				w->inl[g] = cz ? 1 : (uint8_t)read_inline(l, f, p0->off, span, dst);
 				if (w->inl[g]) {
 					inlined++;
 				} else {

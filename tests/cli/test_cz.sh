@@ -57,5 +57,16 @@ check "cz info of a plain file: exit 1, says so (got $r: $(cat "$T/err"))" '[ $r
 check "--compress gzip: a usage error (got $r)" '[ $r = 2 ]'
 "$FERRY" cp -q "$T/text" "$T/plain"
 check "cp of a plain local file copies it" 'cmp -s "$T/plain" "$T/text"'
+# ferry pack --compress: each shard a compressed file whose bytes are the plain pack's shard
+mkdir "$T/in" && for k in 1 2 3 4 5 6; do head -c 30000 "$T/text" >"$T/in/f$k"; done
+"$FERRY" pack -q --shard-size 64k -o "$T/pplain" "$T/in" && "$FERRY" pack -q --shard-size 64k --compress zstd -o "$T/pcz" "$T/in"
+check "pack --compress: exits 0 and writes the same shards" '[ "$(ls "$T/pplain")" = "$(ls "$T/pcz")" ]'
+for s in "$T"/pplain/*.fsh; do
+	b=$(basename "$s")
+	zstd -d -q -c "$T/pcz/$b" | cmp -s - "$s"
+	check "pack --compress: zstd -d of $b is the plain pack's $b" '[ ${PIPESTATUS[1]} = 0 ]'
+done
+"$FERRY" pack -q --compress zstd --format megatron -o "$T/m" "$T/in" 2>"$T/err"; r=$?
+check "pack --compress --format megatron: a usage error (got $r)" '[ $r = 2 ]'
 [ $fail = 0 ] && echo "test_cz: ok"
 exit $fail
