@@ -801,9 +801,15 @@ static void *writer_thread(void *arg)
 	ferry_st_writer *w = j->w;
 	uint64_t t0 = ferry__now_ns(), t = t0;
 	int64_t res = consume(j);
-	if (j->filler_started) { /* it ends once every chunk is out of the device snapshot, or on j->err */
-		pthread_join(j->filler, NULL);
+	if (j->devsnap) { /* the filler ends once every chunk is out of the device snapshot, or on j->err */
+		pthread_mutex_lock(&j->mu);
+		while (!j->snapshot_done) /* the caller has made it (or failed to) by then */
+			pthread_cond_wait(&j->cv, &j->mu);
+		int started = j->filler_started;
 		j->filler_started = 0;
+		pthread_mutex_unlock(&j->mu);
+		if (started)
+			pthread_join(j->filler, NULL);
 	}
 	if (j->hook) {
 		t = ferry__now_ns();
@@ -916,16 +922,18 @@ static int produce_device(struct job *j, ferry_st_writer *w)
 		ferry__error_append("%s: the device snapshot", j->path);
 	lap(j, PH_CALL_SYNC, &tp);
 	ferry__gpu_leave(prev);
+	int started = 0;
 	if (!r) {
 		int e = pthread_create(&j->filler, NULL, filler_thread, j);
 		if (e)
 			r = ferry__error(-e, "%s: pthread_create: %s", j->path, strerror(e));
 		else
-			j->filler_started = 1;
+			started = 1;
 	}
 	if (r)
 		job_fail(j, r);
 	pthread_mutex_lock(&j->mu);
+	j->filler_started = started;
 	j->snapshot_done = 1;
 	pthread_cond_broadcast(&j->cv);
 	pthread_mutex_unlock(&j->mu);
@@ -1360,7 +1368,7 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 		w->stats.ns[i] = j->ph[i];
 	w->stats.bytes = j->total;
 	w->stats.slots = j->k;
-	w->stats.pinned_new = j->pinned_new;
+	w->stats.pinned_new += j->pinned_new; /* the writer thread adds what its filler pinned */
 	w->stats.devsnap = j->devsnap ? j->total : 0;
 	pthread_mutex_unlock(&w->mu);
 	if (async && !r)
