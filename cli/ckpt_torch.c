@@ -60,7 +60,9 @@ enum ckpt_torch_kind ckpt_torch_kind(const char *path)
 		snprintf(p, sizeof(p), "%s/.metadata", path);
 		return access(p, F_OK) ? CKPT_TORCH_NONE : CKPT_TORCH_DCP;
 	}
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (!S_ISREG(st.st_mode))
+		return CKPT_TORCH_NONE; /* a FIFO's open would block: the safetensors path refuses it by name */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	char magic[4] = {0};
 	int zip = fd >= 0 && pread(fd, magic, 4, 0) == 4 && !memcmp(magic, "PK\x03\x04", 4);
 	if (fd >= 0)
