@@ -20,6 +20,7 @@
 #include "base/base.h"
 #include "ferry/ckpt.h"
 #include "base/json.h"
+#include "engine/export.h"
 
 #define KEEP_PROBLEMS 64
 #define MANIFEST_MAX (1 << 20)
@@ -527,6 +528,38 @@ static int is_shard_file(const char *name)
 	return name[0] != '.' && n > 12 && !strcmp(name + n - 12, ".safetensors");
 }
 
+/* The objects directly under an s3:// step (a listing stands for the step directory's readdir). */
+struct listed {
+	const char *prefix; /* "<step URL>/" */
+	char (*name)[256];
+	uint64_t *size;
+	size_t n, cap;
+};
+
+static int on_listed(void *arg, const char *url, uint64_t size, const char *etag)
+{
+	(void)etag;
+	struct listed *l = arg;
+	size_t pl = strlen(l->prefix);
+	const char *name = url + pl;
+	if (strncmp(url, l->prefix, pl) || strchr(name, '/') || strlen(name) >= sizeof(*l->name))
+		return 0;
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 16;
+		char(*nm)[256] = realloc(l->name, cap * sizeof(*nm));
+		if (nm)
+			l->name = nm;
+		uint64_t *sz = nm ? realloc(l->size, cap * sizeof(*sz)) : NULL;
+		if (!sz)
+			return -ENOMEM;
+		l->size = sz;
+		l->cap = cap;
+	}
+	snprintf(l->name[l->n], sizeof(*l->name), "%s", name);
+	l->size[l->n++] = size;
+	return 0;
+}
+
 static int verify_step(ferry_ctx *ctx, const char *dir, int64_t step, int require_sums, ferry_ckpt_report *rep)
 {
 	char sp[PATH_MAX], p[PATH_MAX + 300];
@@ -573,8 +606,32 @@ static int verify_step(ferry_ctx *ctx, const char *dir, int64_t step, int requir
 			problem(rep, f, FERRY_ECORRUPT, "%s/manifest.json: shard \"%s\" without \"bytes\"", sp, f->name);
 	}
 	/* What the step directory holds: every listed shard, and no other */
-	DIR *d = opendir(sp);
-	if (!d) {
+	int url = strstr(sp, "://") != NULL;
+	struct listed ls = {0};
+	char lp[PATH_MAX + 2];
+	ferry_ctx *own = NULL;
+	DIR *d = NULL;
+	if (url) { /* an s3:// step: its objects by listing (docs/REMOTE.md) */
+		snprintf(lp, sizeof(lp), "%s/", sp);
+		ls.prefix = lp;
+		int lr = ctx ? 0 : ferry_ctx_create(&own);
+		lr = lr ? lr : ferry__remote_list(ctx ? ctx : own, lp, on_listed, &ls);
+		ferry_ctx_destroy(own);
+		if (lr)
+			problem_last(rep, NULL, lr);
+		for (size_t k = 0; k < ls.n; k++) {
+			if (!is_shard_file(ls.name[k]))
+				continue;
+			size_t j = 0;
+			while (j < rep->nf && strcmp(rep->f[j].name, ls.name[k]))
+				j++;
+			if (j == rep->nf && !add_file(rep, ls.name[k])) {
+				free(ls.name);
+				free(ls.size);
+				goto oom;
+			}
+		}
+	} else if (!(d = opendir(sp))) {
 		problem(rep, NULL, -errno, "opendir(%s): %s", sp, strerror(errno));
 	} else {
 		struct dirent *e;
@@ -595,7 +652,18 @@ static int verify_step(ferry_ctx *ctx, const char *dir, int64_t step, int requir
 		struct vfile *f = &rep->f[i];
 		snprintf(p, sizeof(p), "%s/%s", sp, f->name);
 		struct stat st;
-		if (fstatat(AT_FDCWD, p, &st, AT_SYMLINK_NOFOLLOW)) {
+		if (url) {
+			size_t k = 0;
+			while (k < ls.n && strcmp(ls.name[k], f->name))
+				k++;
+			memset(&st, 0, sizeof(st));
+			st.st_mode = S_IFREG;
+			st.st_size = k < ls.n ? (off_t)ls.size[k] : 0;
+			if (k == ls.n) {
+				problem(rep, f, FERRY_ECORRUPT, "%s: listed in manifest.json but missing", p);
+				continue;
+			}
+		} else if (fstatat(AT_FDCWD, p, &st, AT_SYMLINK_NOFOLLOW)) {
 			int e = errno;
 			if (e == ENOENT)
 				problem(rep, f, FERRY_ECORRUPT, "%s: listed in manifest.json but missing", p);
@@ -624,6 +692,8 @@ static int verify_step(ferry_ctx *ctx, const char *dir, int64_t step, int requir
 		present += rep->f[i].present;
 	check_replicated(rep, sp, present);
 	manifest_free(&m);
+	free(ls.name);
+	free(ls.size);
 	return 0;
 oom:
 	manifest_free(&m);

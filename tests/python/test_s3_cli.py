@@ -1,6 +1,7 @@
 """The CLI on s3:// (issue 23): `ferry bench --filename s3://...` reads an object (reads only: a
-write is refused naming the URL), and `ferry ckpt inspect` of a checkpoint prefix and of one of its
-step URLs shows the step's shards. moto's S3 server on 127.0.0.1, started and stopped here; the
+write is refused naming the URL), `ferry ckpt inspect` of a checkpoint prefix and of one of its
+step URLs shows the step's shards, and `ferry ckpt verify` of a prefix checks the step's objects
+by listing them (an extra shard, one cut short and one missing are each named). moto's S3 server on 127.0.0.1, started and stopped here; the
 CLI is FERRY_CLI (CI: the wheel's) or build/ferry."""
 import json
 import os
@@ -81,3 +82,29 @@ def test_ckpt_inspect_of_a_prefix(cli, server, env):
     assert p.returncode == 0 and "[5]" in p.stdout, p.stdout + p.stderr
     p = _run(cli, "ckpt", "inspect", server.url("cli/nothing-here"))
     assert p.returncode == 1 and "NoSuchKey" in p.stderr, p.stderr
+
+
+def test_ckpt_verify_of_a_prefix(cli, server, env):
+    torch = need("torch")
+    prefix = server.url("cli/verified")
+    ferry.checkpoint.save({"w": torch.ones(4, 4)}, prefix, 5, context=ferry.Context(threads=2))
+    p = _run(cli, "ckpt", "verify", prefix, "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(p.stdout)
+    assert got["ok"] and got["verified"] == 1 and got["shards"][0]["present"], got
+    shard = "cli/verified/step-000000000005/rank-00000-of-00001.safetensors"
+    body = server.get(shard)
+    # a shard another run left beside it: not in the manifest
+    server.put("cli/verified/step-000000000005/rank-00001-of-00002.safetensors", body)
+    p = _run(cli, "ckpt", "verify", prefix)
+    assert p.returncode == 1 and "rank-00001-of-00002.safetensors" in p.stdout + p.stderr and \
+        "not in manifest.json" in p.stdout + p.stderr, p.stdout + p.stderr
+    server.s3.delete_object(Bucket=_moto.BUCKET, Key="cli/verified/step-000000000005/rank-00001-of-00002.safetensors")
+    # the shard cut short: its size is not the manifest's
+    server.put(shard, body[:-8])
+    p = _run(cli, "ckpt", "verify", prefix)
+    assert p.returncode == 1 and "manifest.json says" in p.stdout + p.stderr, p.stdout + p.stderr
+    # the shard gone
+    server.s3.delete_object(Bucket=_moto.BUCKET, Key=shard)
+    p = _run(cli, "ckpt", "verify", prefix)
+    assert p.returncode == 1 and "listed in manifest.json but missing" in p.stdout + p.stderr, p.stdout + p.stderr
