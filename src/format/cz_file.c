@@ -709,26 +709,35 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 		}
 		nc = k;
 	}
-	/* CPU-decoded bytes: the partial chunks (gpu), or the whole window; into pinned memory */
-	uint64_t ulo = wlo, uhi = whi;
-	if (gpu && nc) {
-		const struct ferry__cz_chunk *a = &m->chunks[cl[0]], *b = &m->chunks[cl[nc - 1]];
-		ulo = a->u_off > off ? a->u_off : off;
-		uhi = b->u_off + b->u_size < off + len ? b->u_off + b->u_size : off + len;
-	}
-	if (nc) {
-		if ((r = ferry__pinned_alloc(z->pool, (size_t)(uhi - ulo), &ubuf, &upin)))
-			goto out;
-		struct window w = {z, cbuf, e0->c_off, 0, ulo, (size_t)(uhi - ulo), ubuf, cl};
-		/* a window of the partial chunks alone: bytes between them (GPU chunks) are skipped */
-		if ((r = ferry__cz_parallel(nc, (unsigned)z->knobs.threads, decode_one, &w)))
+	/* CPU-decoded bytes into pinned memory: with nvCOMP, only the partial chunks at the read's
+	 * ends (at most two), each in its own piece of ubuf; without, the whole window */
+	if (nc && gpu) {
+		size_t total = 0, at = 0;
+		for (size_t q = 0; q < nc; q++) {
+			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
+			uint64_t lo = e->u_off > off ? e->u_off : off;
+			uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
+			total += (size_t)(hi - lo);
+		}
+		if ((r = ferry__pinned_alloc(z->pool, total, &ubuf, &upin)))
 			goto out;
 		for (size_t q = 0; q < nc; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
 			uint64_t lo = e->u_off > off ? e->u_off : off;
 			uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
-			pieces[np++] = (struct ferry__ring_piece){dptr + (lo - off), (uint8_t *)ubuf + (lo - ulo), hi - lo};
+			struct window w = {z, cbuf, e0->c_off, 0, lo, (size_t)(hi - lo), (uint8_t *)ubuf + at, &cl[q]};
+			if ((r = decode_one(&w, 0)))
+				goto out;
+			pieces[np++] = (struct ferry__ring_piece){dptr + (lo - off), (uint8_t *)ubuf + at, hi - lo};
+			at += (size_t)(hi - lo);
 		}
+	} else if (nc) {
+		if ((r = ferry__pinned_alloc(z->pool, (size_t)(whi - wlo), &ubuf, &upin)))
+			goto out;
+		struct window w = {z, cbuf, e0->c_off, 0, wlo, (size_t)(whi - wlo), ubuf, cl};
+		if ((r = ferry__cz_parallel(nc, (unsigned)z->knobs.threads, decode_one, &w)))
+			goto out;
+		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), ubuf, (size_t)(whi - wlo)};
 	}
 	if (ng) {
 		/* nvCOMP wants each input and output aligned (8 bytes for zstd): the frames go to the
