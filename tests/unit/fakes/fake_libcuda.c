@@ -2,7 +2,8 @@
  * A stand-in for libcuda.so.1, built by tests/unit/test_gpu_shim.c at test time (cc -shared). It
  * keeps "device memory" in host memory so that the shim's logic runs without a GPU. Knobs:
  * -DFAKE_INIT_RESULT=n (cuInit's result), -DFAKE_DEVICES=n, -DFAKE_ATTRIBUTES (export
- * cuPointerGetAttributes), -DFAKE_MEMINFO (export cuMemGetInfo), -DFAKE_CHECKPOINT (export the checkpoint API, below), -DFAKE_BATCH
+ * cuPointerGetAttributes), -DFAKE_MEMINFO (export cuMemGetInfo), -DFAKE_CHECKPOINT (export the
+ * checkpoint API, below), -DFAKE_BATCH
  * (export cuMemcpyBatchAsync_v2, CUDA 13's form), -DFAKE_BATCH12 (export cuMemcpyBatchAsync, the
  * 12.8 form with failIdx), -DFAKE_BATCH_REFUSE (with FAKE_BATCH: every batch returns
  * CUDA_ERROR_NOT_SUPPORTED), and
