@@ -4,6 +4,7 @@
  * CUfileOpError), -DFAKE_CLOSE_V2 (export cuFileDriverClose_v2 too), -D<symbol>=renamed_<symbol>.
  */
 #include <stddef.h>
+#include <stdlib.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -56,8 +57,8 @@ API CUfileError_t cuFileBufDeregister(const void *p) { (void)p; return ok; }
 /* the fake's "device memory" is host memory: plain pread/pwrite on the registered fd */
 static int rw;
 API int fake_rw_calls(void) { return rw; }
-API ssize_t cuFileRead(void *fh, void *p, size_t n, off_t fo, off_t bo) { rw++; return pread((int)((size_t)fh - 0x1000), (char *)p + bo, n, fo); }
-API ssize_t cuFileWrite(void *fh, const void *p, size_t n, off_t fo, off_t bo) { rw++; return pwrite((int)((size_t)fh - 0x1000), (const char *)p + bo, n, fo); }
+API ssize_t cuFileRead(void *fh, void *p, size_t n, off_t fo, off_t bo) { __atomic_fetch_add(&rw, 1, __ATOMIC_RELAXED); return pread((int)((size_t)fh - 0x1000), (char *)p + bo, n, fo); }
+API ssize_t cuFileWrite(void *fh, const void *p, size_t n, off_t fo, off_t bo) { __atomic_fetch_add(&rw, 1, __ATOMIC_RELAXED); return pwrite((int)((size_t)fh - 0x1000), (const char *)p + bo, n, fo); }
 API CUfileError_t cuFileGetVersion(int *v) { *v = 1150; return ok; }
 API CUfileError_t cuFileReadAsync(void *fh, void *p, size_t *n, off_t *fo, off_t *bo, ssize_t *r, void *s) { (void)fh; (void)p; (void)fo; (void)bo; (void)s; *r = (ssize_t)*n; return ok; }
 API CUfileError_t cuFileWriteAsync(void *fh, void *p, size_t *n, off_t *fo, off_t *bo, ssize_t *r, void *s) { (void)fh; (void)p; (void)fo; (void)bo; (void)s; *r = (ssize_t)*n; return ok; }
@@ -85,38 +86,48 @@ typedef struct {
 	int status;
 	size_t ret;
 } CUfileIOEvents_t;
-static CUfileIOEvents_t done_ev[FAKE_BATCH];
-static unsigned ndone;
-API CUfileError_t cuFileBatchIOSetUp(void **b, unsigned n) { (void)n; *b = (void *)1; ndone = 0; return ok; }
+/* One state per batch, as cuFile keeps: several workers each have their batch (the engine's take
+ * shares spread a request's chunks over workers), and one shared list let one take another's
+ * completions and wait for ever on its own. */
+struct fake_batch {
+	CUfileIOEvents_t ev[FAKE_BATCH];
+	unsigned n;
+};
+API CUfileError_t cuFileBatchIOSetUp(void **b, unsigned n)
+{
+	(void)n;
+	*b = calloc(1, sizeof(struct fake_batch));
+	return *b ? ok : (CUfileError_t){ 5022, 0 };
+}
 API CUfileError_t cuFileBatchIOSubmit(void *b, unsigned n, CUfileIOParams_t *p, unsigned f)
 {
-	(void)b;
+	struct fake_batch *fb = b;
 	(void)f;
-	if (ndone + n > FAKE_BATCH)
+	if (fb->n + n > FAKE_BATCH)
 		return (CUfileError_t){ 5022, 0 };
-	batch_ops += (int)n;
+	__atomic_fetch_add(&batch_ops, (int)n, __ATOMIC_RELAXED);
 	for (unsigned i = 0; i < n; i++) {
 		char *buf = (char *)p[i].u.batch.devPtr_base + p[i].u.batch.devPtr_offset;
 		ssize_t r = p[i].opcode ? cuFileWrite(p[i].fh, buf, p[i].u.batch.size, p[i].u.batch.file_offset, 0)
 					: cuFileRead(p[i].fh, buf, p[i].u.batch.size, p[i].u.batch.file_offset, 0);
-		done_ev[ndone++] = (CUfileIOEvents_t){ p[i].cookie, r < 0 ? 0x40 /* FAILED */ : 0x10 /* COMPLETE */, (size_t)r };
+		fb->ev[fb->n++] = (CUfileIOEvents_t){ p[i].cookie, r < 0 ? 0x40 /* FAILED */ : 0x10 /* COMPLETE */, (size_t)r };
 	}
 	return ok;
 }
 API CUfileError_t cuFileBatchIOGetStatus(void *b, unsigned m, unsigned *n, CUfileIOEvents_t *e, void *t)
 {
-	(void)b;
+	struct fake_batch *fb = b;
 	(void)t;
-	unsigned k = ndone < *n ? ndone : *n;
+	unsigned k = fb->n < *n ? fb->n : *n;
 	if (k < m)
 		return (CUfileError_t){ 5022, 0 }; /* would wait for ever: nothing else is in flight */
 	for (unsigned i = 0; i < k; i++)
-		e[i] = done_ev[i];
-	for (unsigned i = k; i < ndone; i++)
-		done_ev[i - k] = done_ev[i];
-	ndone -= k;
+		e[i] = fb->ev[i];
+	for (unsigned i = k; i < fb->n; i++)
+		fb->ev[i - k] = fb->ev[i];
+	fb->n -= k;
 	*n = k;
 	return ok;
 }
 API CUfileError_t cuFileBatchIOCancel(void *b) { (void)b; return ok; }
-API void cuFileBatchIODestroy(void *b) { (void)b; }
+API void cuFileBatchIODestroy(void *b) { free(b); }
