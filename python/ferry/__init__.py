@@ -165,8 +165,10 @@ def open(path, mode: str = "r", context: Context | None = None, *, buffered: boo
     descriptor. Raises FileNotFoundError, PermissionError, IsADirectoryError, ... (OSError).
 
     In mode "r", a ferry compressed file (docs/FORMATS.md) opens as a ``CompressedFile``, whose
-    ``pread_into`` and ``size`` are the uncompressed bytes': ``compressed=None`` looks at the
+    ``pread_into`` and ``size`` are the uncompressed bytes': ``compressed=None`` looks at a local
     file's last 80 bytes to tell (one more open and read), True requires one, False never checks.
+    A URL (``s3://``, ``http(s)://``) is not looked at unless ``compressed=True``: the look would be
+    one more request, a round trip to the store, at every open.
     """
     if not isinstance(mode, str):
         raise TypeError("mode must be a str, not %s" % type(mode).__name__)
@@ -176,7 +178,7 @@ def open(path, mode: str = "r", context: Context | None = None, *, buffered: boo
     ctx = context if context is not None else default_context()
     path = _os.fspath(path)
     if mode.replace("b", "") == "r" and compressed is not False:
-        if compressed or _ferry.cz_is_compressed(ctx, path):
+        if compressed or (compressed is None and "://" not in path and _ferry.cz_is_compressed(ctx, path)):
             return CompressedFile(path, context=ctx)
     elif compressed:
         raise ValueError("compressed=True opens for reading only (mode 'r'), not %r" % mode)
