@@ -50,11 +50,13 @@ elif loader == "fastsafetensors":
         # fastsafetensors wants the device's index ("cuda:0"; plain "cuda" is refused by set_device)
         dev = "cuda:0" if device == "cuda" else device
         with fastsafe_open(filenames=[path], nogds=True, device=dev, debug_log=False) as f:
-            return {k: f.get_tensor(k).clone() for k in f.get_keys()}
+            return {k: f.get_tensor(k).clone() for k in f.keys()}
 elif loader == "instanttensor":
     import instanttensor
     def load():
-        with instanttensor.safe_open(path, framework="pt", device=device) as f:
+        # InstantTensor passes the device's index to its C++ open: "cuda" (index None) is refused
+        dev = "cuda:0" if device == "cuda" else device
+        with instanttensor.safe_open(path, framework="pt", device=dev) as f:
             return {k: f.get_tensor(k) for k in f.keys()}
 elif loader == "kvikio":
     import kvikio
