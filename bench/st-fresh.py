@@ -57,7 +57,7 @@ elif loader == "instanttensor":
         # InstantTensor passes the device's index to its C++ open: "cuda" (index None) is refused
         dev = "cuda:0" if device == "cuda" else device
         with instanttensor.safe_open(path, framework="pt", device=dev) as f:
-            return {k: f.get_tensor(k) for k in f.keys()}
+            return dict(f.tensors())  # its one way to the tensors (0.2.2 has no get_tensor)
 elif loader == "kvikio":
     import kvikio
     import kvikio.defaults
