@@ -83,6 +83,8 @@ int main(void)
 			ferry_cz_path_info(z, info, sizeof(info));
 			if (!g)
 				T_CHECK(strncmp(info, "cpu (nvcomp: cz_gpu=off)", 24) == 0);
+			else if (codec == FERRY_CZ_LZ4) /* LZ4 goes to nvCOMP only under cz_gpu=on (cz_file.c) */
+				T_CHECK(strstr(info, "LZ4 decodes on the CPU unless cz_gpu=on") != NULL);
 			else if (getenv("FERRY_CZ_EXPECT_NVCOMP")) /* the fakes' run: nvCOMP is there */
 				T_CHECK(strncmp(info, "nvcomp (", 8) == 0);
 		}
