@@ -1,8 +1,11 @@
 """moto's S3 server on 127.0.0.1 for the tests of s3:// (started and stopped by each test module;
 the same way as test_s3.py starts it), and a clean AWS environment pointed at it."""
+import http.client
+import http.server
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -85,3 +88,48 @@ def use(monkeypatch, tmp_path, server, endpoint=None):
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.key_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret)
+
+
+HOP_HEADERS = ("transfer-encoding", "connection", "content-length", "date", "server")
+
+
+class Proxy:
+    """An HTTP server of the test's own on 127.0.0.1 in front of moto (upstream_port), one thread a
+    connection: each request goes to self.handle(h, method, payload), h its BaseHTTPRequestHandler;
+    forward() passes it on to moto."""
+
+    def __init__(self, upstream_port):
+        self.upstream_port = upstream_port
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _handle(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                proxy.handle(self, self.command, self.rfile.read(n) if n else None)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def forward(self, h, method, payload):
+        """h's request sent on to moto: its (status, headers, body)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.upstream_port, timeout=30)
+        headers = {k: v for k, v in h.headers.items() if k.lower() != "connection"}
+        conn.request(method, h.path, body=payload, headers=headers)
+        resp = conn.getresponse()
+        status, hdrs, body = resp.status, resp.getheaders(), resp.read()
+        conn.close()
+        return status, hdrs, body
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()

@@ -39,3 +39,25 @@ def run_ranks(script, world, *args, timeout=120):
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and ("rank %d ok" % r) in out, "rank %d exit %s:\n%s" % (r, p.returncode, out)
     return outs
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 with one bucket (_moto.Server), started for a test module and
+    stopped after it. The module skips first, saying why, when moto or boto3 is missing."""
+    import _moto
+    s = _moto.Server()
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def s3_env(monkeypatch, tmp_path, s3_server):
+    """A clean AWS environment pointed at s3_server, and TMPDIR an empty directory (where a save to a
+    URL stages its temporary), which it returns."""
+    import _moto
+    stage = tmp_path / "stage"
+    stage.mkdir()
+    monkeypatch.setenv("TMPDIR", str(stage))
+    _moto.use(monkeypatch, tmp_path, s3_server)
+    return stage

@@ -232,7 +232,7 @@ def test_safetensors_load_file(open_server, aws_env):
         assert torch.equal(got[k], v), k
 
 
-class FaultProxy:
+class FaultProxy(_moto.Proxy):
     """A tiny HTTP proxy of the test's own in front of moto: each ranged GET takes the next fault
     of the list ("503": S3's SlowDown, "reset": half the body, then the connection is reset;
     "shiftrange", "othersize": a Content-Range for other bytes, or of an object of another size;
@@ -240,102 +240,59 @@ class FaultProxy:
     None: passed through). HEADs and GETs without Range, and PUTs but parts', pass through."""
 
     def __init__(self, upstream_port, faults):
-        import http.client
-        import http.server
-        import struct
         import threading
         self.faults = list(faults)
         self.lock = threading.Lock()
         self.seen = []
-        proxy = self
+        super().__init__(upstream_port)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _forward(self, method):
-                fault = None
-                if (method == "GET" and "Range" in self.headers) or (method == "PUT" and
-                                                                     "partNumber=" in self.path):
-                    with proxy.lock:
-                        fault = proxy.faults.pop(0) if proxy.faults else None
-                        proxy.seen.append(fault)
-                n = int(self.headers.get("Content-Length") or 0)
-                payload = self.rfile.read(n) if n else None
-                if fault == "stall":  # nothing at all for 3 s, then the connection closes
-                    time.sleep(3)
-                    self.close_connection = True
-                    return
-                if fault == "503":
-                    body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-                            b'<Message>Please reduce your request rate.</Message></Error>')
-                    self.send_response(503)
-                    self.send_header("Content-Type", "application/xml")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
-                    return
-                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(method, self.path, body=payload, headers=headers)
-                resp = conn.getresponse()
-                body = resp.read()
-                conn.close()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() == "content-range" and fault in ("shiftrange", "othersize"):
-                        unit, _, rest = v.partition(" ")
-                        span, _, total = rest.partition("/")
-                        a, _, b = span.partition("-")
-                        if fault == "shiftrange":  # the bytes that follow, as a bad cache might
-                            v = "%s %d-%d/%s" % (unit, int(a) + 1, int(b) + 1, total)
-                        else:  # an object of another size (changed on a server without ETags)
-                            v = "%s %s/%d" % (unit, span, int(total) + 1)
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "date",
-                                         "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body) if method != "HEAD" else
-                                                       resp.getheader("Content-Length", "0")))
-                self.end_headers()
-                if method == "HEAD":
-                    return
-                if fault == "reset" and len(body) > 2:
-                    self.wfile.write(body[:len(body) // 2])
-                    self.wfile.flush()
-                    # SO_LINGER 0: close sends RST, the client sees a reset mid-body
-                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
-                                               struct.pack("ii", 1, 0))
-                    self.close_connection = True
-                    self.connection.close()
-                    return
-                self.wfile.write(body)
-
-            def do_GET(self):
-                self._forward("GET")
-
-            def do_HEAD(self):
-                self._forward("HEAD")
-
-            def do_PUT(self):
-                self._forward("PUT")
-
-            def do_POST(self):
-                self._forward("POST")
-
-            def do_DELETE(self):
-                self._forward("DELETE")
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def handle(self, h, method, payload):
+        import struct
+        fault = None
+        if (method == "GET" and "Range" in h.headers) or (method == "PUT" and "partNumber=" in h.path):
+            with self.lock:
+                fault = self.faults.pop(0) if self.faults else None
+                self.seen.append(fault)
+        if fault == "stall":  # nothing at all for 3 s, then the connection closes
+            time.sleep(3)
+            h.close_connection = True
+            return
+        if fault == "503":
+            body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+                    b'<Message>Please reduce your request rate.</Message></Error>')
+            h.send_response(503)
+            h.send_header("Content-Type", "application/xml")
+            h.send_header("Content-Length", str(len(body)))
+            h.end_headers()
+            h.wfile.write(body)
+            return
+        status, hdrs, body = self.forward(h, method, payload)
+        h.send_response(status)
+        for k, v in hdrs:
+            if k.lower() == "content-range" and fault in ("shiftrange", "othersize"):
+                unit, _, rest = v.partition(" ")
+                span, _, total = rest.partition("/")
+                a, _, b = span.partition("-")
+                if fault == "shiftrange":  # the bytes that follow, as a bad cache might
+                    v = "%s %d-%d/%s" % (unit, int(a) + 1, int(b) + 1, total)
+                else:  # an object of another size (changed on a server without ETags)
+                    v = "%s %s/%d" % (unit, span, int(total) + 1)
+            if k.lower() not in _moto.HOP_HEADERS:
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body) if method != "HEAD" else
+                                           dict((k.lower(), v) for k, v in hdrs).get("content-length", "0")))
+        h.end_headers()
+        if method == "HEAD":
+            return
+        if fault == "reset" and len(body) > 2:
+            h.wfile.write(body[:len(body) // 2])
+            h.wfile.flush()
+            # SO_LINGER 0: close sends RST, the client sees a reset mid-body
+            h.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            h.close_connection = True
+            h.connection.close()
+            return
+        h.wfile.write(body)
 
 
 def test_retries_slowdown_and_reset(open_server, aws_env, monkeypatch):

@@ -17,22 +17,6 @@ import _moto  # noqa: E402
 MIB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = _moto.Server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def env(monkeypatch, tmp_path, server):
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    monkeypatch.setenv("TMPDIR", str(stage))  # where a URL's save stages its temporary
-    _moto.use(monkeypatch, tmp_path, server)
-    return stage
-
-
 def _ctx(**kw):
     # 5 MiB parts (S3's smallest), one at a time: a 12 MiB file is a 3-part upload
     args = dict(remote_part_size="5m", remote_connections=1, remote_retries=1, threads=2,
@@ -47,16 +31,16 @@ def _tensors(torch):
             "empty": torch.zeros(0, dtype=torch.float16)}
 
 
-def test_save_file_to_s3(server, env):
+def test_save_file_to_s3(s3_server, s3_env):
     torch = need("torch")
     st = need("safetensors.torch")
     import ferry.safetensors as fst
     tensors = _tensors(torch)
-    url = server.url("saved/model.safetensors")
+    url = s3_server.url("saved/model.safetensors")
     ctx = _ctx()
     fst.save_file(tensors, url, metadata={"who": "h15"}, checksum=True, context=ctx)
-    body = server.get("saved/model.safetensors")
-    head = server.s3.head_object(Bucket=_moto.BUCKET, Key="saved/model.safetensors")
+    body = s3_server.get("saved/model.safetensors")
+    head = s3_server.s3.head_object(Bucket=_moto.BUCKET, Key="saved/model.safetensors")
     assert head["ETag"].strip('"').endswith("-3"), head["ETag"]  # a 3-part multipart upload
     got = st.load(body)  # Hugging Face's reader takes the object's bytes
     for k, v in tensors.items():
@@ -64,22 +48,22 @@ def test_save_file_to_s3(server, env):
     back = fst.load_file(url, verify=True, context=ctx)  # with the checksums ferry stored
     for k, v in tensors.items():
         assert torch.equal(back[k], v), k
-    assert not server.uploads()
-    assert os.listdir(env) == [], os.listdir(env)  # the staging temporary is gone
+    assert not s3_server.uploads()
+    assert os.listdir(s3_env) == [], os.listdir(s3_env)  # the staging temporary is gone
     # saved again over it: replaced whole
     tensors["small"] += 10
     fst.save_file(tensors, url, context=ctx)
     assert torch.equal(fst.load_file(url, context=ctx)["small"], tensors["small"])
 
 
-def test_save_file_upload_fails_leaves_nothing(server, env, monkeypatch):
+def test_save_file_upload_fails_leaves_nothing(s3_server, s3_env, monkeypatch):
     torch = need("torch")
     import ferry.safetensors as fst
     from test_s3 import FaultProxy
-    proxy = FaultProxy(server.port, ["503"])  # the first part's PUT gets 503 SlowDown
+    proxy = FaultProxy(s3_server.port, ["503"])  # the first part's PUT gets 503 SlowDown
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
-        url = server.url("saved/failed.safetensors")
+        url = s3_server.url("saved/failed.safetensors")
         with pytest.raises(OSError) as e:
             fst.save_file(_tensors(torch), url, context=_ctx(remote_retries=0))
         msg = str(e.value)
@@ -87,12 +71,12 @@ def test_save_file_upload_fails_leaves_nothing(server, env, monkeypatch):
         assert proxy.seen == ["503"], proxy.seen
     finally:
         proxy.stop()
-    assert "saved/failed.safetensors" not in server.keys("saved/")
-    assert not server.uploads()
-    assert os.listdir(env) == [], os.listdir(env)
+    assert "saved/failed.safetensors" not in s3_server.keys("saved/")
+    assert not s3_server.uploads()
+    assert os.listdir(s3_env) == [], os.listdir(s3_env)
 
 
-def test_save_file_url_without_name(server, env):
+def test_save_file_url_without_name(s3_server, s3_env):
     torch = need("torch")
     import ferry.safetensors as fst
     with pytest.raises(OSError) as e:
@@ -100,7 +84,7 @@ def test_save_file_url_without_name(server, env):
     assert "no object name" in str(e.value), str(e.value)
 
 
-def test_sharded_set_from_s3(server, env):
+def test_sharded_set_from_s3(s3_server, s3_env):
     torch = need("torch")
     st = need("safetensors.torch")
     import ferry.safetensors as fst
@@ -109,9 +93,9 @@ def test_sharded_set_from_s3(server, env):
               "model-00002-of-00002.safetensors": {"w2": torch.randn(32, 8)}}
     weight_map = {}
     for name, ts in shards.items():
-        server.put("sharded/" + name, st.save(ts))  # Hugging Face's writer
+        s3_server.put("sharded/" + name, st.save(ts))  # Hugging Face's writer
         weight_map.update({k: name for k in ts})
-    index = server.put("sharded/model.safetensors.index.json",
+    index = s3_server.put("sharded/model.safetensors.index.json",
                        json.dumps({"metadata": {"total_size": 0}, "weight_map": weight_map}).encode())
     got = fst.load_file(index, context=ctx)
     assert sorted(got) == ["b1", "w1", "w2"]
@@ -120,26 +104,26 @@ def test_sharded_set_from_s3(server, env):
             assert torch.equal(got[k], v), k
     # an index naming a shard that is not there: the error names that object
     weight_map["w3"] = "model-00003-of-00003.safetensors"
-    bad = server.put("sharded/bad.index.json", json.dumps({"weight_map": weight_map}).encode())
+    bad = s3_server.put("sharded/bad.index.json", json.dumps({"weight_map": weight_map}).encode())
     with pytest.raises(FileNotFoundError) as e:  # safetensors' message names what was asked for
         fst.load_file(bad, context=ctx)
     assert "model-00003-of-00003.safetensors" in str(e.value), str(e.value)
 
 
-def test_checkpoint_on_s3_prefix(server, env):
+def test_checkpoint_on_s3_prefix(s3_server, s3_env):
     torch = need("torch")
     import ferry.checkpoint as fck
     ctx = _ctx()
-    prefix = server.url("ckpt/run1")
+    prefix = s3_server.url("ckpt/run1")
     assert fck.load_latest(prefix, context=ctx) == (None, {})  # nothing committed under it yet
     assert fck.latest_step(prefix) is None
     state = {"model": {"w": torch.randn(256, 64), "b": torch.arange(10)}, "step": torch.tensor(10)}
     fck.save(state, prefix, 10, context=ctx)
     step_dir = "ckpt/run1/step-000000000010/"
-    assert server.keys(step_dir) == [step_dir + n for n in (
+    assert s3_server.keys(step_dir) == [step_dir + n for n in (
         "manifest.json", "rank-00000-of-00001.done", "rank-00000-of-00001.safetensors")]
-    assert server.get("ckpt/run1/latest") == b"step-000000000010\n"
-    manifest = json.loads(server.get(step_dir + "manifest.json"))
+    assert s3_server.get("ckpt/run1/latest") == b"step-000000000010\n"
+    manifest = json.loads(s3_server.get(step_dir + "manifest.json"))
     assert manifest["step"] == 10 and manifest["world"] == 1, manifest
     step, got = fck.load_latest(prefix, context=ctx)
     assert step == 10
@@ -153,28 +137,28 @@ def test_checkpoint_on_s3_prefix(server, env):
     assert fck.load(prefix, 10, context=ctx)["model"]["b"].equal(state["model"]["b"])  # keep=2
     with pytest.raises(FileExistsError):  # not after the latest
         fck.save(state, prefix, 15, context=ctx)
-    server.put("ckpt/run1/step-000000000005/rank-00000-of-00001.safetensors", b"debris")
+    s3_server.put("ckpt/run1/step-000000000005/rank-00000-of-00001.safetensors", b"debris")
     fck.save(state, prefix, 30, context=ctx)  # keep=2: step 10 is pruned (listed, then deleted)
-    steps = sorted({k.split("/")[2] for k in server.keys("ckpt/run1/step-")})
+    steps = sorted({k.split("/")[2] for k in s3_server.keys("ckpt/run1/step-")})
     assert steps == ["step-000000000020", "step-000000000030"], steps
     assert fck.prune(prefix, 1) == 1
-    assert server.keys("ckpt/run1/") == ["ckpt/run1/latest"] + [
+    assert s3_server.keys("ckpt/run1/") == ["ckpt/run1/latest"] + [
         "ckpt/run1/step-000000000030/" + n for n in (
             "manifest.json", "rank-00000-of-00001.done", "rank-00000-of-00001.safetensors")]
     assert fck.load_latest(prefix, context=ctx)[0] == 30
-    assert not server.uploads()
-    assert os.listdir(env) == [], os.listdir(env)
+    assert not s3_server.uploads()
+    assert os.listdir(s3_env) == [], os.listdir(s3_env)
 
 
-def test_checkpoint_on_s3_failed_save_keeps_latest(server, env, monkeypatch):
+def test_checkpoint_on_s3_failed_save_keeps_latest(s3_server, s3_env, monkeypatch):
     torch = need("torch")
     import ferry.checkpoint as fck
     from test_s3 import FaultProxy
-    prefix = server.url("ckpt/run2")
+    prefix = s3_server.url("ckpt/run2")
     ctx = _ctx(remote_retries=0)  # the prefix's handle keeps the context of its first save
     fck.save({"w": torch.ones(4)}, prefix, 1, context=ctx)
     # the save's GET of `latest` passes; the shard's first part gets 503 SlowDown
-    proxy = FaultProxy(server.port, [None, "503"])
+    proxy = FaultProxy(s3_server.port, [None, "503"])
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
         with pytest.raises(OSError) as e:
@@ -183,36 +167,36 @@ def test_checkpoint_on_s3_failed_save_keeps_latest(server, env, monkeypatch):
         assert proxy.seen == [None, "503"], proxy.seen
     finally:
         proxy.stop()
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint)
-    assert server.keys("ckpt/run2/step-000000000002/") == []  # no shard, no marker, no manifest
-    assert server.get("ckpt/run2/latest") == b"step-000000000001\n"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server.endpoint)
+    assert s3_server.keys("ckpt/run2/step-000000000002/") == []  # no shard, no marker, no manifest
+    assert s3_server.get("ckpt/run2/latest") == b"step-000000000001\n"
     step, got = fck.load_latest(prefix, context=_ctx())
     assert step == 1 and torch.equal(got["w"], torch.ones(4))
-    assert not server.uploads()
+    assert not s3_server.uploads()
 
 
-def test_prune_lists_past_a_page(server, env):
+def test_prune_lists_past_a_page(s3_server, s3_env):
     torch = need("torch")
     import ferry.checkpoint as fck
     ctx = _ctx()
-    prefix = server.url("ckpt/run3")
+    prefix = s3_server.url("ckpt/run3")
     # debris of an old step: 130 objects, two pages of ListObjectsV2 (100 keys a page)
     for i in range(130):
-        server.put("ckpt/run3/step-000000000001/junk-%03d" % i, b"x")
+        s3_server.put("ckpt/run3/step-000000000001/junk-%03d" % i, b"x")
     fck.save({"w": torch.ones(2)}, prefix, 2, context=ctx)  # its commit prunes the debris
-    assert server.keys("ckpt/run3/step-000000000001/") == []
+    assert s3_server.keys("ckpt/run3/step-000000000001/") == []
     assert fck.load_latest(prefix, context=ctx)[0] == 2
 
 
-def test_load_latest_falls_back_on_s3(server, env):
+def test_load_latest_falls_back_on_s3(s3_server, s3_env):
     torch = need("torch")
     import ferry.checkpoint as fck
     ctx = _ctx()
-    prefix = server.url("ckpt/run4")
+    prefix = s3_server.url("ckpt/run4")
     for step in (1, 2):
         fck.save({"w": torch.full((8,), float(step))}, prefix, step, keep=0, context=ctx)
     assert ferry._ferry.ckpt_steps(prefix) == [2, 1]  # listed: step-N/manifest.json objects
-    server.put("ckpt/run4/step-000000000002/rank-00000-of-00001.safetensors", b"damaged")
+    s3_server.put("ckpt/run4/step-000000000002/rank-00000-of-00001.safetensors", b"damaged")
     with pytest.warns(RuntimeWarning, match="step 2 is damaged, loading step 1"):
         step, got = fck.load_latest(prefix, context=ctx)
     assert step == 1 and torch.equal(got["w"], torch.full((8,), 1.0))

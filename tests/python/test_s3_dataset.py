@@ -5,8 +5,6 @@ epoch served from the cache with no GET of shard data (counted at a proxy of the
 front of moto), a reopened dataset reusing the staged shards, a changed object fetched again
 (never mixed), a byte budget kept by evicting the least recently used shards, and two processes
 sharing one cache_dir. moto's S3 server on 127.0.0.1, started and stopped here."""
-import http.client
-import http.server
 import json
 import os
 import subprocess
@@ -27,60 +25,30 @@ N = 64
 SHARD = 4096  # bytes per shard: 64 samples of 16-200 uint16 -> several shards
 
 
-class CountingProxy:
+class CountingProxy(_moto.Proxy):
     """Passes every request to moto and records (method, path, Range) of each."""
 
     def __init__(self, upstream_port):
         self.requests = []
         self.lock = threading.Lock()
         self.delay = 0.0  # seconds each ranged GET of a shard waits (a slow store)
-        proxy = self
+        super().__init__(upstream_port)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _forward(self, method):
-                with proxy.lock:
-                    proxy.requests.append((method, self.path.split("?")[0], self.headers.get("Range")))
-                if proxy.delay and method == "GET" and "/shard-" in self.path:
-                    time.sleep(proxy.delay)
-                n = int(self.headers.get("Content-Length") or 0)
-                payload = self.rfile.read(n) if n else None
-                conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
-                headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                conn.request(method, self.path, body=payload, headers=headers)
-                resp = conn.getresponse()
-                body = resp.read()
-                conn.close()
-                self.send_response(resp.status)
-                for k, v in resp.getheaders():
-                    if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
-                        self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body) if method != "HEAD" else
-                                                       resp.getheader("Content-Length", "0")))
-                self.end_headers()
-                if method != "HEAD":
-                    self.wfile.write(body)
-
-            def do_GET(self):
-                self._forward("GET")
-
-            def do_HEAD(self):
-                self._forward("HEAD")
-
-            def do_PUT(self):
-                self._forward("PUT")
-
-            def do_POST(self):
-                self._forward("POST")
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def handle(self, h, method, payload):
+        with self.lock:
+            self.requests.append((method, h.path.split("?")[0], h.headers.get("Range")))
+        if self.delay and method == "GET" and "/shard-" in h.path:
+            time.sleep(self.delay)
+        status, hdrs, body = self.forward(h, method, payload)
+        h.send_response(status)
+        for k, v in hdrs:
+            if k.lower() not in _moto.HOP_HEADERS:
+                h.send_header(k, v)
+        h.send_header("Content-Length", str(len(body) if method != "HEAD" else
+                                           dict((k.lower(), v) for k, v in hdrs).get("content-length", "0")))
+        h.end_headers()
+        if method != "HEAD":
+            h.wfile.write(body)
 
     def gets(self, part):
         """GETs of objects whose path contains part."""
@@ -91,28 +59,17 @@ class CountingProxy:
         with self.lock:
             self.requests.clear()
 
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = _moto.Server()
-    yield s
-    s.stop()
-
 
 @pytest.fixture
-def proxy(server):
-    p = CountingProxy(server.port)
+def proxy(s3_server):
+    p = CountingProxy(s3_server.port)
     yield p
     p.stop()
 
 
 @pytest.fixture
-def env(monkeypatch, tmp_path, server, proxy):
-    _moto.use(monkeypatch, tmp_path, server, endpoint=proxy.endpoint)
+def env(monkeypatch, s3_env, proxy):
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
     monkeypatch.delenv("FERRY_CACHE_DIR", raising=False)
     monkeypatch.delenv("FERRY_CACHE_BYTES", raising=False)
 
@@ -122,7 +79,7 @@ def _samples(seed):
     return [rng.integers(0, 65535, size=int(rng.integers(16, 200)), dtype=np.uint16) for _ in range(N)]
 
 
-def _upload(server, tmp_path, prefix, seed=1):
+def _upload(s3_server, tmp_path, prefix, seed=1):
     """write_dataset into a local directory, its files put under prefix. (local dir, samples, url)."""
     samples = _samples(seed)
     d = tmp_path / ("local-%s-%d" % (prefix.strip("/").replace("/", "-"), seed))
@@ -130,8 +87,8 @@ def _upload(server, tmp_path, prefix, seed=1):
     names = sorted(os.listdir(d))
     assert sum(n.endswith(".fsh") for n in names) >= 4, names
     for n in names:
-        server.put("%s/%s" % (prefix, n), (d / n).read_bytes())
-    return d, samples, server.url(prefix)
+        s3_server.put("%s/%s" % (prefix, n), (d / n).read_bytes())
+    return d, samples, s3_server.url(prefix)
 
 
 def _ctx(cache=None, budget=None, **kw):
@@ -161,8 +118,8 @@ def _entries(cache):
     return sorted(n for n in os.listdir(cache) if n.endswith(".fcache"))
 
 
-def test_dataset_and_loader_over_s3(server, env, proxy, tmp_path):
-    d, samples, url = _upload(server, tmp_path, "plain")
+def test_dataset_and_loader_over_s3(s3_server, env, proxy, tmp_path):
+    d, samples, url = _upload(s3_server, tmp_path, "plain")
     ds = ferry.IndexedDataset(url, context=_ctx())
     assert len(ds) == N and ds.shards >= 4 and ds.cache_stats() == {}
     for i in (0, 1, N // 2, N - 1):
@@ -179,12 +136,12 @@ def test_dataset_and_loader_over_s3(server, env, proxy, tmp_path):
         _check(got, samples)
     assert proxy.gets("/plain/shard-"), "the shards were not read from the server"
     with pytest.raises(FileNotFoundError) as e:
-        ferry.IndexedDataset(server.url("no-such-dataset"), context=_ctx())
+        ferry.IndexedDataset(s3_server.url("no-such-dataset"), context=_ctx())
     assert "no-such-dataset" in str(e.value), str(e.value)
 
 
-def test_cache_second_epoch_no_gets(server, env, proxy, tmp_path):
-    d, samples, url = _upload(server, tmp_path, "cached")
+def test_cache_second_epoch_no_gets(s3_server, env, proxy, tmp_path):
+    d, samples, url = _upload(s3_server, tmp_path, "cached")
     cache = tmp_path / "cache"
     cache.mkdir()
     ctx = _ctx(cache)
@@ -217,7 +174,7 @@ def test_cache_second_epoch_no_gets(server, env, proxy, tmp_path):
     ds.close()
 
     # the objects replaced (another dataset under the same names): fetched again, never mixed
-    _, samples2, _ = _upload(server, tmp_path, "cached", seed=2)
+    _, samples2, _ = _upload(s3_server, tmp_path, "cached", seed=2)
     proxy.clear()
     ds = ferry.IndexedDataset(url, context=_ctx(cache))
     assert all(np.array_equal(ds[i], samples2[i]) for i in range(N))
@@ -226,11 +183,11 @@ def test_cache_second_epoch_no_gets(server, env, proxy, tmp_path):
     ds.close()
 
 
-def test_cache_budget_evicts_lru(server, env, proxy, tmp_path):
-    _, samples, url = _upload(server, tmp_path, "budget")
+def test_cache_budget_evicts_lru(s3_server, env, proxy, tmp_path):
+    _, samples, url = _upload(s3_server, tmp_path, "budget")
     cache = tmp_path / "cache"
     cache.mkdir()
-    sizes = [s["Size"] for s in server.s3.list_objects_v2(Bucket=_moto.BUCKET, Prefix="budget/shard-")["Contents"]]
+    sizes = [s["Size"] for s in s3_server.s3.list_objects_v2(Bucket=_moto.BUCKET, Prefix="budget/shard-")["Contents"]]
     budget = max(sizes) * 2 + 1  # two shards at a time
     ds = ferry.IndexedDataset(url, context=_ctx(cache, budget, cache_jobs=1))
     for i in range(N):  # in order: shard after shard, each evicting the least recently used
@@ -253,10 +210,10 @@ def test_cache_budget_evicts_lru(server, env, proxy, tmp_path):
     ds.close()
 
 
-def test_forked_child_reads_without_the_stagers(server, env, proxy, tmp_path):
+def test_forked_child_reads_without_the_stagers(s3_server, env, proxy, tmp_path):
     """A fork()ed child (DataLoader workers) has none of the stagers' threads: it reads what is
     staged from the cache and the rest from the object, and never waits for a stage."""
-    _, samples, url = _upload(server, tmp_path, "forked")
+    _, samples, url = _upload(s3_server, tmp_path, "forked")
     cache = tmp_path / "cache"
     cache.mkdir()
     proxy.delay = 1.0  # staging takes seconds: the child starts while every shard is in flight
@@ -286,8 +243,8 @@ print("crc", crc, "stats", ds.cache_stats()["fetched"] + ds.cache_stats()["reuse
 """
 
 
-def test_two_processes_share_a_cache(server, env, proxy, tmp_path):
-    _, samples, url = _upload(server, tmp_path, "shared")
+def test_two_processes_share_a_cache(s3_server, env, proxy, tmp_path):
+    _, samples, url = _upload(s3_server, tmp_path, "shared")
     cache = tmp_path / "cache"
     cache.mkdir()
     want = 0

@@ -1,5 +1,5 @@
 """torch.distributed.checkpoint on an s3:// prefix through ferry.dcp.Writer / Reader (issue 24 with
-issue 23's remote backend): dcp.save and dcp.load against moto's S3 server, bit-exact; the objects
+issue 23's remote backend): dcp.save and dcp.load against moto's S3 s3_server, bit-exact; the objects
 are FileSystemWriter's (downloaded into a directory, the stock FileSystemReader loads them);
 `.metadata` is committed after every data object; a save over an existing checkpoint that fails
 midway leaves an empty `.metadata` that no reader takes as complete, and no half object."""
@@ -16,19 +16,6 @@ torch = need("torch")
 dcp = need("torch.distributed.checkpoint")
 import ferry  # noqa: E402
 import ferry.dcp as fdcp  # noqa: E402
-import _moto  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = _moto.Server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture
-def env(monkeypatch, tmp_path, server):
-    _moto.use(monkeypatch, tmp_path, server)
 
 
 def _ctx():
@@ -88,20 +75,20 @@ def load(sd, reader):
     return sd
 
 
-def test_dcp_roundtrip_on_s3(server, env, tmp_path):
-    url = server.url("runs/dcp1")
+def test_dcp_roundtrip_on_s3(s3_server, s3_env, tmp_path):
+    url = s3_server.url("runs/dcp1")
     sd = state()
     save(sd, url, thread_count=2)
-    keys = server.keys("runs/dcp1/")
+    keys = s3_server.keys("runs/dcp1/")
     assert "runs/dcp1/.metadata" in keys and sum(k.endswith(".distcp") for k in keys) == 2, keys
-    assert not server.uploads()
+    assert not s3_server.uploads()
     got = load(zeros_like(sd), fdcp.Reader(url, context=_ctx()))
     same(sd, got)
     # the stock reader loads the same objects from a directory: FileSystemWriter's format
     d = tmp_path / "copy"
     d.mkdir()
     for k in keys:
-        (d / os.path.basename(k)).write_bytes(server.get(k))
+        (d / os.path.basename(k)).write_bytes(s3_server.get(k))
     same(sd, load(zeros_like(sd), dcp.FileSystemReader(str(d))))
     # and ferry's CLI verifies it (every item's zip and crc32)
     cli = os.environ.get("FERRY_CLI")
@@ -111,7 +98,7 @@ def test_dcp_roundtrip_on_s3(server, env, tmp_path):
         assert p.returncode == 0, p.stdout + p.stderr
 
 
-def test_metadata_is_committed_last(server, env, monkeypatch):
+def test_metadata_is_committed_last(s3_server, s3_env, monkeypatch):
     order = []
     real = fdcp._UrlFS.put
 
@@ -128,7 +115,7 @@ def test_metadata_is_committed_last(server, env, monkeypatch):
 
     monkeypatch.setattr(fdcp._UrlFS, "put", put)
     monkeypatch.setattr(fdcp.Writer, "_write_url", write_url)
-    url = server.url("runs/order")
+    url = s3_server.url("runs/order")
     save(state(), url)
     save(state(1), url)  # over an existing checkpoint: .metadata emptied first
     first, second = order[:len(order) // 2], order[len(order) // 2:]
@@ -137,10 +124,10 @@ def test_metadata_is_committed_last(server, env, monkeypatch):
     assert second[0] == (".metadata", 0) and second[-1][0] == ".metadata", second
 
 
-def test_failed_save_leaves_no_complete_checkpoint(server, env, monkeypatch):
-    url = server.url("runs/fail")
+def test_failed_save_leaves_no_complete_checkpoint(s3_server, s3_env, monkeypatch):
+    url = s3_server.url("runs/fail")
     save(state(), url)
-    before = server.get("runs/fail/__0_0.distcp")
+    before = s3_server.get("runs/fail/__0_0.distcp")
 
     def boom(self, ctx, planner, u, key, items):
         raise OSError("injected: upload failed")
@@ -149,13 +136,13 @@ def test_failed_save_leaves_no_complete_checkpoint(server, env, monkeypatch):
     # DCP wraps a rank's error: CheckpointException (a BaseException) naming the rank
     with pytest.raises(BaseException, match="injected"):
         save(state(1), url)
-    assert server.get("runs/fail/.metadata") == b""
-    assert server.get("runs/fail/__0_0.distcp") == before  # no half object
-    assert not server.uploads()
+    assert s3_server.get("runs/fail/.metadata") == b""
+    assert s3_server.get("runs/fail/__0_0.distcp") == before  # no half object
+    assert not s3_server.uploads()
     with pytest.raises(BaseException, match="did not finish"):
         load(zeros_like(state()), fdcp.Reader(url, context=_ctx()))
 
 
-def test_missing_checkpoint_on_s3(server, env):
+def test_missing_checkpoint_on_s3(s3_server, s3_env):
     with pytest.raises(BaseException, match="No such file"):  # raised, or wrapped by DCP
-        load(zeros_like(state()), fdcp.Reader(server.url("runs/none"), context=_ctx()))
+        load(zeros_like(state()), fdcp.Reader(s3_server.url("runs/none"), context=_ctx()))

@@ -6,9 +6,6 @@ conditional writes (501 NotImplemented) gives an error saying so and naming remo
 saves without the conditions. moto (which enforces both conditions) behind a proxy of the test's
 own that records the headers and plays the other writer. Started and stopped here."""
 import errno
-import http.client
-import http.server
-import threading
 
 import pytest
 
@@ -20,95 +17,45 @@ import ferry  # noqa: E402
 import _moto  # noqa: E402
 
 
-class Proxy:
+class Proxy(_moto.Proxy):
     """Forwards to moto; records (method, path, condition header); hook(method, path, headers) may
     act first (play another writer) and return (status, body) to answer instead of moto."""
 
     def __init__(self, upstream_port, hook=None):
         self.seen = []
         self.hook = hook
-        proxy = self
+        super().__init__(upstream_port)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *a):
-                pass
-
-            def _forward(self, method):
-                path = self.path.split("?")[0]
-                cond = self.headers.get("If-None-Match") or self.headers.get("If-Match")
-                proxy.seen.append((method, path, cond))
-                n = int(self.headers.get("Content-Length") or 0)
-                payload = self.rfile.read(n) if n else None
-                answer = proxy.hook(method, path, self.headers) if proxy.hook else None
-                if answer:
-                    status, body = answer
-                else:
-                    conn = http.client.HTTPConnection("127.0.0.1", upstream_port, timeout=30)
-                    headers = {k: v for k, v in self.headers.items() if k.lower() != "connection"}
-                    conn.request(method, self.path, body=payload, headers=headers)
-                    resp = conn.getresponse()
-                    status, body = resp.status, resp.read()
-                    hdrs = resp.getheaders()
-                    conn.close()
-                self.send_response(status)
-                if not answer:
-                    for k, v in hdrs:
-                        if k.lower() not in ("transfer-encoding", "connection", "content-length", "date", "server"):
-                            self.send_header(k, v)
-                clen = str(len(body))
-                if method == "HEAD" and not answer:
-                    clen = dict((k.lower(), v) for k, v in hdrs).get("content-length", "0")
-                self.send_header("Content-Length", clen)
-                self.end_headers()
-                if method != "HEAD":
-                    self.wfile.write(body)
-
-            def do_GET(self):
-                self._forward("GET")
-
-            def do_HEAD(self):
-                self._forward("HEAD")
-
-            def do_PUT(self):
-                self._forward("PUT")
-
-            def do_POST(self):
-                self._forward("POST")
-
-            def do_DELETE(self):
-                self._forward("DELETE")
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.endpoint = "http://127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def handle(self, h, method, payload):
+        path = h.path.split("?")[0]
+        cond = h.headers.get("If-None-Match") or h.headers.get("If-Match")
+        self.seen.append((method, path, cond))
+        answer = self.hook(method, path, h.headers) if self.hook else None
+        if answer:
+            status, body = answer
+        else:
+            status, hdrs, body = self.forward(h, method, payload)
+        h.send_response(status)
+        if not answer:
+            for k, v in hdrs:
+                if k.lower() not in _moto.HOP_HEADERS:
+                    h.send_header(k, v)
+        clen = str(len(body))
+        if method == "HEAD" and not answer:
+            clen = dict((k.lower(), v) for k, v in hdrs).get("content-length", "0")
+        h.send_header("Content-Length", clen)
+        h.end_headers()
+        if method != "HEAD":
+            h.wfile.write(body)
 
     def puts(self, suffix):
         return [c for m, p, c in self.seen if m == "PUT" and p.endswith(suffix)]
 
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = _moto.Server()
-    yield s
-    s.stop()
-
 
 @pytest.fixture
-def env(monkeypatch, tmp_path, server):
-    stage = tmp_path / "stage"
-    stage.mkdir()
-    monkeypatch.setenv("TMPDIR", str(stage))
-
-    def use(proxy):
-        _moto.use(monkeypatch, tmp_path, server, endpoint=proxy.endpoint)
-    return use
+def env(monkeypatch, s3_env):
+    """s3_env, pointed at a proxy by env(proxy)."""
+    return lambda proxy: monkeypatch.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
 
 
 def _ctx(**kw):
@@ -119,12 +66,12 @@ def _state(torch, v):
     return {"w": torch.full((4, 4), float(v))}
 
 
-def test_conditional_commits(server, env):
+def test_conditional_commits(s3_server, env):
     torch = need("torch")
-    proxy = Proxy(server.port)
+    proxy = Proxy(s3_server.port)
     env(proxy)
     try:
-        prefix = server.url("lock/plain")
+        prefix = s3_server.url("lock/plain")
         ferry.checkpoint.save(_state(torch, 1), prefix, 1, context=_ctx())
         ferry.checkpoint.save(_state(torch, 2), prefix, 2, context=_ctx(), keep=0)
         assert proxy.puts("/step-000000000001/manifest.json") == ["*"]
@@ -136,26 +83,26 @@ def test_conditional_commits(server, env):
         proxy.stop()
 
 
-def test_second_writer_of_a_manifest_refused(server, env):
+def test_second_writer_of_a_manifest_refused(s3_server, env):
     torch = need("torch")
-    proxy = Proxy(server.port)
+    proxy = Proxy(s3_server.port)
     env(proxy)
     try:
-        prefix = server.url("lock/manifest")
+        prefix = s3_server.url("lock/manifest")
         ferry.checkpoint.save(_state(torch, 1), prefix, 1, context=_ctx())
         # another job has committed step 2's manifest and not yet moved `latest`
         other = b'{"format":"ferry-checkpoint-1","step":2,"world":1,"run":"other","shards":[]}\n'
-        server.put("lock/manifest/step-000000000002/manifest.json", other)
+        s3_server.put("lock/manifest/step-000000000002/manifest.json", other)
         with pytest.raises(FileExistsError) as e:
             ferry.checkpoint.save(_state(torch, 2), prefix, 2, context=_ctx())
         assert "another writer" in str(e.value) and "manifest.json" in str(e.value), str(e.value)
-        assert server.get("lock/manifest/step-000000000002/manifest.json") == other  # not overwritten
-        assert server.get("lock/manifest/latest") == b"step-000000000001\n"
+        assert s3_server.get("lock/manifest/step-000000000002/manifest.json") == other  # not overwritten
+        assert s3_server.get("lock/manifest/latest") == b"step-000000000001\n"
     finally:
         proxy.stop()
 
 
-def test_latest_changed_under_the_commit(server, env):
+def test_latest_changed_under_the_commit(s3_server, env):
     torch = need("torch")
     state = {"raced": False}
 
@@ -163,27 +110,27 @@ def test_latest_changed_under_the_commit(server, env):
         # the other writer moves `latest` between this writer's read of it and its PUT
         if method == "PUT" and path.endswith("/lock/race/latest") and headers.get("If-Match") and not state["raced"]:
             state["raced"] = True
-            server.put("lock/race/latest", b"step-000000000009\n")
+            s3_server.put("lock/race/latest", b"step-000000000009\n")
         return None
 
-    proxy = Proxy(server.port, hook)
+    proxy = Proxy(s3_server.port, hook)
     env(proxy)
     try:
-        prefix = server.url("lock/race")
+        prefix = s3_server.url("lock/race")
         ferry.checkpoint.save(_state(torch, 1), prefix, 1, context=_ctx())
         with pytest.raises(FileExistsError) as e:
             ferry.checkpoint.save(_state(torch, 2), prefix, 2, context=_ctx())
         assert state["raced"] and "another writer" in str(e.value) and "latest" in str(e.value), str(e.value)
-        assert server.get("lock/race/latest") == b"step-000000000009\n"  # the other writer's stays
+        assert s3_server.get("lock/race/latest") == b"step-000000000009\n"  # the other writer's stays
         # `latest` naming a later step than this save's when it commits: refused, named
-        server.put("lock/race/latest", b"step-000000000001\n")
+        s3_server.put("lock/race/latest", b"step-000000000001\n")
         ferry.checkpoint.save(_state(torch, 3), prefix, 3, context=_ctx())
-        assert server.get("lock/race/latest") == b"step-000000000003\n"
+        assert s3_server.get("lock/race/latest") == b"step-000000000003\n"
     finally:
         proxy.stop()
 
 
-def test_store_without_conditional_writes(server, env):
+def test_store_without_conditional_writes(s3_server, env):
     torch = need("torch")
     body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>NotImplemented</Code>'
             b'<Message>A header you provided implies functionality that is not implemented</Message></Error>')
@@ -193,22 +140,22 @@ def test_store_without_conditional_writes(server, env):
             return 501, body
         return None
 
-    proxy = Proxy(server.port, hook)
+    proxy = Proxy(s3_server.port, hook)
     env(proxy)
     try:
-        prefix = server.url("lock/old-store")
+        prefix = s3_server.url("lock/old-store")
         with pytest.raises(OSError) as e:
             ferry.checkpoint.save(_state(torch, 1), prefix, 1, context=_ctx())
         assert e.value.errno == errno.EOPNOTSUPP and "remote_lock=0" in str(e.value) and \
             "does not support conditional writes" in str(e.value), str(e.value)
-        keys = server.keys("lock/old-store/")  # not committed: no manifest, no latest
+        keys = s3_server.keys("lock/old-store/")  # not committed: no manifest, no latest
         assert not [k for k in keys if k.endswith(("manifest.json", "latest"))], keys
         # remote_lock=0: the same save without the conditions (another prefix: ferry.checkpoint
         # keeps one handle, and its context, per directory)
         proxy.seen.clear()
-        prefix = server.url("lock/old-store-unlocked")
+        prefix = s3_server.url("lock/old-store-unlocked")
         ferry.checkpoint.save(_state(torch, 1), prefix, 1, context=_ctx(remote_lock=0))
         assert [c for m, p, c in proxy.seen if m in ("PUT", "POST") and c] == [], proxy.seen
-        assert server.get("lock/old-store-unlocked/latest") == b"step-000000000001\n"
+        assert s3_server.get("lock/old-store-unlocked/latest") == b"step-000000000001\n"
     finally:
         proxy.stop()
