@@ -7,15 +7,9 @@ scripts/gpu-check.sh (pytest -rs)."""
 
 import pytest
 
-import ferry
+import _gpu
 
-ok, why = ferry.gpu_available()
-if not ok:
-    pytest.skip("no usable GPU: %s" % why, allow_module_level=True)
-
-torch = pytest.importorskip("torch", reason="torch is not installed on this machine")
-if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+torch = _gpu.cuda_torch()
 
 import ferry.checkpoint as ck  # noqa: E402
 

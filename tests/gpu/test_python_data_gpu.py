@@ -5,15 +5,10 @@ tensors stay valid after the loader closes. Run by scripts/gpu-check.sh (pytest 
 import numpy as np
 import pytest
 
+import _gpu
 import ferry
 
-ok, why = ferry.gpu_available()
-if not ok:
-    pytest.skip("no usable GPU: %s" % why, allow_module_level=True)
-
-torch = pytest.importorskip("torch", reason="torch is not installed on this machine")
-if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+torch = _gpu.cuda_torch()
 
 N = 3001
 

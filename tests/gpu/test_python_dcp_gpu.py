@@ -12,15 +12,10 @@ import textwrap
 
 import pytest
 
+import _gpu
 import ferry
 
-ok, why = ferry.gpu_available()
-if not ok:
-    pytest.skip("no usable GPU: %s" % why, allow_module_level=True)
-
-torch = pytest.importorskip("torch", reason="torch is not installed on this machine")
-if not torch.cuda.is_available():
-    pytest.skip("torch sees no CUDA device", allow_module_level=True)
+torch = _gpu.cuda_torch()
 dist = pytest.importorskip("torch.distributed", reason="torch.distributed is not available")
 if not dist.is_available() or not dist.is_nccl_available() or not dist.is_gloo_available():
     pytest.skip("torch.distributed lacks nccl or gloo here", allow_module_level=True)
