@@ -10,23 +10,9 @@
 # Prints "TABLE name | figure | note" rows; the full output goes to $FERRY_LOG_DIR.
 #   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=1024 (bytes per data set)
 set -u
-B=${FERRY_BUILD_DIR:-build}
-case $B in /*) ;; *) B=$PWD/$B ;; esac
+source bench/nvcomp-env.sh test_cz_bench
 LOG=${FERRY_LOG_DIR:-/tmp/ferry-gpu-cz-read}
 mkdir -p "$LOG"
-prog=$B/tests/gpu/test_cz_bench
-if [ ! -x "$prog" ]; then
-	echo "skipped: $prog not built (configure with -DFERRY_GPU_TESTS=ON)"
-	exit 77
-fi
-# nvCOMP: the carried wheel's library (.whl/, unpacked, not installed) unless FERRY_NVCOMP_LIB names one.
-if [ -z "${FERRY_NVCOMP_LIB:-}" ]; then
-	whl=$(ls .whl/nvidia_libnvcomp_cu13-*.whl 2>/dev/null | head -n 1)
-	if [ -n "$whl" ] && python3 -m zipfile -e "$whl" "$B/nvcomp-whl" >/dev/null 2>&1; then
-		export FERRY_NVCOMP_LIB=$B/nvcomp-whl/nvidia/libnvcomp/lib64/libnvcomp.so.6
-	fi
-fi
-echo "FERRY_NVCOMP_LIB=${FERRY_NVCOMP_LIB:-unset, libnvcomp.so.6 from the library path}"
 WARM=/dev/shm/ferry-cz-bench-$$ COLD=${CZ_COLD_DIR:-$PWD/build-bench-disk/cz}
 mkdir -p "$WARM" "$COLD"
 trap 'rm -rf "$WARM" "$COLD"/cz-bench-*' EXIT
