@@ -145,12 +145,16 @@ def _nbytes(sd):
     return sum(t.numel() * t.element_size() for t in _tensors(sd))
 
 
+def _files(path):
+    """path itself, or every file under the directory path."""
+    return [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+
+
 def _warm(path):
     """Reads path (every file under a directory) once through the page cache, untimed, so that a
     warm load is one: ferry's writer writes with O_DIRECT, so a checkpoint it just wrote is not in
     the page cache (the "warm" rows had timed the disk: 1.37 GB/s for 8 GB on the H100)."""
-    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
-    for f in files:
+    for f in _files(path):
         with open(f, "rb", buffering=0) as r:
             while r.read(16 << 20):
                 pass
@@ -159,8 +163,7 @@ def _warm(path):
 def _evict(path):
     """Drops path's pages (every file under a directory) from the page cache: fsync, then
     POSIX_FADV_DONTNEED, which needs no root."""
-    files = [path] if os.path.isfile(path) else [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
-    for f in files:
+    for f in _files(path):
         fd = os.open(f, os.O_RDONLY)
         try:
             os.fsync(fd)

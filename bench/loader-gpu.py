@@ -124,21 +124,6 @@ def raw_ceiling(path, seconds, threads=8, chunk=8 << 20):
 # ------------------------------------------------------------------------------------ peers
 
 
-class Tokens(Dataset):
-    def __init__(self, path):
-        self.path = path
-        self.n = os.path.getsize(path) // (2 * SEQ)
-        self.mm = None
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        if self.mm is None:
-            self.mm = np.memmap(self.path, dtype=np.uint16, mode="r")
-        return torch.from_numpy(np.array(self.mm[i * SEQ:(i + 1) * SEQ]))
-
-
 def thread_cpu_s():
     """(whole process, the calling (consumer) thread) CPU seconds, from /proc/self/task/*/stat:
     the rest is the loader's pipeline threads, the I/O engine's workers, io_uring's io-wq threads
@@ -193,7 +178,7 @@ class Windows(Dataset):
 class TorchPeer:
     def __init__(self, bin_path, batch, shuffle, device, workers=8, seq=None):
         self.device = device
-        ds = Tokens(bin_path) if seq is None else Windows(bin_path, seq)
+        ds = Windows(bin_path, SEQ if seq is None else seq)
         self.dl = DataLoader(ds, batch_size=batch, shuffle=shuffle, num_workers=workers,
                              pin_memory=True, prefetch_factor=4, persistent_workers=True)
         self.it = None
