@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #define ZSTD_STATIC_LINKING_ONLY /* ZSTD_decompressBound */
 #include <zstd.h>
@@ -30,7 +31,7 @@ enum { GPU_AUTO, GPU_ON, GPU_OFF };
 static const char *const gpu_choices[] = {"auto", "on", "off", NULL};
 
 struct cz_knobs {
-	uint64_t chunk, level, threads, verify, gpu;
+	uint64_t chunk, level, threads, verify, gpu, window, gpu_min;
 };
 
 static uint64_t default_threads(void)
@@ -52,6 +53,10 @@ static const struct ferry__knob cz_rows[] = {
 	ROW("cz_verify", verify, BOOL, 1, 0, 1, .doc = "check each chunk's checksums when it is read"),
 	ROW("cz_gpu", gpu, ENUM, GPU_AUTO, 0, 2, .choices = gpu_choices, .env = "FERRY_CZ_GPU",
 	    .doc = "decode into device memory with nvCOMP: auto (zstd where loaded; LZ4 on the CPU), on (required, LZ4 too), off"),
+	ROW("cz_window", window, SIZE, 128u << 20, FERRY__CZ_CHUNK_MIN, 1ull << 30, .env = "FERRY_CZ_WINDOW",
+	    .doc = "largest batch of a read into device memory (uncompressed bytes): one nvCOMP call, one window of the pipeline"),
+	ROW("cz_gpu_min", gpu_min, UINT, 16, 1, 1u << 20, .env = "FERRY_CZ_GPU_MIN",
+	    .doc = "cz_gpu=auto: fewest chunks a read into device memory must cover for nvCOMP (fewer decode on the CPU)"),
 };
 #undef ROW
 static const char *cz_keys[sizeof(cz_rows) / sizeof(cz_rows[0]) + 1];
@@ -285,14 +290,14 @@ struct ferry_cz {
 	struct cz_knobs knobs;
 	uint64_t stored;
 	pthread_mutex_t lock; /* the device path's state and info */
-	char info[256];
-	int dev; /* the device of ring, pool, nvc; -1 none yet */
+	char info[320];
+	int dev; /* the device of ring, pool, slots; -1 none yet */
 	struct ferry__ring_gpu *ring;
 	struct ferry__pinned_pool *pool;
-	struct ferry__nvc *nvc;
-	uint64_t scratch;
-	size_t scratch_len;
+	struct cz_slot *slots; /* CZ_DEPTH, the device path's, kept between reads */
 };
+
+static void device_release(ferry_cz *z);
 
 static int read_exact(ferry_file *f, void *buf, size_t n, uint64_t off, const char *path, const char *what)
 {
@@ -387,11 +392,7 @@ void ferry_cz_destroy(ferry_cz *z)
 {
 	if (!z)
 		return;
-	if (z->scratch)
-		ferry__gpu_release(z->dev, z->scratch);
-	ferry__nvc_close(z->nvc);
-	ferry__ring_destroy(z->ring);
-	ferry__pinned_pool_destroy(z->pool);
+	device_release(z);
 	ferry_file_destroy(z->f);
 	ferry__cz_meta_free(&z->m);
 	pthread_mutex_destroy(&z->lock);
@@ -485,99 +486,153 @@ static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uin
 }
 
 /*
- * The compressed bytes of a read's windows of chunks, two buffers: the next window is read
- * (ferry_pread_async, the engine's workers) while the current one decodes, so storage and
- * decoding overlap. Device reads take pinned buffers from the reader's pool.
+ * The read pipeline. A read's chunks go in windows, CZ_DEPTH slots of them in flight: while one
+ * window is processed (decoded on the CPU threads; or, into device memory, its frames checked on
+ * the CPU threads and its copies and nvCOMP batch queued on the ring's stream), the compressed
+ * bytes of the next CZ_DEPTH - 1 are read by the engine's workers, and the GPU still runs the
+ * batch of the window before. A slot's buffers are reused only once its queued work has been
+ * retired (its ticket waited for, nvCOMP's results checked). Windows start small, so the first
+ * read is short, and double up to the window cap (cz_window on the device path). One stream
+ * synchronisation per window, never per chunk.
  */
-struct fetch {
-	ferry_cz *z;
-	uint64_t b, step;
-	bool pinned;
-	struct fetch_slot {
-		void *buf;
-		size_t cap, span;
-		int pin;
-		uint64_t i, n, c_off;
-		ferry_req *req;
-	} s[2];
+#define CZ_DEPTH 3
+
+struct cz_slot {
+	void *buf; /* the window's frames: pinned (device reads, from z->pool) or malloc'd */
+	size_t cap, span;
+	int pin;
+	uint64_t i, n, c_off;
+	ferry_req *req;
+	bool queued; /* GPU work that reads buf and ubuf is queued on the ring: retire first */
+	/* device reads only */
+	void *ubuf; /* bytes decoded on the CPU, bound for the GPU */
+	int upin;
+	uint64_t scratch; /* device: the frames nvCOMP reads, then outputs when not aligned */
+	size_t scratch_len;
+	struct ferry__nvc *nvc; /* one decoder per slot: a batch's arrays live until it is retired */
+	uint64_t *gl;           /* the chunks of nvCOMP's batch (ng), for the sizes it reports */
+	size_t *glen;
+	size_t ng, gcap;
 };
 
-static int fetch_start(struct fetch *f, int k, uint64_t i)
+struct cz_times {
+	double read_wait, host, gpu_wait; /* seconds the caller's thread spent on each */
+};
+
+static double mono(void)
 {
-	struct fetch_slot *s = &f->s[k];
-	const struct ferry__cz_meta *m = &f->z->m;
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+struct pipe {
+	ferry_cz *z;
+	struct cz_slot *s;
+	bool pinned;
+	uint64_t step, max_step;
+	int (*process)(void *arg, struct cz_slot *s);
+	int (*retire)(void *arg, struct cz_slot *s); /* waits for s's queued work; NULL: none queued */
+	void *arg;
+	struct cz_times t;
+};
+
+static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
+{
+	const struct ferry__cz_meta *m = &p->z->m;
 	s->i = i;
-	s->n = f->b - i < f->step ? f->b - i : f->step;
+	s->n = b - i < p->step ? b - i : p->step;
 	s->c_off = m->chunks[i].c_off;
 	s->span = (size_t)(m->chunks[i + s->n - 1].c_off + m->chunks[i + s->n - 1].c_size - s->c_off);
 	if (s->cap < s->span) {
-		if (f->pinned)
-			ferry__pinned_free(f->z->pool, s->buf);
+		if (p->pinned)
+			ferry__pinned_free(p->z->pool, s->buf);
 		else
 			free(s->buf);
 		s->buf = NULL, s->cap = 0;
-		int r = f->pinned ? ferry__pinned_alloc(f->z->pool, s->span, &s->buf, &s->pin)
+		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, s->span, &s->buf, &s->pin)
 				  : (s->buf = malloc(s->span)) ? 0 : -ENOMEM;
 		if (r)
-			return ferry__error(r, "%s: %zu bytes for compressed chunks", f->z->path, s->span);
+			return ferry__error(r, "%s: %zu bytes for compressed chunks", p->z->path, s->span);
 		s->cap = s->span;
 	}
-	int r = ferry_pread_async(f->z->f, s->buf, s->span, s->c_off, &s->req);
+	int r = ferry_pread_async(p->z->f, s->buf, s->span, s->c_off, &s->req);
 	if (r)
-		ferry__error_append("%s: reading chunks %llu to %llu", f->z->path, (unsigned long long)i,
+		ferry__error_append("%s: reading chunks %llu to %llu", p->z->path, (unsigned long long)i,
 				    (unsigned long long)(i + s->n - 1));
+	p->step = p->step * 2 < p->max_step ? p->step * 2 : p->max_step;
 	return r;
 }
 
-static int fetch_wait(struct fetch *f, int k)
+static int slot_wait(struct pipe *p, struct cz_slot *s)
 {
-	struct fetch_slot *s = &f->s[k];
 	if (!s->req)
 		return 0;
 	ssize_t got = ferry_req_wait(s->req, -1);
 	ferry_req_destroy(s->req);
 	s->req = NULL;
 	if (got < 0) {
-		ferry__error_append("%s: reading chunks %llu to %llu", f->z->path, (unsigned long long)s->i,
+		ferry__error_append("%s: reading chunks %llu to %llu", p->z->path, (unsigned long long)s->i,
 				    (unsigned long long)(s->i + s->n - 1));
 		return (int)got;
 	}
 	if ((size_t)got != s->span)
 		return ferry__error(FERRY_ECORRUPT, "%s: chunks %llu to %llu at offset %llu: %zd of %zu bytes before the end of the file (truncated?)",
-				    f->z->path, (unsigned long long)s->i, (unsigned long long)(s->i + s->n - 1),
+				    p->z->path, (unsigned long long)s->i, (unsigned long long)(s->i + s->n - 1),
 				    (unsigned long long)s->c_off, got, s->span);
 	return 0;
 }
 
-static void fetch_end(struct fetch *f)
+static int slot_retire(struct pipe *p, struct cz_slot *s)
 {
-	for (int k = 0; k < 2; k++) {
-		if (f->s[k].req) {
-			(void)ferry_req_wait(f->s[k].req, -1);
-			ferry_req_destroy(f->s[k].req);
-		}
-		if (f->pinned)
-			ferry__pinned_free(f->z->pool, f->s[k].buf);
-		else
-			free(f->s[k].buf);
-	}
+	if (!s->queued)
+		return 0;
+	double t = mono();
+	s->queued = false;
+	int r = p->retire(p->arg, s);
+	p->t.gpu_wait += mono() - t;
+	return r;
 }
 
-/* Runs fn on each window of [a, b) in order, its compressed bytes read ahead. */
-static int each_window(ferry_cz *z, uint64_t a, uint64_t b, bool pinned,
-		       int (*fn)(void *arg, const struct fetch_slot *s), void *arg)
+/* Runs p->process on each window of [a, b) in order; the slots' buffers stay in p->s. */
+static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 {
-	struct fetch f = {.z = z, .b = b, .step = window_chunks(z), .pinned = pinned};
-	int r = a < b ? fetch_start(&f, 0, a) : 0, k = 0;
-	for (uint64_t i = a; i < b && !r; i += f.step, k ^= 1) {
-		if (i + f.step < b)
-			r = fetch_start(&f, k ^ 1, i + f.step);
-		int w = fetch_wait(&f, k);
-		r = w ? w : r;
+	uint64_t next = a, w_read = 0, w_done = 0;
+	int r = 0;
+	while (!r && (next < b || w_done < w_read)) {
+		while (!r && next < b && w_read < w_done + CZ_DEPTH - 1) {
+			struct cz_slot *s = &p->s[w_read % CZ_DEPTH];
+			if (!(r = slot_retire(p, s)) && !(r = slot_start(p, s, next, b))) {
+				next += s->n;
+				w_read++;
+			}
+		}
+		if (r || w_done == w_read)
+			break;
+		struct cz_slot *s = &p->s[w_done % CZ_DEPTH];
+		double t = mono();
+		r = slot_wait(p, s);
+		double t2 = mono();
+		p->t.read_wait += t2 - t;
 		if (!r)
-			r = fn(arg, &f.s[k]);
+			r = p->process(p->arg, s);
+		p->t.host += mono() - t2;
+		w_done++;
 	}
-	fetch_end(&f);
+	/* what is still in flight, oldest first: reads, then queued work (errors after the first dropped) */
+	for (uint64_t w = w_done; w < w_read; w++) {
+		struct cz_slot *s = &p->s[w % CZ_DEPTH];
+		if (s->req) {
+			(void)ferry_req_wait(s->req, -1);
+			ferry_req_destroy(s->req);
+			s->req = NULL;
+		}
+	}
+	for (uint64_t k = 0; k < CZ_DEPTH; k++) {
+		struct cz_slot *s = &p->s[(w_done + k) % CZ_DEPTH];
+		int q = slot_retire(p, s);
+		r = r ? r : q;
+	}
 	return r;
 }
 
@@ -588,7 +643,7 @@ struct host_read {
 	size_t len;
 };
 
-static int host_window(void *arg, const struct fetch_slot *s)
+static int host_window(void *arg, struct cz_slot *s)
 {
 	struct host_read *h = arg;
 	struct window w = {h->z, s->buf, s->c_off, s->i, h->off, h->len, h->buf, NULL};
@@ -600,8 +655,38 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 	uint64_t a, b;
 	cover(z, off, &len, &a, &b);
 	struct host_read h = {z, buf, off, len};
-	int r = each_window(z, a, b, false, host_window, &h);
+	struct cz_slot s[CZ_DEPTH];
+	memset(s, 0, sizeof(s));
+	uint64_t max = window_chunks(z);
+	struct pipe p = {.z = z, .s = s, .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
+			 .process = host_window, .arg = &h};
+	int r = pipe_run(&p, a, b);
+	for (int k = 0; k < CZ_DEPTH; k++)
+		free(s[k].buf);
 	return r ? r : (ssize_t)len;
+}
+
+/* Every device resource of z (slots, ring, pool); the ring is drained first. Under z->lock. */
+static void device_release(ferry_cz *z)
+{
+	if (z->ring)
+		(void)ferry__ring_drain(z->ring);
+	for (int k = 0; z->slots && k < CZ_DEPTH; k++) {
+		struct cz_slot *s = &z->slots[k];
+		if (s->scratch)
+			ferry__gpu_release(z->dev, s->scratch);
+		ferry__nvc_close(s->nvc);
+		if (z->pool) {
+			ferry__pinned_free(z->pool, s->buf);
+			ferry__pinned_free(z->pool, s->ubuf);
+		}
+		free(s->gl), free(s->glen);
+	}
+	free(z->slots);
+	z->slots = NULL;
+	ferry__ring_destroy(z->ring);
+	ferry__pinned_pool_destroy(z->pool);
+	z->ring = NULL, z->pool = NULL;
 }
 
 /* The device path's resources on device dev; under z->lock. */
@@ -609,15 +694,11 @@ static int device_setup(ferry_cz *z, int dev)
 {
 	if (z->dev == dev && z->ring)
 		return 0;
-	if (z->scratch)
-		ferry__gpu_release(z->dev, z->scratch);
-	z->scratch = 0, z->scratch_len = 0;
-	ferry__nvc_close(z->nvc);
-	ferry__ring_destroy(z->ring);
-	ferry__pinned_pool_destroy(z->pool);
-	z->nvc = NULL, z->ring = NULL, z->pool = NULL;
+	device_release(z);
 	z->dev = dev;
-	int r = ferry__ring_create(dev, 1, 0, &z->ring);
+	if (!(z->slots = calloc(CZ_DEPTH, sizeof(*z->slots))))
+		return ferry__error(-ENOMEM, "%s: device read slots", z->path);
+	int r = ferry__ring_create(dev, CZ_DEPTH, 0, &z->ring);
 	if (!r)
 		r = ferry__pinned_pool_create(0, dev, &z->pool);
 	return r;
@@ -667,28 +748,51 @@ static int check_one(void *arg, size_t k)
 	return r;
 }
 
+/* Device memory of at least need bytes at *at (grown, kept). */
+static int scratch_grow(ferry_cz *z, uint64_t *at, size_t *len, size_t need)
+{
+	if (*len >= need)
+		return 0;
+	if (*at)
+		ferry__gpu_release(z->dev, *at);
+	*at = 0, *len = 0;
+	int r = ferry__gpu_alloc(z->dev, need, at);
+	if (!r)
+		*len = need;
+	return r;
+}
+
 /*
- * One window into device memory at dptr (the bytes from off): the frames read into pinned memory;
- * with nvCOMP, the chunks inside the range decoded on the GPU from a device copy of the frames,
- * stored ones copied straight from their payload, the partial ones at the range's ends decoded on
- * the CPU; without it, every chunk decoded on the CPU into pinned memory and copied.
+ * One window into device memory at dptr (the bytes from off), queued on the ring, ticket = the
+ * slot's number; nothing waited for. The frames are in pinned memory (s->buf); with nvCOMP, the
+ * chunks inside the range decoded on the GPU from a device copy of the frames, stored ones copied
+ * straight from their payload, the partial ones at the range's ends decoded on the CPU; without
+ * it, every chunk decoded on the CPU threads into pinned memory and copied.
  */
-static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, uint64_t i0, uint64_t n,
-			 void *cbuf, int cpin, bool gpu, uint64_t *on_gpu, uint64_t *on_cpu, int *refused)
+static int device_enqueue(ferry_cz *z, struct cz_slot *s, unsigned ticket, uint64_t dptr, uint64_t off,
+			  size_t len, bool gpu, uint64_t *on_gpu, uint64_t *on_cpu, int *refused)
 {
 	const struct ferry__cz_meta *m = &z->m;
+	const uint64_t i0 = s->i, n = s->n;
+	const uint8_t *cbuf = s->buf;
 	const struct ferry__cz_chunk *e0 = &m->chunks[i0], *e1 = &m->chunks[i0 + n - 1];
 	uint64_t wlo = e0->u_off > off ? e0->u_off : off;
 	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
-	void *ubuf = NULL;
-	int upin = 0, r;
-	uint64_t *gl = calloc(n, sizeof(*gl) * 2);
-	struct ferry__ring_piece *pieces = calloc(n * (FERRY__CZ_CHUNK_MAX / FERRY__CZ_ZSTD_RAW_BLOCK + 2), sizeof(*pieces));
-	if (!gl || !pieces) {
-		r = ferry__error(-ENOMEM, "%s: device read of %llu chunks", z->path, (unsigned long long)n);
-		goto out;
+	int r;
+	s->ng = 0;
+	if (s->gcap < n) {
+		free(s->gl), free(s->glen);
+		s->gl = malloc(n * sizeof(*s->gl) * 2);
+		s->glen = malloc(n * sizeof(*s->glen) * 3);
+		s->gcap = s->gl && s->glen ? n : 0;
 	}
-	uint64_t *cl = gl + n; /* chunks the CPU decodes */
+	uint64_t *cl = s->gl ? s->gl + n : NULL; /* chunks the CPU decodes */
+	struct ferry__ring_piece *pieces = calloc(n * (FERRY__CZ_CHUNK_MAX / FERRY__CZ_ZSTD_RAW_BLOCK + 2) + n, sizeof(*pieces));
+	if (!s->gcap || !pieces) {
+		free(pieces);
+		return ferry__error(-ENOMEM, "%s: device read of %llu chunks", z->path, (unsigned long long)n);
+	}
+	uint64_t *gl = s->gl;
 	size_t ng = 0, nc = 0, np = 0;
 	for (uint64_t k = 0; k < n; k++) {
 		const struct ferry__cz_chunk *e = &m->chunks[i0 + k];
@@ -696,7 +800,7 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 		if (gpu && whole && !(e->flags & FERRY__CZ_STORED))
 			gl[ng++] = i0 + k;
 		else if (gpu && whole) {
-			const uint8_t *f = (const uint8_t *)cbuf + (e->c_off - e0->c_off);
+			const uint8_t *f = cbuf + (e->c_off - e0->c_off);
 			uint64_t d = dptr + (e->u_off - off);
 			if (m->codec == FERRY__CZ_LZ4) {
 				pieces[np++] = (struct ferry__ring_piece){d, f + FERRY__CZ_LZ4_PAYLOAD, e->u_size};
@@ -711,53 +815,55 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 		} else
 			cl[nc++] = i0 + k;
 	}
-	{ /* nvCOMP's frames, always (check_one says why); the GPU cannot check the decoded bytes */
-		struct check_job cj = {z, cbuf, e0->c_off, gl};
-		if ((r = ferry__cz_parallel(ng, (unsigned)z->knobs.threads, check_one, &cj)))
-			goto out;
-	}
-	if (gpu) { /* stored chunks: their frames are checked while decoding the CPU list below */
-		size_t k = 0;
+	if (gpu) { /* nvCOMP's frames, always (check_one says why), and the stored ones the copy decodes
+		    * (when cz_verify), on the CPU threads: the GPU cannot check the bytes */
+		size_t k = 0, nchk = ng;
 		for (size_t q = 0; q < nc; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
 			bool whole = e->u_off >= off && e->u_off + e->u_size <= off + len;
-			if (whole && z->knobs.verify && (r = ferry__cz_check_frame(m, cl[q], (const uint8_t *)cbuf + (e->c_off - e0->c_off), z->path)))
-				goto out;
+			if (whole && z->knobs.verify)
+				gl[nchk++] = cl[q]; /* after nvCOMP's list, in gl's room (ng + nc <= n) */
 			if (!whole)
 				cl[k++] = cl[q];
 		}
 		nc = k;
+		struct check_job cj = {z, cbuf, e0->c_off, gl};
+		if ((r = ferry__cz_parallel(nchk, (unsigned)z->knobs.threads, check_one, &cj)))
+			goto out;
 	}
 	/* CPU-decoded bytes into pinned memory: with nvCOMP, only the partial chunks at the read's
 	 * ends (at most two), each in its own piece of ubuf; without, the whole window */
+	size_t total = 0;
 	if (nc && gpu) {
-		size_t total = 0, at = 0;
 		for (size_t q = 0; q < nc; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
 			uint64_t lo = e->u_off > off ? e->u_off : off;
 			uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
 			total += (size_t)(hi - lo);
 		}
-		if ((r = ferry__pinned_alloc(z->pool, total, &ubuf, &upin)))
-			goto out;
+	} else if (nc)
+		total = (size_t)(whi - wlo);
+	if (total && (r = ferry__pinned_alloc(z->pool, total, &s->ubuf, &s->upin)))
+		goto out;
+	if (nc && gpu) {
+		size_t at = 0;
 		for (size_t q = 0; q < nc; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[cl[q]];
 			uint64_t lo = e->u_off > off ? e->u_off : off;
 			uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
-			struct window w = {z, cbuf, e0->c_off, 0, lo, (size_t)(hi - lo), (uint8_t *)ubuf + at, &cl[q]};
+			struct window w = {z, cbuf, e0->c_off, 0, lo, (size_t)(hi - lo), (uint8_t *)s->ubuf + at, &cl[q]};
 			if ((r = decode_one(&w, 0)))
 				goto out;
-			pieces[np++] = (struct ferry__ring_piece){dptr + (lo - off), (uint8_t *)ubuf + at, hi - lo};
+			pieces[np++] = (struct ferry__ring_piece){dptr + (lo - off), (uint8_t *)s->ubuf + at, hi - lo};
 			at += (size_t)(hi - lo);
 		}
 	} else if (nc) {
-		if ((r = ferry__pinned_alloc(z->pool, (size_t)(whi - wlo), &ubuf, &upin)))
-			goto out;
-		struct window w = {z, cbuf, e0->c_off, 0, wlo, (size_t)(whi - wlo), ubuf, cl};
+		struct window w = {z, cbuf, e0->c_off, 0, wlo, (size_t)(whi - wlo), s->ubuf, cl};
 		if ((r = ferry__cz_parallel(nc, (unsigned)z->knobs.threads, decode_one, &w)))
 			goto out;
-		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), ubuf, (size_t)(whi - wlo)};
+		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), s->ubuf, (size_t)(whi - wlo)};
 	}
+	bool upinned = s->pin && (s->upin || !s->ubuf);
 	if (ng) {
 		/* nvCOMP wants each input and output aligned (8 bytes for zstd): the frames go to the
 		 * scratch at 256-byte boundaries, and where the destination's chunks are not 16-byte
@@ -776,33 +882,26 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 			*refused = 1;
 			goto out;
 		}
-		if (z->scratch_len < need) {
-			if (z->scratch)
-				ferry__gpu_release(z->dev, z->scratch);
-			z->scratch = 0, z->scratch_len = 0;
-			if ((r = ferry__gpu_alloc(z->dev, need, &z->scratch)))
-				goto out;
-			z->scratch_len = need;
-		}
-		if (!z->nvc && (r = ferry__nvc_open(z->dev, m->codec, &z->nvc))) {
+		if ((r = scratch_grow(z, &s->scratch, &s->scratch_len, need)))
+			goto out;
+		if (!s->nvc && (r = ferry__nvc_open(z->dev, m->codec, &s->nvc))) {
 			*refused = 1;
 			goto out;
 		}
 		uint64_t *src = calloc(ng, sizeof(*src) * 3);
-		size_t *slen = calloc(ng, sizeof(*slen) * 2);
 		struct ferry__ring_piece *in = calloc(ng, sizeof(*in));
-		if (!src || !slen || !in) {
-			free(src), free(slen), free(in);
+		if (!src || !in) {
+			free(src), free(in);
 			r = ferry__error(-ENOMEM, "%s: nvCOMP batch of %zu chunks", z->path, ng);
 			goto out;
 		}
 		uint64_t *dst = src + ng, *out_at = src + 2 * ng;
-		size_t *cap = slen + ng;
-		uint64_t at = z->scratch;
+		size_t *slen = s->glen, *cap = s->glen + ng;
+		uint64_t at = s->scratch;
 		for (size_t q = 0; q < ng; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[gl[q]];
 			slen[q] = m->codec == FERRY__CZ_LZ4 ? e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4 : e->c_size;
-			in[q] = (struct ferry__ring_piece){at, (const uint8_t *)cbuf + (e->c_off - e0->c_off) + e->payload_off, slen[q]};
+			in[q] = (struct ferry__ring_piece){at, cbuf + (e->c_off - e0->c_off) + e->payload_off, slen[q]};
 			src[q] = at;
 			at += (slen[q] + 255) & ~(size_t)255;
 			dst[q] = dptr + (e->u_off - off);
@@ -813,42 +912,62 @@ static int device_window(ferry_cz *z, uint64_t dptr, uint64_t off, size_t len, u
 			if (!direct)
 				at += (cap[q] + 255) & ~(size_t)255;
 		}
-		r = copy_pieces(z, in, ng, cpin);
+		r = copy_pieces(z, in, ng, s->pin);
 		if (!r) {
-			r = ferry__nvc_decompress(z->nvc, ferry__ring_stream(z->ring), ng, src, slen, out_at, cap);
+			r = ferry__nvc_decompress(s->nvc, ferry__ring_stream(z->ring), ng, src, slen, out_at, cap);
 			if (r == -EINVAL || r == -ENOTSUP) /* refused before anything ran: the CPU does it */
 				*refused = 1;
 		}
 		for (size_t q = 0; q < ng && !r && !direct; q++)
 			r = ferry__ring_d2d(z->ring, z->dev, dst[q], out_at[q], cap[q]);
+		free(src), free(in);
 		if (!r)
-			r = copy_pieces(z, pieces, np, cpin && (upin || !ubuf));
-		if (!r)
-			r = ferry__ring_drain(z->ring);
-		if (!r) {
-			r = ferry__nvc_finish(z->nvc, slen);
-			for (size_t q = 0; q < ng && !r; q++)
-				if (slen[q] != cap[q])
-					r = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu: nvCOMP decoded %zu bytes, the index says %zu",
-							 z->path, (unsigned long long)gl[q], slen[q], cap[q]);
-			if (r)
-				ferry__error_append("%s: chunks %llu to %llu on the GPU", z->path,
-						    (unsigned long long)gl[0], (unsigned long long)gl[ng - 1]);
-		}
-		free(src), free(slen), free(in);
-	} else if (np) {
-		if (!(r = copy_pieces(z, pieces, np, cpin && (upin || !ubuf))))
-			r = ferry__ring_drain(z->ring);
+			s->ng = ng;
 	}
+	if (!r)
+		r = copy_pieces(z, pieces, np, upinned);
+	if (!r)
+		r = ferry__ring_record(z->ring, ticket);
 	if (!r) {
+		s->queued = true;
 		*on_gpu += ng;
 		*on_cpu += n - ng;
 	}
 out:
-	if (r)
-		ferry__ring_drain(z->ring); /* nothing may still read cbuf or ubuf when they go back */
-	ferry__pinned_free(z->pool, ubuf);
-	free(gl), free(pieces);
+	if (r) {
+		(void)ferry__ring_drain(z->ring); /* nothing may still read buf or ubuf */
+		if (s->ng) {
+			(void)ferry__nvc_finish(s->nvc, NULL);
+			s->ng = 0;
+		}
+		ferry__pinned_free(z->pool, s->ubuf);
+		s->ubuf = NULL;
+	}
+	free(pieces);
+	return r;
+}
+
+/* Waits for slot s's queued work (its ticket), then checks what nvCOMP reported for its batch. */
+static int device_retire(ferry_cz *z, struct cz_slot *s, unsigned ticket)
+{
+	int r = ferry__ring_sync(z->ring, ticket);
+	r = r < 0 ? r : 0;
+	if (s->ng) {
+		size_t ng = s->ng, *slen = s->glen, *cap = s->glen + ng;
+		int q = ferry__nvc_finish(s->nvc, slen);
+		for (size_t k = 0; k < ng && !q && !r; k++)
+			if (slen[k] != cap[k])
+				q = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu: nvCOMP decoded %zu bytes, the index says %zu",
+						 z->path, (unsigned long long)s->gl[k], slen[k], cap[k]);
+		if (q && !r) {
+			ferry__error_append("%s: chunks %llu to %llu on the GPU", z->path, (unsigned long long)s->gl[0],
+					    (unsigned long long)s->gl[ng - 1]);
+			r = q;
+		}
+		s->ng = 0;
+	}
+	ferry__pinned_free(z->pool, s->ubuf);
+	s->ubuf = NULL;
 	return r;
 }
 
@@ -863,20 +982,25 @@ struct dev_read {
 	const char *why; /* set when nvCOMP refused a batch */
 };
 
-static int dev_window(void *arg, const struct fetch_slot *s)
+static int dev_window(void *arg, struct cz_slot *s)
 {
 	struct dev_read *d = arg;
 	int refused = 0;
-	int r = device_window(d->z, d->dptr, d->off, d->len, s->i, s->n, s->buf, s->pin, d->gpu, &d->on_gpu,
-			      &d->on_cpu, &refused);
+	unsigned ticket = (unsigned)(s - d->z->slots);
+	int r = device_enqueue(d->z, s, ticket, d->dptr, d->off, d->len, d->gpu, &d->on_gpu, &d->on_cpu, &refused);
 	if (r && refused) { /* nvCOMP turned the batch down before it ran: the CPU decodes */
 		snprintf(d->whybuf, d->whylen, "refused: %s", ferry_last_error());
 		d->why = d->whybuf;
 		d->gpu = false;
-		r = device_window(d->z, d->dptr, d->off, d->len, s->i, s->n, s->buf, s->pin, false, &d->on_gpu,
-				  &d->on_cpu, &refused);
+		r = device_enqueue(d->z, s, ticket, d->dptr, d->off, d->len, false, &d->on_gpu, &d->on_cpu, &refused);
 	}
 	return r;
+}
+
+static int dev_retire(void *arg, struct cz_slot *s)
+{
+	struct dev_read *d = arg;
+	return device_retire(d->z, s, (unsigned)(s - d->z->slots));
 }
 
 static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uint64_t off)
@@ -884,7 +1008,7 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	uint64_t a, b;
 	cover(z, off, &len, &a, &b);
 	const char *why = NULL;
-	char whybuf[200];
+	char whybuf[200], smallbuf[120];
 	bool gpu = false;
 	uint64_t on_gpu = 0, on_cpu = 0;
 	if (z->knobs.gpu == GPU_OFF)
@@ -899,24 +1023,41 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	if (!gpu && z->knobs.gpu == GPU_ON)
 		return ferry__error(FERRY_EBACKEND, "%s: cz_gpu=on, but nvCOMP cannot decode %s here: %s", z->path,
 				    ferry_cz_codec_name(z->m.codec), why ? why : "unknown");
+	if (gpu && z->knobs.gpu == GPU_AUTO && b - a < z->knobs.gpu_min) {
+		/* a small batch: one nvCOMP launch and its synchronisation cost more than the CPU
+		 * threads take for a few chunks (docs/CONFIG.md, cz_gpu_min: measured) */
+		snprintf(smallbuf, sizeof(smallbuf), "%llu chunks, fewer than cz_gpu_min=%llu", (unsigned long long)(b - a),
+			 (unsigned long long)z->knobs.gpu_min);
+		why = smallbuf;
+		gpu = false;
+	}
 	pthread_mutex_lock(&z->lock);
 	void *prev = NULL; /* the caller's thread keeps its own current context */
+	double t0 = mono(), setup = 0;
+	uint64_t max = z->knobs.window / z->m.chunk_size ? z->knobs.window / z->m.chunk_size : 1;
+	struct pipe p = {.z = z, .pinned = true, .step = z->knobs.threads < max ? z->knobs.threads : max,
+			 .max_step = max, .process = dev_window, .retire = dev_retire};
 	int r = ferry__gpu_enter(dev, &prev);
 	if (!r) {
 		r = device_setup(z, dev);
+		setup = mono() - t0;
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
+		p.s = z->slots, p.arg = &d;
 		if (!r)
-			r = each_window(z, a, b, true, dev_window, &d);
+			r = pipe_run(&p, a, b);
 		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;
 		if (d.why)
 			why = d.why;
 		ferry__gpu_leave(prev);
 	}
+	char times[112];
+	snprintf(times, sizeof(times), "; %.1f ms: setup %.1f, read wait %.1f, host %.1f, gpu wait %.1f",
+		 (mono() - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, p.t.gpu_wait * 1e3);
 	if (!r && gpu)
-		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial)",
-			 (unsigned long long)on_gpu, (unsigned long long)on_cpu);
+		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial)%s",
+			 (unsigned long long)on_gpu, (unsigned long long)on_cpu, times);
 	else if (!r)
-		snprintf(z->info, sizeof(z->info), "cpu (nvcomp: %s)", why ? why : "not available");
+		snprintf(z->info, sizeof(z->info), "cpu (nvcomp: %s)%s", why && *why ? why : "not available", times);
 	pthread_mutex_unlock(&z->lock);
 	return r ? r : (ssize_t)len;
 }

@@ -2,7 +2,9 @@
  * file and ranges that cross chunk boundaries and end at the end, decoded with cz_gpu=off (the CPU
  * and the copy ring) and cz_gpu=auto (nvCOMP where it is loaded), each compared with the data; the
  * file mixes compressible chunks with a stored (random) one. Prints the path each read took. With
- * cz_gpu=on, a machine without nvCOMP must refuse (FERRY_EBACKEND) rather than fall back. */
+ * cz_gpu=on, a machine without nvCOMP must refuse (FERRY_EBACKEND) rather than fall back. Reads go
+ * through the pipeline in windows of 1-2 chunks (several in flight); a read of fewer chunks than
+ * cz_gpu_min decodes on the CPU under auto and says so. */
 #include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "ferry_test.h"
@@ -74,6 +76,11 @@ int main(void)
 			char what[64];
 			snprintf(what, sizeof(what), "%s cz_gpu=%s", ferry_cz_codec_name(codec), g ? "auto" : "off");
 			T_EQ_INT(ferry_cz_set(z, "cz_gpu", g ? "auto" : "off"), 0);
+			/* every read nvCOMP's, however small; windows of 1, 2, 2, ... chunks, so the
+			 * pipeline has several in flight and reuses its slots within one read */
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_threads", "1"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_window", "512k"), 0);
 			check(z, dev, data, n, 0, n, what);
 			check(z, dev, data, n, cs - 5, 2 * cs + 10, what);   /* partial, whole, whole, partial */
 			check(z, dev, data, n, 3 * cs + 1, 3 * cs, what);      /* across the stored chunk */
@@ -87,6 +94,19 @@ int main(void)
 				T_CHECK(strstr(info, "LZ4 decodes on the CPU unless cz_gpu=on") != NULL);
 			else if (getenv("FERRY_CZ_EXPECT_NVCOMP")) /* the fakes' run: nvCOMP is there */
 				T_CHECK(strncmp(info, "nvcomp (", 8) == 0);
+		}
+		/* a small read under auto: the CPU, saying why (cz_gpu_min); on: nvCOMP whatever the size */
+		T_EQ_INT(ferry_cz_set(z, "cz_gpu", "auto"), 0);
+		T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "4"), 0);
+		T_EQ_INT(ferry_cz_set(z, "cz_threads", "4"), 0);
+		check(z, dev, data, n, cs, 3 * cs, "small read (3 chunks)");
+		if (codec == FERRY_CZ_ZSTD && getenv("FERRY_CZ_EXPECT_NVCOMP")) {
+			char info[256];
+			ferry_cz_path_info(z, info, sizeof(info));
+			T_CHECK(strstr(info, "cpu (nvcomp: 3 chunks, fewer than cz_gpu_min=4)") == info);
+			check(z, dev, data, n, cs, 4 * cs, "read of 4 chunks");
+			ferry_cz_path_info(z, info, sizeof(info));
+			T_CHECK(strncmp(info, "nvcomp (", 8) == 0);
 		}
 		/* cz_gpu=on: nvCOMP or a refusal that says why, never a silent CPU decode */
 		T_EQ_INT(ferry_cz_set(z, "cz_gpu", "on"), 0);
