@@ -9,14 +9,17 @@
 #include <string.h>
 
 #include "gpu/ring.h"
+#include "gpu/scatter.h"
 #include "gpu/shim.h"
 #include "engine/engine.h"
 #include "engine/publish.h"
 
 /*
  * Small reads into device memory are gathered (issue 22): their copies are queued together, in
- * one cuMemcpyBatchAsync where the driver has it, else in one cuMemcpyHtoDAsync per run of pieces
- * whose destinations follow on (packed into the run's first slot), with one ticket for all. A
+ * one launch of the scatter kernel (gpu/scatter.h), which reads every piece from its slot through
+ * the slots' mapping on the device and writes it to its place; where the kernel is not loaded
+ * (yet), in one cuMemcpyBatchAsync where the driver has it, else in one cuMemcpyHtoDAsync per run
+ * of pieces whose destinations follow on (packed into the run's first slot); one ticket for all. A
  * gathered chunk sits in the GPU list with ticket GATHERING until the gather is flushed: when the
  * queue has no resident chunk left to copy in this thread, when a blocking wait comes, when another
  * chunk's copy is recorded, or when it is full.
@@ -37,7 +40,13 @@ struct ferry__ioq_gpu {
 	unsigned ngather;
 	int gather_dev;
 	struct ferry__ring_piece *pieces;
+	struct ferry__scatter_piece *scatter;
+	/* the slots' address in each device's kernels (cuMemHostGetDevicePointer); 0: not asked yet,
+	 * SLOTS_UNMAPPED: the driver gave none */
+	uint64_t slot_dptr[FERRY__MAX_GPUS];
+	bool scatter_fallback_counted;
 };
+#define SLOTS_UNMAPPED UINT64_MAX
 
 static const char *const path_names[] = {
 	[FERRY__P_HOST] = "host",
@@ -215,12 +224,14 @@ static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct fer
 			g->ticket = calloc(q->depth, sizeof(*g->ticket));
 			g->gather = calloc(q->depth, sizeof(*g->gather));
 			g->pieces = calloc(q->depth, sizeof(*g->pieces));
+			g->scatter = calloc(q->depth, sizeof(*g->scatter));
 		}
-		if (!g || !g->ticket || !g->gather || !g->pieces) {
+		if (!g || !g->ticket || !g->gather || !g->pieces || !g->scatter) {
 			if (g) {
 				free(g->ticket);
 				free(g->gather);
 				free(g->pieces);
+				free(g->scatter);
 				free(g);
 			}
 			c->result = ferry__error(-ENOMEM, "GPU queue state");
@@ -234,8 +245,14 @@ static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct fer
 	}
 	if (!g->pin_tried && q->slot_mem) {
 		g->pin_tried = true;
+		/* mapped too, for the scatter kernel to read the slots; without the mapping (a device
+		 * that cannot map host memory) they are pinned all the same */
 		ferry__CUresult r = cu->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
-							FERRY__CU_MEMHOSTREGISTER_PORTABLE);
+							FERRY__CU_MEMHOSTREGISTER_PORTABLE |
+								   FERRY__CU_MEMHOSTREGISTER_DEVICEMAP);
+		if (r != FERRY__CUDA_SUCCESS)
+			r = cu->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
+						   FERRY__CU_MEMHOSTREGISTER_PORTABLE);
 		g->pinned = r == FERRY__CUDA_SUCCESS;
 		if (!g->pinned) {
 			/* Copies from pageable memory still work, synchronously and slower: count it. */
@@ -284,27 +301,91 @@ static void gather_pack(struct ferry__ioq *q, struct ferry__ring_piece *p, unsig
 	}
 }
 
+/* The kernel cannot serve this queue's gathers on dev: counted once per queue (DESIGN.md
+ * decision 3), the reason logged. */
+static void scatter_fallback(struct ferry__ioq *q, int dev, const char *why)
+{
+	struct ferry__ioq_gpu *g = q->gpu;
+
+	if (g->scatter_fallback_counted)
+		return;
+	g->scatter_fallback_counted = true;
+	ferry__stat_add(q->ctx, FERRY_STAT_FALLBACKS, 1);
+	FERRY__LOG(FERRY__LOG_INFO, "gathered copies to device %d go without the scatter kernel: %s", dev, why);
+}
+
+/*
+ * The gather's copies in launches of the scatter kernel, reading the slots through their mapping.
+ * Returns true when it took them (*err: 0, or the failure with the copies not made), false when
+ * they are to be copied (the kernel not loaded yet, not available here, or refused).
+ */
+static bool gather_scatter(struct ferry__ioq *q, struct ferry__ring_gpu *ring, unsigned n, int *err)
+{
+	struct ferry__ioq_gpu *g = q->gpu;
+	int dev = g->gather_dev;
+	int st = ferry__scatter_state(dev, false);
+
+	if (st == FERRY__SCATTER_LOADING) {
+		ferry__scatter_prepare(dev); /* in the background: this gather copies */
+		return false;
+	}
+	if (st == FERRY__SCATTER_NONE)
+		scatter_fallback(q, dev, ferry__scatter_reason(dev));
+	if (st != FERRY__SCATTER_READY)
+		return false;
+	if (!g->slot_dptr[dev] && ferry__scatter_host_ptr(dev, q->slot_mem, &g->slot_dptr[dev]) != 0) {
+		g->slot_dptr[dev] = SLOTS_UNMAPPED;
+		scatter_fallback(q, dev, ferry_last_error());
+	}
+	if (g->slot_dptr[dev] == SLOTS_UNMAPPED)
+		return false;
+	const char *lo = q->slot_mem, *hi = q->slot_mem + q->slot_size * q->nslots;
+	for (unsigned i = 0; i < n; i++) {
+		struct ferry__chunk *c = g->gather[i];
+		const char *src = c->bounce.slot + c->bounce.copy_off;
+		size_t len = (size_t)c->result;
+		if (src < lo || src + len > hi)
+			return false; /* not one of the queue's slots: copied */
+		g->scatter[i] = (struct ferry__scatter_piece){g->slot_dptr[dev] + (uint64_t)(src - lo),
+							      (uint64_t)(uintptr_t)c->buf, len};
+	}
+	int r = ferry__scatter_launch(dev, ferry__ring_stream(ring), g->scatter, n, NULL);
+	if (r == FERRY_ECUDA) {
+		/* refused (a driver that will not take the launch): copied, as every gather from now
+		 * on; if the copies fail too, theirs is the error */
+		ferry__scatter_refuse(dev, ferry_last_error());
+		scatter_fallback(q, dev, ferry__scatter_reason(dev));
+		return false;
+	}
+	*err = r;
+	return true;
+}
+
 /* Queues the gathered chunks' copies and their ticket, and puts them in the GPU list. */
 static void gather_flush(struct ferry__ioq *q)
 {
 	struct ferry__ioq_gpu *g = q->gpu;
 	unsigned n = g->ngather;
 	struct ferry__ring_gpu *ring = g->ring[g->gather_dev];
-	int r;
+	int r = 0;
 
 	if (!n)
 		return;
 	uint64_t t0 = FERRY__SPAN_T0();
 	g->ngather = 0;
-	for (unsigned i = 0; i < n; i++) {
-		struct ferry__chunk *c = g->gather[i];
-		g->pieces[i] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)c->buf,
-							  c->bounce.slot + c->bounce.copy_off, (size_t)c->result};
-	}
-	if (n > 1 && !ferry__ring_can_batch())
-		gather_pack(q, g->pieces, n);
 	unsigned last = (unsigned)chunk_index(q, g->gather[n - 1]);
-	if ((r = ferry__ring_h2d_gather(ring, g->pieces, n, NULL)) == 0 && (r = ferry__ring_record(ring, last)))
+	/* one piece: one copy call either way, and on the copy engine */
+	if (n == 1 || !gather_scatter(q, ring, n, &r)) {
+		for (unsigned i = 0; i < n; i++) {
+			struct ferry__chunk *c = g->gather[i];
+			g->pieces[i] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)c->buf,
+								  c->bounce.slot + c->bounce.copy_off, (size_t)c->result};
+		}
+		if (n > 1 && !ferry__ring_can_batch())
+			gather_pack(q, g->pieces, n);
+		r = ferry__ring_h2d_gather(ring, g->pieces, n, NULL);
+	}
+	if (r == 0 && (r = ferry__ring_record(ring, last)))
 		ferry__error_append("after a gathered copy");
 	for (unsigned i = 0; i < n; i++) {
 		struct ferry__chunk *c = g->gather[i];
@@ -492,6 +573,7 @@ void ferry__ioq_gpu_exit(struct ferry__ioq *q)
 	free(g->ticket);
 	free(g->gather);
 	free(g->pieces);
+	free(g->scatter);
 	free(g);
 	q->gpu = NULL;
 }

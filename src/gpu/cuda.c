@@ -71,6 +71,11 @@ static const struct ferry__sym cuda_syms[] = {
 	SYM("cuMemcpyBatchAsync_v2", MemcpyBatchAsync_v2, NULL, 12),
 	SYM("cuMemcpyBatchAsync", MemcpyBatchAsync, NULL, 13),
 	SYM("cuMemcpyDtoDAsync_v2", MemcpyDtoDAsync, "cuMemcpyDtoDAsync", 14),
+	SYM("cuDevicePrimaryCtxGetState", DevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState", 17),
+	SYM("cuModuleLoadData", ModuleLoadData, "cuModuleLoadData", 15),
+	SYM("cuModuleGetFunction", ModuleGetFunction, "cuModuleGetFunction", 15),
+	SYM("cuLaunchKernel", LaunchKernel, "cuLaunchKernel", 15),
+	SYM("cuMemHostGetDevicePointer_v2", MemHostGetDevicePointer, "cuMemHostGetDevicePointer", 16),
 };
 
 const struct ferry__sym *ferry__cuda_symbols(size_t *n)
@@ -102,6 +107,9 @@ static const struct {
 	{ 100, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is visible (check CUDA_VISIBLE_DEVICES and /dev/nvidia*)" },
 	{ 101, "CUDA_ERROR_INVALID_DEVICE", NULL },
 	{ 201, "CUDA_ERROR_INVALID_CONTEXT", NULL },
+	{ 218, "CUDA_ERROR_INVALID_PTX", NULL },
+	{ 221, "CUDA_ERROR_JIT_COMPILER_NOT_FOUND", "the driver's PTX compiler (libnvidia-ptxjitcompiler.so) is missing" },
+	{ 222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION", "the driver is older than the PTX it was given" },
 	{ 304, "CUDA_ERROR_OPERATING_SYSTEM", NULL },
 	{ 401, "CUDA_ERROR_ILLEGAL_STATE", "the process is not in the state this checkpoint call needs" },
 	{ 500, "CUDA_ERROR_NOT_FOUND", NULL },

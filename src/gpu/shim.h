@@ -31,6 +31,8 @@ typedef CUdevice_attribute ferry__CUdevice_attribute;
 typedef CUpointer_attribute ferry__CUpointer_attribute;
 typedef CUdriverProcAddressQueryResult ferry__CUdriverProcAddressQueryResult;
 typedef cuuint64_t ferry__cuuint64_t;
+typedef CUmodule ferry__CUmodule;
+typedef CUfunction ferry__CUfunction;
 #if CUDA_VERSION >= 12080 /* the checkpoint API */
 typedef CUprocessState ferry__CUprocessState;
 typedef CUcheckpointLockArgs ferry__CUcheckpointLockArgs;
@@ -51,6 +53,8 @@ typedef int ferry__CUdevice_attribute;
 typedef int ferry__CUpointer_attribute;
 typedef int ferry__CUdriverProcAddressQueryResult;
 typedef uint64_t ferry__cuuint64_t;
+typedef struct ferry__CUmod_st *ferry__CUmodule;
+typedef struct ferry__CUfunc_st *ferry__CUfunction;
 #endif
 #ifndef FERRY__ABI_HAS_CHECKPOINT
 /* The checkpoint API's types (cuda.h 12.8, drivers 570 and later). */
@@ -122,6 +126,7 @@ typedef struct {
 /* flags */
 #define FERRY__CU_MEMHOSTALLOC_PORTABLE 0x01
 #define FERRY__CU_MEMHOSTREGISTER_PORTABLE 0x01
+#define FERRY__CU_MEMHOSTREGISTER_DEVICEMAP 0x02
 #define FERRY__CU_MEMHOSTREGISTER_READ_ONLY 0x08
 #define FERRY__CU_STREAM_DEFAULT 0x0
 #define FERRY__CU_STREAM_NON_BLOCKING 0x1
@@ -231,6 +236,19 @@ struct ferry__cuda_api {
 	/* optional: the checkpoint writer's device-side snapshot (gpu/devcopy.c) does without it */
 	ferry__CUresult (*MemcpyDtoDAsync)(ferry__CUdeviceptr dst, ferry__CUdeviceptr src, size_t size,
 					   ferry__CUstream stream);
+	/* optional: whether a device's primary context is active, asked without making it (the
+	 * engine readies its GPU state at the start only where the process already uses the GPU) */
+	ferry__CUresult (*DevicePrimaryCtxGetState)(ferry__CUdevice dev, unsigned int *flags, int *active);
+	/* optional, all three or none: the scatter kernel (gpu/scatter.c); without them a gather's
+	 * pieces are copied with cuMemcpyBatchAsync or cuMemcpyHtoDAsync */
+	ferry__CUresult (*ModuleLoadData)(ferry__CUmodule *module, const void *image);
+	ferry__CUresult (*ModuleGetFunction)(ferry__CUfunction *fn, ferry__CUmodule module, const char *name);
+	ferry__CUresult (*LaunchKernel)(ferry__CUfunction fn, unsigned int grid_x, unsigned int grid_y,
+					unsigned int grid_z, unsigned int block_x, unsigned int block_y,
+					unsigned int block_z, unsigned int shared_bytes, ferry__CUstream stream,
+					void **params, void **extra);
+	/* optional: where a kernel reaches mapped pinned host memory (the scatter kernel's sources) */
+	ferry__CUresult (*MemHostGetDevicePointer)(ferry__CUdeviceptr *dptr, void *p, unsigned int flags);
 };
 
 /*
