@@ -17,6 +17,7 @@
 #include "ferry/safetensors.h"
 #include "ferry_test.h"
 #include "gpu/ring.h"
+#include "gpu/scatter.h"
 #include "gpu/shim.h"
 #include "engine/engine.h"
 #include "ferry_snapshot.h"
@@ -675,10 +676,12 @@ static void ring_gather(int batch)
 /*
  * The engine's gather: a batch of small reads into device memory, destinations following on, one
  * piece past the end of the file (0 bytes) in the middle and a short one at the end. Each piece has
- * its own result and bytes; the pieces' copies go in a few driver calls (before: one each), with
- * cuMemcpyBatchAsync or, without it, packed into runs. Then futures, waited in order.
+ * its own result and bytes; the pieces' copies go in a few driver calls (before: one each): launches
+ * of the scatter kernel where the driver has it, else cuMemcpyBatchAsync or, without it, copies of
+ * runs packed together. Then futures, waited in order. *fallbacks: the context's count (path
+ * cpu-async-gpu, so that auto's GDS fallback is not among them).
  */
-static void engine_gather(void)
+static void engine_gather(uint64_t *fallbacks)
 {
 	enum { P = 4096, N = 48, SHORT = 1000, HOLE = 5 };
 	static unsigned char want[N * P], back[N * P];
@@ -698,6 +701,7 @@ static void engine_gather(void)
 	T_EQ_INT(ferry_gpu_memcpy_htod(d, back, sizeof(back)), 0);
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
 	T_EQ_INT(ferry_ctx_set(ctx, "threads", "1"), 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "path", "cpu-async-gpu"), 0);
 	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
 	T_ASSERT(ferry_batch_create(ctx, &b) == 0);
 	for (int i = 0; i < N; i++)
@@ -705,10 +709,11 @@ static void engine_gather(void)
 					      (char *)d + (size_t)i * P), i);
 	T_EQ_INT(ferry_ctx_start(ctx), 0);
 	int h0 = fake_int("fake_htod_async_calls"), b0 = fake_int("fake_batch_calls");
-	int bytes0 = fake_int("fake_async_bytes");
+	int bytes0 = fake_int("fake_async_bytes"), l0 = fake_int("fake_launches");
 	T_EQ_INT(ferry_batch_submit(b), 0);
 	T_EQ_INT(ferry_batch_wait(b, -1), 2);
-	int calls = fake_int("fake_htod_async_calls") - h0 + fake_int("fake_batch_calls") - b0;
+	int calls = fake_int("fake_htod_async_calls") - h0 + fake_int("fake_batch_calls") - b0 +
+		    fake_int("fake_launches") - l0;
 	printf("%d pieces into device memory: %d copy calls\n", N, calls);
 	T_CHECK(calls >= 1 && calls <= N / 3); /* one per piece before the gather */
 	T_EQ_INT(fake_int("fake_async_bytes") - bytes0, (N - 2) * P + P - SHORT);
@@ -734,6 +739,8 @@ static void engine_gather(void)
 	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
 	for (int i = 0; i < N; i++)
 		T_CHECK(memcmp(back + (size_t)(N - 1 - i) * P, want + (size_t)i * P, i == N - 1 ? P - SHORT : P) == 0);
+	if (fallbacks)
+		*fallbacks = ferry_ctx_stat(ctx, FERRY_STAT_FALLBACKS);
 	ferry_batch_destroy(b);
 	ferry_file_destroy(f);
 	ferry_ctx_destroy(ctx);
@@ -751,7 +758,12 @@ static int sc_gather(void)
 	T_CHECK((cu->MemcpyBatchAsync_v2 != NULL) == (strstr(kind, "cuda_batch.so") != NULL));
 	T_CHECK((cu->MemcpyBatchAsync != NULL) == (strstr(kind, "cuda_batch12.so") != NULL));
 	ring_gather(batch);
-	engine_gather();
+	/* no scatter kernel in these fakes: counted as the one fallback of the worker's queue */
+	T_EQ_INT(ferry__scatter_state(0, true), FERRY__SCATTER_NONE);
+	HAS(ferry__scatter_reason(0), "cuModuleLoadData");
+	uint64_t fallbacks = 0;
+	engine_gather(&fallbacks);
+	T_EQ_INT(fallbacks, 1);
 	return t_result();
 }
 
@@ -785,8 +797,127 @@ static int sc_gather_refused(void)
 		T_CHECK(memcmp(back + (size_t)(7 - i) * P, src + (size_t)i * P, P) == 0);
 	ferry__ring_destroy(r);
 	T_EQ_INT(ferry_gpu_free(d), 0);
-	engine_gather();
+	engine_gather(NULL);
 	T_EQ_INT(fake_int("fake_batch_attempts"), 1);
+	return t_result();
+}
+
+/*
+ * ferry__scatter_launch on its own: N pieces of 1 B to 64 KiB at unaligned places, read through
+ * the mapping of registered host memory (the fake gives mapped memory addresses of its own), one
+ * of length 0 left out, in two launches (64 pieces each at most); every piece's bytes land and
+ * nothing between them is written. A source given as the plain host address fails, naming the launch.
+ */
+static void scatter_pieces(void)
+{
+	enum { N = 100, MAXP = 64 << 10, HOLE = 7 };
+	static unsigned char host[N * (MAXP + 16)], back[N * (MAXP + 16)], want[N * (MAXP + 16)];
+	struct ferry__scatter_piece p[N];
+	struct ferry__ring_gpu *r;
+	uint64_t seed = 22, hp = 0;
+	void *d = NULL;
+	unsigned launches = 0;
+
+	T_EQ_INT(ferry__cuda_set_device(0), 0);
+	T_EQ_INT(ferry__cuda()->MemHostRegister(host, sizeof(host), FERRY__CU_MEMHOSTREGISTER_PORTABLE |
+						FERRY__CU_MEMHOSTREGISTER_DEVICEMAP), 0);
+	T_EQ_INT(ferry__scatter_host_ptr(0, host, &hp), 0);
+	T_CHECK(hp != 0);
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(back), &d), 0);
+	T_ASSERT(ferry__ring_create(0, 2, 0, &r) == 0);
+	t_fill_pattern(host, sizeof(host), 0, 3);
+	memset(want, 0xee, sizeof(want));
+	T_EQ_INT(ferry_gpu_memcpy_htod(d, want, sizeof(want)), 0);
+	size_t soff = 0, doff = 0;
+	for (int i = 0; i < N; i++) {
+		size_t len = i == HOLE ? 0 : i < 4 ? (size_t)i + 1 : 1 + t_rand(&seed) % MAXP;
+		soff += t_rand(&seed) % 16;
+		doff += t_rand(&seed) % 16;
+		p[i] = (struct ferry__scatter_piece){hp + soff, (uint64_t)(uintptr_t)d + doff, len};
+		memcpy(want + doff, host + soff, len);
+		soff += len;
+		doff += len;
+	}
+	int pieces0 = fake_int("fake_launch_pieces");
+	T_EQ_INT(ferry__scatter_launch(0, ferry__ring_stream(r), p, N, &launches), 0);
+	T_EQ_INT(launches, 2);
+	T_EQ_INT(fake_int("fake_launch_pieces") - pieces0, N - 1);
+	T_EQ_INT(ferry__ring_drain(r), 0);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
+	T_CHECK(memcmp(back, want, sizeof(back)) == 0);
+
+	p[0].src = (uint64_t)(uintptr_t)host; /* not the mapping */
+	T_EQ_INT(ferry__scatter_launch(0, ferry__ring_stream(r), p, 1, &launches), FERRY_ECUDA);
+	HAS(ferry_last_error(), "cuLaunchKernel(ferry_scatter, 1 pieces) on device 0");
+	T_EQ_INT(ferry__scatter_state(0, false), FERRY__SCATTER_READY); /* a failure is not a refusal */
+	ferry__ring_destroy(r);
+	T_EQ_INT(ferry_gpu_free(d), 0);
+	T_EQ_INT(ferry__cuda()->MemHostUnregister(host), 0);
+}
+
+/*
+ * A driver with the kernel API (cuda_kernel.so): the module is loaded once per device, when first
+ * asked for, from the PTX the library embeds (the fake checks its entry and argument size); the
+ * engine's gathers then go in launches, not copies, each piece with its own result as before, and
+ * no fallback is counted.
+ */
+static int sc_gather_kernel(void)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	char size[32];
+
+	T_ASSERT(cu != NULL);
+	T_ASSERT(cu->ModuleLoadData && cu->ModuleGetFunction && cu->LaunchKernel && cu->MemHostGetDevicePointer);
+	snprintf(size, sizeof(size), "[%zu]", sizeof(struct ferry__scatter_args));
+	HAS(ferry__scatter_ptx, size);
+	HAS(ferry__scatter_ptx, ".entry " FERRY__SCATTER_ENTRY "(");
+	T_EQ_INT(ferry__scatter_state(0, false), FERRY__SCATTER_LOADING);
+	T_EQ_INT(fake_int("fake_module_loads"), 0);
+	T_EQ_INT(ferry__scatter_state(0, true), FERRY__SCATTER_READY);
+	T_EQ_INT(ferry__scatter_state(0, true), FERRY__SCATTER_READY);
+	T_EQ_INT(fake_int("fake_module_loads"), 1);
+	T_EQ_INT(strcmp(ferry__scatter_reason(0), ""), 0);
+	scatter_pieces();
+
+	int l0 = fake_int("fake_launches"), b0 = fake_int("fake_batch_calls");
+	uint64_t fallbacks = 99;
+	engine_gather(&fallbacks);
+	T_CHECK(fake_int("fake_launches") > l0);
+	T_EQ_INT(fake_int("fake_batch_calls") - b0, 0); /* a gather of one piece is a plain copy */
+	T_EQ_INT(fallbacks, 0);
+	T_EQ_INT(ferry__scatter_state(1, true), FERRY__SCATTER_READY);
+	T_EQ_INT(fake_int("fake_module_loads"), 2);
+	return t_result();
+}
+
+/* A driver that refuses the launch: the first gather's pieces are copied instead and land, the
+ * kernel is off for the process (its reason names the launch), counted as the queue's fallback. */
+static int sc_gather_kernel_refused(void)
+{
+	uint64_t fallbacks = 0;
+
+	T_EQ_INT(ferry__scatter_state(0, true), FERRY__SCATTER_READY);
+	engine_gather(&fallbacks);
+	T_EQ_INT(fake_int("fake_launch_attempts"), 1);
+	T_EQ_INT(fake_int("fake_launches"), 0);
+	T_EQ_INT(ferry__scatter_state(0, false), FERRY__SCATTER_NONE);
+	HAS(ferry__scatter_reason(0), "cuLaunchKernel");
+	T_EQ_INT(fallbacks, 1);
+	return t_result();
+}
+
+/* FERRY_SCATTER=0: the kernel is not loaded, gathers copy, and that is no fallback. */
+static int sc_gather_kernel_off(void)
+{
+	uint64_t fallbacks = 99;
+
+	setenv("FERRY_SCATTER", "0", 1);
+	T_EQ_INT(ferry__scatter_state(0, true), FERRY__SCATTER_OFF);
+	HAS(ferry__scatter_reason(0), "FERRY_SCATTER=0");
+	engine_gather(&fallbacks);
+	T_EQ_INT(fake_int("fake_module_loads"), 0);
+	T_EQ_INT(fake_int("fake_launch_attempts"), 0);
+	T_EQ_INT(fallbacks, 0);
 	return t_result();
 }
 
@@ -1183,6 +1314,8 @@ static const struct fake fakes[] = {
 	{ "cuda_batch.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_BATCH" },
 	{ "cuda_batch12.so", "fake_libcuda.c", "-DFAKE_BATCH12" },
 	{ "cuda_batch_refuse.so", "fake_libcuda.c", "-DFAKE_BATCH -DFAKE_BATCH_REFUSE" },
+	{ "cuda_kernel.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_BATCH -DFAKE_KERNEL" },
+	{ "cuda_kernel_refuse.so", "fake_libcuda.c", "-DFAKE_BATCH -DFAKE_KERNEL -DFAKE_LAUNCH_REFUSE" },
 	{ "cuda_ckpt.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT" },
 	{ "cuda_ckpt_partial.so", "fake_libcuda.c", "-DFAKE_CHECKPOINT -DcuCheckpointProcessRestore=renamed_r "
 	  "-DcuCheckpointProcessGetRestoreThreadId=renamed_t" },
@@ -1508,6 +1641,9 @@ static const struct scenario scenarios[] = {
 	{ "gather_batch12", sc_gather, "cuda_batch12.so", NX "c", NX "n" },
 	{ "gather_none", sc_gather, "cuda_ok.so", NX "c", NX "n" },
 	{ "gather_refused", sc_gather_refused, "cuda_batch_refuse.so", NX "c", NX "n" },
+	{ "gather_kernel", sc_gather_kernel, "cuda_kernel.so", NX "c", NX "n" },
+	{ "gather_kernel_refused", sc_gather_kernel_refused, "cuda_kernel_refuse.so", NX "c", NX "n" },
+	{ "gather_kernel_off", sc_gather_kernel_off, "cuda_kernel.so", NX "c", NX "n" },
 	{ "cufile_5027", sc_cufile_5027, "cuda_ok.so", "cufile_5027.so", NX "n" },
 	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
 	{ "cufile_io", sc_cufile_io, "cuda_ok.so", "cufile_batch.so", NX "n" },

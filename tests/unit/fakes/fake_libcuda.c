@@ -355,3 +355,87 @@ API CUresult cuCheckpointProcessUnlock(int pid, void *args)
 	return 0;
 }
 #endif
+
+#ifdef FAKE_KERNEL
+/*
+ * -DFAKE_KERNEL: cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel and cuMemHostGetDevicePointer_v2
+ * for the one kernel ferry launches, ferry_scatter (src/gpu/scatter.cu); -DFAKE_LAUNCH_REFUSE as
+ * well: every launch returns CUDA_ERROR_NOT_SUPPORTED. The module is accepted only when its PTX
+ * text declares that entry with the argument size the library passes (1544 bytes: struct
+ * ferry__scatter_args, 64 pieces), and a launch does the kernel's copies at once. Mapped host
+ * memory has device addresses of its own here (MAPPED + the host address), so a launch whose
+ * sources are plain host pointers, not the mapping, fails like a kernel reading a wild address.
+ */
+#define MAPPED 0x100000000000ull
+struct scatter_piece { unsigned long long src, dst, len; };
+struct scatter_args { unsigned n, pad; struct scatter_piece p[64]; };
+static char module_token, function_token;
+static int module_loads, launches, launch_pieces, launch_attempts;
+API int fake_module_loads(void) { return __atomic_load_n(&module_loads, __ATOMIC_SEQ_CST); }
+API int fake_launches(void) { return __atomic_load_n(&launches, __ATOMIC_SEQ_CST); }
+API int fake_launch_pieces(void) { return __atomic_load_n(&launch_pieces, __ATOMIC_SEQ_CST); }
+API int fake_launch_attempts(void) { return __atomic_load_n(&launch_attempts, __ATOMIC_SEQ_CST); }
+API CUresult cuModuleLoadData(void **m, const void *image)
+{
+	const char *ptx = image;
+	if (!current)
+		return 201;
+	__atomic_add_fetch(&module_loads, 1, __ATOMIC_SEQ_CST);
+	if (!strstr(ptx, ".version ") || !strstr(ptx, ".entry ferry_scatter(") ||
+	    !strstr(ptx, ".param .align 8 .b8 ferry_scatter_param_0[1544]"))
+		return 218; /* CUDA_ERROR_INVALID_PTX */
+	*m = &module_token;
+	return 0;
+}
+API CUresult cuModuleGetFunction(void **f, void *m, const char *name)
+{
+	if (m != &module_token)
+		return 400; /* CUDA_ERROR_INVALID_HANDLE */
+	if (strcmp(name, "ferry_scatter"))
+		return 500;
+	*f = &function_token;
+	return 0;
+}
+API CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags)
+{
+	if (!current)
+		return 201;
+	if (flags || check((uintptr_t)p, 1, HOSTMEM))
+		return 1;
+	*d = MAPPED + (uintptr_t)p;
+	return 0;
+}
+API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+			    unsigned shm, void *st, void **params, void **extra)
+{
+	(void)st;
+	__atomic_add_fetch(&launch_attempts, 1, __ATOMIC_SEQ_CST);
+	if (!current)
+		return 201;
+#ifdef FAKE_LAUNCH_REFUSE
+	return 801;
+#endif
+	if (f != &function_token || !params || extra || shm || !gx || gz != 1 || bx != 256 || by != 1 || bz != 1)
+		return 1;
+	const struct scatter_args *a = params[0];
+	if (!a->n || a->n > 64 || gy != a->n)
+		return 1;
+	for (unsigned i = 0; i < a->n; i++) {
+		const struct scatter_piece *p = &a->p[i];
+		if (!p->len || check((uintptr_t)p->dst, p->len, DEVMEM))
+			return 700; /* CUDA_ERROR_ILLEGAL_ADDRESS */
+		if (!(p->src >= MAPPED && !check((uintptr_t)(p->src - MAPPED), p->len, HOSTMEM)) &&
+		    check((uintptr_t)p->src, p->len, DEVMEM))
+			return 700;
+	}
+	for (unsigned i = 0; i < a->n; i++) {
+		const struct scatter_piece *p = &a->p[i];
+		uintptr_t src = (uintptr_t)(p->src >= MAPPED ? p->src - MAPPED : p->src);
+		memcpy((void *)(uintptr_t)p->dst, (const void *)src, p->len);
+		__atomic_add_fetch(&async_bytes, (long long)p->len, __ATOMIC_SEQ_CST);
+	}
+	__atomic_add_fetch(&launch_pieces, (int)a->n, __ATOMIC_SEQ_CST);
+	__atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
+	return 0;
+}
+#endif
