@@ -11,6 +11,7 @@
 #include "base/knob.h"
 #include "engine/engine.h"
 #include "engine/publish.h"
+#include "gpu/ring.h"
 
 static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
@@ -372,13 +373,41 @@ static void gate_free(struct ferry__worker *w)
 	free(g);
 }
 
+/*
+ * In a process that already uses the context's device (torch made its context), a worker readies
+ * its GPU side as soon as it is up, instead of at its first chunk: the device current on its
+ * thread, its copy stream and events, and (worker 0) the device's copy units, pinned. A fresh
+ * process's first load into GPU memory paid them inside its read, each worker's first chunk
+ * waiting on them (issue 22); now they are made while the caller parses the header and allocates
+ * the result. Elsewhere nothing is asked of the driver (a context that never meets a GPU loads
+ * none). After the start gate: the start does not wait for it.
+ */
+static void worker_ready_gpu(struct ferry__worker *w)
+{
+	ferry_ctx *ctx = w->ctx;
+	int dev = (int)ctx->cfg.device;
+
+	if (ctx->cfg.memory || dev >= FERRY__MAX_GPUS || !ferry__gpu_in_use(dev))
+		return;
+	uint64_t t0 = FERRY__SPAN_T0();
+	struct ferry__chunk c;
+	memset(&c, 0, sizeof(c));
+	c.dev = dev;
+	bool ok = ferry__gpu_use(&w->q, &c); /* a failure comes back to the first chunk that asks */
+	FERRY__MARK("worker_gpu_ready", (int)w->index, t0);
+	if (ok && w->index == 0)
+		ferry__units_prepare(ctx, dev);
+}
+
 /* In a new worker: its queue, then the news at the gate. 0 when it may work. */
 static int worker_setup(struct ferry__worker *w)
 {
 	ferry_ctx *ctx = w->ctx;
 	struct start_gate *g = gate_of(w);
+	uint64_t t0 = FERRY__SPAN_T0();
 	int ret = ferry__ioq_init(&w->q, ctx, (unsigned)ctx->cfg.queue_depth, (unsigned)ctx->cfg.slots,
 				  FERRY__IOQ_REG_BUFS);
+	FERRY__MARK("worker_setup", (int)w->index, t0);
 
 	pthread_mutex_lock(&g->mu);
 	if (ret && !g->err) {
@@ -399,6 +428,7 @@ static int worker_setup(struct ferry__worker *w)
 int ferry__ctx_start(ferry_ctx *ctx)
 {
 	int ret = 0;
+	uint64_t t0 = FERRY__SPAN_T0();
 
 	pthread_mutex_lock(&ctx->mu);
 	if (ctx->started) {
@@ -460,6 +490,7 @@ int ferry__ctx_start(ferry_ctx *ctx)
 	ctx->start_error = ret;
 	pthread_cond_broadcast(&ctx->work_cv);
 	pthread_mutex_unlock(&ctx->mu);
+	FERRY__MARK("ctx_start", -1, t0);
 	return ret;
 }
 
@@ -655,9 +686,12 @@ static void *worker_main(void *arg)
 	struct ferry__worker *w = arg;
 	ferry_ctx *ctx = w->ctx;
 	struct ferry__ioq *q = &w->q;
+	ferry__worker_index = (int)w->index;
 	if (worker_setup(w))
 		return NULL; /* the start fails: the others stop */
+	worker_ready_gpu(w);
 	struct ferry__chunk **done = calloc(q->depth, sizeof(*done));
+	bool took_any = false; /* the timeline's first_take */
 
 	if (!done)
 		return NULL; /* the other workers carry on; nothing was taken */
@@ -712,6 +746,10 @@ static void *worker_main(void *arg)
 			}
 		}
 		bool more = ctx->work_head != NULL;
+		if (took && !took_any) {
+			took_any = true;
+			FERRY__MARK("first_take", (int)w->index, 0);
+		}
 		if (took && more)
 			pthread_cond_signal(&ctx->work_cv); /* more for an idle sibling */
 		pthread_mutex_unlock(&ctx->mu);

@@ -200,10 +200,82 @@ void ferry__span_flush(uint64_t (*spans)[2], int force)
 	ferry__log(FERRY__LOG_INFO, "%s", line); /* asked for by FERRY_ENGINE_TRACE, whatever log_level says */
 }
 
+/* ----------------------------------------------------------------------------------- timeline */
+
+#define MARKS 1024 /* later marks are dropped (counted) */
+
+struct mark {
+	uint64_t t0, t1;
+	const char *what;
+	int who;
+};
+static struct mark marks[MARKS];
+static atomic_uint nmarks;
+_Thread_local int ferry__worker_index = -1;
+
+void ferry__mark(const char *what, int who, uint64_t t0)
+{
+	uint64_t now = ferry__now_ns();
+	unsigned i = atomic_fetch_add_explicit(&nmarks, 1, memory_order_relaxed);
+	if (i >= MARKS)
+		return;
+	marks[i] = (struct mark){t0 ? t0 : now, now, what, who};
+}
+
+/* One line per kind of mark, in the order of their first start: "what xN +first..+last_end ms,
+ * busy B ms (longest L)"; workers marked name how many distinct workers did it. */
+static void timeline_log(void)
+{
+	unsigned n = atomic_load(&nmarks), kept = n < MARKS ? n : MARKS;
+	if (!kept)
+		return;
+	uint64_t origin = UINT64_MAX;
+	for (unsigned i = 0; i < kept; i++)
+		if (marks[i].t0 < origin)
+			origin = marks[i].t0;
+	static bool shown[MARKS];
+	memset(shown, 0, sizeof(shown));
+	char line[8192];
+	int len = snprintf(line, sizeof(line), "engine timeline (ms from CLOCK_MONOTONIC %.3f ms, %u marks%s):",
+			   (double)origin / 1e6, n, n > kept ? ", later ones dropped" : "");
+	for (;;) {
+		/* the kind not shown yet whose first mark started earliest */
+		int first = -1;
+		for (unsigned i = 0; i < kept; i++)
+			if (!shown[i] && (first < 0 || marks[i].t0 < marks[first].t0))
+				first = (int)i;
+		if (first < 0 || len <= 0 || (size_t)len >= sizeof(line))
+			break;
+		const char *what = marks[first].what;
+		uint64_t lo = UINT64_MAX, hi = 0, busy = 0, longest = 0;
+		unsigned cnt = 0;
+		for (unsigned i = 0; i < kept; i++) {
+			if (shown[i] || strcmp(marks[i].what, what))
+				continue;
+			shown[i] = true;
+			cnt++;
+			lo = marks[i].t0 < lo ? marks[i].t0 : lo;
+			hi = marks[i].t1 > hi ? marks[i].t1 : hi;
+			uint64_t d = marks[i].t1 - marks[i].t0;
+			busy += d;
+			longest = d > longest ? d : longest;
+		}
+		if (busy)
+			len += snprintf(line + len, sizeof(line) - (size_t)len, " %s x%u +%.3f..+%.3f busy %.3f (longest %.3f);",
+					what, cnt, (double)(lo - origin) / 1e6, (double)(hi - origin) / 1e6,
+					(double)busy / 1e6, (double)longest / 1e6);
+		else
+			len += snprintf(line + len, sizeof(line) - (size_t)len, " %s x%u +%.3f..+%.3f;", what, cnt,
+					(double)(lo - origin) / 1e6, (double)(hi - origin) / 1e6);
+	}
+	ferry__log(FERRY__LOG_INFO, "%s", line); /* asked for by FERRY_ENGINE_TRACE */
+}
+
 static void span_at_exit(void)
 {
 	uint64_t none[FERRY__SPAN__COUNT][2] = {{0}};
 	ferry__span_flush(none, 1);
+	timeline_log();
 }
 
 void ferry__span_add1(int span, uint64_t t0)
@@ -219,6 +291,7 @@ static void entry_finish(ferry_ctx *ctx, struct ferry__entry *e)
 	int err = atomic_load(&e->error);
 
 	e->result = err ? err : (int64_t)atomic_load(&e->short_end);
+	FERRY__MARK(e->units ? "request_done(units)" : "request_done", ferry__worker_index, 0);
 	account(ctx, e->is_write, e->result);
 	group_entry_done(e->group);
 }
@@ -329,6 +402,7 @@ static int submit_entries(ferry_ctx *ctx, struct ferry__entry *es, size_t n, siz
 			pthread_cond_signal(&ctx->work_cv);
 	pthread_mutex_unlock(&ctx->mu);
 	ferry__span_add1(FERRY__SPAN_SUBMIT, t0);
+	FERRY__MARK("submit", -1, t0);
 	return 0;
 }
 

@@ -308,6 +308,23 @@ void ferry__span_init(void);
 void ferry__span_flush(uint64_t (*spans)[2], int force);
 /* One span of a thread that has no queue (a caller's), folded in at once. */
 void ferry__span_add1(int span, uint64_t t0);
+/*
+ * The engine's timeline (FERRY_ENGINE_TRACE=1, issue 22): when the once-per-process things happened
+ * (the context's start, each worker's queue, its GPU ring, pinned memory made, the copy units, the
+ * first chunk a worker took, the first unit copy, requests submitted and done), so that a fresh
+ * process's first load shows what it waited for. Logged at the process's exit, grouped by event:
+ * count, first start, last end, busy time, in ms from the first mark (its CLOCK_MONOTONIC time
+ * is printed too: Python's perf_counter is the same clock). what: a string literal; who: a worker's
+ * index or -1; t0: the start of a span, 0 for an instant.
+ */
+void ferry__mark(const char *what, int who, uint64_t t0);
+#define FERRY__MARK(what, who, t0)                                          \
+	do {                                                                \
+		if (FERRY__UNLIKELY(ferry__span_on))                        \
+			ferry__mark((what), (who), (t0));                   \
+	} while (0)
+/* The index of the worker this thread is, or -1 (a caller's thread). */
+extern _Thread_local int ferry__worker_index;
 #define FERRY__SPAN_T0() (FERRY__UNLIKELY(ferry__span_on) ? ferry__now_ns() : 0)
 #define FERRY__SPAN_ADD(q, k, t0)                                            \
 	do {                                                                 \
@@ -442,6 +459,9 @@ void ferry__units_wait(struct ferry__ioq *q, struct ferry__chunk *c);
  * unit's copy (it joined the GPU list), false when c is finished. */
 bool ferry__units_arrive(struct ferry__ioq *q, struct ferry__chunk *c);
 void ferry__units_free(ferry_ctx *ctx);
+/* Makes dev's units now, if the context would use them and they are not made yet (a worker at the
+ * start, in a process that already uses dev: worker_ready_gpu in ctx.c). dev current. */
+void ferry__units_prepare(ferry_ctx *ctx, int dev);
 
 /* ------------------------------------------------------------------------------------- context */
 

@@ -207,7 +207,7 @@ static int chunk_index(struct ferry__ioq *q, struct ferry__chunk *c)
 	return (int)(c - q->chunks);
 }
 
-/* Makes dev current on this thread and sets up its copy ring and pinned slots once. */
+/* Makes dev current on this thread and sets up its copy ring once. */
 static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct ferry__chunk *c)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
@@ -243,15 +243,36 @@ static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct fer
 		c->result = ret;
 		return NULL;
 	}
+	/* gpu_sync=block: a worker waiting for its oldest copy sleeps instead of spinning a core;
+	 * slower (docs/CONFIG.md), so spin is the default */
+	if (!g->ring[dev] && (ret = ferry__ring_create(dev, q->depth, q->ctx->cfg.gpu_sync ? FERRY__RING_SPIN : 0,
+						       &g->ring[dev]))) {
+		c->result = ret;
+		return NULL;
+	}
+	return g->ring[dev];
+}
+
+/*
+ * The queue's slots page-locked, the first time one of them carries a copy (dev current): not when
+ * the queue first meets the GPU, since reads through copy units (units.c) never copy from them,
+ * and registering every worker's slots (12 x 18 MiB) at the first chunk of a fresh process held
+ * the driver while the unit copies waited (issue 22). Returns whether they are pinned.
+ */
+static bool slots_pinned(struct ferry__ioq *q)
+{
+	struct ferry__ioq_gpu *g = q->gpu;
+
 	if (!g->pin_tried && q->slot_mem) {
+		uint64_t t0 = FERRY__SPAN_T0();
 		g->pin_tried = true;
 		/* mapped too, for the scatter kernel to read the slots; without the mapping (a device
 		 * that cannot map host memory) they are pinned all the same */
-		ferry__CUresult r = cu->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
-							FERRY__CU_MEMHOSTREGISTER_PORTABLE |
+		ferry__CUresult r = ferry__cuda()->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
+								   FERRY__CU_MEMHOSTREGISTER_PORTABLE |
 								   FERRY__CU_MEMHOSTREGISTER_DEVICEMAP);
 		if (r != FERRY__CUDA_SUCCESS)
-			r = cu->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
+			r = ferry__cuda()->MemHostRegister(q->slot_mem, q->slot_size * q->nslots,
 						   FERRY__CU_MEMHOSTREGISTER_PORTABLE);
 		g->pinned = r == FERRY__CUDA_SUCCESS;
 		if (!g->pinned) {
@@ -261,15 +282,9 @@ static struct ferry__ring_gpu *use_dev(struct ferry__ioq *q, int dev, struct fer
 				   "(ulimit -l?); copies will be from pageable memory",
 				   q->slot_size * q->nslots, ferry__cuda_err_name(r));
 		}
+		FERRY__MARK("slots_pinned", ferry__worker_index, t0);
 	}
-	/* gpu_sync=block: a worker waiting for its oldest copy sleeps instead of spinning a core;
-	 * slower (docs/CONFIG.md), so spin is the default */
-	if (!g->ring[dev] && (ret = ferry__ring_create(dev, q->depth, q->ctx->cfg.gpu_sync ? FERRY__RING_SPIN : 0,
-						       &g->ring[dev]))) {
-		c->result = ret;
-		return NULL;
-	}
-	return g->ring[dev];
+	return g->pinned;
 }
 
 static void gpu_list_add(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -483,7 +498,7 @@ bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 	/* a device write: its bytes come to the slot first, after the caller's stream work */
 	if (!wait_start(ring, c))
 		return false;
-	bool async = c->path != FERRY__P_PIPE_SYNC && q->gpu->pinned;
+	bool async = c->path != FERRY__P_PIPE_SYNC && slots_pinned(q);
 	if ((r = ferry__ring_d2h(ring, c->bounce.slot, (uint64_t)(uintptr_t)c->buf, c->len, async))) {
 		ferry__error_append("for %s", c->f->path);
 		c->result = r;
@@ -500,7 +515,7 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 
 	if (!ring || !wait_start(ring, c))
 		return false;
-	bool async = c->path != FERRY__P_PIPE_SYNC && q->gpu->pinned;
+	bool async = c->path != FERRY__P_PIPE_SYNC && slots_pinned(q);
 	struct ferry__ioq_gpu *g = q->gpu;
 	if (async && n <= GATHER_PIECE_MAX) {
 		if (g->ngather && g->gather_dev != c->dev)

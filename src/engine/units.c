@@ -38,6 +38,7 @@ struct unit {
 struct ferry__units {
 	int dev;
 	atomic_bool failed; /* could not be made, or the device failed a worker: unit chunks fail with err */
+	atomic_bool copied; /* a unit was copied (the timeline's first_unit_copy) */
 	int64_t err;
 	size_t unit_size;
 	unsigned n;
@@ -149,16 +150,39 @@ static struct ferry__units *units_make(ferry_ctx *ctx, int dev)
 	return us;
 }
 
+void ferry__units_prepare(ferry_ctx *ctx, int dev)
+{
+	if (pieces_per_unit(ctx) < 2 || !ctx->cfg.copy_units || ctx->cfg.direct != FERRY__DIRECT_AUTO ||
+	    ctx->cfg.cached_io != FERRY__CACHED_IO_THREAD || dev < 0 || dev >= FERRY__MAX_GPUS)
+		return;
+	pthread_mutex_lock(&ctx->units_mu);
+	if (!ctx->units[dev]) {
+		uint64_t t0 = FERRY__SPAN_T0();
+		ctx->units[dev] = units_make(ctx, dev); /* a failure is the first unit chunk's error */
+		FERRY__MARK("units_made", ferry__worker_index, t0);
+	}
+	pthread_mutex_unlock(&ctx->units_mu);
+}
+
 bool ferry__units_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 {
 	ferry_ctx *ctx = q->ctx;
 	struct ferry__units *us;
 
+	static _Thread_local bool gpu_marked; /* the timeline's worker_gpu: this thread's first */
+	uint64_t t0 = gpu_marked ? 0 : FERRY__SPAN_T0();
 	bool usable = ferry__gpu_use(q, c); /* the device current, and this worker's stream and events */
+	if (!gpu_marked) {
+		gpu_marked = true;
+		FERRY__MARK("worker_gpu", ferry__worker_index, t0);
+	}
 	pthread_mutex_lock(&ctx->units_mu);
 	us = ctx->units[c->dev];
-	if (!us && usable)
+	if (!us && usable) {
+		t0 = FERRY__SPAN_T0();
 		us = ctx->units[c->dev] = units_make(ctx, c->dev);
+		FERRY__MARK("units_made", ferry__worker_index, t0);
+	}
 	if (us && !usable && !atomic_load(&us->failed)) {
 		/* this chunk will never arrive at its unit: nobody may wait for the unit again */
 		us->err = c->result;
@@ -248,6 +272,8 @@ bool ferry__units_arrive(struct ferry__ioq *q, struct ferry__chunk *c)
 	/* the next round may start even after a failure: its readers wait for issued, then the event */
 	atomic_store_explicit(&u->issued, round, memory_order_release);
 	q->stats[FERRY_STAT_UNIT_COPIES]++;
+	if (FERRY__UNLIKELY(ferry__span_on) && !atomic_exchange(&us->copied, true))
+		ferry__mark("first_unit_copy", ferry__worker_index, 0);
 	if (r) {
 		if (c->result >= 0) {
 			ferry__error_append("copy of a %zu-byte unit from %s (offset %llu)", c->unit.bytes,

@@ -16,6 +16,11 @@ struct ferry__ring {
 	bool fixed_files;
 	bool fixed_bufs;
 	bool owner_only;
+	/* sparse buffer table: slot i is registered the first time an op uses it (lazy[i]: its
+	 * iovec, len 0 once registered or refused; refused[i]: plain I/O for it) */
+	struct iovec *lazy;
+	bool *refused;
+	unsigned nlazy;
 };
 
 static struct {
@@ -106,8 +111,28 @@ static int uring_init(struct ferry__ring **out, unsigned depth, const struct fer
 		free(r);
 		return ret;
 	}
-	if (o->reg && o->nbufs)
-		r->fixed_bufs = io_uring_register_buffers(&r->ring, o->bufs, o->nbufs) == 0;
+	/*
+	 * Registered buffers pin their pages: registering a worker's 16 slots at once faulted in and
+	 * pinned 18 MiB per worker at the context's start (12 workers: 216 MiB before the first
+	 * byte of a fresh process, issue 22), although reads of resident data into GPU memory go
+	 * through copy units and never touch the slots. A sparse table (5.19) is filled slot by slot
+	 * as ops first use them; a kernel without it registers them all here, as before.
+	 */
+	if (o->reg && o->nbufs) {
+		r->lazy = malloc(o->nbufs * sizeof(*r->lazy));
+		r->refused = calloc(o->nbufs, sizeof(*r->refused));
+		if (r->lazy && r->refused && io_uring_register_buffers_sparse(&r->ring, o->nbufs) == 0) {
+			memcpy(r->lazy, o->bufs, o->nbufs * sizeof(*r->lazy));
+			r->nlazy = o->nbufs;
+			r->fixed_bufs = true;
+		} else {
+			free(r->lazy);
+			free(r->refused);
+			r->lazy = NULL;
+			r->refused = NULL;
+			r->fixed_bufs = io_uring_register_buffers(&r->ring, o->bufs, o->nbufs) == 0;
+		}
+	}
 	*out = r;
 	return 0;
 }
@@ -117,7 +142,26 @@ static void uring_exit(struct ferry__ring *r)
 	if (!r)
 		return;
 	io_uring_queue_exit(&r->ring);
+	free(r->lazy);
+	free(r->refused);
 	free(r);
+}
+
+/* Whether op's buffer is a registered one, registering its slot on first use. */
+static bool fixed_buf(struct ferry__ring *r, const struct ferry__op *op)
+{
+	if (!r->fixed_bufs || op->buf_index < 0)
+		return false;
+	unsigned i = (unsigned)op->buf_index;
+	if (!r->lazy || i >= r->nlazy)
+		return !r->lazy; /* registered at setup */
+	if (r->lazy[i].iov_len) {
+		uint64_t t0 = FERRY__SPAN_T0();
+		r->refused[i] = io_uring_register_buffers_update_tag(&r->ring, i, &r->lazy[i], NULL, 1) != 1;
+		r->lazy[i].iov_len = 0;
+		FERRY__MARK("uring_buf_registered", ferry__worker_index, t0);
+	}
+	return !r->refused[i];
 }
 
 static int uring_files_init(struct ferry__ring *r, unsigned n)
@@ -149,7 +193,7 @@ static int uring_prep(struct ferry__ring *r, const struct ferry__op *op)
 		return -EBUSY;
 	if (r->fixed_files && op->fixed_file >= 0)
 		fd = op->fixed_file;
-	if (r->fixed_bufs && op->buf_index >= 0) {
+	if (fixed_buf(r, op)) {
 		if (op->is_write)
 			io_uring_prep_write_fixed(sqe, fd, op->addr, (unsigned)op->len, op->off,
 						  op->buf_index);

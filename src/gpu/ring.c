@@ -1,4 +1,5 @@
 /* The pinned copy ring (gpu/ring.h). */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -341,6 +342,22 @@ void ferry__gpu_release(int dev, uint64_t ptr)
 	const struct ferry__cuda_api *cu = device_err(dev, &err);
 	if (cu && ptr)
 		cu->MemFree((ferry__CUdeviceptr)ptr);
+}
+
+bool ferry__gpu_in_use(int dev)
+{
+	/* the library ferry__cuda() would load, asked for only if the process has it already: a
+	 * context that never meets a GPU must not pay the driver's load (cuInit: tens of ms) */
+	const char *lib = getenv("FERRY_CUDA_LIBRARY");
+	void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+	if (!h)
+		return false;
+	dlclose(h);
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	unsigned flags = 0;
+	int active = 0;
+	return cu && cu->DevicePrimaryCtxGetState && dev >= 0 && dev < cu->device_count &&
+	       cu->DevicePrimaryCtxGetState(dev, &flags, &active) == FERRY__CUDA_SUCCESS && active;
 }
 
 int ferry__gpu_enter(int dev, void **prev)

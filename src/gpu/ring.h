@@ -102,6 +102,12 @@ int ferry__gpu_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
 int ferry__ring_d2d(struct ferry__ring_gpu *r, int dev, uint64_t dst, uint64_t src, size_t n);
 bool ferry__ring_can_d2d(void);
 
+/* Whether the process already uses device dev: the driver library was loaded by someone (ferry or
+ * the application, e.g. torch) and dev's primary context is active. Asks without loading the
+ * driver or making a context (false where the driver cannot say: cuDevicePrimaryCtxGetState
+ * missing). */
+bool ferry__gpu_in_use(int dev);
+
 /* Makes dev current on the calling thread, keeping the context that was current in *prev for
  * ferry__gpu_leave to put back. */
 int ferry__gpu_enter(int dev, void **prev);

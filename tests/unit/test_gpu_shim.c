@@ -1152,6 +1152,88 @@ static int sc_bounce(void)
 }
 
 /*
+ * A fresh process's first read into device memory (issue 22). A read of resident data goes
+ * through the device's copy units and pins none of the workers' bounce slots (each worker
+ * registered its 16 slots at its first chunk before); a read that bounces through the slots
+ * (gathered small pieces) pins the slots of the workers that carried it, then. Where the driver
+ * says the process already uses the device (cuDevicePrimaryCtxGetState, cuda_state.so), the
+ * workers make their copy streams and worker 0 the copy units as soon as they are up, before any
+ * request; elsewhere (cuda_ok.so) nothing GPU happens before the first request into device
+ * memory. Every byte lands either way.
+ */
+static int sc_lazy_slots(void)
+{
+	enum { THREADS = 3, N = (6 << 20) + 8192, P = 4096, PIECES = 64 };
+	const char *kind = getenv("FERRY_CUDA_LIBRARY");
+	bool state = strstr(kind, "cuda_state.so") != NULL;
+	char path[4200];
+	uint8_t *src, *back;
+	void *d0 = NULL, *d1 = NULL;
+	ferry_ctx *ctx;
+	ferry_file *f;
+
+	T_ASSERT(ferry__cuda() != NULL);
+	T_CHECK((ferry__cuda()->DevicePrimaryCtxGetState != NULL) == state);
+	device_pair(0, N, 31, &src, &back, &d0, &d1); /* retains device 0's context: in use */
+	snprintf(path, sizeof(path), "%s/lazy-slots.bin", t_tmpdir());
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	T_ASSERT(fd >= 0 && write(fd, src, N) == N); /* and in the page cache */
+	close(fd);
+	int pinned0 = fake_ranges(1), streams0 = fake_int("fake_streams_made");
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "threads", "3"), 0);
+	T_EQ_INT(ferry_ctx_start(ctx), 0);
+	if (state) {
+		/* the workers ready their GPU side after the start returns: THREADS streams and the
+		 * units' stream, and the units' pinned buffer */
+		for (int i = 0; i < 2000 && (fake_ranges(1) - pinned0 < 1 ||
+					     fake_int("fake_streams_made") - streams0 < THREADS + 1); i++)
+			usleep(1000);
+		T_EQ_INT(fake_int("fake_streams_made") - streams0, THREADS + 1);
+		T_EQ_INT(fake_ranges(1) - pinned0, 1);
+	} else {
+		usleep(20000);
+		T_EQ_INT(fake_int("fake_streams_made") - streams0, 0);
+		T_EQ_INT(fake_ranges(1) - pinned0, 0);
+	}
+	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
+	memset(back, 0, N);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d1, back, N), 0);
+	T_EQ_INT(ferry_pread(f, d1, N, 0), N);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+	T_CHECK(memcmp(back, src, N) == 0);
+	T_CHECK(ferry_ctx_stat(ctx, FERRY_STAT_UNIT_COPIES) > 0);
+	printf("%s: after a resident read in copy units: %d pinned ranges made, %d streams\n", kind,
+	       fake_ranges(1) - pinned0, fake_int("fake_streams_made") - streams0);
+	/* the units' buffer only: no worker's slots */
+	T_EQ_INT(fake_ranges(1) - pinned0, 1);
+
+	/* small pieces bounce through the slots: the workers that carry them pin theirs now */
+	ferry_batch *b;
+	T_ASSERT(ferry_batch_create(ctx, &b) == 0);
+	for (int i = 0; i < PIECES; i++)
+		T_EQ_INT(ferry_batch_add_read(b, f, (uint64_t)(PIECES - 1 - i) * P * 3 + 17, P, (char *)d1 + (size_t)i * P), i);
+	T_EQ_INT(ferry_batch_submit(b), 0);
+	T_EQ_INT(ferry_batch_wait(b, -1), 0);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, (size_t)PIECES * P), 0);
+	for (int i = 0; i < PIECES; i++)
+		T_CHECK(memcmp(back + (size_t)i * P, src + (size_t)(PIECES - 1 - i) * P * 3 + 17, P) == 0);
+	int slots = fake_ranges(1) - pinned0 - 1;
+	printf("after %d small pieces: the slots of %d of %d workers pinned\n", PIECES, slots, THREADS);
+	T_CHECK(slots >= 1 && slots <= THREADS);
+	ferry_batch_destroy(b);
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(ctx);
+	T_EQ_INT(fake_ranges(1), pinned0); /* units and slots given back */
+	unlink(path);
+	T_EQ_INT(ferry_gpu_free(d0), 0);
+	T_EQ_INT(ferry_gpu_free(d1), 0);
+	free(src);
+	free(back);
+	return t_result();
+}
+
+/*
  * One context driving two GPUs (issue 28): requests into device 0's and device 1's memory in flight
  * at once on one worker (threads=1, so one queue holds chunks of both devices, with a copy ring
  * each): small chunks are gathered per device and a chunk for the other device sends the gather
@@ -1311,6 +1393,7 @@ static const struct fake fakes[] = {
 	{ "cuda_ok.so", "fake_libcuda.c", "-DFAKE_DEVICES=2" },
 	{ "cuda_attrs.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_ATTRIBUTES" },
 	{ "cuda_meminfo.so", "fake_libcuda.c", "-DFAKE_MEMINFO" },
+	{ "cuda_state.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_CTX_STATE" },
 	{ "cuda_batch.so", "fake_libcuda.c", "-DFAKE_DEVICES=2 -DFAKE_BATCH" },
 	{ "cuda_batch12.so", "fake_libcuda.c", "-DFAKE_BATCH12" },
 	{ "cuda_batch_refuse.so", "fake_libcuda.c", "-DFAKE_BATCH -DFAKE_BATCH_REFUSE" },
@@ -1648,6 +1731,8 @@ static const struct scenario scenarios[] = {
 	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
 	{ "cufile_io", sc_cufile_io, "cuda_ok.so", "cufile_batch.so", NX "n" },
 	{ "bounce", sc_bounce, "cuda_ok.so", NX "c", NX "n" },
+	{ "lazy_slots", sc_lazy_slots, "cuda_ok.so", NX "c", NX "n" },
+	{ "lazy_slots_state", sc_lazy_slots, "cuda_state.so", NX "c", NX "n" },
 	{ "two_devices", sc_two_devices, "cuda_ok.so", NX "c", NX "n" },
 	{ "cufile_missing", sc_cufile_missing, "cuda_ok.so", "cufile_missing.so", NX "n" },
 	{ "cufile_open", sc_cufile_open, "cuda_ok.so", "cufile_open.so", NX "n" },

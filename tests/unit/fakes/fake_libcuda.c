@@ -6,7 +6,7 @@
  * checkpoint API, below), -DFAKE_BATCH
  * (export cuMemcpyBatchAsync_v2, CUDA 13's form), -DFAKE_BATCH12 (export cuMemcpyBatchAsync, the
  * 12.8 form with failIdx), -DFAKE_BATCH_REFUSE (with FAKE_BATCH: every batch returns
- * CUDA_ERROR_NOT_SUPPORTED), and
+ * CUDA_ERROR_NOT_SUPPORTED), -DFAKE_CTX_STATE (export cuDevicePrimaryCtxGetState), and
  * -D<symbol>=renamed_<symbol> to leave a symbol out.
  */
 #include <pthread.h>
@@ -108,7 +108,19 @@ API CUresult cuDeviceGet(int *d, int ordinal) { if (ordinal < 0 || ordinal >= FA
 API CUresult cuDeviceGetCount(int *n) { *n = FAKE_DEVICES; return 0; }
 API CUresult cuDeviceGetName(char *name, int len, int dev) { snprintf(name, (size_t)len, "Fake GPU %d", dev); return 0; }
 API CUresult cuDeviceGetAttribute(int *v, int attr, int dev) { (void)attr; (void)dev; *v = 0; return 0; }
-API CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { *ctx = &ctxs[dev]; return 0; }
+static int retained[FAKE_DEVICES + 1];
+API CUresult cuDevicePrimaryCtxRetain(void **ctx, int dev) { __atomic_add_fetch(&retained[dev], 1, __ATOMIC_SEQ_CST); *ctx = &ctxs[dev]; return 0; }
+#ifdef FAKE_CTX_STATE
+/* -DFAKE_CTX_STATE: cuDevicePrimaryCtxGetState, active once the device's context was retained */
+API CUresult cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active)
+{
+	if (dev < 0 || dev >= FAKE_DEVICES)
+		return 101;
+	*flags = 0;
+	*active = __atomic_load_n(&retained[dev], __ATOMIC_SEQ_CST) > 0;
+	return 0;
+}
+#endif
 API CUresult cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
 API CUresult cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
 API CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
@@ -267,7 +279,9 @@ API CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdevic
 	return 0;
 }
 #endif
-API CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; *s = malloc(1); return *s ? 0 : 2; }
+static int streams_made;
+API int fake_streams_made(void) { return __atomic_load_n(&streams_made, __ATOMIC_SEQ_CST); }
+API CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; __atomic_add_fetch(&streams_made, 1, __ATOMIC_SEQ_CST); *s = malloc(1); return *s ? 0 : 2; }
 API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 API CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
 /* cuStreamQuery's answer (600: CUDA_ERROR_NOT_READY, work still running), for test_nvcomp */
