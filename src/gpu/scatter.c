@@ -23,6 +23,7 @@ _Static_assert(sizeof(struct ferry__scatter_args) == 8 + 24 * FERRY__SCATTER_MAX
 enum { S_UNLOADED, S_LOADING, S_READY, S_NONE, S_OFF };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static atomic_uint_fast64_t launched_pieces;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static struct {
 	_Atomic int state;
@@ -194,10 +195,16 @@ int ferry__scatter_launch(int dev, void *stream, const struct ferry__scatter_pie
 						a.n, dev);
 		}
 		made++;
+		atomic_fetch_add_explicit(&launched_pieces, a.n, memory_order_relaxed);
 	}
 	if (launches)
 		*launches = made;
 	return 0;
+}
+
+uint64_t ferry__scatter_pieces(void)
+{
+	return atomic_load_explicit(&launched_pieces, memory_order_relaxed);
 }
 
 int ferry__scatter_host_ptr(int dev, void *host, uint64_t *out)

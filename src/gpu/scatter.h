@@ -55,6 +55,8 @@ void ferry__scatter_refuse(int dev, const char *why);
  */
 int ferry__scatter_launch(int dev, void *stream, const struct ferry__scatter_piece *p, size_t n,
 			  unsigned *launches);
+/* Pieces copied by launches so far in this process (for tests and benchmarks: did the kernel run). */
+uint64_t ferry__scatter_pieces(void);
 /* The address through which dev's kernels reach pinned host memory host (cuMemHostGetDevicePointer,
  * dev made current). 0, or a negative code with the reason recorded. */
 int ferry__scatter_host_ptr(int dev, void *host, uint64_t *out);

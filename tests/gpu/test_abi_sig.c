@@ -67,6 +67,10 @@ CU(MemGetInfo, cuMemGetInfo_v2);
 CU(MemGetAddressRange, cuMemGetAddressRange_v2);
 CU(PointerGetAttributes, cuPointerGetAttributes);
 CU(GetProcAddress, cuGetProcAddress_v2);
+CU(ModuleLoadData, cuModuleLoadData);
+CU(ModuleGetFunction, cuModuleGetFunction);
+CU(LaunchKernel, cuLaunchKernel);
+CU(MemHostGetDevicePointer, cuMemHostGetDevicePointer_v2);
 #if CUDA_VERSION >= 12080
 CU(CheckpointProcessGetRestoreThreadId, cuCheckpointProcessGetRestoreThreadId);
 CU(CheckpointProcessGetState, cuCheckpointProcessGetState);
