@@ -145,13 +145,22 @@ const char *ferry__scatter_reason(int dev)
 	return s == S_NONE || s == S_OFF ? mods[dev].why : "";
 }
 
+/* Once: workers that meet a refusal together leave the first reason (read without the lock by
+ * ferry__scatter_reason once the state says NONE) and the function (read by launches) as they are. */
 void ferry__scatter_refuse(int dev, const char *why)
 {
 	if (dev < 0 || dev >= MAX_DEVICES)
 		return;
-	FERRY__LOG(FERRY__LOG_WARN, "scatter kernel refused on device %d: %s; gathers copy piece by piece "
-		   "from now on", dev, why);
-	publish(dev, S_NONE, NULL, why);
+	pthread_mutex_lock(&mu);
+	bool first = atomic_load_explicit(&mods[dev].state, memory_order_relaxed) == S_READY;
+	if (first) {
+		snprintf(mods[dev].why, sizeof(mods[dev].why), "%s", why);
+		atomic_store_explicit(&mods[dev].state, S_NONE, memory_order_release);
+	}
+	pthread_mutex_unlock(&mu);
+	if (first)
+		FERRY__LOG(FERRY__LOG_WARN, "scatter kernel refused on device %d: %s; gathers copy piece by "
+			   "piece from now on", dev, why);
 }
 
 int ferry__scatter_launch(int dev, void *stream, const struct ferry__scatter_piece *p, size_t n,
