@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PKGS=(build-essential cmake pkg-config liburing-dev libxxhash-dev python3 python3-venv fio tmux curl
-      clang libclang-rt-14-dev libcurl4-openssl-dev libzstd-dev liblz4-dev zstd lz4)
+      clang libclang-rt-14-dev libcurl4-openssl-dev libzstd-dev liblz4-dev zstd lz4 nginx)
 missing=()
 for p in "${PKGS[@]}"; do
 	dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -480,7 +480,12 @@ static ssize_t transfer(ferry_file *f, void *buf, size_t len, uint64_t off, bool
 	ret = ferry__resolve_path(ctx, f, buf, len, is_write, &dev, &path);
 	if (ret)
 		return ret;
-	if (f->remote && path == FERRY__P_HOST) { /* parallel ranged GETs straight into buf (remote.c) */
+	/* a remote object: a write goes in order from this thread (remote.c buffers its parts), and so
+	 * does a read of one part or one chunk (its error keeps remote.c's detail: URL, range, status);
+	 * a larger read is cut into chunks that the workers GET in parallel straight into buf, as reads
+	 * into GPU memory are: one thread receives at about 1-2 GB/s (docs/REMOTE.md) */
+	if (f->remote && path == FERRY__P_HOST &&
+	    (is_write || len <= ctx->cfg.remote_part_size || ferry__chunk_count(off, len, ctx->cfg.chunk_size) == 1)) {
 		int64_t n = is_write ? ferry__remote_write(f->remote, buf, len, off)
 				     : ferry__remote_read(f->remote, buf, len, off);
 		account(ctx, is_write, n);
