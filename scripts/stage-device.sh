@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Stages here what the GPU machine lacks (it has no network), for device calls that carry
 # [".deb", ".whl"]:
-#   .deb/  liburing and xxhash packages (unpacked there by scripts/deb-env.sh, never installed) and
-#          fio 3.33 built statically from Debian's source package (./fio; the GPU machine has none);
+#   .deb/  liburing and xxhash packages (unpacked there by scripts/deb-env.sh, never installed),
+#          fio 3.33 built statically from Debian's source package (./fio; the GPU machine has none),
+#          criu in .deb/criu/ and nginx in .deb/nginx/ (each unpacked for itself alone);
 #   .whl/  Python 3.12 wheels of the peers: kvikio (bench/gpu-read.sh), fastsafetensors and
 #          runai-model-streamer (bench/ckpt-gpu.py), mosaicml-streaming and what it imports
-#          (bench/loader-gpu.sh);
+#          (bench/loader-gpu.sh), runai-model-streamer-s3, tensorizer and boto3 with what they
+#          import (bench/remote-read.sh);
 #   .gpu/base  with base=REV: the tree of commit REV, for bench/gpu-ab.sh (that commit's build beside
 #          this tree's in one device call).
 # The folders are git-ignored. Each part is skipped when already there.
@@ -29,6 +31,12 @@ if has debs; then
 		apt-get download criu libbsd0 libmd0 libgnutls30 libnettle8 libhogweed6 libgmp10 libidn2-0 \
 			libunistring2 libp11-kit0 libffi8 libtasn1-6 libnftables1 libnftnl11 libmnl0 libjansson4 \
 			libxtables12 libprotobuf-c1 libnl-3-200 libnet1 >/dev/null)
+	# nginx (bench/remote-read.sh's server, issue 23) and the libraries its binary links, in
+	# .deb/nginx/: tests/python/_nginx.py unpacks them for nginx alone, like .deb/criu (nginx-common
+	# holds only /etc files: the bench writes its own configuration).
+	mkdir -p .deb/nginx
+	(cd .deb/nginx && ls nginx_*.deb >/dev/null 2>&1 ||
+		apt-get download nginx libssl3 libpcre2-8-0 zlib1g libcrypt1 >/dev/null)
 	echo "stage-device: .deb: $(cd .deb && ls *.deb | tr '\n' ' ')"
 fi
 
@@ -62,6 +70,11 @@ if has wheels; then
 	pyget kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 "rapids-logger==0.3.*"
 	pyget fastsafetensors==0.5.0 runai-model-streamer==0.16.1 || true
 	pyget mosaicml-streaming brotli python-snappy cramjam zstd xxhash tqdm pillow catalogue torchvision==0.26.0
+	# bench/remote-read.sh's peers: runai's S3 reader and tensorizer, boto3 (and what the three import
+	# that the GPU machine's image lacks: tensorizer imports redis and libnacl at import time)
+	pyget runai-model-streamer-s3==0.16.1 tensorizer==2.12.1 boto3==1.44.8 botocore==1.44.8 s3transfer==0.19.3 \
+		jmespath==1.1.0 python-dateutil==4.0.0 six==1.17.0 humanize==4.17.0 protobuf==7.36.2 psutil==7.2.2 \
+		redis==8.1.0 hiredis==3.5.0 libnacl==2.1.0 urllib3==2.8.0
 	du -sh .whl
 fi
 

@@ -46,10 +46,10 @@ class Nginx:
     '<connection serial> <method> <uri> <range> <status> <bytes sent>' (requests())."""
 
     def __init__(self, root, scratch, workers=1, log=False):
+        os.makedirs(scratch, exist_ok=True)
         argv, env = find(scratch)
         if argv is None:
             raise FileNotFoundError(env)
-        os.makedirs(scratch, exist_ok=True)
         self.scratch = scratch
         self.access = os.path.join(scratch, "access.log")
         user = "user root root;" if os.geteuid() == 0 else ""  # workers must read root's 0700 dirs
