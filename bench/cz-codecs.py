@@ -4,19 +4,17 @@ on token data and on bf16 weights. What chose the cz_chunk default (docs/CONFIG.
 
   PYTHONPATH=<ferry> python bench/cz-codecs.py [--mib 64] [--dir /dev/shm] [--reps 3]
 
-Token data: English text from the Python installation's own documentation (pydoc_data/topics.py,
-the license texts), split into words and punctuation, each numbered by its frequency rank (as a
-BPE tokenizer's ids are roughly), as uint16; new documents of 4096 tokens are generated from it by
-random walks over its bigrams (the corpus repeated would let zstd find the repeats). bf16: torch.randn * 0.02 rounded to bfloat16 (the
-distribution of initialised weights). Each figure is the best of --reps; rates count
-uncompressed bytes. The files live in --dir (tmpfs by default), so storage is not measured.
+Token data: uint16 ids of a real tokenizer over natural text, from bench/cz-tokens.py (a
+byte-level BPE trained on the Python standard library's docstrings and comments, or tiktoken's gpt2
+where its cache has it; no network), made once into --dir unless --tokens names such a file. bf16:
+torch.randn * 0.02 rounded to bfloat16 (the distribution of initialised weights). Each figure is the
+best of --reps; rates count uncompressed bytes. The files live in --dir (tmpfs by default), so
+storage is not measured.
 """
 import argparse
-import collections
 import os
-import re
+import subprocess
 import sys
-import sysconfig
 import time
 
 import numpy as np
@@ -24,36 +22,22 @@ import numpy as np
 import ferry
 
 
-def token_data(nbytes):
-    lib = sysconfig.get_paths()["stdlib"]
-    text = ""
-    for p in ("pydoc_data/topics.py", "../../share/common-licenses/GPL-3", "LICENSE.txt"):
-        q = os.path.normpath(os.path.join(lib, p))
-        if os.path.exists(q):
-            text += open(q, encoding="utf-8", errors="replace").read()
-    if not text:
-        sys.exit("no text found under %s (pydoc_data/topics.py)" % lib)
-    words = re.findall(r"\w+|[^\w\s]|\s+", text)
-    rank = {w: i for i, (w, _) in enumerate(collections.Counter(words).most_common(65535))}
-    ids = np.array([rank.get(w, 65535) for w in words], dtype=np.int64)
-    # New text, not the corpus repeated (a compressor would find the repeats): documents of 4096
-    # tokens, each a random walk over the corpus's bigrams, so the words and their order have the
-    # corpus's statistics without long verbatim copies.
-    order = np.argsort(ids[:-1], kind="stable")
-    succ = ids[1:][order]
-    start = np.searchsorted(ids[:-1][order], np.arange(ids.max() + 2))
-    count = start[1:] - start[:-1]
-    rng = np.random.default_rng(0)
-    n = nbytes // 2
-    docs, steps = max(1, n // 4096), 4096
-    cur = rng.choice(ids[:-1], size=docs)
-    out = np.empty((steps, docs), dtype=np.uint16)
-    for t in range(steps):
-        out[t] = cur
-        c = count[cur]
-        nxt = succ[start[cur] + (rng.random(docs) * np.maximum(c, 1)).astype(np.int64)]
-        cur = np.where(c > 0, nxt, rng.choice(ids[:-1], size=docs))
-    return np.resize(out.T.reshape(-1), n).tobytes(), len(words), len(rank)
+def token_data(nbytes, path, where):
+    """The tokens of path (bench/cz-tokens.py's output), made there first when path is None."""
+    made = None
+    if path is None:
+        made = path = os.path.join(where, "cz-tokens-%d.u16" % os.getpid())
+        out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "cz-tokens.py"), path,
+                              str(max(1, nbytes >> 20))], check=True, capture_output=True, text=True).stdout
+        print(out.strip())
+    try:
+        data = open(path, "rb").read(nbytes)
+    finally:
+        if made:
+            os.unlink(made)
+    if len(data) < nbytes:
+        data = (data * (nbytes // max(1, len(data)) + 1))[:nbytes]
+    return data
 
 
 def bf16_data(nbytes):
@@ -68,11 +52,10 @@ def main():
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--dir", default="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tokens", help="a file of uint16 token ids (bench/cz-tokens.py's); made when not given")
     a = ap.parse_args()
     nbytes = a.mib << 20
-    tokens, nwords, vocab = token_data(nbytes)
-    sets = {"tokens": tokens, "bf16": bf16_data(nbytes)}
-    print("token data: %d words of text, %d distinct, repeated to %d MiB" % (nwords, vocab, a.mib))
+    sets = {"tokens": token_data(nbytes, a.tokens, a.dir), "bf16": bf16_data(nbytes)}
     print("%-7s %-5s %6s %7s %12s %12s %16s" % ("data", "codec", "chunk", "ratio", "comp MB/s", "decomp MB/s",
                                                 "decomp no-verify"))
     src = os.path.join(a.dir, "cz-bench-%d.bin" % os.getpid())

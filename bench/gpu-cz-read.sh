@@ -1,20 +1,37 @@
 #!/usr/bin/env bash
-# Issue 26's read-path figures (part 1): ferry compressed files read into GPU memory through
-# ferry_cz_pread, for uint16 tokens and bf16 weights, zstd and LZ4 (1 MiB chunks, the default):
-#  - warm, from /dev/shm: the nvCOMP path (cz_gpu=auto) against the CPU path on every core
-#    (cz_gpu=off), effective GB/s; target: 3x;
-#  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise): the compressed
-#    file's effective GB/s against the plain file read into GPU memory (the disk's ceiling through
-#    ferry) times the ratio; target: 0.9x.
+# Issue 26's read-path figures: ferry compressed files read into GPU memory through ferry_cz_pread
+# (the read pipeline of src/format/cz_file.c), for uint16 tokens of a real tokenizer
+# (bench/cz-tokens.py: a byte-level BPE trained on the Python standard library's docstrings and
+# comments, or tiktoken's gpt2 where TIKTOKEN_CACHE_DIR holds it; no network) and bf16 weights,
+# zstd and LZ4, chunks of 256 KiB and 1 MiB:
+#  - warm, from /dev/shm: nvCOMP (cz_gpu=on) against the CPU path on every core (cz_gpu=off),
+#    effective GB/s on one open reader; target: 3x. Each row's path info has the pipeline's phase
+#    times (setup, read wait, host work, GPU wait): where the time goes;
+#  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise): cz_gpu=auto's
+#    effective GB/s against the plain file read into GPU memory (the disk's ceiling through ferry)
+#    times the ratio; target: 0.9x;
+#  - small batches (tokens, zstd, 1 MiB): reads of 1-128 chunks on nvCOMP and on the CPU, and the
+#    crossover that cz_gpu_min should be.
 # The measurement is tests/gpu/test_cz_bench.c's bench mode (built with -DFERRY_GPU_TESTS=ON).
 # Prints "TABLE name | figure | note" rows; the full output goes to $FERRY_LOG_DIR.
 #   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=1024 (bytes per data set)
 set -u
 source bench/nvcomp-env.sh test_cz_bench
+if [ ! -e /dev/nvidiactl ] && [ -z "${FERRY_CUDA_LIBRARY:-}" ]; then # (FERRY_CUDA_LIBRARY: a fake driver's run)
+	echo "skipped: no NVIDIA GPU here (/dev/nvidiactl absent)"
+	exit 77
+fi
 LOG=${FERRY_LOG_DIR:-/tmp/ferry-gpu-cz-read}
 mkdir -p "$LOG"
 WARM=/dev/shm/ferry-cz-bench-$$ COLD=${CZ_COLD_DIR:-$PWD/build-bench-disk/cz}
 mkdir -p "$WARM" "$COLD"
 trap 'rm -rf "$WARM" "$COLD"/cz-bench-*' EXIT
-timeout 400 "$prog" bench "$WARM" "$COLD" "${CZ_BENCH_MIB:-1024}" 2>&1 | tee "$LOG/gpu-cz-read.txt"
+MIB=${CZ_BENCH_MIB:-1024}
+PY=${PYTHON:-python3}
+tokens=$WARM/tokens.u16
+if ! (set -o pipefail; timeout 120 "$PY" bench/cz-tokens.py "$tokens" "$MIB" 2>&1 | tee "$LOG/gpu-cz-tokens.txt"); then
+	echo "TABLE cz tokens | synthetic | bench/cz-tokens.py failed (see above): the token rows use tests/nvcomp_check.h's ids"
+	tokens=
+fi
+timeout 400 "$prog" bench "$WARM" "$COLD" "$MIB" ${tokens:+"$tokens"} 2>&1 | tee "$LOG/gpu-cz-read.txt"
 exit "${PIPESTATUS[0]}"
