@@ -17,7 +17,10 @@ copy, filled before the timer, into new device memory). A loader that fails (or 
 
 --tensors makes one file per count, all of --size bytes (bf16 tensors of equal size), so that
 4000 small tensors compare with 78 large ones (the per-tensor cost). With FERRY_TRACE=1 the ferry
-child prints its spans (import, context, open, allocation, read) to stderr and into the JSON.
+child prints its spans (import, context, open, allocation, read) to stderr and into the JSON; with
+FERRY_ENGINE_TRACE=1 as well, the engine's timeline of the process (workers set up, GPU streams and
+copy units made, slots pinned, first chunk taken, first unit copy, requests done) is printed placed
+in the first load, beside those spans (use --loads 1 for a timeline of the fresh load alone).
 Prints a table (GB/s: median over the fresh processes; spread = max/min of them; rounds = the
 largest distance of a fresh process's time from their median, the issue's 15% bound; warm = the
 median of the later loads), TABLE rows for scripts/gpu-check.sh's summary (ferry against the
@@ -25,6 +28,7 @@ ceiling and the best peer, 4,000 against 78 tensors), and the rows as JSON."""
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -97,8 +101,11 @@ if device != "cpu":
     torch.empty(1, device=device)
     torch.cuda.synchronize()
 times = []
+t0_first = None
 for i in range(loads):
     t0 = time.perf_counter()
+    if t0_first is None:
+        t0_first = t0
     out = load()
     if device != "cpu":
         torch.cuda.synchronize()
@@ -108,8 +115,10 @@ for i in range(loads):
     nbytes = sum(t.numel() * t.element_size() for t in out.values())
     ntensors = len(out)
     del out
+# the first load's start on CLOCK_MONOTONIC (perf_counter's clock on Linux, and the engine
+# timeline's: FERRY_ENGINE_TRACE=1), so that the parent can place the engine's marks in the load
 print(json.dumps({"times": times, "import_s": t_import, "bytes": nbytes, "tensors": ntensors,
-                  "spans": spans}))
+                  "spans": spans, "t0_mono_ms": t0_first * 1e3}))
 """
 
 
@@ -143,6 +152,39 @@ def make_file(path, size, count):
             w.write(block[:n])
             left -= n
     os.rename(tmp, path)
+
+
+TIMELINE = re.compile(r"engine timeline \(ms from CLOCK_MONOTONIC ([0-9.]+) ms[^)]*\):(.*)")
+MARK = re.compile(r" ([a-z_()]+) x(\d+) \+([0-9.]+)\.\.\+([0-9.]+)(?: busy ([0-9.]+) \(longest ([0-9.]+)\))?;")
+
+
+def timeline(stderr, t0_ms, spans):
+    """The engine's timeline (FERRY_ENGINE_TRACE=1, logged at the child's exit) placed in the first
+    load: [(from ms, to ms, what, count, busy ms, longest ms)] from the load's start, the Python
+    spans (FERRY_TRACE=1) laid end to end beside it; [] when the child logged none."""
+    m = TIMELINE.search(stderr or "")
+    if not m or t0_ms is None:
+        return []
+    shift = float(m.group(1)) - t0_ms
+    rows = [(float(a) + shift, float(b) + shift, what, int(n), float(busy or 0), float(lng or 0))
+            for what, n, a, b, busy, lng in MARK.findall(m.group(2))]
+    at = 0.0
+    for k in ("context", "open", "plan", "alloc", "read"):  # in load_file's order
+        if k in spans:
+            rows.append((at, at + spans[k] * 1e3, "py:" + k, 1, spans[k] * 1e3, spans[k] * 1e3))
+            at += spans[k] * 1e3
+    if "workers_start" in spans:
+        ws = spans.get("context", 0) * 1e3
+        rows.append((ws, ws + spans["workers_start"] * 1e3, "py:workers_start", 1, spans["workers_start"] * 1e3,
+                     spans["workers_start"] * 1e3))
+    return sorted(rows)
+
+
+def print_timeline(rows, what):
+    print("timeline of %s (ms from the first load's start; engine marks: FERRY_ENGINE_TRACE=1, "
+          "py: load_file's spans):" % what)
+    for a, b, name, n, busy, lng in rows:
+        print("  %9.2f .. %9.2f  %-22s x%-4d busy %8.2f  longest %7.2f" % (a, b, name, n, busy, lng))
 
 
 def importable(loader):
@@ -218,6 +260,10 @@ def main():
                         raise RuntimeError("exit %d: %s" % (out.returncode, " | ".join(
                             out.stderr.strip().splitlines()[-2:])))
                     res[ld].append(json.loads(out.stdout.strip().splitlines()[-1]))
+                    tl = timeline(out.stderr, res[ld][-1].get("t0_mono_ms"), res[ld][-1]["spans"])
+                    if tl:
+                        res[ld][-1]["timeline"] = tl
+                        print_timeline(tl, "%s, %d tensors, process %d" % (ld, count, p + 1))
                 except (RuntimeError, ValueError, IndexError) as e:
                     failed[(ld, count)] = str(e)[-300:]
                     print("%s on %s: FAILED: %s" % (ld, path, failed[(ld, count)]), flush=True)
@@ -237,7 +283,8 @@ def main():
                    "rounds_dev": max(abs(t / med - 1) for t in first),
                    "warm_gbps": nb / statistics.median(warm) / 1e9 if warm else None,
                    "import_s": statistics.median(r["import_s"] for r in res[ld]),
-                   "spans": [r["spans"] for r in res[ld] if r["spans"]]}
+                   "spans": [r["spans"] for r in res[ld] if r["spans"]],
+                   "timelines": [r["timeline"] for r in res[ld] if r.get("timeline")]}
             if ld == "safetensors" and a.device == "cpu":
                 row["note"] = "mmap: the bytes are read at first use, not by the timed call"
             rows.append(row)
