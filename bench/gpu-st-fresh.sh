@@ -37,6 +37,11 @@ echo "=== timeline of fresh loads (/dev/shm, ferry alone, FERRY_ENGINE_TRACE=1)"
 FERRY_TRACE=1 FERRY_ENGINE_TRACE=1 "$PY" bench/st-fresh.py --device cuda --size "$SIZE" --tensors 78,4000 --procs 2 \
 	--loads 1 --loaders ferry --dir "$SHM" --json "$SHM/st-fresh-timeline.json" >"$SHM/timeline.out" || rc=1
 grep -v '^{\|^TABLE' "$SHM/timeline.out"
+# What the driver charges a fresh process for the pinned buffers and streams the engine makes (the
+# copy units made two ways, the old slots, the workers' streams): the next step's choice. ~30 s.
+echo "=== driver costs in a fresh process (bench/pin-cost.py)"
+"$PY" bench/pin-cost.py --procs 2 --json "$SHM/pin-cost.json" >"$SHM/pin-cost.out" || rc=1
+grep -v '^{' "$SHM/pin-cost.out"
 fs=$(stat -f -c %T "$DISK")
 echo "=== the disk's page cache: $DISK ($fs)"
 if [ "$fs" = tmpfs ]; then
