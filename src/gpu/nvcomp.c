@@ -275,6 +275,8 @@ struct ferry__nvc {
 	size_t temp_cap;
 	size_t n;    /* chunks of the batch in flight (0: none) */
 	void *stream; /* its stream */
+	ferry__CUevent done; /* recorded after the batch's results: the stream may run later work
+			      * (the next batch of a pipeline) before finish is called */
 };
 
 #define ARRAYS_BYTES(cap) ((cap) * (5 * sizeof(uint64_t) + sizeof(nvc_status)))
@@ -305,8 +307,15 @@ int ferry__nvc_open(int dev, int codec, struct ferry__nvc **out)
 	d->c = codec_of(codec, &name);
 	memset(&opts, 0, sizeof(opts));
 	s = d->c->GetRequiredAlignments(opts, &d->align);
+	ferry__CUresult er = s == 0 ? ferry__cuda()->EventCreate(&d->done, FERRY__CU_EVENT_DISABLE_TIMING) : 0;
 	ferry__cuda_leave_device(prev);
+	if (er != FERRY__CUDA_SUCCESS) {
+		free(d);
+		return ferry__cuda_fail(er, "nvcomp: cuEventCreate");
+	}
 	if (s != 0) {
+		if (d->done)
+			ferry__cuda()->EventDestroy(d->done);
 		free(d);
 		return ferry__error(FERRY_ECUDA, "nvcomp: nvcompBatched%sDecompressGetRequiredAlignments: %s (%d) %s",
 				    name, status_name(s), s, status_text(s));
@@ -342,6 +351,8 @@ void ferry__nvc_close(struct ferry__nvc *d)
 		free_arrays(cu, d);
 		if (d->temp)
 			cu->MemFree(d->temp);
+		if (d->done)
+			cu->EventDestroy(d->done);
 		ferry__cuda_leave_device(prev);
 	}
 	free(d);
@@ -401,12 +412,12 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 		 * its stream has drained: its results land in the host mirror this batch reuses. */
 		if ((r = ferry__cuda_enter_device(d->dev, &prev)) < 0)
 			return r;
-		cr = cu->StreamSynchronize((ferry__CUstream)d->stream);
+		cr = cu->EventSynchronize(d->done);
 		ferry__cuda_leave_device(prev);
 		size_t left = d->n;
 		d->n = 0;
 		if (cr != FERRY__CUDA_SUCCESS)
-			return ferry__cuda_fail(cr, "nvcomp: cuStreamSynchronize (the unfinished batch of %zu chunks)", left);
+			return ferry__cuda_fail(cr, "nvcomp: cuEventSynchronize (the unfinished batch of %zu chunks)", left);
 	}
 	if (!n)
 		return 0;
@@ -463,6 +474,10 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 		r = ferry__cuda_fail(cr, "nvcomp: cuMemcpyDtoHAsync(statuses of %zu chunks)", n);
 		goto out;
 	}
+	if ((cr = cu->EventRecord(d->done, (ferry__CUstream)stream)) != FERRY__CUDA_SUCCESS) {
+		r = ferry__cuda_fail(cr, "nvcomp: cuEventRecord (after the batch of %zu chunks)", n);
+		goto out;
+	}
 	d->n = n;
 	d->stream = stream;
 	r = 0;
@@ -481,12 +496,13 @@ int ferry__nvc_finish(struct ferry__nvc *d, size_t *out_len)
 	n = d->n;
 	if (!n)
 		return 0;
-	/* The sizes and statuses are the stream's last copy: read before it ran, they are stale. */
+	/* The sizes and statuses are the batch's last copy: read before it ran, they are stale. Its
+	 * event, not the stream: later work (the next window's batch) may be queued behind it. */
 	const struct ferry__cuda_api *cu = ferry__cuda();
 	ferry__CUcontext prev;
 	ferry__CUresult cr = FERRY__CUDA_SUCCESS;
 	if (cu && (r = ferry__cuda_enter_device(d->dev, &prev)) == 0) {
-		cr = cu->StreamQuery((ferry__CUstream)d->stream);
+		cr = cu->EventQuery(d->done);
 		ferry__cuda_leave_device(prev);
 	}
 	if (r < 0)
@@ -495,7 +511,7 @@ int ferry__nvc_finish(struct ferry__nvc *d, size_t *out_len)
 		return ferry__error(FERRY_EBUSY, "nvcomp: finish: the batch of %zu chunks is still running (synchronise its stream first)", n);
 	d->n = 0;
 	if (cr != FERRY__CUDA_SUCCESS)
-		return ferry__cuda_fail(cr, "nvcomp: cuStreamQuery (the batch of %zu chunks)", n);
+		return ferry__cuda_fail(cr, "nvcomp: cuEventQuery (the batch of %zu chunks)", n);
 	const uint64_t *len = (const uint64_t *)d->host + 4 * n;
 	const nvc_status *st = (const nvc_status *)(len + n);
 	for (size_t i = 0; i < n; i++) {

@@ -49,11 +49,13 @@ void ferry__nvc_close(struct ferry__nvc *d);
 int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const uint64_t *src,
 			  const size_t *src_len, const uint64_t *dst, const size_t *dst_cap);
 /*
- * After the stream's work has completed (the caller synchronised it): the decompressed size of
+ * After the batch's work has completed (the caller synchronised its stream, or an event recorded
+ * after it; later work on the stream need not have run): the decompressed size of
  * each chunk of the last batch into out_len[i] (may be NULL), and 0, or a negative code naming
  * the first failed chunk by its index in the batch and nvCOMP's status in ferry_last_error().
  * Before the stream has run the batch: FERRY_EBUSY, the batch kept. A batch never finished is
- * dropped when the next one is enqueued (its stream synchronised first).
+ * dropped when the next one is enqueued on the same decoder (waited for first); several decoders
+ * may have batches in flight on one stream at once.
  */
 int ferry__nvc_finish(struct ferry__nvc *d, size_t *out_len);
 

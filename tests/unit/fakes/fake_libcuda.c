@@ -284,14 +284,14 @@ API int fake_streams_made(void) { return __atomic_load_n(&streams_made, __ATOMIC
 API CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; __atomic_add_fetch(&streams_made, 1, __ATOMIC_SEQ_CST); *s = malloc(1); return *s ? 0 : 2; }
 API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 API CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
-/* cuStreamQuery's answer (600: CUDA_ERROR_NOT_READY, work still running), for test_nvcomp */
+/* cuStreamQuery's and cuEventQuery's answer (600: CUDA_ERROR_NOT_READY, work still running), for test_nvcomp */
 static int stream_query_result;
 API void fake_set_stream_query(int r) { stream_query_result = r; }
 API CUresult cuStreamQuery(void *s) { (void)s; return stream_query_result; }
 API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
 API CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = malloc(1); return *e ? 0 : 2; }
 API CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
-API CUresult cuEventQuery(void *e) { (void)e; return 0; }
+API CUresult cuEventQuery(void *e) { (void)e; return stream_query_result; }
 API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 API CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
 API CUresult cuLaunchHostFunc(void *s, CUhostFn fn, void *u) { (void)s; fn(u); return 0; }
