@@ -748,6 +748,56 @@ static void engine_gather(uint64_t *fallbacks)
 	unlink(path);
 }
 
+/*
+ * A piece whose read fails in the middle of a gathered batch (/proc/self/mem at offset 0, which is
+ * not mapped: EIO): it reports its error and its destination is not written; the pieces before and
+ * after it land, each with its own count.
+ */
+static void engine_gather_fail(void)
+{
+	enum { P = 4096, N = 13, BAD = 6 };
+	static unsigned char want[N * P], back[N * P];
+	char path[4200];
+	ferry_ctx *ctx;
+	ferry_file *f, *mem;
+	ferry_batch *b;
+	void *d = NULL;
+
+	snprintf(path, sizeof(path), "%s/gather-fail.bin", t_tmpdir());
+	t_fill_pattern(want, sizeof(want), 0, 13);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	T_ASSERT(fd >= 0 && write(fd, want, sizeof(want)) == (ssize_t)sizeof(want));
+	close(fd);
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(back), &d), 0);
+	memset(back, 0xee, sizeof(back));
+	T_EQ_INT(ferry_gpu_memcpy_htod(d, back, sizeof(back)), 0);
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "threads", "1"), 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "path", "cpu-async-gpu"), 0);
+	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
+	T_ASSERT(ferry_file_open(ctx, "/proc/self/mem", FERRY_O_RDONLY, &mem) == 0);
+	T_ASSERT(ferry_batch_create(ctx, &b) == 0);
+	for (int i = 0; i < N; i++)
+		T_EQ_INT(i == BAD ? ferry_batch_add_read(b, mem, 0, P, (char *)d + (size_t)i * P)
+				  : ferry_batch_add_read(b, f, (uint64_t)i * P, P, (char *)d + (size_t)i * P), i);
+	T_EQ_INT(ferry_batch_submit(b), 0);
+	T_EQ_INT(ferry_batch_wait(b, -1), -EIO);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
+	for (int i = 0; i < N; i++) {
+		T_EQ_INT(ferry_batch_result(b, (size_t)i), i == BAD ? -EIO : P);
+		if (i == BAD)
+			T_CHECK(back[(size_t)i * P] == 0xee && back[(size_t)i * P + P - 1] == 0xee);
+		else
+			T_CHECK(memcmp(back + (size_t)i * P, want + (size_t)i * P, P) == 0);
+	}
+	ferry_batch_destroy(b);
+	ferry_file_destroy(mem);
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(ctx);
+	T_EQ_INT(ferry_gpu_free(d), 0);
+	unlink(path);
+}
+
 static int sc_gather(void)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
@@ -764,6 +814,7 @@ static int sc_gather(void)
 	uint64_t fallbacks = 0;
 	engine_gather(&fallbacks);
 	T_EQ_INT(fallbacks, 1);
+	engine_gather_fail();
 	return t_result();
 }
 
@@ -885,6 +936,9 @@ static int sc_gather_kernel(void)
 	T_CHECK(fake_int("fake_launches") > l0);
 	T_EQ_INT(fake_int("fake_batch_calls") - b0, 0); /* a gather of one piece is a plain copy */
 	T_EQ_INT(fallbacks, 0);
+	int p0 = fake_int("fake_launch_pieces");
+	engine_gather_fail();
+	T_CHECK(fake_int("fake_launch_pieces") > p0);
 	T_EQ_INT(ferry__scatter_state(1, true), FERRY__SCATTER_READY);
 	T_EQ_INT(fake_int("fake_module_loads"), 2);
 	return t_result();
