@@ -1,6 +1,6 @@
 /*
  * Compressed files from the command line (docs/FORMATS.md):
- *   ferry cp --compress zstd|lz4 [--level N] [--chunk SIZE] [--threads N] SRC DST
+ *   ferry cp --compress zstd|lz4 [--level N] [--chunk SIZE] [--threads N] SRC DST   (DST local or s3://)
  *   ferry cp SRC DST            (SRC a compressed file: DST gets the plain bytes; both local)
  *   ferry cz info [--json] FILE
  * ferry cp between a URL and a local path without these options is ferry stage (cli/stage.c).
@@ -39,7 +39,8 @@ static int cp_usage(void)
 {
 	fprintf(stderr,
 		"usage: ferry cp [--compress zstd|lz4] [--level N] [--chunk SIZE] [--threads N] [--json] [--quiet] SRC DST\n"
-		"  --compress: DST becomes a compressed file (docs/FORMATS.md); SRC a local path or a URL\n"
+		"  --compress: DST becomes a compressed file (docs/FORMATS.md); SRC a local path or a URL; DST a\n"
+		"    local path or an s3:// URL (one multipart upload, visible whole at the end)\n"
 		"  SRC a compressed file, no --compress: DST gets its plain bytes (--decompress for a URL)\n"
 		"  between a URL and a local path otherwise: ferry stage (resumable, prefixes)\n");
 	return 2;
@@ -103,8 +104,8 @@ int ferry_cmd_cp(int argc, char **argv)
 		return cp_usage();
 	if (!codec_name && !decompress && (is_url(src) || is_url(dst)))
 		return ferry_cmd_stage(argc, argv);
-	if (is_url(dst)) {
-		fprintf(stderr, "ferry cp: %s: a compressed or decompressed copy is written to a local path; "
+	if (is_url(dst) && !codec_name) {
+		fprintf(stderr, "ferry cp: %s: a decompressed copy is written to a local path; "
 				"stage it afterwards with ferry cp LOCAL URL\n", dst);
 		return 2;
 	}
@@ -120,7 +121,7 @@ int ferry_cmd_cp(int argc, char **argv)
 	/* a directory as DST: the file keeps its name there */
 	char dpath[4096];
 	struct stat sb;
-	if (!stat(dst, &sb) && S_ISDIR(sb.st_mode)) {
+	if (!is_url(dst) && !stat(dst, &sb) && S_ISDIR(sb.st_mode)) {
 		const char *base = strrchr(src, '/');
 		snprintf(dpath, sizeof(dpath), "%s/%s", dst, base ? base + 1 : src);
 		dst = dpath;

@@ -36,7 +36,9 @@ typedef struct ferry_cz_writer ferry_cz_writer;
 /*
  * A writer of a new compressed file at path with codec (FERRY_CZ_*): the data goes into a temporary
  * file created exclusively beside path (docs/ARCHITECTURE.md, "Files ferry creates"), which
- * ferry_cz_writer_commit renames into place. Knobs are read from the environment here and may be
+ * ferry_cz_writer_commit renames into place; or path is an s3:// URL, written in order into the
+ * object (a multipart upload) that the commit makes visible whole (a failure aborts it; FERRY_CZ_EXCL
+ * is refused with -EOPNOTSUPP). Knobs are read from the environment here and may be
  * set until the first write. Returns 0, FERRY_EBADOPT (codec, or an environment value) or -errno.
  */
 FERRY_API FERRY_WUR int ferry_cz_writer_create(const char *path, int codec, int flags, ferry_cz_writer **out);

@@ -87,7 +87,9 @@ int ferry_cz_codec_from_name(const char *name)
 struct ferry_cz_writer {
 	struct cz_knobs knobs;
 	int codec, flags, dirfd;
-	struct ferry__tmpfile t;
+	struct ferry__tmpfile t; /* a local path's temporary */
+	ferry_ctx *own;          /* a URL's (s3://): the object written in order, visible at the commit */
+	ferry_file *uf;
 	char *path;
 	int state; /* 0 new, 1 writing, 2 committed, -1 failed */
 	uint8_t *in;
@@ -116,8 +118,26 @@ int ferry_cz_writer_create(const char *path, int codec, int flags, ferry_cz_writ
 	w->codec = codec;
 	w->flags = flags;
 	w->t.fd = -1;
+	w->dirfd = -1;
 	int r = ferry__knobs_init(&cz_knob_table, &w->knobs);
 	const char *name = NULL;
+	if (!r && strstr(path, "://")) {
+		/* an object: the format is written strictly in order (chunks, index, trailer), which is
+		 * what an s3:// URL opened for writing takes (a multipart upload, committed by the sync) */
+		if (flags & FERRY_CZ_EXCL)
+			r = ferry__error(-EOPNOTSUPP, "%s: compressed writer: FERRY_CZ_EXCL is for local paths (an object store has no exclusive create here)", path);
+		else if (!(r = ferry_ctx_create(&w->own)) &&
+			 (r = ferry_file_open(w->own, path, FERRY_O_WRONLY | FERRY_O_CREAT | FERRY_O_TRUNC, &w->uf)))
+			ferry__error_append("%s: compressed writer", path);
+		if (r) {
+			ferry_ctx_destroy(w->own);
+			free(w->path);
+			free(w);
+			return r;
+		}
+		*out = w;
+		return 0;
+	}
 	if (!r && (w->dirfd = ferry__dir_open_parent(path, FERRY__DIR_FOLLOW, &name)) < 0)
 		r = w->dirfd;
 	else if (!r && (r = ferry__tmp_create(w->dirfd, name, 0644, 0, &w->t)) < 0)
@@ -177,6 +197,18 @@ static int encode_slot(void *arg, size_t i)
 static int write_all(ferry_cz_writer *w, const void *buf, size_t n)
 {
 	const uint8_t *p = buf;
+	if (w->uf) {
+		ssize_t k = ferry_pwrite(w->uf, buf, n, w->file_off);
+		if (k >= 0 && (size_t)k != n)
+			k = ferry__error(-EIO, "%s: %zd of %zu bytes written at offset %llu", w->path, k, n,
+					 (unsigned long long)w->file_off);
+		if (k < 0) {
+			ferry__error_append("%s: compressed writer", w->path);
+			return (int)k;
+		}
+		w->file_off += n;
+		return 0;
+	}
 	while (n) {
 		ssize_t k = pwrite(w->t.fd, p, n, (off_t)w->file_off);
 		if (k < 0 && errno == EINTR)
@@ -251,11 +283,14 @@ int64_t ferry_cz_writer_commit(ferry_cz_writer *w)
 		}
 	}
 	free(idx);
-	if (!r && (r = ferry__tmp_commit(&w->t, (w->flags & FERRY_CZ_EXCL) ? FERRY__DURABLE_NOREPLACE : 0)))
+	if (!r && w->uf && (r = ferry_file_sync(w->uf, 1))) /* the object appears, whole */
+		ferry__error_append("%s: compressed writer: committing the object", w->path);
+	else if (!r && !w->uf && (r = ferry__tmp_commit(&w->t, (w->flags & FERRY_CZ_EXCL) ? FERRY__DURABLE_NOREPLACE : 0)))
 		ferry__error_append("%s: compressed writer", w->path);
 	if (r) {
 		w->state = -1;
-		ferry__tmp_abort(&w->t);
+		if (!w->uf)
+			ferry__tmp_abort(&w->t);
 		return r;
 	}
 	w->state = 2;
@@ -266,8 +301,10 @@ void ferry_cz_writer_destroy(ferry_cz_writer *w)
 {
 	if (!w)
 		return;
-	if (w->state != 2)
+	if (w->state != 2 && !w->uf)
 		ferry__tmp_abort(&w->t);
+	ferry_file_destroy(w->uf); /* not committed: the upload is aborted, no object appears */
+	ferry_ctx_destroy(w->own);
 	if (w->dirfd >= 0)
 		close(w->dirfd);
 	for (unsigned i = 0; w->slots && i < w->nslots; i++) {
