@@ -4,9 +4,10 @@
 # /dev/shm, through the batch API and per-piece futures, beside kvikio (16 threads) and the same reads
 # into pinned host memory, all in one run; then the depth-256 rows of 4 KiB and 64 KiB again in a
 # process with FERRY_SCATTER=0 (the gathered copies as before the scatter kernel: cuMemcpyBatchAsync),
-# to show what the kernel changed. TABLE rows: each api and size at depth 256 (the issue's ">= 64 in
-# flight") against both targets, 1.5x kvikio and 0.8x the same reads into pinned host memory; the
-# kernel's load (from the library's log); the A/B ratio. The full tables are in this script's log.
+# to show what the kernel changed; before them, the cost of one gather three ways (test_scatter_gpu
+# bench). TABLE rows: each api and size at depth 256 (the issue's ">= 64 in flight") against both
+# targets, 1.5x kvikio and 0.8x the same reads into pinned host memory; the kernel's load (from the
+# library's log); the A/B ratio; the per-gather costs. The full tables are in this script's log.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 PY=${PYTHON:-python3}
@@ -17,6 +18,15 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 rm -rf "$D" && mkdir -p "$D"
 rc=0
+# the claimed cause first: one gather of 16 pieces, the kernel's launch against cuMemcpyBatchAsync
+# and one plain copy of the same bytes (CPU in the call, wall to the end), in C (tests/gpu)
+T=${FERRY_BUILD_DIR:-build}/tests/gpu/test_scatter_gpu
+if [ -x "$T" ]; then
+	echo "=== per gather: $T bench"
+	"$T" bench || rc=1
+else
+	echo "TABLE scatter gather | not run | $T not built (-DFERRY_GPU_TESTS=ON)"
+fi
 # FERRY_LOG_LEVEL=3: the library logs whether the scatter kernel loaded (and in how long), or why not
 echo "=== kernel: small-reads.py (scatter kernel on: the default)"
 FERRY_LOG_LEVEL=3 "$PY" bench/small-reads.py --device cuda --mem pinned --sizes 4k,64k,1m --depths 1,32,256 \

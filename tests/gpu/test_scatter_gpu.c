@@ -10,7 +10,13 @@
  *      and device addresses, pieces that end at EOF, cross it (short) or start past it (0 bytes,
  *      nothing written); the kernel must have copied pieces (ferry__scatter_pieces).
  *   test_scatter_gpu [pieces]   (default 600 per round)
+ *   test_scatter_gpu bench      the cost of one gather of 16 pieces of 4 KiB and of 64 KiB, side by
+ *                               side: the kernel's launch, the cuMemcpyBatchAsync it replaces and
+ *                               one cuMemcpyHtoDAsync of the same bytes (the floor); CPU microseconds
+ *                               in the enqueueing call and wall microseconds to the end of the
+ *                               copies, medians of 300; TABLE rows (bench/gpu-small-reads.sh).
  */
+#include <time.h>
 #include <fcntl.h>
 
 #include "ferry_test.h"
@@ -172,10 +178,79 @@ static void engine(const char *file, const unsigned char *data, int n, bool futu
 	free(p);
 }
 
+static double now_us(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* One gather of 16 pieces of `size` from slots 1 MiB apart (as the engine's) three ways. */
+static void bench_gather(size_t size)
+{
+	enum { P = 16, ROUNDS = 300, KERNEL = 0, BATCH = 1, FLOOR = 2 };
+	const size_t stride = 1 << 20, room = P * stride;
+	static const char *const names[] = {"kernel launch", "cuMemcpyBatchAsync", "one cuMemcpyHtoDAsync"};
+	unsigned char *host = ferry_alloc_aligned(room);
+	struct ferry__scatter_piece sp[P];
+	struct ferry__ring_piece rp[P];
+	struct ferry__ring_gpu *r;
+	double call[3][ROUNDS], wall[3][ROUNDS];
+	uint64_t hp = 0;
+	void *d = NULL;
+
+	T_ASSERT(host);
+	T_EQ_INT(ferry__cuda_set_device(0), 0);
+	T_EQ_INT(ferry__cuda()->MemHostRegister(host, room, FERRY__CU_MEMHOSTREGISTER_PORTABLE |
+						FERRY__CU_MEMHOSTREGISTER_DEVICEMAP), 0);
+	T_EQ_INT(ferry__scatter_host_ptr(0, host, &hp), 0);
+	T_ASSERT(ferry_gpu_malloc(0, room, &d) == 0);
+	T_ASSERT(ferry__ring_create(0, 2, 0, &r) == 0);
+	memset(host, 1, room);
+	for (int i = 0; i < P; i++) {
+		uint64_t dst = (uint64_t)(uintptr_t)d + (uint64_t)((i * 7) % P) * stride; /* not in order */
+		sp[i] = (struct ferry__scatter_piece){hp + (uint64_t)i * stride, dst, size};
+		rp[i] = (struct ferry__ring_piece){dst, host + (size_t)i * stride, size};
+	}
+	bool batch = ferry__ring_can_batch();
+	for (int k = 0; k < 3; k++) {
+		for (int i = -20; i < ROUNDS; i++) { /* 20 to warm up */
+			double t0 = now_us();
+			int err = k == KERNEL ? ferry__scatter_launch(0, ferry__ring_stream(r), sp, P, NULL)
+				  : k == BATCH ? ferry__ring_h2d_gather(r, rp, P, NULL)
+					       : ferry__ring_h2d(r, (uint64_t)(uintptr_t)d, host, P * size, true);
+			double t1 = now_us();
+			T_EQ_INT(err, 0);
+			T_EQ_INT(ferry__ring_drain(r), 0);
+			if (i >= 0) {
+				call[k][i] = t1 - t0;
+				wall[k][i] = now_us() - t0;
+			}
+		}
+		qsort(call[k], ROUNDS, sizeof(double), cmp_double);
+		qsort(wall[k], ROUNDS, sizeof(double), cmp_double);
+	}
+	for (int k = 0; k < 3; k++)
+		printf("TABLE scatter gather 16 x %zuk %s | %.1f us CPU | %.1f us to the end of the copies%s\n",
+		       size >> 10, names[k], call[k][ROUNDS / 2], wall[k][ROUNDS / 2],
+		       k == BATCH && !batch ? " (no cuMemcpyBatchAsync here: one call per piece)" : "");
+	ferry__ring_destroy(r);
+	T_EQ_INT(ferry_gpu_free(d), 0);
+	T_EQ_INT(ferry__cuda()->MemHostUnregister(host), 0);
+	ferry_free_aligned(host, room);
+}
+
 int main(int argc, char **argv)
 {
 	char why[512], file[4200];
-	int n = argc > 1 ? atoi(argv[1]) : 600;
+	bool bench = argc > 1 && !strcmp(argv[1], "bench");
+	int n = argc > 1 && !bench ? atoi(argv[1]) : 600;
 
 	if (!ferry_gpu_available(why, sizeof(why)))
 		T_SKIP("no usable GPU: %s", why);
@@ -183,6 +258,11 @@ int main(int argc, char **argv)
 	printf("scatter kernel on device 0: %s%s\n", st == FERRY__SCATTER_READY ? "loaded" : "NOT loaded: ",
 	       ferry__scatter_reason(0));
 	T_ASSERT(st == FERRY__SCATTER_READY); /* a GPU of this project's must run it */
+	if (bench) {
+		bench_gather(4 << 10);
+		bench_gather(64 << 10);
+		return t_result();
+	}
 	launches();
 
 	unsigned char *data = malloc(FILE_SIZE);
