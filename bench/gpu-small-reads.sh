@@ -22,6 +22,14 @@ rc=0
 # and one plain copy of the same bytes (CPU in the call, wall to the end), in C (tests/gpu)
 T=${FERRY_BUILD_DIR:-build}/tests/gpu/test_scatter_gpu
 if [ -x "$T" ]; then
+	# every byte of kernel-copied pieces checked first (a few seconds; also in the gpu ctest step)
+	echo "=== correctness: $T"
+	if FERRY_TEST_TMPDIR=$D "$T"; then
+		echo "TABLE scatter test_scatter_gpu | passed | launches and engine reads (batch, futures) byte-exact"
+	else
+		echo "TABLE scatter test_scatter_gpu | FAILED | see this log"
+		rc=1
+	fi
 	echo "=== per gather: $T bench"
 	"$T" bench || rc=1
 else
