@@ -236,6 +236,8 @@ int main(int argc, char **argv)
 				       "first read of a fresh open: nvcomp %.2f, cpu %.2f GB/s\n",
 				       name, g, c, cores, g / c, tg > 0 && tc > 0 && g >= 3 * c ? "met" : "not met", ratio,
 				       (double)n / fg / 1e9, (double)n / fc / 1e9);
+				const char *gp = strstr(ginfo, "); "), *cp = strstr(cinfo, "); ");
+				printf("TABLE cz warm phases %s | nvcomp%s | cpu%s\n", name, gp ? gp + 1 : ginfo, cp ? cp + 1 : cinfo);
 				printf("  nvcomp: %s\n  cpu: %s\n", ginfo, cinfo);
 				/* cold, what cz_gpu=auto picks, a fresh open each time */
 				double tk = 1e99;
