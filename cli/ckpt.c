@@ -13,6 +13,7 @@
 #include "ckpt_torch.h"
 #include "commands.h"
 #include "ferry/ckpt.h"
+#include "ferry/compress.h"
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
 #include "progress.h"
@@ -219,7 +220,27 @@ static void print_meta_text(const char *key, const char *value)
 	printf("  metadata %s = %.*s... (%zu of %zu bytes cut; --json prints all)\n", key, (int)k, value, n - k, n);
 }
 
-static void print_file(ferry_st *st, int json, int first, int rank)
+/* A shard in ferry's compressed format (a compressed checkpoint's): its codec and ratio; else nothing. */
+static void print_compressed(ferry_ctx *ctx, const char *path, int json)
+{
+	ferry_cz *z = NULL;
+	if (ferry_cz_is_compressed(ctx, path) != 1 || ferry_cz_open(ctx, path, &z))
+		return;
+	int64_t size = ferry_cz_size(z), csize = ferry_cz_compressed_size(z);
+	double ratio = csize > 0 ? (double)size / (double)csize : 0;
+	if (json)
+		printf(",\"compressed\":{\"codec\":\"%s\",\"bytes\":%lld,\"compressed_bytes\":%lld,\"ratio\":%.4f,"
+		       "\"chunk_size\":%lld,\"chunks\":%lld,\"stored_chunks\":%lld}",
+		       ferry_cz_codec_name(ferry_cz_codec(z)), (long long)size, (long long)csize, ratio,
+		       (long long)ferry_cz_chunk_size(z), (long long)ferry_cz_chunks(z), (long long)ferry_cz_stored_chunks(z));
+	else
+		printf("  compressed: %s, ratio %.3f (%lld bytes in %lld), %lld chunks of %lld bytes, %lld stored\n",
+		       ferry_cz_codec_name(ferry_cz_codec(z)), ratio, (long long)size, (long long)csize,
+		       (long long)ferry_cz_chunks(z), (long long)ferry_cz_chunk_size(z), (long long)ferry_cz_stored_chunks(z));
+	ferry_cz_destroy(z);
+}
+
+static void print_file(ferry_ctx *ctx, ferry_st *st, int json, int first, int rank)
 {
 	uint64_t dims[FERRY_ST_MAX_DIMS];
 	if (json) {
@@ -227,6 +248,7 @@ static void print_file(ferry_st *st, int json, int first, int rank)
 		ferry_tools_json_string(stdout, ferry_st_path(st));
 		if (rank >= 0)
 			printf(",\"rank\":%d", rank);
+		print_compressed(ctx, ferry_st_path(st), 1);
 		printf(",\"data_start\":%" PRIu64 ",\"metadata\":{", ferry_st_data_start(st));
 		for (size_t m = 0; m < ferry_st_metadata_count(st); m++) {
 			printf("%s", m ? "," : "");
@@ -238,6 +260,7 @@ static void print_file(ferry_st *st, int json, int first, int rank)
 	} else {
 		printf("%s: %zu tensors, data at byte %" PRIu64 "\n", ferry_st_path(st), ferry_st_count(st),
 		       ferry_st_data_start(st));
+		print_compressed(ctx, ferry_st_path(st), 0);
 		for (size_t m = 0; m < ferry_st_metadata_count(st); m++)
 			print_meta_text(ferry_st_metadata_key(st, m), ferry_st_metadata_value(st, m));
 	}
@@ -289,7 +312,7 @@ static int inspect_step(ferry_ctx *ctx, const struct target *t, int json)
 			printf("%s: step %lld, %d rank%s\n", p, (long long)t->step, world, world > 1 ? "s" : "");
 		}
 		for (int k = 0; k < world; k++)
-			print_file(st[k], json, k == 0, k);
+			print_file(ctx, st[k], json, k == 0, k);
 		if (json)
 			printf("]}\n");
 	}
@@ -330,7 +353,7 @@ static int cmd_inspect(int argc, char **argv)
 	if (o.json)
 		printf("{\"files\":[");
 	for (size_t f = 0; f < ferry_st_load_files(ld); f++)
-		print_file(ferry_st_load_file(ld, f), o.json, f == 0, -1);
+		print_file(ctx, ferry_st_load_file(ld, f), o.json, f == 0, -1);
 	if (o.json)
 		printf("]}\n");
 	ferry_st_load_destroy(ld);

@@ -2,27 +2,35 @@
  * ferry ckpt bench: save and load throughput of a transformer-shaped set of tensors, durable saves,
  * asynchronous saves and loads into GPU or host memory.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "commands.h"
+#include "ferry/ckpt.h"
+#include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
 
 struct bench_opts {
-	const char *dir;
+	const char *dir, *compress;
 	uint64_t size;
 	int device, host, cold, keep, json, loads, save_only, saves, phases;
 };
 
 #define BO(f) offsetof(struct bench_opts, f)
+
+static const struct cli_choice compress_codecs[] = {{"zstd", 0, 0}, {"lz4", 0, 0}, {"auto", 0, 0}, {NULL, 0, 0}};
 
 static const struct cli_opt bench_rows[] = {
 	{.name = "dir", .kind = CLI_STR, .off = BO(dir), .arg = "DIR", .help = "where the file is written (default .)"},
@@ -42,6 +50,10 @@ static const struct cli_opt bench_rows[] = {
 	 .help = "durable saves (default 2; the third and later each into a new file after the previous one\n"
 		 "is deleted and synced; the best of the second and later is reported)"},
 	{.name = "phases", .kind = CLI_FLAG, .off = BO(phases), .help = "a PHASES line per save: where its time went"},
+	{.name = "compress", .kind = CLI_STR, .off = BO(compress), .arg = "CODEC", .choices = compress_codecs,
+	 .help = "a compressed checkpoint (ferry_ckpt, compress=CODEC: zstd, lz4, auto) of bf16 weights\n"
+		 "(randn x 0.02): its ratio, save rate, and load rates (effective: uncompressed bytes per\n"
+		 "second; compressed: the file's) and where the chunks were decoded"},
 	{.name = NULL},
 };
 
@@ -114,6 +126,173 @@ static void print_phases(ferry_st_writer *w, const char *what, int rep, double g
 	printf("}\n");
 }
 
+/*
+ * Weights as a model's are at initialisation: randn x 0.02 rounded to bf16 (bench/cz-codecs.py's
+ * data, whose ratio PERFORMANCE.md reports). A pool of 16 MiB of them is copied into each tensor at
+ * a varying offset: compressed chunks (at most 4 MiB) are independent, so the pool's repeats are
+ * never seen by the compressor, and the state is made at memory speed.
+ */
+#define POOL_BYTES (16u << 20)
+static uint16_t *weight_pool(void)
+{
+	uint16_t *p = malloc(POOL_BYTES);
+	uint64_t x = 0x9E3779B97F4A7C15ull;
+	for (size_t i = 0; p && i < POOL_BYTES / 2; i += 2) {
+		double u[2];
+		for (int k = 0; k < 2; k++) { /* xorshift64*, 53 bits, never 0 */
+			x ^= x >> 12, x ^= x << 25, x ^= x >> 27;
+			u[k] = ((double)((x * 0x2545F4914F6CDD1Dull) >> 11) + 1.0) / 9007199254740993.0;
+		}
+		double rad = sqrt(-2.0 * log(u[0])) * 0.02, th = 6.283185307179586 * u[1];
+		float f[2] = {(float)(rad * cos(th)), (float)(rad * sin(th))};
+		for (int k = 0; k < 2; k++) {
+			uint32_t b;
+			memcpy(&b, &f[k], 4);
+			p[i + k] = (uint16_t)((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16); /* round to nearest even */
+		}
+	}
+	return p;
+}
+
+static int fill_weights(void *dst, size_t bytes, int dev, const uint16_t *pool, size_t seed)
+{
+	size_t at = (seed * 7919u * 4096u + 2 * seed) % (POOL_BYTES / 2) & ~(size_t)1;
+	for (size_t done = 0; done < bytes;) {
+		size_t n = bytes - done < POOL_BYTES - at ? bytes - done : POOL_BYTES - at;
+		if (dev >= 0) {
+			int r = ferry_gpu_memcpy_htod((char *)dst + done, (const char *)pool + at, n);
+			if (r)
+				return r;
+		} else {
+			memcpy((char *)dst + done, (const char *)pool + at, n);
+		}
+		done += n;
+		at = 0;
+	}
+	return 0;
+}
+
+/* Removes the checkpoint directory this run made (its own files only: the names a checkpoint makes). */
+static void remove_ckpt_dir(const char *cdir)
+{
+	DIR *d = opendir(cdir);
+	struct dirent *e;
+	char p[4608], q[4864];
+	while (d && (e = readdir(d))) {
+		if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+			continue;
+		snprintf(p, sizeof(p), "%s/%s", cdir, e->d_name);
+		if (!strncmp(e->d_name, "step-", 5) || !strcmp(e->d_name, "recycle")) {
+			DIR *s = opendir(p);
+			struct dirent *f;
+			while (s && (f = readdir(s)))
+				if (strcmp(f->d_name, ".") && strcmp(f->d_name, "..")) {
+					snprintf(q, sizeof(q), "%s/%s", p, f->d_name);
+					unlink(q);
+				}
+			if (s)
+				closedir(s);
+			rmdir(p);
+		} else if (!strcmp(e->d_name, "latest") || !strncmp(e->d_name, ".ferry-lock-rank-", 17)) {
+			unlink(p);
+		}
+	}
+	if (d)
+		closedir(d);
+	rmdir(cdir);
+}
+
+/*
+ * --compress: a one-rank checkpoint saved with compress=CODEC (the ferry_ckpt path a training job
+ * takes), then loaded back whole through ferry_st_load (what ferry.checkpoint.load does), decoded
+ * by nvCOMP on the GPU or on the CPU (cz_gpu, FERRY_CZ_GPU) as ferry_st_load_path_info reports.
+ */
+static int bench_compressed(ferry_ctx *ctx, const struct bench_opts *o, struct btensor *t, size_t n,
+			    uint64_t total, int dev)
+{
+	char cdir[4200], shard[4400], info[256] = "";
+	snprintf(cdir, sizeof(cdir), "%s/ferry-ckpt-bench-%d.d", o->dir, (int)getpid());
+	uint16_t *pool = weight_pool();
+	int r = pool ? 0 : -ENOMEM;
+	for (size_t i = 0; i < n && !r; i++)
+		r = fill_weights(t[i].p, t[i].bytes, dev, pool, i);
+	free(pool);
+	ferry_ckpt *ck = NULL;
+	ferry_st_load *ld = NULL;
+	if (!r)
+		r = ferry_ckpt_open(ctx, cdir, 0, 1, &ck);
+	if (!r)
+		r = ferry_ckpt_set(ck, "compress", o->compress);
+	if (!r)
+		r = ferry_ckpt_set(ck, "keep", "1");
+	double t_save = 0, t_best = 0, t_load = 0, t_first = 0;
+	int64_t step = 0;
+	for (int rep = 0; rep < o->saves && !r; rep++) {
+		for (size_t i = 0; i < n && !r; i++)
+			r = ferry_ckpt_add(ck, t[i].name, FERRY_DT_BF16, t[i].ndim, t[i].shape, t[i].p, t[i].bytes);
+		if (r)
+			break;
+		sync();
+		double t0 = ferry_tools_now_s();
+		r = ferry_ckpt_save(ck, ++step);
+		double d = ferry_tools_now_s() - t0;
+		if (!rep)
+			t_save = d;
+		if (!rep || d < t_best)
+			t_best = d;
+	}
+	struct stat sb;
+	if (!r && (r = ferry_ckpt_shard_path(cdir, step, 0, 1, shard, sizeof(shard))) > 0)
+		r = stat(shard, &sb) ? -errno : 0;
+	if (!r)
+		r = ferry_st_load_open(ctx, shard, &ld);
+	uint64_t plain = 0;
+	ferry_cz *z = NULL;
+	if (!r && !(r = ferry_cz_open(ctx, shard, &z)))
+		plain = (uint64_t)ferry_cz_size(z);
+	ferry_cz_destroy(z);
+	for (int rep = 0; rep < o->loads && !r; rep++) {
+		if (o->cold)
+			ferry_tools_drop_cache(shard);
+		double t0 = ferry_tools_now_s();
+		r = ferry_st_load_run(ld, dev, 0, 0);
+		double d = ferry_tools_now_s() - t0;
+		if (!rep)
+			t_first = d;
+		if (!rep || d < t_load)
+			t_load = d;
+		if (!r)
+			(void)ferry_st_load_path_info(ld, info, sizeof(info));
+	}
+	if (r) {
+		fprintf(stderr, "ferry ckpt bench: %s: %s\n", ferry_strerror(r), ferry_last_error());
+	} else {
+		double gb = (double)total / 1e9, ratio = sb.st_size ? (double)plain / (double)sb.st_size : 0;
+		const char *where = dev >= 0 ? "gpu" : "host";
+		if (o->json)
+			printf("{\"bytes\":%" PRIu64 ",\"tensors\":%zu,\"memory\":\"%s\",\"cold\":%d,\"compress\":\"%s\","
+			       "\"file_bytes\":%lld,\"plain_bytes\":%" PRIu64 ",\"ratio\":%.4f,\"save_s\":%.4f,"
+			       "\"save_best_s\":%.4f,\"load_s\":%.4f,\"load_first_s\":%.4f,\"loads\":%d,"
+			       "\"effective_gbps\":%.3f,\"compressed_gbps\":%.3f,\"decoded\":\"%s\"}\n",
+			       total, n, where, o->cold, o->compress, (long long)sb.st_size, plain, ratio, t_save, t_best,
+			       t_load, t_first, o->loads, gb / t_load, (double)sb.st_size / 1e9 / t_load, info);
+		else {
+			printf("TABLE ferry ckpt save compressed (%s) %s | %.2f GB/s | ratio %.3f (%.2f GB in %.2f GB), "
+			       "%zu tensors, best of %d, first %.3f s\n", o->compress, where, gb / t_best, ratio, gb,
+			       (double)sb.st_size / 1e9, n, o->saves, t_save);
+			printf("TABLE ferry ckpt load compressed (%s) %s%s | %.2f GB/s effective | compressed %.2f GB/s, "
+			       "ratio %.3f, best of %d (first %.3f s); decoded: %s\n", o->compress, where,
+			       o->cold ? " cold" : " warm", gb / t_load, (double)sb.st_size / 1e9 / t_load, ratio, o->loads,
+			       t_first, info);
+		}
+	}
+	ferry_st_load_destroy(ld);
+	ferry_ckpt_destroy(ck);
+	if (!o->keep)
+		remove_ckpt_dir(cdir);
+	return r;
+}
+
 int ferry_cmd_ckpt_bench(int argc, char **argv)
 {
 	struct bench_opts o = {.dir = ".", .size = 1ull << 30, .device = -2, .loads = 3, .saves = 2};
@@ -149,6 +328,10 @@ int ferry_cmd_ckpt_bench(int argc, char **argv)
 				for (size_t b = 0; b < t[i].bytes; b += 4096)
 					((char *)t[i].p)[b] = (char)(i + b);
 		}
+	}
+	if (o.compress && !r) {
+		r = bench_compressed(ctx, &o, t, n, total, dev);
+		goto free_tensors;
 	}
 	char path[4096], path2[4200];
 	snprintf(path, sizeof(path), "%s/ferry-ckpt-bench-%d.safetensors", dir, (int)getpid());
@@ -260,6 +443,7 @@ out:
 	ferry_st_writer_destroy(w);
 	if (!keep)
 		unlink(path);
+free_tensors:
 	for (size_t i = 0; i < n; i++) {
 		if (dev >= 0)
 			(void)ferry_gpu_free(t[i].p);

@@ -250,6 +250,13 @@ FERRY_API void *ferry_st_load_ptr(ferry_st_load *ld, size_t i);
 /* Bytes read by the last run and its wall time in nanoseconds. */
 FERRY_API uint64_t ferry_st_load_bytes(const ferry_st_load *ld);
 FERRY_API uint64_t ferry_st_load_ns(const ferry_st_load *ld);
+/*
+ * How the last run decoded the compressed files it read (ferry_st_open takes ferry's compressed
+ * format, docs/FORMATS.md): ferry_cz_path_info of the last one ("nvcomp (N chunks on the GPU, M on
+ * the CPU)", "cpu (host memory)", ...), or "" when it read none. Writes at most len bytes
+ * (NUL-terminated); returns the length.
+ */
+FERRY_API int ferry_st_load_path_info(const ferry_st_load *ld, char *buf, size_t len);
 
 #ifdef __cplusplus
 }

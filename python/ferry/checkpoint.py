@@ -289,8 +289,12 @@ class SaveHandle:
         return "<ferry.checkpoint.SaveHandle step=%d %s>" % (self.step, state)
 
 
+_COMPRESS = {None: "off", False: "off", True: "auto", "off": "off", "lz4": "lz4", "zstd": "zstd",
+             "auto": "auto"}
+
+
 def _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-          context, async_, recycle=None, replicated="auto"):
+          context, async_, recycle=None, replicated="auto", compress=None):
     t0 = t = _time.perf_counter()
     ph = {}
 
@@ -302,6 +306,8 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
 
     if busy not in ("wait", "refuse"):
         raise ValueError("busy must be 'wait' or 'refuse', not %r" % (busy,))
+    if not isinstance(compress, (str, bool, type(None))) or compress not in _COMPRESS:
+        raise ValueError("compress must be None, a bool, 'zstd', 'lz4', 'auto' or 'off', not %r" % (compress,))
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 1 << 63:
         raise ValueError("step must be an int from 0 to 2**63-1, not %r" % (step,))
     rank, world, dist = _ranks(rank, world_size)
@@ -330,6 +336,7 @@ def _save(state, directory, step, rank, world_size, keep, metadata, checksum, bu
     ck = d.ck
     with d.lock:
         ck.set("busy", busy)
+        ck.set("compress", _COMPRESS[compress])  # per save: the handle outlives it
         if keep is not None:
             ck.set("keep", str(int(keep)))
         if checksum is not None:
@@ -437,7 +444,7 @@ def prepare(state, directory, rank=None, world_size=None, *, run=None, backgroun
 
 def save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
          checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
-         context=None, progress=None) -> None:
+         compress=None, context=None, progress=None) -> None:
     """Save ``state`` as checkpoint ``step`` of ``directory``, durably; returns once committed.
 
     Args:
@@ -465,24 +472,32 @@ def save(state, directory, step, rank=None, world_size=None, keep=None, metadata
             speed); True: every tensor (the ranks must hold the same names, dtypes and shapes;
             no hashing); an iterable of names or prefixes (``"model"`` marks ``model.*``): those;
             False: every rank writes all of its state. A collective: call it on every rank.
+        compress: None/False/"off" (default): a safetensors shard. "zstd", "lz4", or "auto"/True
+            (zstd: the codec that compresses weights; chunks that do not compress are stored):
+            the shard is written compressed, ``rank-R-of-W.safetensors.fz``, ferry's compressed
+            format holding the safetensors file's bytes (docs/CHECKPOINTS.md, "Compressed
+            checkpoints"); ``load``, ``load_latest``, ``verify`` and ``ferry.safetensors`` read it
+            through ferry, decoding on the GPU (nvCOMP) for CUDA tensors where it is loaded. Its
+            integrity is the chunks' checksums (every byte, header included) rather than
+            per-tensor ones. Not to an s3:// prefix yet.
         progress: None (default), a callable ``progress(done_bytes, total_bytes)`` called from
             this thread at most every 0.1 s and once at the end with done == total, or True for a
             tqdm bar (docs/PYTHON.md, "Progress").
     """
     if progress is None:
         _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run, timeout,
-              context, False, recycle, replicated)
+              context, False, recycle, replicated, compress)
         return
     ctx = context if context is not None else _default_context()
     _progress.run(lambda: _save(state, directory, step, rank, world_size, keep, metadata, checksum,
-                                busy, run, timeout, context, False, recycle, replicated),
+                                busy, run, timeout, context, False, recycle, replicated, compress),
                   progress, _progress.tensor_bytes(state), _progress.ctx_counter(ctx, "bytes_written"),
                   "save step %s" % step)
 
 
 def async_save(state, directory, step, rank=None, world_size=None, keep=None, metadata=None, *,
                checksum=None, busy="wait", run=None, timeout=None, recycle=None, replicated="auto",
-               context=None, progress=None) -> SaveHandle:
+               compress=None, context=None, progress=None) -> SaveHandle:
     """``save`` in the background: returns once every tensor is snapshotted, so the caller may
     change the tensors at once: into one copy on the GPU (device-to-device copies) where the GPU has
     room and the directory's pinned slots do not hold the state yet, as at its first save, the save's
@@ -501,11 +516,11 @@ def async_save(state, directory, step, rank=None, world_size=None, keep=None, me
     """
     if progress is None:
         return _save(state, directory, step, rank, world_size, keep, metadata, checksum, busy, run,
-                     timeout, context, True, recycle, replicated)
+                     timeout, context, True, recycle, replicated, compress)
     ctx = context if context is not None else _default_context()
     h, rep = _progress.run(lambda: _save(state, directory, step, rank, world_size, keep, metadata,
                                          checksum, busy, run, timeout, context, True, recycle,
-                                         replicated),
+                                         replicated, compress),
                            progress, _progress.tensor_bytes(state),
                            _progress.ctx_counter(ctx, "bytes_written"), "save step %s" % step,
                            finish=False)

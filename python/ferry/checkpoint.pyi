@@ -47,7 +47,9 @@ def save(
     timeout: Optional[float] = None,
     recycle: Optional[bool] = None,
     replicated: Replicated = "auto",
+    compress: Union[None, bool, Literal["off", "zstd", "lz4", "auto"]] = None,
     context: Optional[ferry.Context] = None,
+    progress: Any = None,
 ) -> None: ...
 def async_save(
     state: Any,
@@ -64,7 +66,9 @@ def async_save(
     timeout: Optional[float] = None,
     recycle: Optional[bool] = None,
     replicated: Replicated = "auto",
+    compress: Union[None, bool, Literal["off", "zstd", "lz4", "auto"]] = None,
     context: Optional[ferry.Context] = None,
+    progress: Any = None,
 ) -> SaveHandle: ...
 def latest_step(directory: StrPath, *, missing_ok: bool = False) -> Optional[int]: ...
 def load(

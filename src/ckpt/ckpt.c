@@ -18,6 +18,7 @@
 #include "base/durable.h"
 #include "base/knob.h"
 #include "ferry/ckpt.h"
+#include "ferry/compress.h"
 #include "engine/export.h"
 #include "base/json.h"
 #include "base/sbuf.h"
@@ -78,17 +79,22 @@ struct ferry_ckpt {
 	char *dir;
 	int rank, world;
 	int keep, refuse, checksum, recycle;
+	int compress; /* compress_choices: 0 off, FERRY_CZ_LZ4, FERRY_CZ_ZSTD, 3 auto (zstd) */
 	int64_t timeout_ms;
 	char run[128];
 	ferry_st_writer *w;
 	struct held_lock *lock;
 	char lock_name[32];
 	int url; /* dir is an s3:// prefix (docs/REMOTE.md): no lock, no directories, no pruning */
-	/* the step being saved (read by the writer thread's hook) */
+	/* the step being saved and its shard's codec (read by the writer thread's hook) */
 	int64_t step;
+	int saving_codec;
 };
 
 static const char *const busy_choices[] = {"wait", "refuse", NULL};
+/* indexed as FERRY_CZ_LZ4 (1) and FERRY_CZ_ZSTD (2) number the codecs */
+static const char *const compress_choices[] = {"off", "lz4", "zstd", "auto", NULL};
+_Static_assert(FERRY_CZ_LZ4 == 1 && FERRY_CZ_ZSTD == 2, "compress_choices lists the codecs at their numbers");
 
 /*
  * Only the speed knobs take the environment: what a checkpoint keeps, checks and calls its run is
@@ -106,6 +112,9 @@ static const struct ferry__knob ckpt_rows[] = {
 	{.name = "timeout_ms", .type = FERRY__KNOB_UINT, FERRY__KNOB_AT(struct ferry_ckpt, timeout_ms),
 	 .def = 600000, .max = INT64_MAX, .env = "FERRY_CKPT_TIMEOUT_MS",
 	 .doc = "how long rank 0 waits for the other ranks' markers"},
+	{.name = "compress", .type = FERRY__KNOB_ENUM, FERRY__KNOB_AT(struct ferry_ckpt, compress), .max = 3,
+	 .choices = compress_choices,
+	 .doc = "each shard written compressed (docs/FORMATS.md): off, lz4, zstd, auto (zstd)"},
 	{.name = "run", .type = FERRY__KNOB_TEXT, FERRY__KNOB_AT(struct ferry_ckpt, run),
 	 .doc = "an id shared by the ranks of one run"},
 };
@@ -216,10 +225,24 @@ int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len)
 	return n < 0 || (size_t)n >= len ? ferry__error(-ENAMETOOLONG, "%s: path too long", dir) : n;
 }
 
+/* The suffix of a compressed shard's name, after ".safetensors": it is no safetensors file, and
+ * tools that take *.safetensors leave it alone. */
+#define CZ_SUFFIX ".fz"
+
 int ferry_ckpt_shard_path(const char *dir, int64_t step, int rank, int world, char *buf, size_t len)
 {
 	int n = snprintf(buf, len, "%s/step-%012lld/rank-%05d-of-%05d.safetensors", dir, (long long)step, rank, world);
-	return n < 0 || (size_t)n >= len ? ferry__error(-ENAMETOOLONG, "%s: path too long", dir) : n;
+	if (n < 0 || (size_t)n >= len)
+		return ferry__error(-ENAMETOOLONG, "%s: path too long", dir);
+	/* A compressed shard (saved with compress=): the plain name is absent, the .fz one present */
+	struct stat sb;
+	if (!strstr(dir, "://") && (size_t)n + sizeof(CZ_SUFFIX) <= len && lstat(buf, &sb) && errno == ENOENT) {
+		memcpy(buf + n, CZ_SUFFIX, sizeof(CZ_SUFFIX));
+		if (!lstat(buf, &sb))
+			return n + (int)sizeof(CZ_SUFFIX) - 1;
+		buf[n] = 0;
+	}
+	return n;
 }
 
 static int marker_path(const ferry_ckpt *ck, int64_t step, int rank, char *buf, size_t len)
@@ -490,7 +513,7 @@ static int read_small(const char *path, char *buf, size_t cap, size_t *len)
 }
 
 /* Reads rank's marker: 1 when present and of this run (bytes in *bytes), 0 when absent or stale. */
-static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
+static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes, int *codec)
 {
 	char p[PATH_MAX], buf[1024], *k, *v;
 	size_t len = 0, kl, vl, kpos;
@@ -531,6 +554,9 @@ static int read_marker(ferry_ckpt *ck, int64_t step, int rank, uint64_t *bytes)
 			if (ferry__json_uint(&j, bytes))
 				break;
 			have_bytes = 1;
+		} else if (!strcmp(k, "codec")) {
+			if (ferry__json_string(&j, &v, &vl) || (*codec = ferry_cz_codec_from_name(v)) < 0)
+				break;
 		} else if (ferry__json_skip(&j)) {
 			break;
 		}
@@ -695,12 +721,16 @@ static int commit(ferry_ckpt *ck, int64_t step)
 {
 	char p[PATH_MAX + 32];
 	uint64_t *bytes = calloc((size_t)ck->world, sizeof(*bytes));
-	if (!bytes)
+	int *codec = calloc((size_t)ck->world, sizeof(*codec));
+	if (!bytes || !codec) {
+		free(bytes);
+		free(codec);
 		return ferry__error(-ENOMEM, "ckpt: out of memory");
+	}
 	uint64_t t0 = ferry__now_ns();
 	int r = 0;
 	for (int rank = 0; rank < ck->world && !r;) {
-		int m = read_marker(ck, step, rank, &bytes[rank]);
+		int m = read_marker(ck, step, rank, &bytes[rank], &codec[rank]);
 		if (m < 0) {
 			r = m;
 		} else if (m) {
@@ -719,9 +749,14 @@ static int commit(ferry_ckpt *ck, int64_t step)
 				   (long long)step, ck->world);
 		ferry__sbuf_json(&m, ck->run);
 		ferry__sbuf_puts(&m, ",\"shards\":[");
-		for (int i = 0; i < ck->world; i++)
-			ferry__sbuf_printf(&m, "%s{\"file\":\"rank-%05d-of-%05d.safetensors\",\"bytes\":%llu}",
-					   i ? "," : "", i, ck->world, (unsigned long long)bytes[i]);
+		for (int i = 0; i < ck->world; i++) {
+			ferry__sbuf_printf(&m, "%s{\"file\":\"rank-%05d-of-%05d.safetensors%s\",\"bytes\":%llu",
+					   i ? "," : "", i, ck->world, codec[i] ? CZ_SUFFIX : "",
+					   (unsigned long long)bytes[i]);
+			if (codec[i]) /* a compressed shard: ferry's format, holding the safetensors bytes */
+				ferry__sbuf_printf(&m, ",\"codec\":\"%s\"", ferry_cz_codec_name(codec[i]));
+			ferry__sbuf_puts(&m, "}");
+		}
 		ferry__sbuf_puts(&m, "]}\n");
 		if (m.oom)
 			r = ferry__error(-ENOMEM, "ckpt: out of memory");
@@ -737,6 +772,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 	}
 	ferry__sbuf_free(&m);
 	free(bytes);
+	free(codec);
 	/* A commit that failed once every rank's shard was in (a full disk at the manifest or at
 	 * `latest`) gives the step's space back: the step cannot commit any more, and later saves must
 	 * not find the disk full of it. After a timeout other ranks may still be writing: only this
@@ -775,8 +811,11 @@ static int64_t after_shard(void *arg, int64_t result)
 		struct ferry__sbuf text = {0};
 		ferry__sbuf_puts(&text, "{\"run\":");
 		ferry__sbuf_json(&text, ck->run);
-		ferry__sbuf_printf(&text, ",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld}\n", (long long)ck->step,
+		ferry__sbuf_printf(&text, ",\"step\":%lld,\"rank\":%d,\"world\":%d,\"bytes\":%lld", (long long)ck->step,
 				   ck->rank, ck->world, (long long)result);
+		if (ck->saving_codec)
+			ferry__sbuf_printf(&text, ",\"codec\":\"%s\"", ferry_cz_codec_name(ck->saving_codec));
+		ferry__sbuf_puts(&text, "}\n");
 		r = text.oom ? ferry__error(-ENOMEM, "ckpt: out of memory")
 			     : step_write(ck->ctx, ck->dir, ck->step, name, text.data, text.len);
 		ferry__sbuf_free(&text);
@@ -838,9 +877,15 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	(void)unlinkat(sfd, p, 0);
 	close(sfd);
 shard:
-	if ((r = ferry_ckpt_shard_path(ck->dir, step, ck->rank, ck->world, p, sizeof(p))) < 0)
-		return r;
+	r = snprintf(p, sizeof(p), "%s/step-%012lld/rank-%05d-of-%05d.safetensors%s", ck->dir, (long long)step, ck->rank,
+		     ck->world, ck->compress ? CZ_SUFFIX : "");
+	if (r < 0 || (size_t)r >= sizeof(p))
+		return ferry__error(-ENAMETOOLONG, "%s: path too long", ck->dir);
+	if (ck->compress && ck->url)
+		return ferry__error(-EOPNOTSUPP, "ckpt %s: compressed checkpoints under a URL are not supported yet "
+				    "(compress=off, or a local directory)", ck->dir);
 	ck->step = step;
+	ck->saving_codec = ck->compress == 3 ? FERRY_CZ_ZSTD : ck->compress;
 	/* The shard says whose it is: ferry_ckpt_verify (verify.c) checks these against its step
 	 * directory, the manifest and its name, so a shard moved from another step or run fails. */
 	char tv[3][24];
@@ -860,6 +905,7 @@ shard:
 			  ck->world);
 	const char *reuse = ck->recycle && rn > 0 && (size_t)rn < sizeof(rp) ? rp : NULL;
 	uint64_t prep = ferry__now_ns() - t0;
+	ferry__st_writer_compress(ck->w, ck->saving_codec);
 	int64_t res = ferry__st_writer_save_hooked(ck->w, p, flags, async, after_shard, ck, reuse);
 	ferry__st_writer_phase(ck->w, FERRY_PHASE_CKPT_PREPARE, prep);
 	int reset = ferry_st_writer_reset(ck->w);

@@ -17,6 +17,7 @@
 
 #include "ckpt/save.h"
 #include "base/base.h"
+#include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "base/json.h"
 #include "format/safetensors.h"
@@ -52,6 +53,7 @@ struct ferry_st_load {
 	struct lalloc *allocs;
 	size_t nallocs;
 	uint64_t bytes, ns;
+	char cz_path[160]; /* ferry_cz_path_info of the last compressed file the last run read */
 	/* ferry_st_load_place's file region and running offset, so that asking for every entry in
 	 * order is linear (it was quadratic: 44 ms of a 4,000-tensor load, issue 22) */
 	struct {
@@ -595,7 +597,9 @@ static void *verify_worker(void *arg)
 		struct lsel *s = &w->ld->sel[k];
 		ferry_st *st = w->ld->files[s->file];
 		int r = 0;
-		if (s->hash_after) {
+		if (ferry__st_cz(st)) {
+			/* checked chunk by chunk as it was read (add_read) */
+		} else if (s->hash_after) {
 			uint64_t want;
 			r = stored_sum(st, s->idx, &want);
 			uint64_t got = r ? 0 : ferry__xxh3_64(s->ptr, (size_t)s->nbytes);
@@ -724,6 +728,29 @@ int ferry_st_load_place(ferry_st_load *ld, size_t i, int flags, size_t *file, ui
 	return 1;
 }
 
+/*
+ * One read of a file into ptr: through the batch for a plain file; for a compressed one
+ * (docs/FORMATS.md), ferry_cz_pread now, which decodes the chunks the range covers in parallel, on
+ * the GPU (nvCOMP) or the CPU for device memory, and checks each chunk's checksums.
+ */
+static int add_read(ferry_batch *b, ferry_st *st, uint64_t off, size_t len, void *ptr)
+{
+	ferry_cz *z = ferry__st_cz(st);
+	if (!z)
+		return ferry_batch_add_read(b, ferry_st_file(st), off, len, ptr);
+	ssize_t got = ferry_cz_pread(z, ptr, len, off);
+	if (got >= 0 && (size_t)got != len)
+		return ferry__error(FERRY_ECORRUPT, "%s: safetensors byte %llu: file ends early", ferry_st_path(st),
+				    (unsigned long long)(off + (uint64_t)got));
+	return got < 0 ? (int)got : 0;
+}
+
+int ferry_st_load_path_info(const ferry_st_load *ld, char *buf, size_t len)
+{
+	int n = snprintf(buf, len, "%s", ld->cz_path);
+	return n < 0 ? 0 : n;
+}
+
 int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging_budget)
 {
 	uint64_t t0 = ferry__now_ns();
@@ -731,6 +758,7 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 	select_all(ld);
 	free_allocs(ld);
 	ld->bytes = 0;
+	ld->cz_path[0] = 0;
 	if (!staging_budget)
 		staging_budget = 256u << 20;
 	ferry_batch *b = NULL;
@@ -772,7 +800,13 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 		/* Verifying into host memory: the batch reads as without verifying, and the tensors are
 		 * hashed where they landed (verify_all). A file with a tensor bound for device memory is
 		 * read tensor by tensor through staging instead, hashed on the way. */
-		if (flags & FERRY_LOAD_VERIFY) {
+		ferry_cz *z = ferry__st_cz(st);
+		if (z && (flags & FERRY_LOAD_VERIFY)) { /* each chunk's checksums, checked as it is read */
+			r = ferry_cz_set(z, "cz_verify", "1");
+			for (size_t k = 0; k < ld->nsel; k++)
+				if (ld->sel[k].file == f)
+					ld->sel[k].hash_after = 0;
+		} else if (flags & FERRY_LOAD_VERIFY) {
 			int dev = 0;
 			for (size_t k = 0; k < ld->nsel && !dev; k++)
 				dev = ld->sel[k].file == f && !ld->sel[k].sliced && ld->sel[k].ptr &&
@@ -788,8 +822,8 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 		 * follow each other both in the file and in memory (destinations the caller laid out
 		 * like the file, e.g. views of one torch allocation) are read as one transfer.
 		 */
-		if (span)
-			r = ferry_batch_add_read(b, ferry_st_file(st), lo, (size_t)(hi - lo), base);
+		if (span && !r)
+			r = add_read(b, st, lo, (size_t)(hi - lo), base);
 		uint64_t run_off = 0, run_len = 0;
 		char *run_ptr = NULL;
 		for (size_t k = 0; k <= ld->nsel && r >= 0; k++) {
@@ -802,7 +836,7 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 				continue;
 			}
 			if (run_len)
-				r = ferry_batch_add_read(b, ferry_st_file(st), run_off, (size_t)run_len, run_ptr);
+				r = add_read(b, st, run_off, (size_t)run_len, run_ptr);
 			if (s) {
 				run_off = off;
 				run_len = s->nbytes;
@@ -810,6 +844,11 @@ int ferry_st_load_run(ferry_st_load *ld, int device, int flags, uint64_t staging
 			}
 		}
 		r = r < 0 ? r : 0;
+		if (z) {
+			char info[160];
+			(void)ferry_cz_path_info(z, info, sizeof(info));
+			snprintf(ld->cz_path, sizeof(ld->cz_path), "%s", info);
+		}
 	}
 	if (!r && ferry_batch_count(b))
 		r = ferry_batch_submit(b);

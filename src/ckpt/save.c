@@ -25,6 +25,7 @@
 #include "ckpt/save.h"
 #include "base/base.h"
 #include "base/knob.h"
+#include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "base/byteorder.h"
 #include "base/json.h"
@@ -147,6 +148,7 @@ struct job {
 	int hold, snapshot_done; /* hold: the writer starts once the snapshot is taken */
 	int prealloc_mode, prealloc; /* PREALLOC_*; whether this save's file was fallocated */
 	int recycled; /* 1: this save writes over j->reuse's blocks */
+	int codec;    /* FERRY_CZ_*: the file is written compressed (consume_cz), 0: plain */
 	struct ferry__activity *act; /* what `ferry top` shows of this save (NULL: not publishing) */
 	/* The device-side snapshot (save_snapshot): the state copied into devbuf on the device; the
 	 * filler thread copies it out into the slots, pinning them as it goes, then frees devbuf. */
@@ -178,6 +180,7 @@ struct ferry_st_writer {
 	struct job *job;
 	struct save_stats stats; /* of the last save, under mu */
 	struct writer_knobs knobs;
+	int codec; /* ferry__st_writer_compress: the next save's codec (0: plain) */
 };
 
 
@@ -633,9 +636,73 @@ static int upload(struct job *j, uint64_t size)
 	return r;
 }
 
+/*
+ * The writer thread's part for a compressed file (docs/FORMATS.md): the header, then every chunk
+ * in order, into a compressed file's writer, which compresses cz_threads of its chunks at once and
+ * commits through the durable module (temporary beside the path, fsync, rename, directory fsync).
+ * The header goes first, so it holds no per-tensor checksums (they are known last): every
+ * compressed chunk holds the XXH3 of its bytes, header included, checked on every read.
+ */
+static int64_t consume_cz(struct job *j)
+{
+	ferry_cz_writer *cz = NULL;
+	uint64_t t = ferry__now_ns();
+	int64_t err = ferry_cz_writer_create(j->path, j->codec, j->flags & FERRY_SAVE_EXCL ? FERRY_CZ_EXCL : 0, &cz);
+	lap(j, PH_W_OPEN, &t);
+	if (!err)
+		err = ferry_cz_writer_write(cz, j->hdr, (size_t)j->data_start);
+	if (!err && j->hold) {
+		pthread_mutex_lock(&j->mu);
+		while (!j->snapshot_done && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_W_READY_WAIT, &t);
+	}
+	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_MOVE);
+	for (size_t c = 0; c < j->nchunks && !err; c++) {
+		struct slot *s = &j->slots[c % j->k];
+		pthread_mutex_lock(&j->mu);
+		while (s->state != S_READY && !j->err)
+			pthread_cond_wait(&j->cv, &j->mu);
+		err = j->err;
+		pthread_mutex_unlock(&j->mu);
+		lap(j, PH_W_READY_WAIT, &t);
+		if (err)
+			break;
+		if (s->copied) {
+			int cr = ferry__ring_sync(j->ring, (unsigned)(c % j->k));
+			lap(j, PH_W_EVENT_WAIT, &t);
+			if (cr < 0) {
+				ferry__error_append("%s: device-to-host copy of chunk %zu", j->path, c);
+				err = cr;
+				break;
+			}
+		}
+		err = ferry_cz_writer_write(cz, s->buf, chunk_len(j, c));
+		lap(j, PH_W_SUBMIT, &t);
+		ferry__activity_add(j->act, FERRY__ACT_BYTES, chunk_len(j, c));
+		pthread_mutex_lock(&j->mu);
+		s->state = S_FREE;
+		pthread_cond_broadcast(&j->cv);
+		pthread_mutex_unlock(&j->mu);
+	}
+	if (err) {
+		job_fail(j, err);
+		ferry_cz_writer_destroy(cz); /* removes its temporary */
+		return err;
+	}
+	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_COMMIT);
+	int64_t size = ferry_cz_writer_commit(cz);
+	lap(j, PH_W_FSYNC, &t);
+	ferry_cz_writer_destroy(cz);
+	return size;
+}
+
 /* The writer thread's part: hash and write every chunk in order, then the header, then commit. */
 static int64_t consume(struct job *j)
 {
+	if (j->codec)
+		return consume_cz(j);
 	struct ferry__xxh3 *h = (j->flags & FERRY_SAVE_CHECKSUM) ? ferry__xxh3_create() : NULL;
 	ferry_req *req[MAX_INFLIGHT_CAP];
 	size_t inflight_first = 0, ninflight = 0, ti = 0;
@@ -1279,6 +1346,11 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	if ((flags & FERRY_SAVE_EXCL) && access(path, F_OK) == 0)
 		return ferry__error(-EEXIST, "%s: exists", path);
 
+	if (url && w->codec) {
+		w->codec = 0;
+		return ferry__error(-EOPNOTSUPP, "%s: compressed saves to a URL are not supported (save locally, "
+				    "or without compression)", path);
+	}
 	struct job *j = calloc(1, sizeof(*j));
 	if (!j)
 		return ferry__error(-ENOMEM, "%s: save", path);
@@ -1291,6 +1363,12 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	j->chunk = save_chunk(w);
 	j->inflight = (size_t)w->knobs.inflight;
 	j->prealloc_mode = (int)w->knobs.prealloc;
+	j->codec = w->codec;
+	w->codec = 0;
+	if (j->codec) { /* chunk checksums instead of per-tensor ones (consume_cz); no file to write over */
+		j->flags &= ~FERRY_SAVE_CHECKSUM;
+		reuse = NULL;
+	}
 	pthread_mutex_init(&j->mu, NULL);
 	pthread_cond_init(&j->cv, NULL);
 	j->path = strdup(path);
@@ -1378,6 +1456,11 @@ int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int f
 	w->stats.ns[PH_CALL_TOTAL] = ferry__now_ns() - t0;
 	pthread_mutex_unlock(&w->mu);
 	return r ? r : res;
+}
+
+void ferry__st_writer_compress(ferry_st_writer *w, int codec)
+{
+	w->codec = codec;
 }
 
 void ferry__st_writer_phase(ferry_st_writer *w, enum ferry_save_phase phase, uint64_t ns)

@@ -18,6 +18,10 @@ extern const struct ferry__knobs ferry__st_writer_knobs;
  * over (when it exists, is a plain file with one link, and no other process has it open). */
 int64_t ferry__st_writer_save_hooked(ferry_st_writer *w, const char *path, int flags, int async,
 				     ferry__save_hook hook, void *arg, const char *reuse);
+/* The next save (only) writes a compressed file (docs/FORMATS.md) of codec (FERRY_CZ_*; 0: plain):
+ * its header without per-tensor checksums (the chunks' checksums cover every byte), no file written
+ * over (reuse ignored), not to a URL (-EOPNOTSUPP). */
+void ferry__st_writer_compress(ferry_st_writer *w, int codec);
 /* Adds ns to a phase of the current save (checkpoints time FERRY_PHASE_CKPT_PREPARE). */
 void ferry__st_writer_phase(ferry_st_writer *w, enum ferry_save_phase phase, uint64_t ns);
 /* fallocate(2), through a pointer so that tests can play a file system that refuses it. */

@@ -19,6 +19,8 @@
 #include "ckpt/save.h"
 #include "base/base.h"
 #include "ferry/ckpt.h"
+#include "ferry/compress.h"
+#include "format/safetensors.h"
 #include "base/json.h"
 #include "engine/export.h"
 
@@ -29,6 +31,7 @@ struct vfile {
 	char *name;
 	uint64_t s[FERRY_VERIFY_STAT__COUNT];
 	uint64_t listed_bytes;
+	int listed_codec; /* the manifest's "codec" (FERRY_CZ_*), 0 for none */
 	int listed, has_bytes, present, rank, world; /* rank, world: from the name, -1 when it is not one */
 };
 
@@ -85,12 +88,13 @@ static void problem_last(ferry_ckpt_report *rep, struct vfile *f, int code)
 	problem(rep, f, code, "%.*s", (int)n, m);
 }
 
-/* "rank-RRRRR-of-WWWWW.safetensors" (the names ferry_ckpt_shard_path makes): 0, or -1. */
+/* "rank-RRRRR-of-WWWWW.safetensors", or a compressed shard's ".safetensors.fz" (the names
+ * ferry_ckpt_shard_path makes): 0, or -1. */
 static int parse_shard_name(const char *name, int *rank, int *world)
 {
 	static const char pat[] = "rank-#####-of-#####.safetensors";
 	int v[2] = {0, 0}, k = 0;
-	if (strlen(name) != sizeof(pat) - 1)
+	if (strlen(name) != sizeof(pat) - 1 && (strlen(name) != sizeof(pat) + 2 || strcmp(name + sizeof(pat) - 1, ".fz")))
 		return -1;
 	for (size_t i = 0; pat[i]; i++) {
 		if (pat[i] == '#') {
@@ -134,7 +138,7 @@ struct manifest {
 	struct mshard {
 		const char *file;
 		uint64_t bytes;
-		int has_bytes;
+		int has_bytes, codec;
 	} *sh;
 	size_t n, cap;
 };
@@ -173,6 +177,12 @@ static int manifest_shards(struct ferry__json *j, struct manifest *m, const char
 				if (ferry__json_uint(j, &s->bytes))
 					return 1;
 				s->has_bytes = 1;
+			} else if (!strcmp(k, "codec")) {
+				size_t vpos = j->pos;
+				if (ferry__json_string(j, &v, &vl))
+					return 1;
+				if ((s->codec = ferry_cz_codec_from_name(v)) < 0)
+					return ferry__json_fail(j, vpos, "\"codec\" is neither \"lz4\" nor \"zstd\""), 1;
 			} else if (ferry__json_skip(j)) {
 				return 1;
 			}
@@ -502,6 +512,16 @@ static void check_shard(ferry_ctx *ctx, ferry_ckpt_report *rep, struct vfile *f,
 		problem_last(rep, f, r);
 		return;
 	}
+	ferry_cz *z = ferry__st_cz(st);
+	int codec = z ? ferry_cz_codec(z) : 0;
+	size_t pl = strlen(path);
+	if (f->listed && codec != f->listed_codec)
+		problem(rep, f, FERRY_ECORRUPT, "%s: %s, manifest.json says %s", path,
+			codec ? ferry_cz_codec_name(codec) : "not compressed",
+			f->listed_codec ? ferry_cz_codec_name(f->listed_codec) : "not compressed");
+	else if ((pl > 3 && !strcmp(path + pl - 3, ".fz")) != (codec != 0))
+		problem(rep, f, FERRY_ECORRUPT, "%s: %s, its name says otherwise", path,
+			codec ? "compressed" : "not compressed");
 	check_ties(rep, f, path, st, step, run, rank, world);
 	read_replicated(rep, f, path, st);
 	size_t n = ferry_st_count(st);
@@ -525,7 +545,8 @@ static void check_shard(ferry_ctx *ctx, ferry_ckpt_report *rep, struct vfile *f,
 static int is_shard_file(const char *name)
 {
 	size_t n = strlen(name);
-	return name[0] != '.' && n > 12 && !strcmp(name + n - 12, ".safetensors");
+	return name[0] != '.' && ((n > 12 && !strcmp(name + n - 12, ".safetensors")) ||
+				  (n > 15 && !strcmp(name + n - 15, ".safetensors.fz")));
 }
 
 /* The objects directly under an s3:// step (a listing stands for the step directory's readdir). */
@@ -594,6 +615,7 @@ static int verify_step(ferry_ctx *ctx, const char *dir, int64_t step, int requir
 			goto oom;
 		f->listed = 1;
 		f->listed_bytes = m.sh[i].bytes;
+		f->listed_codec = m.sh[i].codec;
 		f->has_bytes = m.sh[i].has_bytes;
 		if (f->rank < 0)
 			problem(rep, f, FERRY_ECORRUPT, "%s/manifest.json: shard %zu is \"%s\", not a rank-R-of-W.safetensors name",

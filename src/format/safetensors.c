@@ -9,6 +9,7 @@
 
 #include "base/base.h"
 #include "base/byteorder.h"
+#include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "base/json.h"
 #include "format/dtype.h"
@@ -110,6 +111,7 @@ struct ferry_st {
 	char *path;
 	ferry_ctx *ctx;
 	ferry_file *file;
+	ferry_cz *cz; /* a compressed file holding the safetensors bytes (then file is NULL) */
 	char *hdr;
 	uint64_t hdr_len, file_size;
 	struct st_tensor *t;
@@ -377,6 +379,7 @@ void ferry_st_destroy(ferry_st *st)
 	if (!st)
 		return;
 	ferry_file_destroy(st->file);
+	ferry_cz_destroy(st->cz);
 	free(st->path);
 	free(st->hdr);
 	free(st->t);
@@ -484,6 +487,23 @@ int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out)
 		r = (int)got;
 		goto fail;
 	}
+	/* A ferry compressed file (docs/FORMATS.md) starts with a zstd or LZ4 frame's magic, which as
+	 * a header length (>= 0x184D2204) exceeds the format's limit: no safetensors file is taken for
+	 * one. Its bytes are a safetensors file's, read through the compressed reader; a damaged or
+	 * truncated one fails with the compressed reader's error (the file, the chunk, the field). */
+	if (got >= 4 && (ferry__rd32(pre) == 0xFD2FB528u || ferry__rd32(pre) == 0x184D2204u)) {
+		ferry_file_destroy(st->file);
+		st->file = NULL;
+		if ((r = ferry_cz_open(ctx, path, &st->cz)))
+			goto fail;
+		size = ferry_cz_size(st->cz);
+		st->file_size = (uint64_t)size;
+		got = size >= 8 ? ferry_cz_pread(st->cz, pre, 8, 0) : 0;
+		if (got < 0) {
+			r = (int)got;
+			goto fail;
+		}
+	}
 	if ((r = check_prefix(st, pre, (size_t)got)))
 		goto fail;
 	st->hdr = malloc(st->hdr_len + 1);
@@ -491,7 +511,7 @@ int ferry_st_open(ferry_ctx *ctx, const char *path, ferry_st **out)
 		r = ferry__error(-ENOMEM, "%s: header of %llu bytes", path, (unsigned long long)st->hdr_len);
 		goto fail;
 	}
-	got = ferry_pread(st->file, st->hdr, st->hdr_len, 8);
+	got = st->cz ? ferry_cz_pread(st->cz, st->hdr, st->hdr_len, 8) : ferry_pread(st->file, st->hdr, st->hdr_len, 8);
 	if (got >= 0 && (uint64_t)got != st->hdr_len)
 		got = ferry__error(FERRY_ECORRUPT, "%s: safetensors byte %lld: file shrank while its header was read",
 				   path, (long long)(8 + got));
@@ -515,6 +535,10 @@ const char *ferry_st_path(const ferry_st *st)
 ferry_file *ferry_st_file(ferry_st *st)
 {
 	return st->file;
+}
+ferry_cz *ferry__st_cz(ferry_st *st)
+{
+	return st->cz;
 }
 uint64_t ferry_st_data_start(const ferry_st *st)
 {
@@ -591,9 +615,9 @@ const char *ferry_st_metadata_get(const ferry_st *st, const char *key)
 
 static ssize_t read_exact(ferry_st *st, void *buf, size_t len, uint64_t off)
 {
-	if (!st->file)
+	if (!st->file && !st->cz)
 		return ferry__error(-EBADF, "%s: parsed from memory, no file to read", st->path);
-	ssize_t got = ferry_pread(st->file, buf, len, off);
+	ssize_t got = st->cz ? ferry_cz_pread(st->cz, buf, len, off) : ferry_pread(st->file, buf, len, off);
 	if (got >= 0 && (size_t)got != len)
 		return ferry__error(FERRY_ECORRUPT, "%s: safetensors byte %llu: file ends early (shrank after it was opened?)",
 				    st->path, (unsigned long long)(off + (uint64_t)got));
@@ -734,6 +758,20 @@ int ferry_st_verify(ferry_st *st, size_t i)
 		return ferry__error(-EINVAL, "%s: no tensor %zu", st->path, i);
 	snprintf(key, sizeof(key), "%s%s", FERRY_ST_CHECKSUM_PREFIX, st->t[i].name);
 	const char *v = ferry_st_metadata_get(st, key);
+	if (!v && st->cz) { /* every chunk holds the XXH3 of its bytes: the tensor's are checked as read */
+		uint64_t nb = ferry_st_nbytes(st, i), off = ferry_st_offset(st, i);
+		size_t cap = nb < (16u << 20) ? (size_t)nb + 1 : (16u << 20);
+		char *b = malloc(cap);
+		int sr = b ? ferry_cz_set(st->cz, "cz_verify", "1") : ferry__error(-ENOMEM, "%s: verify", st->path);
+		for (uint64_t done = 0; !sr && done < nb;) {
+			size_t n = nb - done < cap ? (size_t)(nb - done) : cap;
+			ssize_t rd = read_exact(st, b, n, off + done);
+			sr = rd < 0 ? (int)rd : 0;
+			done += n;
+		}
+		free(b);
+		return sr ? sr : 1;
+	}
 	if (!v)
 		return 0;
 	if (ferry__hex64(v, &want))

@@ -30,6 +30,12 @@ int ferry__st_slice_shape(const ferry_st *st, size_t i, int dim, uint64_t start,
  */
 int ferry__st_parse(const void *buf, size_t len, uint64_t file_size, const char *name, ferry_st **out);
 
+/* The compressed file a safetensors file was opened from (ferry_st_open takes ferry's compressed
+ * format, docs/FORMATS.md, holding a safetensors file's bytes), or NULL for a plain file; ferry_st_file
+ * is then NULL. */
+struct ferry_cz;
+struct ferry_cz *ferry__st_cz(ferry_st *st);
+
 /* Parses "0123456789abcdef" (exactly 16 lower- or upper-case hex digits). 0 or -1. */
 int ferry__hex64(const char *s, uint64_t *out);
 
