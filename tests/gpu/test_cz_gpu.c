@@ -41,6 +41,54 @@ static void check(ferry_cz *z, void *dev, const uint8_t *data, size_t n, uint64_
 	free(host);
 }
 
+/* A copy of path with one byte of a compressed chunk near its end flipped: a read of the whole
+ * file fails with FERRY_ECORRUPT naming a chunk, into host and device memory, with windows of 1-2
+ * chunks (the damaged one while others are in flight), and the same reader then reads an
+ * undamaged range right (nothing stale left in its slots). */
+static void damaged(ferry_ctx *ctx, const char *path, void *dev, const uint8_t *data, size_t cs)
+{
+	char bad[600];
+	snprintf(bad, sizeof(bad), "%s.damaged", path);
+	FILE *f = fopen(path, "rb");
+	T_ASSERT(f);
+	uint8_t *b = malloc(16 << 20);
+	size_t n = fread(b, 1, 16 << 20, f);
+	fclose(f);
+	ferry_cz *z;
+	T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
+	size_t at = (size_t)(ferry_cz_compressed_size(z) * 9 / 10); /* inside a compressed frame past the stored chunk 4 (the index and trailer come after) */
+	size_t total = (size_t)ferry_cz_size(z);
+	ferry_cz_destroy(z);
+	b[at] ^= 0x5A;
+	f = fopen(bad, "wb");
+	T_ASSERT(f && fwrite(b, 1, n, f) == n);
+	fclose(f);
+	T_ASSERT(ferry_cz_open(ctx, bad, &z) == 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_threads", "1"), 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_window", "512k"), 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+	uint8_t *host = malloc(total);
+	for (int g = 0; g < 3; g++) { /* host memory; device memory with cz_gpu=off, auto */
+		if (g)
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu", g == 1 ? "off" : "auto"), 0);
+		ssize_t r = ferry_cz_pread(z, g ? dev : (void *)host, total, 0);
+		T_EQ_INT(r, FERRY_ECORRUPT);
+		T_CHECK(strstr(ferry_last_error(), "chunk ") != NULL);
+		printf("damaged at byte %zu, %s: %s\n", at, g == 0 ? "host" : g == 1 ? "cz_gpu=off" : "cz_gpu=auto",
+		       ferry_last_error());
+		memset(host, 0xEE, total);
+		if (g)
+			T_EQ_INT(ferry_gpu_memcpy_htod(dev, host, 2 * cs), 0);
+		T_EQ_INT(ferry_cz_pread(z, g ? dev : (void *)host, 2 * cs, 0), 2 * cs);
+		if (g)
+			T_EQ_INT(ferry_gpu_memcpy_dtoh(host, dev, 2 * cs), 0);
+		T_CHECK(memcmp(host, data, 2 * cs) == 0);
+	}
+	ferry_cz_destroy(z);
+	free(host), free(b);
+	unlink(bad);
+}
+
 int main(void)
 {
 	char why[256];
@@ -122,6 +170,7 @@ int main(void)
 			printf("%s cz_gpu=on: %s\n", ferry_cz_codec_name(codec), info);
 		}
 		ferry_cz_destroy(z);
+		damaged(ctx, path, dev, data, cs);
 		unlink(path);
 	}
 	T_EQ_INT(ferry_gpu_free(dev), 0);
