@@ -11,7 +11,7 @@
 #    effective GB/s against the plain file read into GPU memory (the disk's ceiling through ferry)
 #    times the ratio; target: 0.9x;
 #  - small batches (tokens, zstd, 1 MiB): reads of 1-128 chunks on nvCOMP and on the CPU, and the
-#    crossover that cz_gpu_min should be.
+#    crossover that cz_gpu_min should be; for zstd, nvCOMP's warm rate at cz_window 16m-512m.
 # The measurement is tests/gpu/test_cz_bench.c's bench mode (built with -DFERRY_GPU_TESTS=ON).
 # Prints "TABLE name | figure | note" rows; the full output goes to $FERRY_LOG_DIR.
 #   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=1024 (bytes per data set)

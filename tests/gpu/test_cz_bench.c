@@ -13,7 +13,7 @@
  *    into GPU memory (the disk's rate through ferry: the ceiling) and the compressed file with
  *    cz_gpu=auto, open included; target: effective rate at least 0.9 x ceiling x ratio;
  *  - tokens, zstd, 1 MiB: reads of 1-128 chunks on nvCOMP and on the CPU, the crossover
- *    (cz_gpu_min's measurement).
+ *    (cz_gpu_min's measurement); zstd: nvCOMP's warm rate at cz_window 16m-512m (its measurement).
  * Prints "TABLE name | figure | note" rows.
  */
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -155,6 +155,29 @@ static void small_batches(ferry_ctx *ctx, const char *path, const char *name, vo
 	ferry_cz_destroy(c);
 }
 
+/* nvCOMP's warm rate on one open reader against the pipeline's window (the batch size): cz_window's
+ * measurement. */
+static void window_sweep(ferry_ctx *ctx, const char *path, const char *name, void *dev)
+{
+	static const char *const windows[] = {"16m", "64m", "128m", "512m"};
+	char row[512] = "", info[320];
+	size_t at = 0;
+	for (int w = 0; w < 4; w++) {
+		ferry_cz *z = cz_open(ctx, path, "on");
+		T_ASSERT(z && ferry_cz_set(z, "cz_window", windows[w]) == 0);
+		size_t n = (size_t)ferry_cz_size(z);
+		double best = 1e99;
+		for (int rep = 0; rep < 4; rep++) { /* the first sets up: not counted */
+			double t = cz_time(z, dev, n, 0, info, sizeof(info));
+			if (rep && t > 0 && t < best)
+				best = t;
+		}
+		ferry_cz_destroy(z);
+		at += (size_t)snprintf(row + at, sizeof(row) - at, "%s%s %.2f GB/s", w ? ", " : "", windows[w], (double)n / best / 1e9);
+	}
+	printf("TABLE cz window %s | %s | nvcomp warm rate by cz_window (default 128m)\n", name, row);
+}
+
 static int load_tokens(const char *path, uint8_t *data, size_t n)
 {
 	FILE *f = fopen(path, "rb");
@@ -255,6 +278,8 @@ int main(int argc, char **argv)
 				printf("  auto, cold: %s\n", kinfo);
 				if (s == 0 && codec == FERRY_CZ_ZSTD && ch == 1)
 					small_batches(ctx, wpath, name, dev);
+				if (codec == FERRY_CZ_ZSTD)
+					window_sweep(ctx, wpath, name, dev);
 				fflush(stdout);
 				unlink(wpath);
 				unlink(cpath);
