@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/publish.h"
 #include "gpu/ring.h"
+#include "gpu/shim.h"
 
 static const char *const direct_choices[] = {"auto", "on", "off", NULL};
 static const char *const backend_choices[] = {"auto", "psync", "io_uring", NULL};
@@ -395,8 +396,10 @@ static void worker_ready_gpu(struct ferry__worker *w)
 	c.dev = dev;
 	bool ok = ferry__gpu_use(&w->q, &c); /* a failure comes back to the first chunk that asks */
 	FERRY__MARK("worker_gpu_ready", (int)w->index, t0);
-	if (ok && w->index == 0)
+	if (ok && w->index == 0) {
 		ferry__units_prepare(ctx, dev);
+		(void)ferry__gds_native_possible(NULL, 0); /* path=auto's question, asked once a process */
+	}
 }
 
 /* In a new worker: its queue, then the news at the gate. 0 when it may work. */
