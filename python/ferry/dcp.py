@@ -17,10 +17,13 @@ leaves a directory that a reader takes as complete.
 """
 from __future__ import annotations
 
+import copy as _copy
 import io as _io
 import os as _os
 import pickle as _pickle
 import sys as _sys
+import threading as _threading
+import time as _time
 from concurrent.futures import ThreadPoolExecutor as _Pool
 
 import torch as _torch
@@ -103,6 +106,104 @@ def _unlink_durably(path, fs=None):
     _ft._fsync_dir(_os.path.dirname(_os.path.abspath(path)))
 
 
+_MARGIN = 1 << 30  # free device memory kept beyond the snapshot: 1 GiB and 1/8 of its size
+
+
+def _free_bytes(dev):
+    """Device memory a new allocation can take: the driver's free memory and what PyTorch holds
+    unused."""
+    free, _total = _torch.cuda.mem_get_info(dev)
+    return free + _torch.cuda.memory_reserved(dev) - _torch.cuda.memory_allocated(dev)
+
+
+def _device_snapshot(state_dict, times, device_type="cuda"):
+    """A copy of state_dict whose GPU tensors lie in one new allocation per device (copied
+    there on the current stream, which is then synchronised), CPU tensors cloned, other values
+    as the stock staging keeps them; None (and times["why"]) where it cannot: a ShardedTensor,
+    no GPU tensor, or not enough free device memory. DTensors keep their mesh and placements
+    around a snapshot of their local tensor."""
+    from torch.distributed.tensor import DTensor
+    try:
+        from torch.distributed._shard.sharded_tensor import ShardedTensor
+    except ImportError:  # pragma: no cover
+        ShardedTensor = ()
+    t0 = _time.perf_counter()
+    need = {}  # device -> bytes
+    found = []
+
+    def plan(o):
+        if isinstance(o, ShardedTensor):
+            raise LookupError("a ShardedTensor")
+        if isinstance(o, DTensor):
+            plan(o._local_tensor)
+        elif isinstance(o, _torch.Tensor):
+            if o.device.type == device_type and o.is_contiguous():
+                need[o.device] = need.get(o.device, 0) + (o.nbytes + 255) // 256 * 256
+                found.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                plan(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                plan(v)
+
+    try:
+        plan(state_dict)
+    except LookupError as e:
+        times["why"] = str(e)
+        return None
+    if not need:
+        times["why"] = "no GPU tensor"
+        return None
+    for dev, n in need.items():
+        free = _free_bytes(dev)
+        if free < n + _MARGIN + n // 8:
+            times["why"] = "%s: %d bytes free, the snapshot needs %d and %d spare" % (
+                dev, free, n, _MARGIN + n // 8)
+            return None
+    times["plan"] = _time.perf_counter() - t0
+    t0 = _time.perf_counter()
+    flat = {dev: _torch.empty(n, dtype=_torch.uint8, device=dev) for dev, n in need.items()}
+    at = dict.fromkeys(need, 0)
+    times["alloc"] = _time.perf_counter() - t0
+    t0 = _time.perf_counter()
+
+    def snap(t):
+        if t.device.type == device_type and t.is_contiguous():
+            o = at[t.device]
+            at[t.device] = o + (t.nbytes + 255) // 256 * 256
+            out = flat[t.device][o:o + t.nbytes].view(t.dtype).view(t.size())
+            out.copy_(t.detach(), non_blocking=True)
+            return out
+        return t.detach().clone()
+
+    def walk(o):
+        if isinstance(o, DTensor):
+            return DTensor.from_local(snap(o._local_tensor), o.device_mesh, o.placements,
+                                      run_check=False, shape=o.size(), stride=o.stride())
+        if isinstance(o, _torch.Tensor):
+            return snap(o)
+        if isinstance(o, dict):
+            return {k: walk(v) for k, v in o.items()}
+        if isinstance(o, list):
+            return [walk(v) for v in o]
+        if isinstance(o, tuple):
+            return tuple(walk(v) for v in o)
+        if isinstance(o, (int, float, str, bytes, _io.BytesIO)) or o is None:
+            return o  # as the stock staging keeps them
+        return _copy.deepcopy(o)
+
+    out = walk(state_dict)
+    times["copy"] = _time.perf_counter() - t0
+    t0 = _time.perf_counter()
+    for dev in need:
+        if dev.type == "cuda":
+            _torch.cuda.current_stream(dev).synchronize()
+    times["sync"] = _time.perf_counter() - t0
+    times["path"] = "device snapshot (%d bytes)" % sum(need.values())
+    return out
+
+
 class Writer(_fs.FileSystemWriter):
     """A ``StorageWriter`` for ``dcp.save`` and ``dcp.async_save``, FileSystemWriter's format.
 
@@ -115,9 +216,49 @@ class Writer(_fs.FileSystemWriter):
     def __init__(self, path, *args, context=None, **kwargs):
         super().__init__(str(path) if _is_url(path) else path, *args, **kwargs)
         self._ctx = context
+        self._pinning = None
+        self.stage_times = {}
         if _is_url(path):
             self.fs = _UrlFS(self)
             self.path = self.fs.init_path(path)
+
+    def stage(self, state_dict):
+        """``dcp.async_save``'s staging, on the caller's thread: a snapshot of the state the
+        caller may change once this returns. GPU tensors are copied inside the GPU into one
+        allocation per device (a device-to-device copy per tensor, no pinning), and the save's
+        thread writes them out through ferry's pinned buffers, as ``ferry.checkpoint``'s
+        ``save_snapshot=device`` does: the stock staging pins (``cache_staged_state_dict``) or
+        fills pageable memory on the caller's thread, 7.13 s for 8 GB on the H100 against 0.20 s
+        for the device-to-host copy (issue 24). Taken where every device has the snapshot's size
+        free plus 1 GiB and 1/8 of it (``torch.cuda.mem_get_info`` and what PyTorch holds
+        unused), else the stock staging. With ``cache_staged_state_dict=True`` the pinned copy
+        of the stock writer is made on a thread of its own after the first call; a call that
+        finds it made takes it (a device-to-host copy into memory already pinned). The phases'
+        times of the last call are in ``self.stage_times``."""
+        t0 = _time.perf_counter()
+        if self.cache_staged_state_dict and self.state_dict_cache is not None:
+            out = super().stage(state_dict)
+            self.stage_times = {"path": "pinned (cached)", "total": _time.perf_counter() - t0}
+            return out
+        times = {}
+        out = _device_snapshot(state_dict, times)
+        if out is None:
+            out = super().stage(state_dict)
+            times["path"] = "stock (%s)" % times.get("why", "")
+        elif self.cache_staged_state_dict and self._pinning is None:
+            self._pinning = _threading.Thread(target=self._pin_cache, args=(state_dict,),
+                                              name="ferry-dcp-pin", daemon=True)
+            self._pinning.start()
+        times["total"] = _time.perf_counter() - t0
+        self.stage_times = times
+        return out
+
+    def _pin_cache(self, state_dict):
+        from torch.distributed._state_dict_utils import _create_cpu_state_dict
+        try:
+            self.state_dict_cache = _create_cpu_state_dict(state_dict, pin_memory=True)
+        except Exception:  # the device snapshot stays the path; the error is the stock one's
+            self._pinning = False
 
     def _stock(self):
         return (self.transforms.extensions or
@@ -239,16 +380,24 @@ class Writer(_fs.FileSystemWriter):
             writes = _ft._Writes(f)
             for wi in self._tensor_items(items):
                 t = planner.resolve_data(wi).detach()
-                if t.untyped_storage().nbytes() != t.nbytes:
-                    t = t.clone()  # as the stock loader does: minimal storage, same strides
                 if t.device.type not in ("cpu", "cuda"):
                     t = t.cpu()
+                if t.untyped_storage().nbytes() == t.nbytes:
+                    data = t.untyped_storage()
+                elif t.is_contiguous():
+                    # a run of bytes inside a larger storage (the device snapshot's tensors): the
+                    # stock writer's clone would hold the same bytes
+                    data = _ft._byte_view(t.untyped_storage())[
+                        t.storage_offset() * t.element_size():][:t.nbytes]
+                else:
+                    t = t.clone()  # as the stock writer does: minimal storage, same strides
+                    data = t.untyped_storage()
                 # The zip is laid out for a CPU tensor of the same dtype, shape and strides
                 # (the stock writer saves CPU tensors: the pickle says "cpu"); its storage's
                 # bytes then come from t, wherever t lives.
                 shadow = _torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
                 layout = _ft._Layout(shadow, str(path))
-                layout.holes = [(off, t.untyped_storage(), rec) for off, _s, rec in layout.holes]
+                layout.holes = [(off, data, rec) for off, _s, rec in layout.holes]
                 n = writes.add(at, layout)
                 results.append(_WriteResult(index=wi.index, size_in_bytes=n,
                                             storage_data=_fs._StorageInfo(storage_key, at, n)))

@@ -87,6 +87,30 @@ WORKER = textwrap.dedent(r'''
         mode, which, d = op.split(":", 2)
         if mode == "save":
             dcp.save(make(0, mesh), storage_writer=writers[which](d))
+        elif mode == "snapsave":
+            # Writer.stage's snapshot (on the host here: device_type="cpu"), the state
+            # overwritten after it, the snapshot saved
+            st = make(0, mesh)
+            ferry.dcp._free_bytes = lambda dev: 1 << 40
+            times = {}
+            snap = ferry.dcp._device_snapshot(st, times, device_type="cpu")
+            assert snap is not None and times["path"].startswith("device snapshot"), times
+            assert type(snap["sharded"]) is type(st["sharded"])
+            assert snap["sharded"].placements == st["sharded"].placements
+            with torch.no_grad():
+                def zero(v):
+                    if hasattr(v, "_local_tensor"):
+                        v._local_tensor.zero_()
+                    elif isinstance(v, torch.Tensor):
+                        v.zero_()
+                    elif isinstance(v, dict):
+                        for x in v.values():
+                            zero(x)
+                    elif isinstance(v, (list, tuple)):
+                        for x in v:
+                            zero(x)
+                zero(st)
+            dcp.save(snap, storage_writer=writers[which](d))
         else:
             got = make(1, mesh)
             dcp.load(got, storage_reader=readers[which](d))
@@ -138,6 +162,48 @@ def test_four_pairings_world_sizes_and_resharding(tmp_path):
         prev = n
     # each rank wrote its own file, as the stock writer does
     assert sorted(os.listdir(d[("ferry", 4)])) == sorted(os.listdir(d[("stock", 4)]))
+
+
+def test_async_staging_snapshot(tmp_path):
+    """Writer.stage's device snapshot (run on host tensors: device_type="cpu"), 2 ranks with a
+    DTensor: taken, the source state overwritten, the snapshot saved by ferry's writer (its
+    tensors are views into one allocation), loaded by both readers equal to the state before."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    d = str(tmp_path / "snap")
+    out = _run(script, 2, ["snapsave:ferry:" + d, "load:stock:" + d, "load:ferry:" + d])
+    assert out.count("LOADED") == 2, out
+
+
+def test_snapshot_files_equal_the_stock_writers(tmp_path, monkeypatch):
+    """The snapshot's tensors are views into one allocation per device: ferry's writer writes
+    their bytes, not the allocation's, and the files equal the stock writer's of the state."""
+    monkeypatch.setattr(fdcp, "_free_bytes", lambda dev: 1 << 40)
+    times = {}
+    snap = fdcp._device_snapshot(_state(), times, device_type="cpu")
+    assert snap is not None, times
+    big = {t.untyped_storage().data_ptr() for t in snap["model"].values()}
+    assert len(big) == 1 and snap["model"]["weight"].untyped_storage().nbytes() > 4 * 5 * 4
+    a, b = tmp_path / "ferry", tmp_path / "stock"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(snap, storage_writer=fdcp.Writer(a))
+        dcp.save(_state(), storage_writer=dcp.FileSystemWriter(b))
+    ma = pickle.loads((a / ".metadata").read_bytes())
+    mb = pickle.loads((b / ".metadata").read_bytes())
+    names = sorted(n for n in os.listdir(a) if n.endswith(".distcp"))
+    for n in names:
+        fa = _blank_ids((a / n).read_bytes(), ma.storage_data, n)
+        fb = _blank_ids((b / n).read_bytes(), mb.storage_data, n)
+        assert fa == fb, n
+
+
+def test_stage_without_gpu_tensors_is_the_stock_one(tmp_path):
+    w = fdcp.Writer(tmp_path / "x")
+    st = _state()
+    out = w.stage(st)
+    assert w.stage_times["path"].startswith("stock (no GPU tensor"), w.stage_times
+    assert torch.equal(out["t"], st["t"]) and out["t"].data_ptr() != st["t"].data_ptr()
 
 
 def _state():

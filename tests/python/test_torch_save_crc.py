@@ -49,3 +49,42 @@ def test_large_storage_checksummed_in_pieces(tmp_path, monkeypatch):
         assert z.testzip() is None  # every record's crc32 right
     got = torch.load(p, weights_only=True)
     assert torch.equal(got["big"], big) and torch.equal(got["small"], small)
+
+
+def test_staged_pieces_pipelined_across_storages(tmp_path, monkeypatch):
+    """The GPU path's host side, run on host tensors: storages staged through a few small pinned
+    buffers in pieces (more pieces than buffers, so buffers are reused across storages), the
+    crc32s combined per storage, the buffers given back once, and the file is what torch.load
+    reads with every record's crc32 right."""
+    piece, nbuf = 1 << 16, 3
+    monkeypatch.setattr(ft, "_STAGE_PIECE", piece)
+    monkeypatch.setattr(ft, "_STAGE_BUFFERS", nbuf)
+    monkeypatch.setattr(ft, "_staged_device", lambda buf: True)
+    monkeypatch.setattr(ft, "_stagers", {})
+    monkeypatch.setattr(ft, "_after_current", lambda stream, dev: None)
+    monkeypatch.setattr(ft, "_stager_take", lambda dev: (
+        [torch.empty(piece, dtype=torch.uint8) for _ in range(nbuf)], None))
+    copies = []
+
+    class Ev:
+        def synchronize(self):
+            pass
+
+    def copy_out(stream, dst, src):
+        copies.append(src.numel())
+        dst.copy_(src)
+        return Ev()
+
+    monkeypatch.setattr(ft, "_copy_out", copy_out)
+    state = {"a": torch.randn((3 * piece + 100) // 4), "b": torch.arange(5000, dtype=torch.int16),
+             "c": torch.randn(7, 9).t(), "e": torch.empty(0)}
+    p = tmp_path / "m.pt"
+    ft.save(state, p)
+    assert sorted(copies) == sorted([piece] * 3 + [100, 10000, 7 * 9 * 4]), copies
+    import zipfile
+    with zipfile.ZipFile(p) as z:
+        assert z.testzip() is None
+    got = torch.load(p, weights_only=True)
+    for k, v in state.items():
+        assert torch.equal(got[k], v) and got[k].stride() == v.stride(), k
+    assert [len(v) for v in ft._stagers.values()] == [1]  # given back, once
