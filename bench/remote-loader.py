@@ -42,7 +42,7 @@ def epochs(path, a, ctx, cached=False):
         dt = time.perf_counter() - t0
         st = ds.cache_stats() if ds is not None else {}
         out.append({"epoch": e, "samples": n, "seconds": dt, "samples_per_s": n / dt,
-                    **{k: st[k] for k in ("fetched", "fetched_bytes", "evicted", "remote_reads", "reused") if k in st}})
+                    **{k: st[k] for k in ("budget", "fetched", "fetched_bytes", "evicted", "remote_reads", "reused") if k in st}})
         print(json.dumps({"path": path, **out[-1]}), flush=True)
     loader.close() if hasattr(loader, "close") else None
     return out

@@ -29,5 +29,11 @@ if ls .whl/tensorizer-*.whl >/dev/null 2>&1; then
 fi
 timeout 400 "$PY" bench/remote-read.py --size "${REMOTE_SIZE:-4g}" "$@" | tee "$LOG/remote-read.jsonl" | grep '^TABLE '
 rc=${PIPESTATUS[0]}
-[ "$rc" = 77 ] && echo "skipped: $(grep -m1 'skipped' "$LOG/remote-read.jsonl")"
+[ "$rc" = 77 ] && echo "skipped: $(grep -m1 'skipped' "$LOG/remote-read.jsonl")" && exit 77
+# the loader over a cached s3:// dataset, the cache unbounded and at half the dataset (full and
+# evicting), per epoch (REMOTE_LOADER_GB=0 leaves it out; about 30 s at 1 GB)
+if [ "${REMOTE_LOADER_GB:-1}" != 0 ]; then
+	timeout 300 "$PY" bench/remote-loader.py --gb "${REMOTE_LOADER_GB:-1}" --epochs 3 --fractions 1,0.5 |
+		tee "$LOG/remote-loader.jsonl" | grep '^TABLE ' || rc=1
+fi
 exit "$rc"

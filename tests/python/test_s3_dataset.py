@@ -222,6 +222,26 @@ def test_cache_budget_evicts_lru(s3_server, env, proxy, tmp_path):
     ds.close()
 
 
+def test_cache_budget_with_stagers_at_once(s3_server, env, proxy, tmp_path):
+    """cache_jobs stagers fetching at once count each other's shards against the budget: before,
+    each saw the directory without the others' and 4 of them held 4 shards under a 2-shard budget,
+    and a full cache then never evicted again."""
+    _, samples, url = _upload(s3_server, tmp_path, "jobs")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sizes = [s["Size"] for s in s3_server.s3.list_objects_v2(Bucket=_moto.BUCKET, Prefix="jobs/shard-")["Contents"]]
+    budget = max(sizes) * 2 + 1
+    proxy.delay = 0.3  # the stagers' fetches overlap
+    ds = ferry.IndexedDataset(url, context=_ctx(cache, budget, cache_jobs=4))
+    for i in range(N):
+        assert np.array_equal(ds[i], samples[i]), i
+        assert _used(cache) <= budget, (i, _used(cache), budget)
+    st = ds.cache_stats()
+    ds.close()
+    assert _used(cache) <= budget, (_used(cache), budget, st)
+    assert st["fetched"] >= 2 and st["remote_reads"] + st["fetched"] >= ds.shards, st
+
+
 def test_forked_child_reads_without_the_stagers(s3_server, env, proxy, tmp_path):
     """A fork()ed child (DataLoader workers) has none of the stagers' threads: it reads what is
     staged from the cache and the rest from the object, and never waits for a stage."""
