@@ -382,8 +382,8 @@ struct ferry__ioq {
 };
 
 /* ferry__ioq_init flags */
-#define FERRY__IOQ_REG_BUFS 1u /* register the slots as io_uring fixed buffers (pins them: workers
-				* only; a queue's slots stay lazily backed until used) */
+#define FERRY__IOQ_REG_BUFS 1u /* register the slots as io_uring fixed buffers, each at its first
+				* I/O (pins it): workers only */
 #define FERRY__IOQ_OWNER 2u    /* only the creating thread uses the ring (ferry_queue) */
 int ferry__ioq_init(struct ferry__ioq *q, ferry_ctx *ctx, unsigned depth, unsigned nslots, unsigned flags);
 void ferry__ioq_exit(struct ferry__ioq *q);

@@ -33,6 +33,9 @@ struct unit {
 	uint32_t len[MAX_PIECES];
 	size_t off[MAX_PIECES]; /* in the unit */
 	bool ok[MAX_PIECES];
+	/* its pinned buffer, made at its first use (unit_mem) */
+	_Atomic(char *) mem;
+	pthread_mutex_t mu;
 };
 
 struct ferry__units {
@@ -42,7 +45,6 @@ struct ferry__units {
 	int64_t err;
 	size_t unit_size;
 	unsigned n;
-	char *mem;
 	/* the device's unit copies, shared by the workers: ticket i is recorded after each round's
 	 * copy of unit i */
 	struct ferry__ring_gpu *ring;
@@ -119,9 +121,7 @@ void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__c
 
 static struct ferry__units *units_make(ferry_ctx *ctx, int dev)
 {
-	const struct ferry__cuda_api *cu = ferry__cuda();
 	struct ferry__units *us = calloc(1, sizeof(*us));
-	ferry__CUresult r = FERRY__CUDA_SUCCESS;
 
 	if (!us)
 		return NULL;
@@ -137,17 +137,53 @@ static struct ferry__units *units_make(ferry_ctx *ctx, int dev)
 	for (unsigned i = 0; i < us->n; i++) {
 		atomic_init(&us->u[i].issued, -1);
 		atomic_init(&us->u[i].arrived, 0);
+		atomic_init(&us->u[i].mem, NULL);
+		pthread_mutex_init(&us->u[i].mu, NULL);
 	}
-	r = cu->MemHostAlloc((void **)&us->mem, us->unit_size * us->n, FERRY__CU_MEMHOSTALLOC_PORTABLE);
-	if (r)
-		us->err = ferry__cuda_fail(r, "cuMemHostAlloc");
-	else /* a reader waiting for a round's copy spins (ferry__units_wait) */
-		us->err = ferry__ring_create(dev, us->n, FERRY__RING_SPIN, &us->ring);
+	/* a reader waiting for a round's copy spins (ferry__units_wait) */
+	us->err = ferry__ring_create(dev, us->n, FERRY__RING_SPIN, &us->ring);
 	if (us->err) {
 		ferry__error_append("making %u copy units of %zu bytes on device %d", us->n, us->unit_size, dev);
 		atomic_store(&us->failed, true);
 	}
 	return us;
+}
+
+/*
+ * Unit i's pinned buffer, made by the first chunk that needs it (dev current): the first round of
+ * a fresh process's first read waits for its own unit's copy_unit bytes, not for all the units'
+ * (one cuMemHostAlloc of 32 MiB before, on the first chunk's path while every other worker waited
+ * for the lock; issue 22). NULL, with us->failed and us->err set, when it cannot be made.
+ */
+static char *unit_mem(ferry_ctx *ctx, struct ferry__units *us, unsigned i)
+{
+	struct unit *u = &us->u[i];
+	char *m = atomic_load_explicit(&u->mem, memory_order_acquire);
+
+	if (m)
+		return m;
+	pthread_mutex_lock(&u->mu);
+	m = atomic_load_explicit(&u->mem, memory_order_relaxed);
+	if (!m && !atomic_load(&us->failed)) {
+		uint64_t t0 = FERRY__SPAN_T0();
+		ferry__CUresult r = ferry__cuda()->MemHostAlloc((void **)&m, us->unit_size,
+								FERRY__CU_MEMHOSTALLOC_PORTABLE);
+		if (r) {
+			m = NULL;
+			pthread_mutex_lock(&ctx->units_mu);
+			if (!atomic_load(&us->failed)) {
+				us->err = ferry__cuda_fail(r, "cuMemHostAlloc of copy unit %u (%zu bytes) on device %d",
+							   i, us->unit_size, us->dev);
+				atomic_store(&us->failed, true);
+			}
+			pthread_mutex_unlock(&ctx->units_mu);
+		} else {
+			atomic_store_explicit(&u->mem, m, memory_order_release);
+		}
+		FERRY__MARK("unit_pinned", ferry__worker_index, t0);
+	}
+	pthread_mutex_unlock(&u->mu);
+	return m;
 }
 
 void ferry__units_prepare(ferry_ctx *ctx, int dev)
@@ -161,7 +197,12 @@ void ferry__units_prepare(ferry_ctx *ctx, int dev)
 		ctx->units[dev] = units_make(ctx, dev); /* a failure is the first unit chunk's error */
 		FERRY__MARK("units_made", ferry__worker_index, t0);
 	}
+	struct ferry__units *us = ctx->units[dev];
 	pthread_mutex_unlock(&ctx->units_mu);
+	/* one at a time, in the order a read uses them: each is there for readers as soon as it is
+	 * made (a read that comes meanwhile makes the unit it needs itself) */
+	for (unsigned i = 0; us && i < us->n && !atomic_load(&us->failed); i++)
+		(void)unit_mem(ctx, us, i);
 }
 
 bool ferry__units_slot(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -199,7 +240,12 @@ bool ferry__units_slot(struct ferry__ioq *q, struct ferry__chunk *c)
 		c->result = us->err;
 		return false;
 	}
-	c->bounce.slot = us->mem + (size_t)(c->unit.seq % us->n) * us->unit_size + c->unit.off;
+	char *mem = unit_mem(ctx, us, (unsigned)(c->unit.seq % us->n));
+	if (!mem) {
+		c->result = us->err;
+		return false;
+	}
+	c->bounce.slot = mem + c->unit.off;
 	c->bounce.index = -1;
 	return true;
 }
@@ -293,9 +339,14 @@ void ferry__units_free(ferry_ctx *ctx)
 		struct ferry__units *us = ctx->units[d];
 		if (!us)
 			continue;
-		ferry__ring_destroy(us->ring); /* after the copies out of us->mem */
-		if (us->mem && cu && ferry__cuda_set_device(d) == 0)
-			cu->MemFreeHost(us->mem);
+		ferry__ring_destroy(us->ring); /* after the copies out of the units' buffers */
+		bool current = cu && ferry__cuda_set_device(d) == 0;
+		for (unsigned i = 0; us->u && i < us->n; i++) {
+			char *m = atomic_load(&us->u[i].mem);
+			if (m && current)
+				cu->MemFreeHost(m);
+			pthread_mutex_destroy(&us->u[i].mu);
+		}
 		free(us->u);
 		free(us);
 		ctx->units[d] = NULL;
