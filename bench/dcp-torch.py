@@ -160,6 +160,42 @@ def _warm(path):
                 pass
 
 
+def _resident(path):
+    """The fraction of path's bytes (every file under a directory) in the page cache, by
+    mincore(2) over a read-only mapping of each file: what says a "warm" row read from memory."""
+    import ctypes
+    import mmap
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    page = mmap.PAGESIZE
+    have = total = 0
+    for f in _files(path):
+        n = os.path.getsize(f)
+        if not n:
+            continue
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, n, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), "mmap(%s)" % f)
+            try:
+                pages = (n + page - 1) // page
+                vec = (ctypes.c_ubyte * pages)()
+                if libc.mincore(addr, n, vec) != 0:
+                    raise OSError(ctypes.get_errno(), "mincore(%s)" % f)
+                have += sum(v & 1 for v in bytes(vec))
+                total += pages
+            finally:
+                libc.munmap(addr, n)
+        finally:
+            os.close(fd)
+    return have / total if total else 1.0
+
+
 def _evict(path):
     """Drops path's pages (every file under a directory) from the page cache: fsync, then
     POSIX_FADV_DONTNEED, which needs no root."""
@@ -170,6 +206,21 @@ def _evict(path):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def _TimedStage(w):
+    """The stock writer, its stage() timed into stage_times as ferry's writer does."""
+    stage = w.stage
+
+    def timed_stage(state_dict):
+        t = time.perf_counter()
+        try:
+            return stage(state_dict)
+        finally:
+            w.stage_times = {"path": "stock (pageable host copy)", "total": time.perf_counter() - t}
+
+    w.stage = timed_stage
+    return w
 
 
 def targets(a):
@@ -217,6 +268,12 @@ def targets(a):
             "%.2fx of the ceiling" % r if r else "-",
             "target >= %.2fx: %s" % (target, met) if target else "-"), flush=True)
 
+    def warm_note(res_f, res_s):
+        """The page cache's share of the files just before each warm load (mincore)."""
+        worst = min(res_f, res_s)
+        return " (page cache before the loads: ferry %.1f%%, stock %.1f%% resident%s)" % (
+            100 * res_f, 100 * res_s, "" if worst >= 0.99 else "; NOT WARM: the disk was timed")
+
     st = _targets_state(size, dev)
     nbytes = _nbytes(st)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=dev)
@@ -256,13 +313,16 @@ def targets(a):
         t.zero_()
     src = os.path.join(d, "ferry")
     _warm(src)
+    res_f = _resident(src)
     fl = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
     bad = [i for i, (x, y) in enumerate(zip(_tensors(st), _tensors(zeros))) if not torch.equal(x, y)]
     if bad:
         raise SystemExit("dcp.load ferry: %d tensors differ, first #%d" % (len(bad), bad[0]))
     _warm(src)
+    res_s = _resident(src)
     sl = timed(lambda: dcp.load(zeros, storage_reader=dcp.FileSystemReader(src)))
-    table("dcp.load warm %s" % a.size, nbytes, fl, "FileSystemReader", sl, "pinned copy", h2d, 0.85)
+    table("dcp.load warm %s%s" % (a.size, warm_note(res_f, res_s)), nbytes, fl, "FileSystemReader",
+          sl, "pinned copy", h2d, 0.85)
     _evict(src)
     flc = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
     _evict(src)
@@ -288,7 +348,7 @@ def targets(a):
         for name, calls, mk in (
                 ("ferry", 1, lambda p: ferry.dcp.Writer(p)),
                 ("ferry cached", 2, lambda p: ferry.dcp.Writer(p, cache_staged_state_dict=True)),
-                ("stock", 1, lambda p: dcp.FileSystemWriter(p))):
+                ("stock", 1, lambda p: _TimedStage(dcp.FileSystemWriter(p)))):
             w = None
             for call in range(1, calls + 1):
                 p = os.path.join(d, "async-%s-%d" % (name.replace(" ", "-"), call))
@@ -298,6 +358,16 @@ def targets(a):
                     w = mk(p)
                 fut = dcp.async_save(st, storage_writer=w, checkpoint_id=p)
                 blocked = time.perf_counter() - t
+                # where the caller's time went: the writer's staging (ferry.dcp.Writer.stage's
+                # phases; the stock writer's stage timed whole by a wrapper) and async_save's own
+                stt = dict(getattr(w, "stage_times", None) or {})
+                if "total" in stt:
+                    print("ASYNC %s call %d: blocked %.4f s = staging %.4f s [%s] + async_save's own "
+                          "%.4f s (stateful state_dict(), executor, thread start)" % (
+                              name, call, blocked, stt["total"], ", ".join(
+                                  "%s %.4f s" % (k, v) if isinstance(v, float) else "%s: %s" % (k, v)
+                                  for k, v in stt.items() if k != "total"),
+                              blocked - stt["total"]), flush=True)
                 during = []
                 while not fut.done():
                     during.append(timed(train_step))
@@ -337,13 +407,15 @@ def targets(a):
                                                device=dev) for i in range(a.reshard_layers)}
             rb = _nbytes(tgt)
             _warm(rdir)
+            res_f = _resident(rdir)
             frw = timed(lambda: dcp.load(tgt, storage_reader=ferry.dcp.Reader(rdir)))
             if any(not torch.equal(tgt["layer.%d" % i], torch.full_like(tgt["layer.%d" % i], float(i)))
                    for i in range(a.reshard_layers)):
                 raise SystemExit("resharded dcp.load ferry: values differ")
             _warm(rdir)
+            res_s = _resident(rdir)
             srw = timed(lambda: dcp.load(tgt, storage_reader=dcp.FileSystemReader(rdir)))
-            table("dcp.load warm resharded 4->1 %s" % a.size, rb, frw, "FileSystemReader", srw,
+            table("dcp.load warm resharded 4->1 %s%s" % (a.size, warm_note(res_f, res_s)), rb, frw, "FileSystemReader", srw,
                   "pinned copy", h2d * rb / nbytes if h2d else None, 0.85)
             _evict(rdir)
             frc = timed(lambda: dcp.load(tgt, storage_reader=ferry.dcp.Reader(rdir)))
@@ -373,9 +445,12 @@ def targets(a):
           "disk write+fsync", wr * pb / nbytes, 0.95)
     del pt
     _warm(mp)
+    res_f = _resident(mp)
     fl = timed(lambda: ferry.torch.load(mp, map_location=dev))
+    _warm(mp)
+    res_s = _resident(mp)
     sl = timed(lambda: torch.load(mp, map_location=dev, weights_only=True))
-    table("ferry.torch.load warm %s" % a.pt_size, pb, fl, "torch.load", sl, "pinned copy",
+    table("ferry.torch.load warm %s%s" % (a.pt_size, warm_note(res_f, res_s)), pb, fl, "torch.load", sl, "pinned copy",
           h2d * pb / nbytes if h2d else None, 0.85)
     _evict(mp)
     flc = timed(lambda: ferry.torch.load(mp, map_location=dev))

@@ -346,10 +346,10 @@ class Writer(_fs.FileSystemWriter):
                     data = _ft._byte_view(s).numpy()
                     if crc_on:
                         layout.set_crc(rec, off, _ft._crc32(data) if len(data) else 0)
-                    put(memoryview(layout.blob)[pos:off])
+                    put(layout.blob.view(pos, off))
                     put(data)
                     pos = off + len(data)
-                put(memoryview(layout.blob)[pos:layout.size])
+                put(layout.blob.view(pos, layout.size))
                 results.append(_WriteResult(index=wi.index, size_in_bytes=layout.size,
                                             storage_data=_fs._StorageInfo(storage_key, base,
                                                                           layout.size)))

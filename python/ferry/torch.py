@@ -13,6 +13,7 @@ ferry, durably: a temporary name created exclusively, fsync, rename, directory f
 """
 from __future__ import annotations
 
+import bisect as _bisect
 import io as _io
 import os as _os
 import pickle as _pickle
@@ -209,30 +210,45 @@ class _Loader:
             return str(m)
         return None
 
-    def _read_into(self, storage, off, nbytes, wait):
+    def _read_into(self, storage, off, nbytes, wait, swap=None):
+        """Reads the storage's bytes now (wait) or in finish()'s one batch with every other
+        storage's: the storages are all allocated before the first read (an allocation of device
+        memory between reads no longer waits behind the copies in flight), and the engine sees
+        every read at once. swap: the dtype to byteswap by after the read."""
         if self.file is None:
             self.file = _ferry.open(self.path, "r", context=self.ctx)
         buf = _byte_view(storage)
+        if wait:
+            self._sync(buf)
+            n = self.file.pread_into(buf, off)
+            self._check(n, nbytes, off)
+            if swap is not None:
+                storage.byteswap(swap)
+        else:
+            self.pending.append((buf, nbytes, off, storage, swap))
+
+    def _sync(self, buf):
         if buf.device.type == "cuda" and buf.device not in self.synced:
             # ferry copies on its own streams; the allocator's memory may still be in use by
             # work queued on the current stream.
             _torch.cuda.current_stream(buf.device).synchronize()
             self.synced.add(buf.device)
-        if wait:
-            n = self.file.pread_into(buf, off)
-            self._check(n, nbytes, off)
-        else:
-            self.pending.append((self.file.pread_into_async(buf, off), nbytes, off))
 
     def _check(self, n, nbytes, off):
         if n != nbytes:
             raise FormatError("%s: storage at offset %d: read %d of %d bytes (file shrank?)"
                               % (self.path, off, n, nbytes))
 
-    def finish(self):
+    def finish(self, ok=True):
         try:
-            for fut, nbytes, off in self.pending:
-                self._check(fut.result(), nbytes, off)
+            if ok and self.pending:
+                for buf, _n, _off, _s, _sw in self.pending:
+                    self._sync(buf)
+                got = self.file.read_batch([(off, buf) for buf, _n, off, _s, _sw in self.pending])
+                for (buf, nbytes, off, storage, swap), n in zip(self.pending, got):
+                    self._check(n, nbytes, off)
+                    if swap is not None:
+                        storage.byteswap(swap)
         finally:
             self.pending = []
             if self.file is not None:
@@ -255,16 +271,14 @@ class _Loader:
                    else _torch.serialization._validate_device(target, "cuda"))
             storage = _torch.UntypedStorage(nbytes, device=dev)
             if nbytes:
-                self._read_into(storage, off, nbytes, wait=swap)
-            if swap:
-                storage.byteswap(dtype)
+                self._read_into(storage, off, nbytes, wait=False, swap=dtype if swap else None)
         else:
             # map_location is a callable, or the location another backend's: torch's own
             # restore_location moves a host copy, as torch.load does.
             storage = _torch.UntypedStorage(nbytes)
             if nbytes:
-                self._read_into(storage, off, nbytes, wait=True)
-            if swap:
+                self._read_into(storage, off, nbytes, wait=True, swap=dtype if swap else None)
+            elif swap:
                 storage.byteswap(dtype)
             storage = self.restore(storage, location)
         return _torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
@@ -359,8 +373,10 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
         unpickler.persistent_load = persistent_load
         tls = _torch.serialization._serialization_tls
         tls.map_location = map_location
+        ok = False
         try:
             result = unpickler.load()
+            ok = True
         except _pickle.UnpicklingError as e:
             if weights_only:
                 raise _pickle.UnpicklingError(
@@ -369,7 +385,7 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
             raise
         finally:
             tls.map_location = None
-            loader.finish()
+            loader.finish(ok)  # the storages' reads, in one batch
         _validate_sparse(weights_only)
         return result
     finally:
@@ -380,15 +396,21 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
 # ------------------------------------------------------------------------------------ saving
 
 class _Sink:
-    """What torch's zip writer writes, with the storages' data left as holes (skip_data)."""
+    """What torch's zip writer writes, with the storages' data left as holes (skip_data): the
+    written runs alone are kept (a 4 GB file's image was a 4 GB zeroed bytearray before, made
+    and held before its first byte was written)."""
 
     def __init__(self):
         self.pos = 0
-        self.parts = []
+        self.runs = []  # [start, bytearray], in the order written
 
     def write(self, b):
         b = bytes(b)
-        self.parts.append((self.pos, b))
+        last = self.runs[-1] if self.runs else None
+        if last is not None and last[0] + len(last[1]) == self.pos:
+            last[1] += b
+        else:
+            self.runs.append([self.pos, bytearray(b)])
         self.pos += len(b)
         return len(b)
 
@@ -403,10 +425,66 @@ class _Sink:
         pass
 
     def blob(self):
-        out = bytearray(self.pos)
-        for at, b in self.parts:
-            out[at:at + len(b)] = b
-        return out
+        return _Sparse(self.pos, self.runs)
+
+
+class _Sparse:
+    """A file image of which only the written runs are held; bytes in the holes read as zeros."""
+
+    def __init__(self, size, runs):
+        self.size = size
+        merged = []  # disjoint, sorted; runs applied in the order written (a later one wins)
+        for at, b in runs:
+            end = at + len(b)
+            if not merged or at > merged[-1][0] + len(merged[-1][1]):
+                merged.append([at, bytearray(b)])
+                continue
+            near = [r for r in merged if r[0] <= end and at <= r[0] + len(r[1])]
+            lo = min([at] + [r[0] for r in near])
+            hi = max([end] + [r[0] + len(r[1]) for r in near])
+            buf = bytearray(hi - lo)
+            for r in near:
+                buf[r[0] - lo:r[0] - lo + len(r[1])] = r[1]
+            buf[at - lo:end - lo] = b
+            gone = {id(r) for r in near}
+            merged = sorted([r for r in merged if id(r) not in gone] + [[lo, buf]],
+                            key=lambda r: r[0])
+        self.runs = merged
+        self.starts = [r[0] for r in merged]
+
+    def __len__(self):
+        return self.size
+
+    def _run(self, at):
+        i = _bisect.bisect_right(self.starts, at) - 1
+        return self.runs[i] if i >= 0 else None
+
+    def view(self, a, b):
+        """A memoryview of [a, b), which lies inside one written run; else a copy."""
+        r = self._run(a)
+        if r is not None and b <= r[0] + len(r[1]):
+            return memoryview(r[1])[a - r[0]:b - r[0]]
+        return memoryview(self[a:b])
+
+    def __getitem__(self, sl):
+        a, b = max(0, sl.start or 0), min(self.size, self.size if sl.stop is None else sl.stop)
+        out = bytearray(max(0, b - a))
+        i = max(0, _bisect.bisect_right(self.starts, a) - 1)
+        while i < len(self.runs) and self.runs[i][0] < b:
+            at, run = self.runs[i]
+            lo, hi = max(a, at), min(b, at + len(run))
+            if lo < hi:
+                out[lo - a:hi - a] = run[lo - at:hi - at]
+            i += 1
+        return bytes(out)
+
+    def pack_into(self, fmt, at, *values):
+        r = self._run(at)
+        n = _struct.calcsize(fmt)
+        if r is None or at + n > r[0] + len(r[1]):
+            raise FormatError("zip image: %d bytes at offset %d lie outside what torch's writer "
+                              "wrote" % (n, at))
+        _struct.pack_into(fmt, r[1], at - r[0], *values)
 
 
 def _storages(obj, pickle_module, protocol):
@@ -452,10 +530,10 @@ class _Layout:
         out, at = [], 0
         for off, s, _rec in self.holes:
             if off > at:
-                out.append((at, memoryview(self.blob)[at:off]))
+                out.append((at, self.blob.view(at, off)))
             at = off + (s.numel() if isinstance(s, _torch.Tensor) else s.nbytes())
         if at < self.size:
-            out.append((at, memoryview(self.blob)[at:self.size]))
+            out.append((at, self.blob.view(at, self.size)))
         return out
 
     def set_crc(self, rec, data_at, crc):
@@ -463,8 +541,8 @@ class _Layout:
         central directory (the local header carries 0: miniz streams with flag bit 3)."""
         end = data_at + rec.size
         if self.blob[end:end + 4] == b"PK\x07\x08":
-            _struct.pack_into("<I", self.blob, end + 4, crc)
-        _struct.pack_into("<I", self.blob, rec.cd_at, crc)
+            self.blob.pack_into("<I", end + 4, crc)
+        self.blob.pack_into("<I", rec.cd_at, crc)
 
 
 _crc_pool_ = None
