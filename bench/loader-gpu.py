@@ -493,6 +493,32 @@ def fixed_costs(a, dev):
             os.unlink(f)
 
 
+def pipeline(a):
+    """The pipeline alone (no GPU needed): ferry.Loader(device="cpu") at its defaults on issue 22's
+    workload, drained through the C loader (next() and release(): no torch copy), after 50 batches
+    of warm-up. Its own counters: the pipeline thread's CPU ns per batch and per window (the load
+    of other processes inflates the wall time, not this), and samples/s."""
+    seq, batch = 2049, 64
+    prefix, _, n = make_data(a.warm_dir, a.gb)
+    for r in range(a.rounds):
+        ld = ferry.Loader(prefix, batch_size=batch, seq_len=seq, order="shuffle", device="cpu")
+        cl = ld._ensure()
+        for _ in range(50):
+            cl.next().release()
+        m0, t0, c0 = cl.metrics(), time.perf_counter(), time.thread_time()
+        for _ in range(a.batches):
+            cl.next().release()
+        m1, el, cons = cl.metrics(), time.perf_counter() - t0, time.thread_time() - c0
+        ld.close()
+        cpu = (m1["cpu_ns"] - m0["cpu_ns"]) / a.batches
+        table(f"loader pipeline round {r}", f"{cpu / 1e3:.1f} us CPU per batch",
+              f"{cpu / batch:.0f} ns a window, batch {batch} x {seq} over {n * SEQ * 2 / 2**30:.2f} GiB in "
+              f"{a.warm_dir}; {a.batches * batch / el:.0f} samples/s; the draining thread "
+              f"{cons / a.batches * 1e6:.1f} us CPU per batch; "
+              f"{m1['inline_reads'] - m0['inline_reads']:.0f} inline reads of "
+              f"{m1['reads'] - m0['reads']:.0f}; {1e9 / cpu * batch:.0f} windows/s a pipeline core")
+
+
 # -------------------------------------------------------------------------------------- main
 
 
@@ -515,7 +541,14 @@ def main():
                     help="only issue 22's loader workload (batch 64 x 2049, DataLoader 8 and 16 workers, 50 ms step)")
     ap.add_argument("--ferry-warm-only", action="store_true",
                     help="only ferry's warm samples/s per order, then stop (bench/gpu-ab.sh runs it per build)")
+    ap.add_argument("--pipeline", action="store_true",
+                    help="only the pipeline's CPU per batch on issue 22's workload, device cpu (no GPU needed)")
+    ap.add_argument("--batches", type=int, default=10000, help="--pipeline: batches per round")
+    ap.add_argument("--rounds", type=int, default=3, help="--pipeline: rounds")
     a = ap.parse_args()
+    if a.pipeline:
+        pipeline(a)
+        return
     if not torch.cuda.is_available():
         print("skipped: torch sees no CUDA device")
         sys.exit(77)

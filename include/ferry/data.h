@@ -281,7 +281,9 @@ FERRY_API FERRY_WUR int ferry_loader_state(const ferry_loader *l, char *buf, siz
  * wait_p50_ns, wait_p90_ns, wait_p99_ns, wait_max_ns, bytes, samples, elapsed_ns, samples_per_s,
  * bytes_per_s, reads (read I/Os submitted), merged (samples read as part of a merged read),
  * cpu_ns (CPU time of the pipeline threads), inline_reads (reads of page-cache-resident data done by
- * the pipeline thread itself), device_buffers (device memory buffers of one batch that exist: in
+ * the pipeline thread itself), mapped_reads (of those, the ones copied from a mapping of the shard,
+ * knob mapped), mapped_faults (batches whose copies from a mapping faulted or found the shard cut
+ * short, then read again), device_buffers (device memory buffers of one batch that exist: in
  * slots, spare, or taken and not yet freed). Writes the value to *out and returns 0, or returns
  * FERRY_EBADOPT (an unknown name, which ferry_last_error() quotes) or -EINVAL.
  */

@@ -8,9 +8,15 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,7 +69,51 @@ struct ferry_loader_batch {
 struct piece {
 	uint32_t file;
 	uint64_t off, len, dst;
-	int64_t sample;
+	int64_t sample; /* >= 0: the sample it reads; < 0: -1 - the stream byte it starts at (runs) */
+};
+
+/*
+ * Token windows over samples that lie back to back in their shard: a run is a stretch of the
+ * stream (all samples concatenated) that is one stretch of one file, so a window in it is one read
+ * at an offset computed from the window's index, without looking up the samples (their prefix sums,
+ * lengths and offsets: three to four cache misses a window over a large index, most of the pipeline
+ * thread's own time; docs/PERFORMANCE.md, issue 22). A Megatron .bin is one run.
+ */
+struct run {
+	uint64_t at;  /* its first stream byte; runs[nruns].at is the stream's length */
+	uint64_t off; /* where that byte lies in the file */
+	uint32_t file;
+};
+
+/*
+ * A shard mapped by a pipeline thread (mapped=1). Residency is known per segment of SEG bytes: a
+ * segment whose last check (one cachestat of the segment) found all its pages in the page cache is
+ * copied out of the mapping, without a pread and a cachestat per read, until the check is
+ * repeated, max(2 s, 200x its cost) later. A segment not resident is read as before (pread when
+ * the range is resident, else the engine). A page evicted between two checks is read back by the
+ * copy's page fault: slower, still right. The file's size is checked (fstat) once a second.
+ */
+#define SEG_SHIFT 21 /* 2 MiB: a check costs ~30 us here (cachestat ~65 ns a page, loaded VM) */
+struct shard_map {
+	uint8_t *base;       /* NULL: not mapped */
+	uint64_t size;       /* mapped bytes: the file's size when checked */
+	uint64_t next_stat;  /* ferry__now_ns() of the next fstat */
+	uint64_t *seg;       /* [segments]: the next check's time, | 1 while resident */
+	uint64_t used_end;   /* the batch being filled: the end of its copies from here */
+	uint64_t used_gen;   /* the batch (worker's gen) used_end belongs to */
+};
+
+/* A copy out of a mapping, done under the SIGBUS guard once the batch's groups are planned. */
+struct mcopy {
+	const uint8_t *src;
+	void *dst;
+	uint64_t len;
+	size_t g; /* the group */
+};
+
+struct skey { /* sort_pieces */
+	uint64_t key;
+	uint32_t i;
 };
 
 struct worker {
@@ -77,12 +127,22 @@ struct worker {
 	int64_t *order;
 	struct piece *pieces;
 	uint32_t *sorted;
+	struct skey *skeys; /* [min(pieces_cap, 256)] */
 	size_t pieces_cap;
 	uint8_t *stage;
 	size_t stage_cap;
 	uint8_t *inl; /* per group of the batch being filled: read inline (1) or by the engine */
 	ferry_file **gf; /* per group: the file it reads (ferry__dataset_file_get), put after the reads */
 	size_t inl_cap;
+	struct shard_map *maps; /* [nmaps]: by shard (the copies' after the dataset's) */
+	uint32_t nmaps;
+	struct mcopy *mc;
+	size_t mc_cap;
+	uint32_t *used; /* [nmaps]: the shards the batch being filled copies from */
+	uint32_t nused;
+	uint64_t gen;   /* batches filled */
+	uint64_t mapped_reads; /* not yet added to the loader's */
+	struct bus_guard *guard; /* claimed by the thread itself */
 	uint64_t cpu_ns;
 };
 
@@ -92,7 +152,7 @@ struct ferry_loader {
 	/* knobs */
 	uint32_t batch_size, world_size, rank, threads, prefetch;
 	uint64_t seq_len, seed, epoch, epochs, block, merge_gap;
-	int order, drop_last, drop_last_batch, device, inline_cached, documents;
+	int order, drop_last, drop_last_batch, device, inline_cached, mapped, documents;
 	int copies; /* epoch e from pre-shuffled copy e mod N (ferry.copies) */
 	/* resume position */
 	uint64_t pos_epoch, pos_batch;
@@ -102,6 +162,8 @@ struct ferry_loader {
 	size_t pos_off, cu_off; /* documents=1: where position_ids and cu_seqlens lie in a slot */
 	uint32_t cu_max;
 	uint64_t *cum; /* token mode: byte prefix sums of the samples, [n + 1] */
+	struct run *runs; /* token mode without documents, when samples lie in few runs: [nruns + 1] */
+	uint64_t nruns;
 	uint8_t *doc_start; /* documents=1, Megatron: sample i starts a document; NULL: every one does */
 	/* pipeline */
 	int started, stop, failed;
@@ -121,7 +183,7 @@ struct ferry_loader {
 	int gpu; /* started on a device: its buffers and rings exist */
 	/* metrics */
 	uint64_t *waits, nwaits, waits_cap;
-	uint64_t t_start, bytes, samples, reads, merged, inline_reads;
+	uint64_t t_start, bytes, samples, reads, merged, inline_reads, mapped_reads, mapped_faults;
 	struct ferry__activity *act; /* what `ferry top` shows of this loader (NULL: not publishing) */
 	int err;
 	char errmsg[768];
@@ -130,7 +192,7 @@ struct ferry_loader {
 static const char *const metric_names[] = {
 	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
 	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
-	"merged", "cpu_ns", "inline_reads", "device_buffers", NULL,
+	"merged", "cpu_ns", "inline_reads", "device_buffers", "mapped_reads", "mapped_faults", NULL,
 };
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
@@ -194,6 +256,8 @@ static const struct ferry__knob loader_rows[] = {
 	       .doc = "bytes between two reads that are still merged into one"),
 	LOADER(inline_cached, BOOL, 1, 0, 1, .env = "FERRY_LOADER_INLINE_CACHED",
 	       .doc = "page-cache-resident reads done by the pipeline thread itself"),
+	LOADER(mapped, BOOL, 1, 0, 1, .env = "FERRY_LOADER_MAPPED",
+	       .doc = "with inline_cached: shards wholly in the page cache copied from a mapping (SIGBUS guarded)"),
 };
 #undef LOADER
 
@@ -304,9 +368,12 @@ static int add_piece(struct worker *w, size_t *np, uint32_t file, uint64_t off, 
 		uint32_t *s = p ? realloc(w->sorted, c * sizeof(*s)) : NULL;
 		if (p)
 			w->pieces = p;
-		if (!p || !s)
+		if (s)
+			w->sorted = s;
+		struct skey *k = s ? realloc(w->skeys, (c < 256 ? c : 256) * sizeof(*k)) : NULL;
+		if (!k)
 			return ferry__error(-ENOMEM, "loader: %zu reads", c);
-		w->sorted = s;
+		w->skeys = k;
 		w->pieces_cap = c;
 	}
 	w->pieces[(*np)++] = (struct piece){file, off, len, dst, sample};
@@ -324,7 +391,35 @@ static int cmp_piece(const void *a, const void *b, void *base)
 	return x->dst < y->dst ? -1 : x->dst > y->dst;
 }
 
-/* Reads one batch into slot s->host. */
+/*
+ * sorted[] = the pieces' indices in (file, off, dst) order. A piece's dst grows with its index, so
+ * a stable sort on (file, off) gives that order: packed into one 64-bit key when they fit, sorted
+ * with their indices by insertion for a batch's few dozen pieces (qsort_r's indirect comparisons
+ * cost ~30 µs a batch of 64; perf, docs/PERFORMANCE.md, issue 22), else qsort_r.
+ */
+static void sort_pieces(struct worker *w, size_t np)
+{
+	const struct piece *pieces = w->pieces;
+	uint32_t *sorted = w->sorted;
+	struct skey *k = w->skeys;
+	int packed = np <= 256;
+	for (size_t i = 0; packed && i < np; i++) {
+		packed = pieces[i].file < (1u << 20) && pieces[i].off < (1ull << 44);
+		struct skey x = {(uint64_t)pieces[i].file << 44 | pieces[i].off, (uint32_t)i};
+		size_t j = i;
+		for (; j && k[j - 1].key > x.key; j--)
+			k[j] = k[j - 1];
+		k[j] = x;
+	}
+	if (packed) {
+		for (size_t i = 0; i < np; i++)
+			sorted[i] = k[i].i;
+		return;
+	}
+	for (size_t i = 0; i < np; i++)
+		sorted[i] = (uint32_t)i;
+	qsort_r(sorted, np, sizeof(*sorted), cmp_piece, (void *)pieces);
+}
 
 /*
  * The group of sorted pieces that starts at g: neighbours in one file no more than merge_gap apart,
@@ -348,6 +443,203 @@ static size_t group_end(const struct ferry_loader *l, const struct worker *w, si
 		*end = p->off + p->len;
 	}
 	return h;
+}
+
+/*
+ * The SIGBUS guard of copies out of a mapping. A shard truncated under the reader turns a load from
+ * a mapped page past its new end into SIGBUS (and a disk error reading a page, EIO, does the same),
+ * which by default kills the process. The loader installs a handler once (the first time a
+ * loader maps a shard) that jumps back out of a guarded copy, in the thread that faulted, and
+ * passes every other SIGBUS on to the handler it replaced (the default: the process dies as
+ * before). Before each batch's copies the pipeline checks that the handler is still its own (a
+ * later sigaction, Python's faulthandler.enable() say, replaces it): if not, the batch is read with
+ * pread. A copy that faults leaves the rest of the batch to pread and the engine, whose reads
+ * report the truncation (FERRY_ECORRUPT naming the shard) or the error.
+ */
+/* A pipeline thread's guard: in static storage, so that the handler never reads freed memory, and
+ * found by pthread_self() (thread-local storage of a dlopen()ed module is not safe to touch in a
+ * signal handler, and its initial-exec form does not load under torch: no static TLS room left). */
+struct bus_guard {
+	atomic_int used, on;
+	pthread_t self;
+	sigjmp_buf jb;
+};
+#define BUS_GUARDS 64
+static struct bus_guard bus_guards[BUS_GUARDS];
+static struct sigaction bus_prev;
+static pthread_once_t bus_once = PTHREAD_ONCE_INIT;
+static int bus_installed;
+
+static void bus_handler(int sig, siginfo_t *info, void *uc)
+{
+	if (info && info->si_code > 0) { /* a fault, not kill(2): in a guarded copy? */
+		pthread_t me = pthread_self();
+		for (int i = 0; i < BUS_GUARDS; i++) {
+			struct bus_guard *g = &bus_guards[i];
+			if (atomic_load(&g->on) && pthread_equal(g->self, me)) {
+				atomic_store(&g->on, 0);
+				siglongjmp(g->jb, 1);
+			}
+		}
+	}
+	if (bus_prev.sa_flags & SA_SIGINFO) {
+		bus_prev.sa_sigaction(sig, info, uc);
+	} else if (bus_prev.sa_handler != SIG_DFL && bus_prev.sa_handler != SIG_IGN) {
+		bus_prev.sa_handler(sig);
+	} else {
+		/* the previous disposition back: a fault happens again on return and takes it; a
+		 * signal sent by kill(2) is sent again */
+		sigaction(SIGBUS, &bus_prev, NULL);
+		if (!info || info->si_code <= 0)
+			raise(sig);
+	}
+}
+
+static void bus_install(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = bus_handler;
+	sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK; /* NODEFER: nothing to unblock after the jump */
+	sigemptyset(&sa.sa_mask);
+	bus_installed = sigaction(SIGBUS, &sa, &bus_prev) == 0;
+}
+
+/* 1 when copies out of mappings are guarded now (one sigaction(2) call). */
+static int bus_guarded(void)
+{
+	struct sigaction cur;
+	pthread_once(&bus_once, bus_install);
+	return bus_installed && !sigaction(SIGBUS, NULL, &cur) && (cur.sa_flags & SA_SIGINFO) &&
+	       cur.sa_sigaction == bus_handler;
+}
+
+/* A guard for the calling thread, or NULL when all are taken (then it maps nothing). */
+static struct bus_guard *guard_claim(void)
+{
+	for (int i = 0; i < BUS_GUARDS; i++)
+		if (!atomic_exchange(&bus_guards[i].used, 1)) {
+			bus_guards[i].self = pthread_self();
+			return &bus_guards[i];
+		}
+	return NULL;
+}
+
+static void guard_release(struct bus_guard *g)
+{
+	if (g) {
+		atomic_store(&g->on, 0);
+		atomic_store(&g->used, 0);
+	}
+}
+
+/* Does the batch's copies out of mappings; returns how many were done (< n: copy n faulted). */
+static size_t copy_guarded(struct bus_guard *g, const struct mcopy *mc, size_t n)
+{
+	volatile size_t i = 0;
+	if (sigsetjmp(g->jb, 0)) /* savemask 0: no system call; SA_NODEFER left SIGBUS unblocked */
+		return i;
+	atomic_store(&g->on, 1);
+	for (; i < n; i++)
+		memcpy(mc[i].dst, mc[i].src, mc[i].len);
+	atomic_store(&g->on, 0);
+	return n;
+}
+
+#ifndef __NR_cachestat
+#define __NR_cachestat 451
+#endif
+
+/* Maps shard m again when its size changed (one fstat a second). 0: mapped. */
+static int map_stat(struct shard_map *m, int fd, uint64_t now)
+{
+	struct stat st;
+	m->next_stat = now + 1000000000ull;
+	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size != m->size) {
+		if (m->base)
+			munmap(m->base, m->size);
+		free(m->seg);
+		m->base = NULL;
+		m->seg = NULL;
+		m->size = 0;
+	}
+	if (m->base || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0)
+		return m->base ? 0 : -1;
+	uint64_t nseg = (((uint64_t)st.st_size - 1) >> SEG_SHIFT) + 1;
+	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -1;
+	if (!(m->seg = calloc(nseg, sizeof(*m->seg)))) {
+		munmap(p, (size_t)st.st_size);
+		return -1;
+	}
+	m->base = p;
+	m->size = (uint64_t)st.st_size;
+	return 0;
+}
+
+/* 1 when segment k of m was resident at its last check (checked again now when that is due). */
+static int seg_resident(struct shard_map *m, int fd, uint64_t k, uint64_t now)
+{
+	uint64_t v = m->seg[k];
+	if (now < (v & ~1ull))
+		return (int)(v & 1);
+	struct {
+		uint64_t off, len;
+	} r = {k << SEG_SHIFT, (uint64_t)1 << SEG_SHIFT};
+	struct {
+		uint64_t nr_cache, nr_dirty, nr_writeback, nr_evicted, nr_recently_evicted;
+	} cs;
+	if (r.len > m->size - r.off)
+		r.len = m->size - r.off;
+	uint64_t t0 = ferry__now_ns();
+	int res = syscall(__NR_cachestat, fd, &r, &cs, 0) == 0 && cs.nr_cache >= (r.len + 4095) / 4096;
+	uint64_t cost = ferry__now_ns() - t0;
+	m->seg[k] = ((now + (cost * 200 > 2000000000ull ? cost * 200 : 2000000000ull)) & ~1ull) | (uint64_t)res;
+	return res;
+}
+
+/*
+ * Where [off, off + len) of shard `file` lies in the worker's mapping of it, when every segment it
+ * touches was resident at its last check; NULL: read it otherwise.
+ */
+static const uint8_t *mapped_at(const struct ferry_loader *l, struct worker *w, uint32_t file, ferry_file *f,
+				uint64_t off, uint64_t len, uint64_t now)
+{
+	if (file >= w->nmaps || f != l->ds->files[file] || !len)
+		return NULL;
+	struct shard_map *m = &w->maps[file];
+	int fd = ferry__file_fd(f);
+	if (now >= m->next_stat && map_stat(m, fd, now))
+		return NULL;
+	if (!m->base || off > m->size || len > m->size - off)
+		return NULL;
+	for (uint64_t k = off >> SEG_SHIFT; k <= (off + len - 1) >> SEG_SHIFT; k++)
+		if (!seg_resident(m, fd, k, now))
+			return NULL;
+	if (m->used_gen != w->gen) {
+		m->used_gen = w->gen;
+		m->used_end = 0;
+		w->used[w->nused++] = file;
+	}
+	if (off + len > m->used_end)
+		m->used_end = off + len;
+	return m->base + off;
+}
+
+static void maps_free(struct worker *w)
+{
+	for (uint32_t i = 0; w->maps && i < w->nmaps; i++)
+		if (w->maps[i].base) {
+			munmap(w->maps[i].base, w->maps[i].size);
+			free(w->maps[i].seg);
+		}
+	free(w->maps);
+	free(w->mc);
+	free(w->used);
+	w->used = NULL;
+	w->maps = NULL;
+	w->mc = NULL;
 }
 
 /*
@@ -435,7 +727,26 @@ static uint64_t sample_at(const uint64_t *cum, uint64_t n, uint64_t at)
 	return lo;
 }
 
-/* documents=1: a sequence of the batch starts at element `at`. */
+/* The run holding stream byte `at` (< runs[nruns].at). */
+static uint64_t run_at(const struct run *runs, uint64_t nruns, uint64_t at)
+{
+	uint64_t lo = 0, hi = nruns;
+	while (hi - lo > 1) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		if (runs[mid].at <= at)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/* The sample a piece reads (its first byte's, for error details). */
+static int64_t piece_sample(const struct ferry_loader *l, const struct piece *p)
+{
+	return p->sample >= 0 ? p->sample : (int64_t)sample_at(l->cum, l->ds->x.n, (uint64_t)(-1 - p->sample));
+}
+
 /* Hands back the files a batch's groups read (a dataset's cache may evict them again). */
 static void put_files(const struct ferry_loader *l, struct worker *w, size_t np)
 {
@@ -501,8 +812,21 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			pos += x->len[item];
 			continue;
 		}
-		int pending = 0; /* a document starts with the next token */
 		uint64_t want = l->seq_len * l->esize, at = (uint64_t)item * want;
+		if (l->runs) {
+			for (uint64_t r = run_at(l->runs, l->nruns, at); want; r++) {
+				const struct run *ru = &l->runs[r];
+				uint64_t take = ru[1].at - at < want ? ru[1].at - at : want;
+				if ((err = add_piece(w, &np, ru->file, ru->off + (at - ru->at), take, pos,
+						     -1 - (int64_t)at)))
+					return err;
+				pos += take;
+				at += take;
+				want -= take;
+			}
+			continue;
+		}
+		int pending = 0; /* a document starts with the next token */
 		for (uint64_t i = sample_at(l->cum, x->n, at); want; i++) {
 			uint64_t in = at - l->cum[i], take = x->len[i] - in;
 			if (take > want)
@@ -530,9 +854,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	s->bytes = pos;
 	if (docs && (err = cu_push(s, pos / l->esize, &seg)))
 		return err;
-	for (size_t i = 0; i < np; i++)
-		w->sorted[i] = (uint32_t)i;
-	qsort_r(w->sorted, np, sizeof(*w->sorted), cmp_piece, w->pieces);
+	sort_pieces(w, np);
 
 	/* Groups of neighbours: one read each. A group laid out in the batch as it is in the file is
 	 * read in place; any other group goes through the staging buffer and is scattered. */
@@ -551,6 +873,20 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		w->inl_cap = np;
 	}
 	memset(w->gf, 0, np * sizeof(*w->gf));
+	/* copies out of mappings: shards on the local file system (not staged by a cache, not
+	 * compressed), the SIGBUS handler in place */
+	const int use_maps = l->mapped && l->inline_cached && w->maps && w->guard && !l->ds->cache && bus_guarded();
+	const uint64_t now = use_maps ? ferry__now_ns() : 0;
+	size_t nmc = 0;
+	w->gen++;
+	w->nused = 0;
+	if (use_maps && np > w->mc_cap) {
+		struct mcopy *mc = realloc(w->mc, np * sizeof(*mc));
+		if (!mc)
+			return ferry__error(-ENOMEM, "loader: %zu reads", np);
+		w->mc = mc;
+		w->mc_cap = np;
+	}
 	for (int pass = 0; pass < 2; pass++) {
 		size_t stage_pos = 0;
 		for (size_t g = 0; g < np;) {
@@ -575,7 +911,10 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 										     (unsigned long long)end);
 					}
 				}
-				w->inl[g] = cz ? 1 : (uint8_t)read_inline(l, f, p0->off, span, dst);
+				const uint8_t *src = !cz && use_maps ? mapped_at(l, w, p0->file, f, p0->off, span, now) : NULL;
+				if (src)
+					w->mc[nmc++] = (struct mcopy){src, dst, span, g};
+				w->inl[g] = cz || src ? 1 : (uint8_t)read_inline(l, f, p0->off, span, dst);
 				if (w->inl[g]) {
 					inlined++;
 				} else {
@@ -601,6 +940,42 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			if (!(w->stage = ferry_alloc_aligned(w->stage_cap))) {
 				w->stage_cap = 0;
 				return ferry__error(-ENOMEM, "loader: staging %zu bytes", stage_need);
+			}
+		}
+	}
+	if (nmc) {
+		size_t done = copy_guarded(w->guard, w->mc, nmc);
+		/* A shard cut short under the copies faults past its last page, but its last page reads
+		 * as zeros past the new end without a fault: each shard copied from is as long as the
+		 * copies' end after them, else the batch is read again (and the reads report it). */
+		for (uint32_t u = 0; done == nmc && u < w->nused; u++) {
+			struct shard_map *m = &w->maps[w->used[u]];
+			struct stat st;
+			if (fstat(ferry__file_fd(l->ds->files[w->used[u]]), &st) || (uint64_t)st.st_size < m->used_end) {
+				m->next_stat = 0;
+				done = 0;
+			}
+		}
+		w->mapped_reads += done;
+		if (done < nmc) {
+			/* a mapped page could not be read (the shard was cut short, or a disk error): the
+			 * shard is checked again before its next use, the rest of the batch is read */
+			pthread_mutex_lock(&l->mu); /* now: the batch may fail below */
+			l->mapped_faults++;
+			pthread_mutex_unlock(&l->mu);
+			w->maps[w->pieces[w->sorted[w->mc[done].g]].file].next_stat = 0;
+			for (size_t k = done; k < nmc; k++) {
+				size_t g = w->mc[k].g;
+				const struct piece *p0 = &w->pieces[w->sorted[g]];
+				w->inl[g] = (uint8_t)read_inline(l, w->gf[g], p0->off, w->mc[k].len, w->mc[k].dst);
+				if (!w->inl[g]) {
+					inlined--;
+					int r = ferry_batch_add_read(w->batch, w->gf[g], p0->off, w->mc[k].len, w->mc[k].dst);
+					if (r < 0) {
+						put_files(l, w, np);
+						return r;
+					}
+				}
 			}
 		}
 	}
@@ -634,12 +1009,12 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 					if (res < 0)
 						return ferry__error((int)res, "%s: reading sample %" PRId64
 								    " (bytes %" PRIu64 "..%" PRIu64 "): %s",
-								    l->ds->paths[p0->file], p0->sample, p0->off,
+								    l->ds->paths[p0->file], piece_sample(l, p0), p0->off,
 								    end, ferry_strerror((int)res));
 					return ferry__error(FERRY_ECORRUPT, "%s (shard %u): sample %" PRId64
 							    " (bytes %" PRIu64 "..%" PRIu64 ") lies past the end of "
 							    "the file (truncated shard)", l->ds->paths[p0->file],
-							    p0->file, w->pieces[w->sorted[e]].sample, p0->off, end);
+							    p0->file, piece_sample(l, &w->pieces[w->sorted[e]]), p0->off, end);
 				}
 				g = h;
 			}
@@ -667,6 +1042,8 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	l->reads += reads;
 	l->merged += merged;
 	l->inline_reads += inlined;
+	l->mapped_reads += w->mapped_reads;
+	w->mapped_reads = 0;
 	l->bytes += s->bytes;
 	l->samples += count;
 	pthread_mutex_unlock(&l->mu);
@@ -752,6 +1129,8 @@ static void *worker_main(void *arg)
 	/* the consumer waits for a batch right before using it: spin, as a step's wait is short */
 	if (l->device >= 0 && (err = ferry__ring_create(l->device, l->nslots, FERRY__RING_SPIN, &w->ring)))
 		ferry__error_append("loader: worker's copy ring");
+	if (w->maps)
+		w->guard = guard_claim();
 	pthread_mutex_lock(&l->mu);
 	while (!err && !l->stop && !l->failed && l->next_claim < l->end_seq) {
 		struct ferry_loader_batch *s = &l->slots[l->next_claim % l->nslots];
@@ -798,19 +1177,68 @@ static void *worker_main(void *arg)
 	}
 	pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
+	guard_release(w->guard);
+	w->guard = NULL;
 	w->cpu_ns = thread_cpu_ns();
 	return NULL;
 }
 
 /* -------------------------------------------------------------------------------- life cycle */
 
+/*
+ * l->runs from the index (l->cum built), or none when the samples lie in more than one run per 16
+ * samples: then the prefix sums serve as well. Empty samples join any run.
+ */
+static int build_runs(struct ferry_loader *l)
+{
+	const struct ferry__index *x = &l->ds->x;
+	uint64_t nr = 0, cap = 16, limit = x->n / 16 + 1;
+	struct run *r = malloc(cap * sizeof(*r));
+	uint32_t file = 0;
+	uint64_t end = 0; /* where the current run ends in its file */
+	if (!r)
+		return ferry__error(-ENOMEM, "loader: runs of %" PRIu64 " samples", x->n);
+	for (uint64_t i = 0; i < x->n; i++) {
+		while (file + 1 < x->nfiles && x->file_first[file + 1] <= i)
+			file++;
+		if (!x->len[i])
+			continue;
+		if (nr && r[nr - 1].file == file && x->off[i] == end) {
+			end += x->len[i];
+			continue;
+		}
+		if (nr + 1 > limit) {
+			free(r);
+			return 0;
+		}
+		if (nr + 1 == cap) {
+			struct run *q = realloc(r, (cap *= 2) * sizeof(*r));
+			if (!q) {
+				free(r);
+				return ferry__error(-ENOMEM, "loader: runs of %" PRIu64 " samples", x->n);
+			}
+			r = q;
+		}
+		r[nr++] = (struct run){l->cum[i], x->off[i], file};
+		end = x->off[i] + x->len[i];
+	}
+	r[nr] = (struct run){l->cum[x->n], 0, 0};
+	l->runs = r;
+	l->nruns = nr;
+	return 0;
+}
+
 static int setup(struct ferry_loader *l, int with_cum)
 {
 	struct ferry__index *x = &l->ds->x;
+	int err;
 	free(l->cum);
 	free(l->doc_start);
+	free(l->runs);
 	l->cum = NULL;
 	l->doc_start = NULL;
+	l->runs = NULL;
+	l->nruns = 0;
 	l->esize = (size_t)ferry_dtype_bits(x->dtype) / 8; /* datasets hold whole-byte types only */
 	if (l->rank >= l->world_size)
 		return ferry__error(FERRY_EBADOPT, "loader: rank %u is not below world_size %u", l->rank,
@@ -824,6 +1252,8 @@ static int setup(struct ferry_loader *l, int with_cum)
 		l->cum[0] = 0;
 		for (uint64_t i = 0; i < x->n; i++)
 			l->cum[i + 1] = l->cum[i] + x->len[i];
+		if (!l->documents && (err = build_runs(l)))
+			return err;
 	}
 	if (l->seq_len) {
 		l->items = x->bytes / l->esize / l->seq_len;
@@ -954,6 +1384,15 @@ int ferry_loader_start(ferry_loader *l)
 		}
 		if ((err = ferry_batch_create(l->ds->ctx, &w->batch)))
 			goto out;
+		if (l->mapped && l->inline_cached) {
+			w->nmaps = l->ds->x.nfiles + l->ds->copies.nfiles;
+			w->gen = 1;
+			w->used = malloc((w->nmaps ? w->nmaps : 1) * sizeof(*w->used));
+			if (!(w->maps = calloc(w->nmaps ? w->nmaps : 1, sizeof(*w->maps))) || !w->used) {
+				err = ferry__error(-ENOMEM, "loader: %u shards", w->nmaps);
+				goto out;
+			}
+		}
 	}
 	l->started = 1;
 	l->t_start = ferry__now_ns();
@@ -1004,8 +1443,10 @@ void ferry_loader_destroy(ferry_loader *l)
 		free(w->order);
 		free(w->pieces);
 		free(w->sorted);
+		free(w->skeys);
 		free(w->inl);
 		free(w->gf);
+		maps_free(w);
 		if (w->stage)
 			ferry_free_aligned(w->stage, w->stage_cap);
 	}
@@ -1036,11 +1477,13 @@ void ferry_loader_destroy(ferry_loader *l)
 	free(l->slots);
 	free(l->workers);
 	free(l->cum);
+	free(l->runs);
 	free(l->doc_start);
 	free(l->waits);
 	l->slots = NULL;
 	l->workers = NULL;
 	l->cum = NULL;
+	l->runs = NULL;
 	l->doc_start = NULL;
 	l->waits = NULL;
 	l->pool = NULL;
@@ -1426,7 +1869,9 @@ int ferry_loader_metric(ferry_loader *l, const char *name, double *out)
 		r = (double)l->inline_reads;
 	else if (!strcmp(name, "device_buffers"))
 		r = (double)l->nbufs;
-	else if (!strcmp(name, "cpu_ns")) {
+	else if (!strcmp(name, "mapped_reads") || !strcmp(name, "mapped_faults")) {
+		r = (double)(name[7] == 'r' ? l->mapped_reads : l->mapped_faults);
+	} else if (!strcmp(name, "cpu_ns")) {
 		r = 0;
 		for (uint32_t t = 0; l->workers && t < l->threads; t++)
 			r += (double)l->workers[t].cpu_ns;
