@@ -221,3 +221,19 @@ def test_cli_ckpt_bench_compress(tmp_path):
     assert 1.15 < o["ratio"] < 1.45, o  # bf16 randn x 0.02 under zstd: 1.28 (PERFORMANCE.md)
     assert o["decoded"] == "cpu (host memory)" and o["effective_gbps"] > o["compressed_gbps"], o
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)  # its checkpoint removed
+
+
+def test_stock_zstd_gives_the_safetensors_file(tmp_path):
+    """The shard is standard zstd frames holding a safetensors file: `zstd -d` and Hugging Face's
+    reader give the state back (docs/FORMATS.md, "Compressed checkpoints")."""
+    import shutil
+    st = pytest.importorskip("safetensors.torch", reason="the safetensors package is not installed")
+    if not shutil.which("zstd"):
+        pytest.skip("no zstd command here")
+    d = str(tmp_path / "ck")
+    s = {"a": (torch.randn(70000) * 0.02).to(torch.bfloat16), "b": torch.arange(5000, dtype=torch.int64)}
+    ck.save(s, d, 1, compress="zstd")
+    out = str(tmp_path / "plain.safetensors")
+    subprocess.run(["zstd", "-q", "-d", shard_of(d, 1) + ".fz", "-o", out], check=True)
+    back = st.load_file(out)
+    assert sorted(back) == ["a", "b"] and all(torch.equal(back[k], s[k]) for k in s)
