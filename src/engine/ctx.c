@@ -380,15 +380,18 @@ static void gate_free(struct ferry__worker *w)
  * thread, its copy stream and events, and (worker 0) the device's copy units, pinned. A fresh
  * process's first load into GPU memory paid them inside its read, each worker's first chunk
  * waiting on them (issue 22); now they are made while the caller parses the header and allocates
- * the result. Elsewhere nothing is asked of the driver (a context that never meets a GPU loads
- * none). After the start gate: the start does not wait for it.
+ * the result. Only for a start asked for ahead of the requests (ferry_ctx_start: the safetensors
+ * loader starts its context in the background): a start made by a request leaves it to the
+ * request's chunks, which make what they use, and nothing happens behind a caller's back after
+ * its first request. Elsewhere nothing is asked of the driver (a context that never meets a GPU
+ * loads none). After the start gate: the start does not wait for it.
  */
 static void worker_ready_gpu(struct ferry__worker *w)
 {
 	ferry_ctx *ctx = w->ctx;
 	int dev = (int)ctx->cfg.device;
 
-	if (ctx->cfg.memory || dev >= FERRY__MAX_GPUS || !ferry__gpu_in_use(dev))
+	if (!atomic_load(&ctx->ready_gpu) || ctx->cfg.memory || dev >= FERRY__MAX_GPUS || !ferry__gpu_in_use(dev))
 		return;
 	uint64_t t0 = FERRY__SPAN_T0();
 	struct ferry__chunk c;
@@ -499,6 +502,8 @@ int ferry__ctx_start(ferry_ctx *ctx)
 
 int ferry_ctx_start(ferry_ctx *ctx)
 {
+	if (ctx)
+		atomic_store(&ctx->ready_gpu, true);
 	return ferry__ctx_start(ctx);
 }
 

@@ -210,25 +210,30 @@ struct mark {
 	int who;
 };
 static struct mark marks[MARKS];
-static atomic_uint nmarks;
+static unsigned nmarks;
+static pthread_mutex_t marks_mu = PTHREAD_MUTEX_INITIALIZER; /* a few hundred marks a process */
 _Thread_local int ferry__worker_index = -1;
 
 void ferry__mark(const char *what, int who, uint64_t t0)
 {
 	uint64_t now = ferry__now_ns();
-	unsigned i = atomic_fetch_add_explicit(&nmarks, 1, memory_order_relaxed);
-	if (i >= MARKS)
-		return;
-	marks[i] = (struct mark){t0 ? t0 : now, now, what, who};
+	pthread_mutex_lock(&marks_mu);
+	if (nmarks < MARKS)
+		marks[nmarks] = (struct mark){t0 ? t0 : now, now, what, who};
+	nmarks++;
+	pthread_mutex_unlock(&marks_mu);
 }
 
 /* One line per kind of mark, in the order of their first start: "what xN +first..+last_end ms,
  * busy B ms (longest L)"; workers marked name how many distinct workers did it. */
 static void timeline_log(void)
 {
-	unsigned n = atomic_load(&nmarks), kept = n < MARKS ? n : MARKS;
-	if (!kept)
+	pthread_mutex_lock(&marks_mu);
+	unsigned n = nmarks, kept = n < MARKS ? n : MARKS;
+	if (!kept) {
+		pthread_mutex_unlock(&marks_mu);
 		return;
+	}
 	uint64_t origin = UINT64_MAX;
 	for (unsigned i = 0; i < kept; i++)
 		if (marks[i].t0 < origin)
@@ -268,6 +273,7 @@ static void timeline_log(void)
 			len += snprintf(line + len, sizeof(line) - (size_t)len, " %s x%u +%.3f..+%.3f;", what, cnt,
 					(double)(lo - origin) / 1e6, (double)(hi - origin) / 1e6);
 	}
+	pthread_mutex_unlock(&marks_mu);
 	ferry__log(FERRY__LOG_INFO, "%s", line); /* asked for by FERRY_ENGINE_TRACE */
 }
 

@@ -513,6 +513,9 @@ struct ferry_ctx {
 	struct ferry__entry *work_head, *work_tail;
 	uint64_t work_bytes; /* bytes of the work list not yet taken (under mu): balances the takes */
 	bool started, stopping;
+	/* ferry_ctx_start was called (ahead of the requests): workers in a process that uses the GPU
+	 * ready their GPU side at once (ctx.c); a start by a request leaves that to its chunks */
+	atomic_bool ready_gpu;
 	int start_error;
 	const struct ferry__backend_ops *backend;
 	struct ferry__worker *workers;

@@ -33,8 +33,10 @@ struct unit {
 	uint32_t len[MAX_PIECES];
 	size_t off[MAX_PIECES]; /* in the unit */
 	bool ok[MAX_PIECES];
-	/* its pinned buffer, made at its first use (unit_mem) */
+	/* its pinned buffer, made at its first use (unit_mem); registered: ferry's memory pinned with
+	 * cuMemHostRegister, else cuMemHostAlloc's */
 	_Atomic(char *) mem;
+	bool registered;
 	pthread_mutex_t mu;
 };
 
@@ -152,8 +154,12 @@ static struct ferry__units *units_make(ferry_ctx *ctx, int dev)
 /*
  * Unit i's pinned buffer, made by the first chunk that needs it (dev current): the first round of
  * a fresh process's first read waits for its own unit's copy_unit bytes, not for all the units'
- * (one cuMemHostAlloc of 32 MiB before, on the first chunk's path while every other worker waited
- * for the lock; issue 22). NULL, with us->failed and us->err set, when it cannot be made.
+ * (one cuMemHostAlloc of 32 MiB before, under the units' lock, which the submitting thread and
+ * every worker waited for: 12.5-17.5 ms of a fresh load on the H200, issue 22). The memory is
+ * ferry's, huge-page advised and untouched, pinned by cuMemHostRegister, which faults it in:
+ * 6.7 ms for 32 MiB in a fresh process on the H200 against 14.9 for cuMemHostAlloc
+ * (bench/pin-cost.py); cuMemHostAlloc where registering is refused. NULL, with us->failed and
+ * us->err set, when it cannot be made.
  */
 static char *unit_mem(ferry_ctx *ctx, struct ferry__units *us, unsigned i)
 {
@@ -166,8 +172,16 @@ static char *unit_mem(ferry_ctx *ctx, struct ferry__units *us, unsigned i)
 	m = atomic_load_explicit(&u->mem, memory_order_relaxed);
 	if (!m && !atomic_load(&us->failed)) {
 		uint64_t t0 = FERRY__SPAN_T0();
-		ferry__CUresult r = ferry__cuda()->MemHostAlloc((void **)&m, us->unit_size,
-								FERRY__CU_MEMHOSTALLOC_PORTABLE);
+		const struct ferry__cuda_api *cu = ferry__cuda();
+		ferry__CUresult r = FERRY__CUDA_ERROR_INVALID_VALUE;
+		if ((m = ferry_alloc_aligned(us->unit_size)) &&
+		    (r = cu->MemHostRegister(m, us->unit_size, FERRY__CU_MEMHOSTREGISTER_PORTABLE))) {
+			ferry_free_aligned(m, us->unit_size);
+			m = NULL;
+		}
+		u->registered = m != NULL;
+		if (!m)
+			r = cu->MemHostAlloc((void **)&m, us->unit_size, FERRY__CU_MEMHOSTALLOC_PORTABLE);
 		if (r) {
 			m = NULL;
 			pthread_mutex_lock(&ctx->units_mu);
@@ -343,8 +357,13 @@ void ferry__units_free(ferry_ctx *ctx)
 		bool current = cu && ferry__cuda_set_device(d) == 0;
 		for (unsigned i = 0; us->u && i < us->n; i++) {
 			char *m = atomic_load(&us->u[i].mem);
-			if (m && current)
+			if (m && us->u[i].registered) {
+				if (current)
+					cu->MemHostUnregister(m);
+				ferry_free_aligned(m, us->unit_size);
+			} else if (m && current) {
 				cu->MemFreeHost(m);
+			}
 			pthread_mutex_destroy(&us->u[i].mu);
 		}
 		free(us->u);
