@@ -109,7 +109,10 @@ FSDP = textwrap.dedent(r'''
     # async: the state at the call is what lands, while training goes on meanwhile
     msd, osd = get_state_dict(m, opt)
     at_call = full({"model": msd, "optim": osd})
-    fut = dcp.async_save({"model": msd, "optim": osd}, storage_writer=ferry.dcp.Writer(path + "/async"))
+    w = ferry.dcp.Writer(path + "/async")
+    fut = dcp.async_save({"model": msd, "optim": osd}, storage_writer=w)
+    # staged by a snapshot inside the GPU (DTensors rewrapped), not by the stock host copy
+    assert w.stage_times.get("path", "").startswith("device snapshot"), w.stage_times
     steps = 0
     while not fut.done() or steps < 2:
         step(m, opt, 100 + steps)
@@ -148,7 +151,9 @@ def test_fsdp2_state_saved_and_loaded_by_ferry(tmp_path):
 
 
 def test_torch_save_of_cuda_tensors_stages_through_pinned(tmp_path, monkeypatch):
-    monkeypatch.setattr(ftorch, "_CRC_PIECE", 1 << 20)  # a 5-piece storage through 4 buffers
+    # a 5-piece storage through 4 pinned buffers, the next storages' pieces reusing them
+    monkeypatch.setattr(ftorch, "_STAGE_PIECE", 1 << 20)
+    monkeypatch.setattr(ftorch, "_STAGE_BUFFERS", 4)
     g = torch.Generator(device="cuda").manual_seed(5)
     sd = {"big": torch.randn((5 << 20) // 4 + 3, device="cuda", generator=g),
           "bf16": torch.randn(1000, device="cuda", generator=g).to(torch.bfloat16),
