@@ -183,6 +183,10 @@ static const struct cli_opt rows[] = {
 	{.name = "api", .kind = CLI_CHOICE, .off = JO(api_pread), .arg = "queue|pread", .choices = apis,
 	 .help = "queue: each job keeps --iodepth I/Os on its own ring (default); pread: each I/O is one "
 		 "ferry_pread/pwrite, split over the worker threads"},
+	{.name = "raw", .kind = CLI_FLAG, .off = JO(raw),
+	 .help = "read a ferry compressed file's bytes as stored (default: reads of one go through\n"
+		 "ferry_cz_pread, offsets in its uncompressed bytes, one call per I/O over the worker threads,\n"
+		 "reporting the ratio, the effective and compressed rates and where it decoded)"},
 	{.name = "suite", .kind = CLI_FLAG, .off = CL(suite), .help = "run the storage-tuning demonstrations (see below)"},
 	{.name = "quick", .kind = CLI_FLAG, .off = CL(quick),
 	 .help = "with --suite: one second per case (default 4; --runtime sets it)"},

@@ -113,6 +113,7 @@ struct bench_job_opts {
 	unsigned ngpus;         /* --gpus: 0, or the devices that job k uses in turn (gpus[k % ngpus]) */
 	int gpus[BENCH_MAX_GPUS];
 	int api_pread;          /* --api=pread: each I/O is one ferry_pread/pwrite (worker pool) */
+	int raw;                /* --raw: a compressed file's bytes as stored (else read through ferry_cz_pread) */
 	enum bench_randgen randgen; /* --random_generator */
 	int norandommap;        /* --norandommap: uniform picks with repeats, no passes */
 };
@@ -156,6 +157,11 @@ struct bench_result {
 	uint64_t stats[FERRY_STAT__COUNT]; /* the context's counters over the run */
 	int64_t timestamp_ms;
 	char path_info[768];    /* -x: ferry_file_path_info() of the file after the run */
+	/* a ferry compressed file read through ferry_cz_pread: its codec (0: not one), its bytes and
+	 * the bytes of its frames, and ferry_cz_path_info of job 0's last read (where it decoded) */
+	int cz_codec;
+	int64_t cz_bytes, cz_compressed;
+	char cz_info[256];
 	double htod, dtoh;      /* -x: pinned copy ceilings (bytes/s) measured in the same invocation */
 	char cannot[768];       /* -x all: why this mode cannot run here ("" if it ran) */
 	/* --gpus: each device's part of the run (its jobs), and the ceilings of all at once */

@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "bench.h"
+#include "ferry/compress.h"
 #include "ferry_tools.h"
 
 char *bench_fmt_size(char *buf, size_t len, uint64_t bytes)
@@ -105,6 +106,16 @@ void bench_print_normal(FILE *out, struct bench_result *const *res, unsigned n)
 				fmt_count(b, sizeof(b), s > 0 ? (double)dd->ios / s : 0), p[0], p[1], p[2],
 				p[3], p[4], cpu_cores(r));
 		}
+	}
+	for (unsigned i = 0; i < n; i++) {
+		const struct bench_result *r = res[i];
+		double s = secs(r), bps = s > 0 ? (double)r->dir[0].bytes / s : 0;
+		double ratio = r->cz_compressed > 0 ? (double)r->cz_bytes / (double)r->cz_compressed : 0;
+		if (r->cz_codec)
+			fprintf(out, "  compressed (%s): bs %s ratio %.3f, effective %.3f GB/s (the GB/s above: uncompressed "
+				"bytes), compressed %.3f GB/s; decoded: %s\n", ferry_cz_codec_name(r->cz_codec),
+				bench_fmt_size(a, sizeof(a), r->opts.bs), ratio, bps / 1e9, ratio > 0 ? bps / ratio / 1e9 : 0,
+				r->cz_info);
 	}
 	fprintf(out, "\n  latency: submit to completion per I/O; cores: process CPU time (user+sys) / wall time\n");
 	for (unsigned i = 0; i < n; i++) {
@@ -349,6 +360,18 @@ static void json_job(struct bench_json *j, const struct bench_result *r, unsigne
 		bench_json_dbl(j, "fraction_of_copy_ceiling",
 			       bench_x_on_gpu(o->xmode) && ceil > 0 ? bench_gbps(r) * 1e9 / ceil : 0);
 		bench_json_str(j, "path_info", r->path_info);
+		bench_json_close_obj(j);
+	}
+	if (r->cz_codec) { /* read through ferry_cz_pread: the figures count uncompressed bytes */
+		double ratio = r->cz_compressed > 0 ? (double)r->cz_bytes / (double)r->cz_compressed : 0;
+		bench_json_obj(j, "compressed");
+		bench_json_str(j, "codec", ferry_cz_codec_name(r->cz_codec));
+		bench_json_u64(j, "bytes", (uint64_t)r->cz_bytes);
+		bench_json_u64(j, "compressed_bytes", (uint64_t)r->cz_compressed);
+		bench_json_dbl(j, "ratio", ratio);
+		bench_json_dbl(j, "effective_gbps", bench_gbps(r));
+		bench_json_dbl(j, "compressed_gbps", ratio > 0 ? bench_gbps(r) / ratio : 0);
+		bench_json_str(j, "decoded", r->cz_info);
 		bench_json_close_obj(j);
 	}
 	bench_json_str(j, "rw", bench_rw_name(o->rw));

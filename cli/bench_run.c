@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "ferry/compress.h"
 #include "ferry/gpu.h"
 
 struct bench_slot {
@@ -57,6 +58,7 @@ struct bench_job {
 	int failed;
 	uint8_t *dev_mem;       /* -x: the I/O buffers in device memory */
 	char msg[1024];
+	ferry_cz *cz; /* the file read through ferry_cz_pread (a compressed file), or NULL */
 };
 
 static uint64_t now_ns(void)
@@ -137,6 +139,10 @@ static int job_setup(struct bench_job *j)
 			 ferry_strerror(err), detail());
 		return -1;
 	}
+	if (j->sh->res->cz_codec && (err = ferry_cz_open(j->sh->ctx, o->filename, &j->cz)) < 0) {
+		job_fail(j, "cannot open %s as a compressed file: %s (%s)", o->filename, ferry_strerror(err), detail());
+		return -1;
+	}
 	j->direct = ferry_file_is_direct(j->file);
 	uint32_t lbs = ferry_file_block_size(j->file);
 	if (o->direct == 1 && j->direct && lbs && o->bs % lbs) {
@@ -186,8 +192,9 @@ static int job_setup(struct bench_job *j)
 		/* One untimed transfer first: CUDA's and cuFile's initialisation, the GDS probe and the
 		 * pinning of the workers' slots are one-time costs, left out as fio and gdsio do. */
 		size_t n = o->bs < (16u << 20) ? (size_t)o->bs : (16u << 20);
-		ssize_t r = bench_rw_reads(o->rw) ? ferry_pread(j->file, base, n, o->offset)
-						  : ferry_pwrite(j->file, base, n, o->offset);
+		ssize_t r = j->cz ? ferry_cz_pread(j->cz, base, n, o->offset)
+			    : bench_rw_reads(o->rw) ? ferry_pread(j->file, base, n, o->offset)
+						    : ferry_pwrite(j->file, base, n, o->offset);
 		if (r < 0) {
 			job_fail(j, "%s of %zu bytes at offset %" PRIu64 " of %s failed: %s (%s)",
 				 bench_rw_reads(o->rw) ? "read" : "write", n, o->offset, o->filename,
@@ -320,6 +327,7 @@ static void job_loop(struct bench_job *j)
 				/* one call through the worker pool; depth is 1 */
 				s->t_submit = now_ns();
 				ssize_t r = s->write ? ferry_pwrite(j->file, s->buf, o->bs, s->off)
+					    : j->cz  ? ferry_cz_pread(j->cz, s->buf, o->bs, s->off)
 						     : ferry_pread(j->file, s->buf, o->bs, s->off);
 				now = now_ns();
 				issued++;
@@ -398,6 +406,9 @@ static void *job_main(void *arg)
 	if (j->index == 0 && j->file)
 		ferry_file_path_info(j->file, sh->res->path_info, sizeof(sh->res->path_info));
 	ferry_file_destroy(j->file);
+	if (j->index == 0 && j->cz)
+		ferry_cz_path_info(j->cz, sh->res->cz_info, sizeof(sh->res->cz_info));
+	ferry_cz_destroy(j->cz);
 	if (j->dev_mem)
 		ferry_gpu_free(j->dev_mem);
 	if (j->cold_fd >= 0)
@@ -480,7 +491,7 @@ static uint64_t regions_end(const struct bench_job_opts *o)
  * creates a missing file but never truncates one. Returns 0 or 1 (message printed).
  */
 static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t *region,
-			int *created)
+			int *created, int64_t cz_size)
 {
 	struct stat st;
 	*created = 0;
@@ -508,7 +519,7 @@ static int prepare_file(ferry_ctx *ctx, const struct bench_job_opts *o, uint64_t
 			return err1("cannot open %s for %s: %s (%s)", o->filename,
 				    bench_rw_writes(o->rw) ? "writing" : "reading", ferry_strerror(err),
 				    detail());
-		int64_t size = ferry_file_size(f);
+		int64_t size = cz_size >= 0 ? cz_size : ferry_file_size(f); /* a compressed file: its data's */
 		ferry_file_destroy(f);
 		if (size < 0)
 			return err1("cannot get the size of %s: %s (%s)", o->filename,
@@ -686,7 +697,27 @@ int bench_run(const struct bench_job_opts *o, struct bench_result *res)
 	if (setup_ctx(&ctx, o))
 		goto out;
 	snprintf(res->backend, sizeof(res->backend), "%s", ferry_ctx_backend(ctx));
-	if (prepare_file(ctx, o, &region, &created))
+	/* A ferry compressed file read (not --raw): through ferry_cz_pread, one call per I/O (--api
+	 * pread's loop), over its uncompressed bytes; the ratio and where it decoded are reported. */
+	struct bench_job_opts oc = *o;
+	int64_t cz_size = -1;
+	if (!o->raw && bench_rw_reads(o->rw) && !bench_rw_writes(o->rw) && !strstr(o->filename, "://") &&
+	    ferry_cz_is_compressed(ctx, o->filename) == 1) {
+		ferry_cz *z = NULL;
+		int err = ferry_cz_open(ctx, o->filename, &z);
+		if (err < 0) {
+			err1("%s: %s", o->filename, ferry_last_error());
+			goto out;
+		}
+		res->cz_codec = ferry_cz_codec(z);
+		res->cz_bytes = cz_size = ferry_cz_size(z);
+		res->cz_compressed = ferry_cz_compressed_size(z);
+		ferry_cz_destroy(z);
+		oc.api_pread = 1;
+		res->opts = oc;
+		sh.o = o = &oc;
+	}
+	if (prepare_file(ctx, o, &region, &created, cz_size))
 		goto out;
 	if (region < o->bs) {
 		err1("the region to use of %s (%" PRIu64 " bytes) is smaller than --bs %" PRIu64,

@@ -40,7 +40,10 @@ FERRY_API void ferry_ckpt_destroy(ferry_ckpt *ck);
  * by the ranks of one run; markers of another run are ignored), timeout_ms (how long rank 0 waits
  * for the other ranks' markers; default 600000), recycle (0|1, default 1: pruning moves the newest
  * pruned step to DIR/recycle, and each rank's next save writes over its shard there instead of
- * making a new file, unless the file has other links or another process has it open). The
+ * making a new file, unless the file has other links or another process has it open), compress
+ * (off|lz4|zstd|auto, default off: the shard is written as rank-R-of-W.safetensors.fz, ferry's
+ * compressed format holding the safetensors file, its codec in the manifest; auto is zstd;
+ * ferry_st_open reads it; not under a URL, docs/CHECKPOINTS.md "Compressed checkpoints"). The
  * writer's knobs (ferry_st_writer_set: save_prealloc, ...) are passed on to the checkpoint's writer.
  * Returns 0 or FERRY_EBADOPT.
  */
@@ -77,7 +80,8 @@ FERRY_API FERRY_WUR int64_t ferry_ckpt_latest(const char *dir);
  * Returns how many there are (more than cap: call again with room for them), or a negative code.
  */
 FERRY_API FERRY_WUR int64_t ferry_ckpt_steps(const char *dir, int64_t *steps, size_t cap);
-/* Path of a step's directory, and of a rank's shard in it. Return the length or -ENAMETOOLONG. */
+/* Path of a step's directory, and of a rank's shard in it (a compressed shard's .fz name where the
+ * plain one is absent and it is present). Return the length or -ENAMETOOLONG. */
 FERRY_API FERRY_WUR int ferry_ckpt_step_path(const char *dir, int64_t step, char *buf, size_t len);
 FERRY_API FERRY_WUR int ferry_ckpt_shard_path(const char *dir, int64_t step, int rank, int world,
 					      char *buf, size_t len);
