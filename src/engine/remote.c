@@ -333,6 +333,7 @@ struct xfer {
 	bool whole;   /* the part is the whole object: a 200 without Range is the same bytes */
 	long status;
 	bool refused; /* the write callback stopped the transfer (too many bytes, Range ignored) */
+	bool range_checked; /* the 206's Content-Range was found right (once a transfer, not per callback) */
 	uint64_t want; /* the first byte asked for */
 	char range[96]; /* the answer's Content-Range, "" if none */
 	char body[BODY_MAX];
@@ -380,10 +381,11 @@ static size_t on_body(char *data, size_t size, size_t nmemb, void *ud)
 		return n;
 	}
 	if ((x->status == 200 && !(x->whole && x->p->got == 0 && x->p->off == 0)) || x->p->got + n > x->p->len ||
-	    (x->status == 206 && !range_ok(x))) {
+	    (x->status == 206 && !x->range_checked && !range_ok(x))) {
 		x->refused = true;
 		return 0;
 	}
+	x->range_checked = true;
 	memcpy(x->dst + x->p->got, data, n);
 	x->p->got += n;
 	return n;
@@ -398,6 +400,7 @@ static void start_part(struct ferry__remote *r, CURLM *m, struct xfer *x, struct
 	x->whole = whole;
 	x->status = 0;
 	x->refused = false;
+	x->range_checked = false;
 	x->blen = 0;
 	x->want = p->off + p->got;
 	x->range[0] = 0;
