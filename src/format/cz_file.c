@@ -55,7 +55,7 @@ static const struct ferry__knob cz_rows[] = {
 	    .doc = "decode into device memory with nvCOMP: auto (zstd where loaded; LZ4 on the CPU), on (required, LZ4 too), off"),
 	ROW("cz_window", window, SIZE, 128u << 20, FERRY__CZ_CHUNK_MIN, 1ull << 30, .env = "FERRY_CZ_WINDOW",
 	    .doc = "largest batch of a read into device memory (uncompressed bytes): one nvCOMP call, one window of the pipeline"),
-	ROW("cz_gpu_min", gpu_min, UINT, 16, 1, 1u << 20, .env = "FERRY_CZ_GPU_MIN",
+	ROW("cz_gpu_min", gpu_min, UINT, 64, 1, 1u << 20, .env = "FERRY_CZ_GPU_MIN",
 	    .doc = "cz_gpu=auto: fewest chunks a read into device memory must cover for nvCOMP (fewer decode on the CPU)"),
 };
 #undef ROW
@@ -328,8 +328,7 @@ struct ferry_cz {
 	uint64_t stored;
 	pthread_mutex_t lock; /* the device path's state and info */
 	char info[320];
-	int dev; /* the device of ring, pool, slots; -1 none yet */
-	struct ferry__ring_gpu *ring;
+	int dev; /* the device of pool and slots; -1 none yet */
 	struct ferry__pinned_pool *pool;
 	struct cz_slot *slots; /* CZ_DEPTH, the device path's, kept between reads */
 };
@@ -525,11 +524,12 @@ static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uin
 /*
  * The read pipeline. A read's chunks go in windows, CZ_DEPTH slots of them in flight: while one
  * window is processed (decoded on the CPU threads; or, into device memory, its frames checked on
- * the CPU threads and its copies and nvCOMP batch queued on the ring's stream), the compressed
- * bytes of the next CZ_DEPTH - 1 are read by the engine's workers, and the GPU still runs the
- * batch of the window before. A slot's buffers are reused only once its queued work has been
- * retired (its ticket waited for, nvCOMP's results checked). Windows start small, so the first
- * read is short, and double up to the window cap (cz_window on the device path). One stream
+ * the CPU threads and its copies and nvCOMP batch queued on the slot's own stream), the
+ * compressed bytes of the next CZ_DEPTH - 1 are read by the engine's workers, and the GPU still
+ * runs the batch of the window before, side by side with this one's copies and batch. A slot's
+ * buffers are reused only once its queued work has been retired (its ticket waited for, nvCOMP's
+ * results checked). CPU windows start small, so the first read is short, and double up to the
+ * window cap; nvCOMP's are the cap (cz_window) from the first (pread_device says why). One
  * synchronisation per window, never per chunk.
  */
 #define CZ_DEPTH 3
@@ -542,7 +542,9 @@ struct cz_slot {
 	ferry_req *req;
 	bool queued; /* GPU work that reads buf and ubuf is queued on the ring: retire first */
 	/* device reads only */
-	void *ubuf; /* bytes decoded on the CPU, bound for the GPU */
+	struct ferry__ring_gpu *ring; /* the slot's own stream: its copies, nvCOMP batch and ticket 0 */
+	void *ubuf; /* bytes decoded on the CPU, bound for the GPU (ucap bytes, kept between reads) */
+	size_t ucap;
 	int upin;
 	uint64_t scratch; /* device: the frames nvCOMP reads, then outputs when not aligned */
 	size_t scratch_len;
@@ -574,6 +576,15 @@ struct pipe {
 	struct cz_times t;
 };
 
+/* The size a kept buffer grows to for need bytes: a quarter more, in whole MiB, so that windows of
+ * the same number of chunks (whose compressed sizes differ a little) do not grow it again: a new
+ * size of pinned memory is a new cuMemHostRegister, of device memory a new cuMemAlloc. */
+static size_t grown(size_t need)
+{
+	size_t want = need + need / 4;
+	return want < need ? need : ((want + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1));
+}
+
 static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 {
 	const struct ferry__cz_meta *m = &p->z->m;
@@ -587,11 +598,12 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 		else
 			free(s->buf);
 		s->buf = NULL, s->cap = 0;
-		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, s->span, &s->buf, &s->pin)
-				  : (s->buf = malloc(s->span)) ? 0 : -ENOMEM;
+		size_t want = grown(s->span);
+		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin)
+				  : (s->buf = malloc(want)) ? 0 : -ENOMEM;
 		if (r)
-			return ferry__error(r, "%s: %zu bytes for compressed chunks", p->z->path, s->span);
-		s->cap = s->span;
+			return ferry__error(r, "%s: %zu bytes for compressed chunks", p->z->path, want);
+		s->cap = want;
 	}
 	int r = ferry_pread_async(p->z->f, s->buf, s->span, s->c_off, &s->req);
 	if (r)
@@ -703,13 +715,16 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 	return r ? r : (ssize_t)len;
 }
 
-/* Every device resource of z (slots, ring, pool); the ring is drained first. Under z->lock. */
+/* Every device resource of z (slots and their rings, pool); the rings are drained first. Under
+ * z->lock. */
 static void device_release(ferry_cz *z)
 {
-	if (z->ring)
-		(void)ferry__ring_drain(z->ring);
+	for (int k = 0; z->slots && k < CZ_DEPTH; k++)
+		if (z->slots[k].ring)
+			(void)ferry__ring_drain(z->slots[k].ring);
 	for (int k = 0; z->slots && k < CZ_DEPTH; k++) {
 		struct cz_slot *s = &z->slots[k];
+		ferry__ring_destroy(s->ring);
 		if (s->scratch)
 			ferry__gpu_release(z->dev, s->scratch);
 		ferry__nvc_close(s->nvc);
@@ -721,21 +736,26 @@ static void device_release(ferry_cz *z)
 	}
 	free(z->slots);
 	z->slots = NULL;
-	ferry__ring_destroy(z->ring);
 	ferry__pinned_pool_destroy(z->pool);
-	z->ring = NULL, z->pool = NULL;
+	z->pool = NULL;
 }
 
 /* The device path's resources on device dev; under z->lock. */
 static int device_setup(ferry_cz *z, int dev)
 {
-	if (z->dev == dev && z->ring)
+	if (z->dev == dev && z->pool) /* made last */
 		return 0;
 	device_release(z);
 	z->dev = dev;
 	if (!(z->slots = calloc(CZ_DEPTH, sizeof(*z->slots))))
 		return ferry__error(-ENOMEM, "%s: device read slots", z->path);
-	int r = ferry__ring_create(dev, CZ_DEPTH, 0, &z->ring);
+	/* A stream per slot: the copies of one window run while the GPU decodes the window before
+	 * (one stream would run them one after the other), and the nvCOMP batches of two windows
+	 * overlap (a batch takes at least one chunk's decoding, its chunks running side by side:
+	 * docs/GPU.md). Windows write disjoint parts of the destination, so nothing orders them. */
+	int r = 0;
+	for (int k = 0; k < CZ_DEPTH && !r; k++)
+		r = ferry__ring_create(dev, 1, 0, &z->slots[k].ring);
 	if (!r)
 		r = ferry__pinned_pool_create(0, dev, &z->pool);
 	return r;
@@ -743,14 +763,14 @@ static int device_setup(ferry_cz *z, int dev)
 
 /* The pieces' copies in few driver calls from pinned memory, one by one (synchronous) where the
  * pool could not pin (cuMemHostRegister refused). */
-static int copy_pieces(ferry_cz *z, const struct ferry__ring_piece *p, size_t n, bool pinned)
+static int copy_pieces(struct ferry__ring_gpu *ring, const struct ferry__ring_piece *p, size_t n, bool pinned)
 {
 	if (pinned)
-		return n ? ferry__ring_h2d_gather(z->ring, p, n, NULL) : 0;
+		return n ? ferry__ring_h2d_gather(ring, p, n, NULL) : 0;
 	int r = 0;
 	for (size_t k = 0; k < n && !r; k++)
 		if (p[k].len)
-			r = ferry__ring_h2d(z->ring, p[k].dst, p[k].src, p[k].len, false);
+			r = ferry__ring_h2d(ring, p[k].dst, p[k].src, p[k].len, false);
 	return r;
 }
 
@@ -793,6 +813,7 @@ static int scratch_grow(ferry_cz *z, uint64_t *at, size_t *len, size_t need)
 	if (*at)
 		ferry__gpu_release(z->dev, *at);
 	*at = 0, *len = 0;
+	need = grown(need);
 	int r = ferry__gpu_alloc(z->dev, need, at);
 	if (!r)
 		*len = need;
@@ -800,13 +821,13 @@ static int scratch_grow(ferry_cz *z, uint64_t *at, size_t *len, size_t need)
 }
 
 /*
- * One window into device memory at dptr (the bytes from off), queued on the ring, ticket = the
- * slot's number; nothing waited for. The frames are in pinned memory (s->buf); with nvCOMP, the
+ * One window into device memory at dptr (the bytes from off), queued on the slot's ring, its
+ * ticket 0 recorded after; nothing waited for. The frames are in pinned memory (s->buf); with nvCOMP, the
  * chunks inside the range decoded on the GPU from a device copy of the frames, stored ones copied
  * straight from their payload, the partial ones at the range's ends decoded on the CPU; without
  * it, every chunk decoded on the CPU threads into pinned memory and copied.
  */
-static int device_enqueue(ferry_cz *z, struct cz_slot *s, unsigned ticket, uint64_t dptr, uint64_t off,
+static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_t off,
 			  size_t len, bool gpu, uint64_t *on_gpu, uint64_t *on_cpu, int *refused)
 {
 	const struct ferry__cz_meta *m = &z->m;
@@ -880,8 +901,15 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, unsigned ticket, uint6
 		}
 	} else if (nc)
 		total = (size_t)(whi - wlo);
-	if (total && (r = ferry__pinned_alloc(z->pool, total, &s->ubuf, &s->upin)))
-		goto out;
+	if (total > s->ucap) { /* kept: the pool reuses only a slot of the same size, and each new
+				* size is a new cuMemHostRegister, so a read's partial ends would pin anew */
+		size_t cs = m->chunk_size, want = (total + cs - 1) / cs * cs; /* <= 2 chunks with nvCOMP */
+		ferry__pinned_free(z->pool, s->ubuf);
+		s->ubuf = NULL, s->ucap = 0;
+		if ((r = ferry__pinned_alloc(z->pool, want, &s->ubuf, &s->upin)))
+			goto out;
+		s->ucap = want;
+	}
 	if (nc && gpu) {
 		size_t at = 0;
 		for (size_t q = 0; q < nc; q++) {
@@ -900,7 +928,7 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, unsigned ticket, uint6
 			goto out;
 		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), s->ubuf, (size_t)(whi - wlo)};
 	}
-	bool upinned = s->pin && (s->upin || !s->ubuf);
+	bool upinned = s->pin && (s->upin || !total);
 	if (ng) {
 		/* nvCOMP wants each input and output aligned (8 bytes for zstd): the frames go to the
 		 * scratch at 256-byte boundaries, and where the destination's chunks are not 16-byte
@@ -949,22 +977,22 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, unsigned ticket, uint6
 			if (!direct)
 				at += (cap[q] + 255) & ~(size_t)255;
 		}
-		r = copy_pieces(z, in, ng, s->pin);
+		r = copy_pieces(s->ring, in, ng, s->pin);
 		if (!r) {
-			r = ferry__nvc_decompress(s->nvc, ferry__ring_stream(z->ring), ng, src, slen, out_at, cap);
+			r = ferry__nvc_decompress(s->nvc, ferry__ring_stream(s->ring), ng, src, slen, out_at, cap);
 			if (r == -EINVAL || r == -ENOTSUP) /* refused before anything ran: the CPU does it */
 				*refused = 1;
 		}
 		for (size_t q = 0; q < ng && !r && !direct; q++)
-			r = ferry__ring_d2d(z->ring, z->dev, dst[q], out_at[q], cap[q]);
+			r = ferry__ring_d2d(s->ring, z->dev, dst[q], out_at[q], cap[q]);
 		free(src), free(in);
 		if (!r)
 			s->ng = ng;
 	}
 	if (!r)
-		r = copy_pieces(z, pieces, np, upinned);
+		r = copy_pieces(s->ring, pieces, np, upinned);
 	if (!r)
-		r = ferry__ring_record(z->ring, ticket);
+		r = ferry__ring_record(s->ring, 0);
 	if (!r) {
 		s->queued = true;
 		*on_gpu += ng;
@@ -972,22 +1000,21 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, unsigned ticket, uint6
 	}
 out:
 	if (r) {
-		(void)ferry__ring_drain(z->ring); /* nothing may still read buf or ubuf */
+		(void)ferry__ring_drain(s->ring); /* nothing may still read buf or ubuf */
 		if (s->ng) {
 			(void)ferry__nvc_finish(s->nvc, NULL);
 			s->ng = 0;
 		}
-		ferry__pinned_free(z->pool, s->ubuf);
-		s->ubuf = NULL;
 	}
 	free(pieces);
 	return r;
 }
 
-/* Waits for slot s's queued work (its ticket), then checks what nvCOMP reported for its batch. */
-static int device_retire(ferry_cz *z, struct cz_slot *s, unsigned ticket)
+/* Waits for slot s's queued work (its ring's ticket 0), then checks what nvCOMP reported for its
+ * batch. */
+static int device_retire(ferry_cz *z, struct cz_slot *s)
 {
-	int r = ferry__ring_sync(z->ring, ticket);
+	int r = ferry__ring_sync(s->ring, 0);
 	r = r < 0 ? r : 0;
 	if (s->ng) {
 		size_t ng = s->ng, *slen = s->glen, *cap = s->glen + ng;
@@ -1003,8 +1030,6 @@ static int device_retire(ferry_cz *z, struct cz_slot *s, unsigned ticket)
 		}
 		s->ng = 0;
 	}
-	ferry__pinned_free(z->pool, s->ubuf);
-	s->ubuf = NULL;
 	return r;
 }
 
@@ -1023,13 +1048,12 @@ static int dev_window(void *arg, struct cz_slot *s)
 {
 	struct dev_read *d = arg;
 	int refused = 0;
-	unsigned ticket = (unsigned)(s - d->z->slots);
-	int r = device_enqueue(d->z, s, ticket, d->dptr, d->off, d->len, d->gpu, &d->on_gpu, &d->on_cpu, &refused);
+	int r = device_enqueue(d->z, s, d->dptr, d->off, d->len, d->gpu, &d->on_gpu, &d->on_cpu, &refused);
 	if (r && refused) { /* nvCOMP turned the batch down before it ran: the CPU decodes */
 		snprintf(d->whybuf, d->whylen, "refused: %s", ferry_last_error());
 		d->why = d->whybuf;
 		d->gpu = false;
-		r = device_enqueue(d->z, s, ticket, d->dptr, d->off, d->len, false, &d->on_gpu, &d->on_cpu, &refused);
+		r = device_enqueue(d->z, s, d->dptr, d->off, d->len, false, &d->on_gpu, &d->on_cpu, &refused);
 	}
 	return r;
 }
@@ -1037,7 +1061,7 @@ static int dev_window(void *arg, struct cz_slot *s)
 static int dev_retire(void *arg, struct cz_slot *s)
 {
 	struct dev_read *d = arg;
-	return device_retire(d->z, s, (unsigned)(s - d->z->slots));
+	return device_retire(d->z, s);
 }
 
 static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uint64_t off)
@@ -1072,8 +1096,12 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	void *prev = NULL; /* the caller's thread keeps its own current context */
 	double t0 = mono(), setup = 0;
 	uint64_t max = z->knobs.window / z->m.chunk_size ? z->knobs.window / z->m.chunk_size : 1;
-	struct pipe p = {.z = z, .pinned = true, .step = z->knobs.threads < max ? z->knobs.threads : max,
-			 .max_step = max, .process = dev_window, .retire = dev_retire};
+	/* nvCOMP's windows are cz_window from the first: a batch takes at least one chunk's decoding
+	 * (its chunks run side by side, each at about 100 MB/s: docs/GPU.md), so windows doubling from
+	 * a few chunks cost that time again for each small one; the CPU threads' windows double. */
+	uint64_t step = gpu ? max : z->knobs.threads < max ? z->knobs.threads : max;
+	struct pipe p = {.z = z, .pinned = true, .step = step, .max_step = max, .process = dev_window,
+			 .retire = dev_retire};
 	int r = ferry__gpu_enter(dev, &prev);
 	if (!r) {
 		r = device_setup(z, dev);

@@ -382,11 +382,13 @@ static int grow(const struct ferry__cuda_api *cu, struct ferry__nvc *d, size_t n
 			cu->MemFree(d->temp);
 		d->temp = 0;
 		d->temp_cap = 0;
-		if ((r = cu->MemAlloc(&d->temp, temp_bytes)) != FERRY__CUDA_SUCCESS) {
+		/* a quarter more: the next batch, a few chunks more or larger, needs no new cuMemAlloc */
+		size_t want = temp_bytes + temp_bytes / 4 < temp_bytes ? temp_bytes : temp_bytes + temp_bytes / 4;
+		if ((r = cu->MemAlloc(&d->temp, want)) != FERRY__CUDA_SUCCESS) {
 			d->temp = 0;
-			return ferry__cuda_fail(r, "nvcomp: cuMemAlloc(%zu bytes of temporary space)", temp_bytes);
+			return ferry__cuda_fail(r, "nvcomp: cuMemAlloc(%zu bytes of temporary space)", want);
 		}
-		d->temp_cap = temp_bytes;
+		d->temp_cap = want;
 	}
 	return 0;
 }

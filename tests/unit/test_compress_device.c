@@ -7,6 +7,95 @@
 #define main cz_gpu_main
 #include "gpu/test_cz_gpu.c"
 #undef main
+#include <dlfcn.h>
+
+/* A counter the fake driver or nvCOMP exports (dlsym in the copy the library loaded). */
+static int fake_count(const char *env, const char *sym)
+{
+	void *h = dlopen(getenv(env), RTLD_NOW | RTLD_NOLOAD);
+	int (*fn)(void);
+	int v = -1;
+	if (!h)
+		return -1;
+	*(void **)&fn = dlsym(h, sym);
+	if (fn)
+		v = fn();
+	dlclose(h);
+	return v;
+}
+
+struct counts {
+	int allocs, streams, events, batches;
+};
+
+static struct counts counts_now(void)
+{
+	struct counts c = {fake_count("FERRY_CUDA_LIBRARY", "fake_mem_allocs"),
+			   fake_count("FERRY_CUDA_LIBRARY", "fake_streams_made"),
+			   fake_count("FERRY_CUDA_LIBRARY", "fake_events_made"),
+			   fake_count("FERRY_NVCOMP_LIB", "fake_nvcomp_async_calls")};
+	T_CHECK(c.allocs >= 0 && c.streams >= 0 && c.events >= 0 && c.batches >= 0);
+	return c;
+}
+
+/*
+ * The device path's set-up is the reader's, not each read's: the first reads into device memory
+ * (the whole file, then a range with partial chunks at its ends, decoded on the CPU) make the
+ * slots' streams (one each), pinned buffers, device scratch and nvCOMP decoders (an event each);
+ * the next reads, no larger (the whole file again, ranges with partial ends of other sizes),
+ * allocate no device or pinned memory (no new cuMemHostRegister either), make no stream and no
+ * event (no decoder), and still run on nvCOMP. Windows of 2 chunks of 12, so every slot is reused
+ * within a read.
+ */
+static void steady_reads(void)
+{
+	ferry_ctx *ctx;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	const size_t cs = 64 << 10, n = 12 * cs;
+	uint8_t *data = malloc(n);
+	for (size_t i = 0; i < n; i++)
+		data[i] = (uint8_t)((i / 7) % 61 + (i % 13 == 0 ? i >> 9 : 0));
+	char path[512];
+	snprintf(path, sizeof(path), "%s/test_compress_device.%d.steady", t_tmpdir(), (int)getpid());
+	ferry_cz_writer *w;
+	T_ASSERT(ferry_cz_writer_create(path, FERRY_CZ_ZSTD, 0, &w) == 0);
+	T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "64k") == 0);
+	T_ASSERT(ferry_cz_writer_write(w, data, n) == 0 && ferry_cz_writer_commit(w) > 0);
+	ferry_cz_writer_destroy(w);
+	ferry_cz *z;
+	void *dev;
+	T_ASSERT(ferry_cz_open(ctx, path, &z) == 0 && ferry_gpu_malloc(0, n, &dev) == 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_threads", "2"), 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_window", "128k"), 0);
+	T_EQ_INT(ferry_cz_stored_chunks(z), 0);
+	struct counts c0 = counts_now();
+	check(z, dev, data, n, 0, n, "steady: first read, whole");
+	check(z, dev, data, n, cs / 2, n - cs, "steady: second read, partial ends");
+	struct counts c1 = counts_now();
+	printf("steady: the first two reads made %d streams, %d events, %d allocations; %d nvCOMP batches\n",
+	       c1.streams - c0.streams, c1.events - c0.events, c1.allocs - c0.allocs, c1.batches - c0.batches);
+	T_CHECK(c1.streams - c0.streams >= 3); /* a stream per slot */
+	T_EQ_INT(c1.batches - c0.batches, 12); /* windows of 2 chunks of 12 from the first, each read */
+	check(z, dev, data, n, 0, n, "steady: third read, whole");
+	check(z, dev, data, n, cs / 3, n - cs / 3 - cs / 5, "steady: fourth read, other partial ends");
+	check(z, dev, data, n, 3 * cs + 100, 5 * cs, "steady: fifth read, partial ends");
+	char info[256];
+	ferry_cz_path_info(z, info, sizeof(info));
+	T_CHECK(strncmp(info, "nvcomp (", 8) == 0);
+	struct counts c2 = counts_now();
+	printf("steady: the next three reads made %d streams, %d events, %d allocations; %d nvCOMP batches\n",
+	       c2.streams - c1.streams, c2.events - c1.events, c2.allocs - c1.allocs, c2.batches - c1.batches);
+	T_EQ_INT(c2.streams - c1.streams, 0);
+	T_EQ_INT(c2.events - c1.events, 0);
+	T_EQ_INT(c2.allocs - c1.allocs, 0);
+	T_EQ_INT(c2.batches - c1.batches, 15); /* 6, 6 and 3 windows */
+	ferry_cz_destroy(z);
+	T_EQ_INT(ferry_gpu_free(dev), 0);
+	unlink(path);
+	free(data);
+	ferry_ctx_destroy(ctx);
+}
 
 static int build(const char *cc, const char *src_dir, const char *out, const char *src, const char *flags)
 {
@@ -36,6 +125,8 @@ int main(void)
 	setenv("FERRY_NVCOMP_LIB", nvcomp, 1);
 	setenv("FERRY_CZ_EXPECT_NVCOMP", "1", 1);
 	int r = cz_gpu_main();
+	steady_reads();
+	r = r ? r : t_result();
 	unlink(cuda), unlink(nvcomp);
 	return r;
 }

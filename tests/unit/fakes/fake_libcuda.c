@@ -125,9 +125,14 @@ API CUresult cuDevicePrimaryCtxRelease_v2(int dev) { (void)dev; return 0; }
 API CUresult cuCtxSetCurrent(void *ctx) { current = ctx; return 0; }
 API CUresult cuCtxGetCurrent(void **ctx) { *ctx = current; return 0; }
 API CUresult cuCtxGetDevice(int *dev) { if (!current) return 201; *dev = (int)(current - ctxs); return 0; }
+/* allocations of device memory, pinned host memory and host registrations, for the tests that a
+ * path keeps its buffers (test_compress_device: a second read allocates nothing) */
+static int mem_allocs;
+API int fake_mem_allocs(void) { return __atomic_load_n(&mem_allocs, __ATOMIC_SEQ_CST); }
 API CUresult cuMemAlloc_v2(CUdeviceptr *d, size_t n)
 {
 	void *p;
+	__atomic_add_fetch(&mem_allocs, 1, __ATOMIC_SEQ_CST);
 	if (!current)
 		return 201;
 	if (n > 4096 && getenv("FAKE_ALLOC_FAIL")) /* $FAKE_ALLOC_FAIL: allocations beyond a page fail */
@@ -146,6 +151,7 @@ API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 {
 	void *p = aligned_alloc(4096, (n + 4095) & ~(size_t)4095);
 	(void)flags;
+	__atomic_add_fetch(&mem_allocs, 1, __ATOMIC_SEQ_CST);
 	if (!p)
 		return 2;
 	add(p, n, HOSTMEM, 1);
@@ -153,7 +159,7 @@ API CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 	return 0;
 }
 API CUresult cuMemFreeHost(void *p) { return del((uintptr_t)p, HOSTMEM, 1); }
-API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { (void)flags; return current ? add(p, n, HOSTMEM, 0) : 201; }
+API CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) { (void)flags; __atomic_add_fetch(&mem_allocs, 1, __ATOMIC_SEQ_CST); return current ? add(p, n, HOSTMEM, 0) : 201; }
 API CUresult cuMemHostUnregister(void *p) { return del((uintptr_t)p, HOSTMEM, 0) ? 713 : 0; }
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *s, size_t n) { if (!current || check(d, n, DEVMEM)) return current ? 1 : 201; memcpy((void *)(uintptr_t)d, s, n); return 0; }
 API CUresult cuMemcpyDtoH_v2(void *d, CUdeviceptr s, size_t n) { if (!current || check(s, n, DEVMEM)) return current ? 1 : 201; memcpy(d, (void *)(uintptr_t)s, n); return 0; }
@@ -289,7 +295,9 @@ static int stream_query_result;
 API void fake_set_stream_query(int r) { stream_query_result = r; }
 API CUresult cuStreamQuery(void *s) { (void)s; return stream_query_result; }
 API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
-API CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; *e = malloc(1); return *e ? 0 : 2; }
+static int events_made;
+API int fake_events_made(void) { return __atomic_load_n(&events_made, __ATOMIC_SEQ_CST); }
+API CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; __atomic_add_fetch(&events_made, 1, __ATOMIC_SEQ_CST); *e = malloc(1); return *e ? 0 : 2; }
 API CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
 API CUresult cuEventQuery(void *e) { (void)e; return stream_query_result; }
 API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
