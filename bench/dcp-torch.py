@@ -366,7 +366,7 @@ def targets(a):
                           "%.4f s (stateful state_dict(), executor, thread start)" % (
                               name, call, blocked, stt["total"], ", ".join(
                                   "%s %.4f s" % (k, v) if isinstance(v, float) else "%s: %s" % (k, v)
-                                  for k, v in stt.items() if k != "total"),
+                                  for k, v in stt.items() if k != "total" and not k.startswith("_")),
                               blocked - stt["total"]), flush=True)
                 during = []
                 while not fut.done():

@@ -201,6 +201,7 @@ def _device_snapshot(state_dict, times, device_type="cuda"):
             _torch.cuda.current_stream(dev).synchronize()
     times["sync"] = _time.perf_counter() - t0
     times["path"] = "device snapshot (%d bytes)" % sum(need.values())
+    times["_ptrs"] = {f.data_ptr() for f in flat.values()}
     return out
 
 
@@ -218,6 +219,7 @@ class Writer(_fs.FileSystemWriter):
         self._ctx = context
         self._pinning = None
         self.stage_times = {}
+        self._snap_ptrs = set()  # the allocations of the last device snapshot
         if _is_url(path):
             self.fs = _UrlFS(self)
             self.path = self.fs.init_path(path)
@@ -242,6 +244,7 @@ class Writer(_fs.FileSystemWriter):
             return out
         times = {}
         out = _device_snapshot(state_dict, times)
+        self._snap_ptrs = times.pop("_ptrs", set())
         if out is None:
             out = super().stage(state_dict)
             times["path"] = "stock (%s)" % times.get("why", "")
@@ -398,7 +401,8 @@ class Writer(_fs.FileSystemWriter):
                 shadow = _torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
                 layout = _ft._Layout(shadow, str(path))
                 layout.holes = [(off, data, rec) for off, _s, rec in layout.holes]
-                n = writes.add(at, layout)
+                n = writes.add(at, layout, wait_current=t.untyped_storage().data_ptr() not in
+                               self._snap_ptrs)
                 results.append(_WriteResult(index=wi.index, size_in_bytes=n,
                                             storage_data=_fs._StorageInfo(storage_key, at, n)))
                 at += n
@@ -416,6 +420,7 @@ class Writer(_fs.FileSystemWriter):
         return results
 
     def finish(self, metadata, results):
+        self._snap_ptrs = set()  # written: a later save's tensors may reuse the addresses
         metadata.version = _fs.CURRENT_DCP_VERSION
         storage_md = {}
         for wr_list in results:

@@ -749,7 +749,7 @@ class _Writes:
         self.busy = []  # per buffer: the _Piece last staged through it
         self.turn = 0
 
-    def _stage(self, buf, at, crc_on):
+    def _stage(self, buf, at, crc_on, wait_current):
         """Copies GPU bytes `buf` out through the pinned buffers, each piece written at `at` +
         its offset; returns the _Pieces."""
         if self.stager is None:
@@ -758,7 +758,8 @@ class _Writes:
         dev, (bufs, stream) = self.stager
         if dev != buf.device:
             raise ValueError("%s: storages on %s and %s in one file" % (self.f.name, dev, buf.device))
-        _after_current(stream, buf.device)
+        if wait_current:
+            _after_current(stream, buf.device)
         pieces = []
         n = buf.numel()
         for o in range(0, n, _STAGE_PIECE):
@@ -775,7 +776,10 @@ class _Writes:
             pieces.append(pc)
         return pieces  # the source outlives its copies: the layout in the queue holds it
 
-    def add(self, base, layout):
+    def add(self, base, layout, wait_current=True):
+        """wait_current=False: the GPU storages' producers are known done (DCP's snapshot, made
+        and synchronised by Writer.stage), so the copies need not wait for the current stream:
+        in dcp.async_save's thread that is the training's stream."""
         crc_on = _torch.serialization.get_crc32_options()
         data, crcs = [], []
         try:
@@ -788,12 +792,13 @@ class _Writes:
                     continue
                 if _staged_device(buf):
                     if crc_on:
-                        pieces = self._stage(buf, base + off, True)
+                        pieces = self._stage(buf, base + off, True, wait_current)
                         crcs.append((rec, off, _PiecesCrc(pieces)))
                         data.extend((pc, pc.n, pc.at) for pc in pieces)
                         continue
                     # ferry copies on its own streams: the tensor's producers must be done.
-                    _torch.cuda.current_stream(buf.device).synchronize()
+                    if wait_current:
+                        _torch.cuda.current_stream(buf.device).synchronize()
                 data.append((self.f.pwrite_from_async(buf, base + off), n, base + off))
                 if crc_on:
                     crcs.append((rec, off, _crc_async(buf.numpy())))
