@@ -833,6 +833,9 @@ static int save(ferry_ckpt *ck, int64_t step, int async)
 	int r;
 	if (step < 0)
 		return ferry__error(-EINVAL, "ckpt %s: step %lld", ck->dir, (long long)step);
+	if (ck->compress && ck->url) /* the compressed writer makes a local file; an object is not one yet */
+		return ferry__error(-EOPNOTSUPP, "ckpt %s: compressed checkpoints under a URL are not supported yet "
+				    "(compress=off, or a local directory)", ck->dir);
 	if (!ferry_st_writer_done(ck->w) && ck->refuse)
 		return ferry__error(FERRY_EBUSY, "ckpt %s: step %lld refused: a save is in flight (busy=refuse)",
 				    ck->dir, (long long)step);
@@ -881,9 +884,6 @@ shard:
 		     ck->world, ck->compress ? CZ_SUFFIX : "");
 	if (r < 0 || (size_t)r >= sizeof(p))
 		return ferry__error(-ENAMETOOLONG, "%s: path too long", ck->dir);
-	if (ck->compress && ck->url)
-		return ferry__error(-EOPNOTSUPP, "ckpt %s: compressed checkpoints under a URL are not supported yet "
-				    "(compress=off, or a local directory)", ck->dir);
 	ck->step = step;
 	ck->saving_codec = ck->compress == 3 ? FERRY_CZ_ZSTD : ck->compress;
 	/* The shard says whose it is: ferry_ckpt_verify (verify.c) checks these against its step

@@ -237,3 +237,10 @@ def test_stock_zstd_gives_the_safetensors_file(tmp_path):
     subprocess.run(["zstd", "-q", "-d", shard_of(d, 1) + ".fz", "-o", out], check=True)
     back = st.load_file(out)
     assert sorted(back) == ["a", "b"] and all(torch.equal(back[k], s[k]) for k in s)
+
+
+def test_compressed_save_to_a_url_refused(tmp_path):
+    """Compressed shards are local files for now: a save under s3:// says so before any request."""
+    with pytest.raises(OSError) as e:  # EOPNOTSUPP
+        ck.save({"w": torch.zeros(4)}, "s3://bucket/ckpts", 1, compress="zstd", timeout=1)
+    assert "compressed checkpoints under a URL are not supported" in str(e.value), str(e.value)
