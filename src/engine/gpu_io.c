@@ -25,6 +25,18 @@
  * chunk's copy is recorded, or when it is full.
  */
 #define GATHER_PIECE_MAX ((size_t)256 << 10) /* larger pieces are copied at once, one by one */
+/*
+ * With the scatter kernel, a gather goes out once it holds this many bytes, while the worker
+ * still reads the rest of its round: the copies of the first pieces cross PCIe while the next are
+ * read, and the round ends waiting for the last gather only. A batch's rounds are in lockstep
+ * across the workers (all read, then all copy): 12 workers x 16 pieces of 64 KiB put 12 MiB on
+ * the link at once, about 240 us at 50 GB/s that every worker waited, which is what made 64 KiB
+ * batches into GPU memory 1.44 ms per 256 pieces against 1.0 into pinned host memory (H200,
+ * bench/small-reads.py, docs/CONFIG.md "FERRY_SCATTER"). A launch costs a few microseconds, so
+ * 4 KiB pieces (16 a round, 64 KiB) still go in one; cuMemcpyBatchAsync costs 80-110 us a call,
+ * so without the kernel a gather still waits for the round's end.
+ */
+#define GATHER_FLUSH_BYTES ((size_t)256 << 10)
 #define TICKET_GATHERING UINT_MAX             /* copy not issued yet */
 #define TICKET_NONE (UINT_MAX - 1)            /* finished without a copy in flight (failed) */
 
@@ -38,6 +50,7 @@ struct ferry__ioq_gpu {
 	/* the chunks gathered, in order, all bound for device gather_dev */
 	struct ferry__chunk **gather;
 	unsigned ngather;
+	size_t gather_bytes;
 	int gather_dev;
 	struct ferry__ring_piece *pieces;
 	struct ferry__scatter_piece *scatter;
@@ -388,6 +401,7 @@ static void gather_flush(struct ferry__ioq *q)
 		return;
 	uint64_t t0 = FERRY__SPAN_T0();
 	g->ngather = 0;
+	g->gather_bytes = 0;
 	unsigned last = (unsigned)chunk_index(q, g->gather[n - 1]);
 	/* one piece: one copy call either way, and on the copy engine */
 	if (n == 1 || !gather_scatter(q, ring, n, &r)) {
@@ -522,8 +536,12 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 			gather_flush(q);
 		g->gather_dev = c->dev;
 		g->gather[g->ngather++] = c;
+		g->gather_bytes += n;
 		g->ticket[chunk_index(q, c)] = TICKET_GATHERING;
 		gpu_list_add(q, c);
+		if (g->gather_bytes >= GATHER_FLUSH_BYTES && q->sync_head &&
+		    ferry__scatter_state(c->dev, false) == FERRY__SCATTER_READY)
+			gather_flush(q);
 		return true;
 	}
 	uint64_t t0 = FERRY__SPAN_T0();

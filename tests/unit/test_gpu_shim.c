@@ -749,6 +749,60 @@ static void engine_gather(uint64_t *fallbacks)
 }
 
 /*
+ * A batch of 16 resident 64 KiB pieces into device memory (one worker, one round of 16): with the
+ * scatter kernel its gather goes out each 256 KiB read (GATHER_FLUSH_BYTES in gpu_io.c), so the
+ * first pieces' copies run while the rest are read: 4 launches of 4 pieces; without the kernel,
+ * one cuMemcpyBatchAsync at the round's end (a call costs 80-110 us on the H100). Every piece's
+ * bytes land. Returns the driver calls made: launches, pieces launched and batch calls.
+ */
+static void engine_gather_64k(int *launches, int *pieces, int *batches)
+{
+	enum { P = 64 << 10, N = 16 };
+	static unsigned char want[N * P], back[N * P];
+	char path[4200];
+	ferry_ctx *ctx;
+	ferry_file *f;
+	ferry_batch *b;
+	void *d = NULL;
+
+	snprintf(path, sizeof(path), "%s/gather-64k.bin", t_tmpdir());
+	t_fill_pattern(want, sizeof(want), 0, 17);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	T_ASSERT(fd >= 0 && write(fd, want, sizeof(want)) == (ssize_t)sizeof(want));
+	close(fd);
+	T_EQ_INT(ferry_gpu_malloc(0, sizeof(back), &d), 0);
+	memset(back, 0xee, sizeof(back));
+	T_EQ_INT(ferry_gpu_memcpy_htod(d, back, sizeof(back)), 0);
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "threads", "1"), 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "path", "cpu-async-gpu"), 0);
+	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
+	T_ASSERT(ferry_batch_create(ctx, &b) == 0);
+	/* scattered: piece i of the file to place N-1-i */
+	for (int i = 0; i < N; i++)
+		T_EQ_INT(ferry_batch_add_read(b, f, (uint64_t)i * P, P, (char *)d + (size_t)(N - 1 - i) * P), i);
+	T_EQ_INT(ferry_ctx_start(ctx), 0);
+	int l0 = fake_int("fake_launches"), p0 = fake_int("fake_launch_pieces"), b0 = fake_int("fake_batch_calls");
+	T_EQ_INT(ferry_batch_submit(b), 0);
+	T_EQ_INT(ferry_batch_wait(b, -1), 0);
+	*launches = fake_int("fake_launches") - l0;
+	*pieces = fake_int("fake_launch_pieces") - p0;
+	*batches = fake_int("fake_batch_calls") - b0;
+	printf("%d pieces of 64 KiB: %d launches (%d pieces), %d batch copy calls\n", N, *launches, *pieces,
+	       *batches);
+	for (int i = 0; i < N; i++)
+		T_EQ_INT(ferry_batch_result(b, (size_t)i), P);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
+	for (int i = 0; i < N; i++)
+		T_CHECK(memcmp(back + (size_t)(N - 1 - i) * P, want + (size_t)i * P, P) == 0);
+	ferry_batch_destroy(b);
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(ctx);
+	T_EQ_INT(ferry_gpu_free(d), 0);
+	unlink(path);
+}
+
+/*
  * A piece whose read fails in the middle of a gathered batch (/proc/self/mem at offset 0, which is
  * not mapped: EIO): it reports its error and its destination is not written; the pieces before and
  * after it land, each with its own count.
@@ -939,6 +993,11 @@ static int sc_gather_kernel(void)
 	int p0 = fake_int("fake_launch_pieces");
 	engine_gather_fail();
 	T_CHECK(fake_int("fake_launch_pieces") > p0);
+	int launches, pieces, batches;
+	engine_gather_64k(&launches, &pieces, &batches);
+	T_EQ_INT(launches, 4); /* a gather out each 256 KiB, while the round's reads go on */
+	T_EQ_INT(pieces, 16);
+	T_EQ_INT(batches, 0);
 	T_EQ_INT(ferry__scatter_state(1, true), FERRY__SCATTER_READY);
 	T_EQ_INT(fake_int("fake_module_loads"), 2);
 	return t_result();
@@ -972,6 +1031,11 @@ static int sc_gather_kernel_off(void)
 	T_EQ_INT(fake_int("fake_module_loads"), 0);
 	T_EQ_INT(fake_int("fake_launch_attempts"), 0);
 	T_EQ_INT(fallbacks, 0);
+	/* copies: the round's 16 pieces in one batch call at its end, not one per 256 KiB */
+	int launches, pieces, batches;
+	engine_gather_64k(&launches, &pieces, &batches);
+	T_EQ_INT(launches, 0);
+	T_EQ_INT(batches, 1);
 	return t_result();
 }
 
