@@ -465,7 +465,10 @@ def fixed_costs(a, dev):
     table("loader fixed-costs ferry", f"{sps:.0f} samples/s",
           f"{bps / 1e9:.2f} GB/s; {whole:.2f} cores in the process (target <= 1) = consumer thread {consumer:.2f} "
           f"+ the rest {whole - consumer:.2f} (pipeline {st['cpu_cores']:.2f}); defaults (threads, prefetch); "
-          f"wait fraction {st['wait_fraction']:.2f} (the loader's own measure), {w_nowork:.2f} in a loop doing no work")
+          f"wait fraction {st['wait_fraction']:.2f} (the loader's own measure), {w_nowork:.2f} in a loop doing no work; "
+          f"CPU per batch: pipeline {st['cpu_ns'] / max(1, st['samples']) * batch / 1e3:.1f} us (its counter, start "
+          f"included), consumer thread {consumer / sps * batch * 1e6:.1f} us; {st.get('mapped_reads', 0)} of "
+          f"{st['reads']} reads copied from mappings ({st.get('mapped_faults', 0)} faults)")
     table("target loader fixed-costs ferry process cores <= 1", f"{whole:.2f}", "met" if whole <= 1 else "NOT met")
     for workers in (8, 16):
         p = TorchPeer(bin_path, batch, True, dev, workers=workers, seq=seq)
@@ -496,27 +499,34 @@ def fixed_costs(a, dev):
 def pipeline(a):
     """The pipeline alone (no GPU needed): ferry.Loader(device="cpu") at its defaults on issue 22's
     workload, drained through the C loader (next() and release(): no torch copy), after 50 batches
-    of warm-up. Its own counters: the pipeline thread's CPU ns per batch and per window (the load
-    of other processes inflates the wall time, not this), and samples/s."""
+    of warm-up, then rounds of --batches one after another (an epoch of 2 GiB is 4,096 batches;
+    the first maps the shards' pages). Its own counters: the pipeline thread's CPU ns per batch
+    and per window (the load of other processes inflates the wall time, not this), and samples/s."""
     seq, batch = 2049, 64
     prefix, _, n = make_data(a.warm_dir, a.gb)
+    ld = ferry.Loader(prefix, batch_size=batch, seq_len=seq, order="shuffle", device="cpu")
+    cl = ld._ensure()
+    t0 = time.perf_counter()
+    cl.next().release()
+    first = time.perf_counter() - t0
+    for _ in range(49):
+        cl.next().release()
+    table("loader pipeline warm-up", f"{cl.metrics()['cpu_ns'] / 1e6:.1f} ms CPU for 50 batches",
+          f"the first batch after {first * 1e3:.1f} ms (the loader's start included)")
     for r in range(a.rounds):
-        ld = ferry.Loader(prefix, batch_size=batch, seq_len=seq, order="shuffle", device="cpu")
-        cl = ld._ensure()
-        for _ in range(50):
-            cl.next().release()
         m0, t0, c0 = cl.metrics(), time.perf_counter(), time.thread_time()
         for _ in range(a.batches):
             cl.next().release()
         m1, el, cons = cl.metrics(), time.perf_counter() - t0, time.thread_time() - c0
-        ld.close()
         cpu = (m1["cpu_ns"] - m0["cpu_ns"]) / a.batches
         table(f"loader pipeline round {r}", f"{cpu / 1e3:.1f} us CPU per batch",
               f"{cpu / batch:.0f} ns a window, batch {batch} x {seq} over {n * SEQ * 2 / 2**30:.2f} GiB in "
               f"{a.warm_dir}; {a.batches * batch / el:.0f} samples/s; the draining thread "
               f"{cons / a.batches * 1e6:.1f} us CPU per batch; "
               f"{m1['inline_reads'] - m0['inline_reads']:.0f} inline reads of "
-              f"{m1['reads'] - m0['reads']:.0f}; {1e9 / cpu * batch:.0f} windows/s a pipeline core")
+              f"{m1['reads'] - m0['reads']:.0f}; {1e9 / cpu * batch:.0f} windows/s a pipeline core; "
+              f"{m1.get('mapped_reads', 0) - m0.get('mapped_reads', 0):.0f} copied from mappings")
+    ld.close()
 
 
 # -------------------------------------------------------------------------------------- main

@@ -774,6 +774,8 @@ class Loader:
         ``wait_mean_ns``, ``wait_p50_ns``/``p90``/``p99``/``max``, ``bytes``, ``samples``,
         ``elapsed_ns``, ``samples_per_s``, ``bytes_per_s``, ``reads``, ``merged``, ``inline_reads``
         (reads of page-cache-resident data done by the pipeline thread itself, not the I/O engine),
+        ``mapped_reads`` (of those, the ones copied from a mapping of the shard), ``mapped_faults``
+        (batches whose mapped copies faulted or found the shard cut short, then read again),
         ``device_buffers`` (on the GPU: batch-sized device buffers that exist, the loader's and
         those the returned tensors still hold),
         ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
