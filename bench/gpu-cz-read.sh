@@ -10,11 +10,15 @@
 #  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise): cz_gpu=auto's
 #    effective GB/s against the plain file read into GPU memory (the disk's ceiling through ferry)
 #    times the ratio; target: 0.9x;
-#  - small batches (tokens, zstd, 1 MiB): reads of 1-128 chunks on nvCOMP and on the CPU, and the
-#    crossover that cz_gpu_min should be; for zstd, nvCOMP's warm rate at cz_window 16m-512m.
+#  - small batches (tokens, zstd, 256 KiB and 1 MiB): reads of 1-128 chunks on nvCOMP and on the
+#    CPU, and the crossover that cz_gpu_min should be; for zstd, nvCOMP's warm rate at cz_window
+#    16m-512m.
+# Rows go in the order of what they decide (tokens zstd, then tokens LZ4, then bf16), each only
+# while the time budget has room for it (CZ_BENCH_TOTAL_S, default 110 s for the tokenizer's step
+# and the measurement together; a row left out prints `skipped`). Each row prints its seconds.
 # The measurement is tests/gpu/test_cz_bench.c's bench mode (built with -DFERRY_GPU_TESTS=ON).
 # Prints "TABLE name | figure | note" rows; the full output goes to $FERRY_LOG_DIR.
-#   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=1024 (bytes per data set)
+#   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=512 (bytes per data set)
 set -u
 source bench/nvcomp-env.sh test_cz_bench
 if [ ! -e /dev/nvidiactl ] && [ -z "${FERRY_CUDA_LIBRARY:-}" ]; then # (FERRY_CUDA_LIBRARY: a fake driver's run)
@@ -26,12 +30,17 @@ mkdir -p "$LOG"
 WARM=/dev/shm/ferry-cz-bench-$$ COLD=${CZ_COLD_DIR:-$PWD/build-bench-disk/cz}
 mkdir -p "$WARM" "$COLD"
 trap 'rm -rf "$WARM" "$COLD"/cz-bench-*' EXIT
-MIB=${CZ_BENCH_MIB:-1024}
+MIB=${CZ_BENCH_MIB:-512}
+TOTAL=${CZ_BENCH_TOTAL_S:-110}
 PY=${PYTHON:-python3}
 tokens=$WARM/tokens.u16
-if ! (set -o pipefail; timeout 120 "$PY" bench/cz-tokens.py "$tokens" "$MIB" 2>&1 | tee "$LOG/gpu-cz-tokens.txt"); then
+SECONDS=0
+if ! (set -o pipefail; timeout 60 "$PY" bench/cz-tokens.py "$tokens" "$MIB" 2>&1 | tee "$LOG/gpu-cz-tokens.txt"); then
 	echo "TABLE cz tokens | synthetic | bench/cz-tokens.py failed (see above): the token rows use tests/nvcomp_check.h's ids"
 	tokens=
 fi
-timeout 400 "$prog" bench "$WARM" "$COLD" "$MIB" ${tokens:+"$tokens"} 2>&1 | tee "$LOG/gpu-cz-read.txt"
+left=$((TOTAL - SECONDS)) # what the tokenizer's step left, at least 30 s
+export CZ_BENCH_BUDGET_S=$((left > 30 ? left : 30))
+echo "measurement budget: ${CZ_BENCH_BUDGET_S} s (the tokens took ${SECONDS} s)"
+timeout $((CZ_BENCH_BUDGET_S + 60)) "$prog" bench "$WARM" "$COLD" "$MIB" ${tokens:+"$tokens"} 2>&1 | tee "$LOG/gpu-cz-read.txt"
 exit "${PIPESTATUS[0]}"

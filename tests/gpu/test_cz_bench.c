@@ -12,8 +12,12 @@
  *  - cold (COLD_DIR, a disk; pages dropped with posix_fadvise after an fsync): the plain file read
  *    into GPU memory (the disk's rate through ferry: the ceiling) and the compressed file with
  *    cz_gpu=auto, open included; target: effective rate at least 0.9 x ceiling x ratio;
- *  - tokens, zstd, 1 MiB: reads of 1-128 chunks on nvCOMP and on the CPU, the crossover
- *    (cz_gpu_min's measurement); zstd: nvCOMP's warm rate at cz_window 16m-512m (its measurement).
+ *  - tokens, zstd, 256 KiB and 1 MiB: reads of 1-128 chunks on nvCOMP and on the CPU, the
+ *    crossover (cz_gpu_min's measurement); zstd: nvCOMP's warm rate at cz_window 16m-512m (its
+ *    measurement).
+ * Rows run in the order of what they decide (tokens zstd 256 KiB and 1 MiB, tokens LZ4, then
+ * bf16), each only while CZ_BENCH_BUDGET_S (default 100 s) has room for another row as long as
+ * the longest so far; a row left out prints a `skipped` TABLE row. Each row prints its seconds.
  * Prints "TABLE name | figure | note" rows.
  */
 #pragma GCC diagnostic ignored "-Wunused-function"
@@ -149,7 +153,7 @@ static void small_batches(ferry_ctx *ctx, const char *path, const char *name, vo
 		printf("TABLE cz small-batch %s %zu chunks | nvcomp %.3f ms, cpu %.3f ms: %.2fx | %s faster\n", name, k,
 		       tg * 1e3, tc * 1e3, tc / tg, tg < tc ? "nvcomp" : "cpu");
 	}
-	printf("TABLE cz small-batch %s crossover | %ld chunks | the smallest read nvCOMP wins (-1: none up to 128); cz_gpu_min default 16\n",
+	printf("TABLE cz small-batch %s crossover | %ld chunks | the smallest read nvCOMP wins (-1: none up to 128); cz_gpu_min default 64\n",
 	       name, cross);
 	ferry_cz_destroy(g);
 	ferry_cz_destroy(c);
@@ -204,86 +208,111 @@ int main(int argc, char **argv)
 	uint8_t *data = malloc(n), *back = malloc(n);
 	void *dev;
 	T_ASSERT(data && back && ferry_gpu_malloc(0, n, &dev) == 0);
+	/* The rows in the order of what they decide (zstd is what cz_gpu=auto sends to nvCOMP; 256 KiB
+	 * against 1 MiB is cz_chunk's question), each run only while the time budget
+	 * (CZ_BENCH_BUDGET_S, default 100 s) has room for it: a row left out says so. */
+	static const struct {
+		int set, codec, ch;
+	} rows[] = {
+		{0, FERRY_CZ_ZSTD, 0}, {0, FERRY_CZ_ZSTD, 1}, {0, FERRY_CZ_LZ4, 0}, {0, FERRY_CZ_LZ4, 1},
+		{1, FERRY_CZ_ZSTD, 0}, {1, FERRY_CZ_ZSTD, 1}, {1, FERRY_CZ_LZ4, 0}, {1, FERRY_CZ_LZ4, 1},
+	};
 	const char *sets[] = {"tokens", "bf16"};
 	const char *chunks[] = {"256k", "1m"};
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
-	for (int s = 0; s < 2; s++) {
-		if (s == 0 && tokens) {
-			T_ASSERT(load_tokens(tokens, data, n) == 0);
-			printf("tokens: %s (a real tokenizer's ids, bench/cz-tokens.py)\n", tokens);
-		} else if (s == 0) {
-			t_gen_tokens(data, n, 26);
-			printf("tokens: synthetic (tests/nvcomp_check.h: Zipf ids, no tokenizer)\n");
-		} else
-			t_gen_bf16(data, n, 26);
-		char plain_cold[1024];
-		snprintf(plain_cold, sizeof(plain_cold), "%s/cz-bench-%s.bin", cold, sets[s]);
-		put(plain_cold, data, n);
-		double ceiling = 1e99;
-		for (int k = 0; k < 2; k++) { /* the disk's rate through ferry, best of 2 */
-			double t = plain_read(ctx, plain_cold, dev, n, 1);
-			if (t > 0 && t < ceiling)
-				ceiling = t;
+	const char *budget_env = getenv("CZ_BENCH_BUDGET_S");
+	double t_start = now(), budget = budget_env && *budget_env ? atof(budget_env) : 100, row_cost = 0;
+	double ceil_gbs = 0;
+	int loaded = -1;
+	for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++) {
+		int s = rows[ri].set, codec = rows[ri].codec, ch = rows[ri].ch;
+		const char *cn = ferry_cz_codec_name(codec);
+		char name[64];
+		snprintf(name, sizeof(name), "%s %s %s", sets[s], cn, chunks[ch]);
+		double t_row = now();
+		if (t_row - t_start + row_cost > budget) {
+			printf("TABLE cz %s | skipped | the time budget (CZ_BENCH_BUDGET_S=%.0f s): %.0f s spent, the longest row took %.0f s\n",
+			       name, budget, t_row - t_start, row_cost);
+			continue;
 		}
-		double ceil_gbs = (double)n / ceiling / 1e9;
-		printf("TABLE cz cold %s plain | %.2f GB/s | the disk into GPU memory (ferry_pread, cold): the ceiling\n",
-		       sets[s], ceil_gbs);
-		unlink(plain_cold);
-		for (int ch = 0; ch < 2; ch++)
-			for (int codec = FERRY_CZ_LZ4; codec <= FERRY_CZ_ZSTD; codec++) {
-				const char *cn = ferry_cz_codec_name(codec);
-				char wpath[1024], cpath[1024], ginfo[320], cinfo[320], kinfo[320], name[64];
-				snprintf(name, sizeof(name), "%s %s %s", sets[s], cn, chunks[ch]);
-				snprintf(wpath, sizeof(wpath), "%s/cz-bench-%s.%s.%s", warm, sets[s], cn, chunks[ch]);
-				snprintf(cpath, sizeof(cpath), "%s/cz-bench-%s.%s.%s", cold, sets[s], cn, chunks[ch]);
-				compress(wpath, codec, chunks[ch], data, n);
-				compress(cpath, codec, chunks[ch], data, n);
-				ferry_cz *z = cz_open(ctx, wpath, "off");
-				T_ASSERT(z);
-				double ratio = (double)n / (double)ferry_cz_compressed_size(z);
-				ferry_cz_destroy(z);
-				/* warm: nvCOMP for every chunk (cz_gpu=on: LZ4 too) against the CPU threads */
-				double fg, fc, tg = steady(ctx, wpath, dev, "on", 3, &fg, ginfo, sizeof(ginfo));
-				double tc = steady(ctx, wpath, dev, "off", 3, &fc, cinfo, sizeof(cinfo));
-				T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* the CPU path's bytes */
-				T_CHECK(memcmp(back, data, n) == 0);
-				memset(back, 0xEE, n); /* poisoned, so the CPU path's bytes cannot pass for nvCOMP's */
-				T_EQ_INT(ferry_gpu_memcpy_htod(dev, back, n), 0);
-				z = cz_open(ctx, wpath, "on");
-				T_ASSERT(z && cz_time(z, dev, n, 0, kinfo, sizeof(kinfo)) > 0);
-				ferry_cz_destroy(z);
-				T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* nvCOMP's bytes */
-				T_CHECK(memcmp(back, data, n) == 0);
-				double g = (double)n / tg / 1e9, c = (double)n / tc / 1e9;
-				printf("TABLE cz warm %s | nvcomp %.2f GB/s, cpu %.2f GB/s (%ld threads): %.2fx | target 3x %s; ratio %.2f; "
-				       "first read of a fresh open: nvcomp %.2f, cpu %.2f GB/s\n",
-				       name, g, c, cores, g / c, tg > 0 && tc > 0 && g >= 3 * c ? "met" : "not met", ratio,
-				       (double)n / fg / 1e9, (double)n / fc / 1e9);
-				const char *gp = strstr(ginfo, "); "), *cp = strstr(cinfo, "); ");
-				printf("TABLE cz warm phases %s | nvcomp%s | cpu%s\n", name, gp ? gp + 1 : ginfo, cp ? cp + 1 : cinfo);
-				printf("  nvcomp: %s\n  cpu: %s\n", ginfo, cinfo);
-				/* cold, what cz_gpu=auto picks, a fresh open each time */
-				double tk = 1e99;
-				for (int rep = 0; rep < 2; rep++) {
-					drop(cpath);
-					double f, t = steady(ctx, cpath, dev, "auto", 0, &f, kinfo, sizeof(kinfo));
-					(void)t;
-					if (f > 0 && f < tk)
-						tk = f;
-				}
-				double k = (double)n / tk / 1e9;
-				printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s\n",
-				       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
-				       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met");
-				printf("  auto, cold: %s\n", kinfo);
-				if (s == 0 && codec == FERRY_CZ_ZSTD && ch == 1)
-					small_batches(ctx, wpath, name, dev);
-				if (codec == FERRY_CZ_ZSTD)
-					window_sweep(ctx, wpath, name, dev);
-				fflush(stdout);
-				unlink(wpath);
-				unlink(cpath);
+		if (loaded != s) {
+			if (s == 0 && tokens) {
+				T_ASSERT(load_tokens(tokens, data, n) == 0);
+				printf("tokens: %s (a real tokenizer's ids, bench/cz-tokens.py)\n", tokens);
+			} else if (s == 0) {
+				t_gen_tokens(data, n, 26);
+				printf("tokens: synthetic (tests/nvcomp_check.h: Zipf ids, no tokenizer)\n");
+			} else
+				t_gen_bf16(data, n, 26);
+			loaded = s;
+			char plain_cold[1024];
+			snprintf(plain_cold, sizeof(plain_cold), "%s/cz-bench-%s.bin", cold, sets[s]);
+			put(plain_cold, data, n);
+			double ceiling = 1e99;
+			for (int k = 0; k < 2; k++) { /* the disk's rate through ferry, best of 2 */
+				double t = plain_read(ctx, plain_cold, dev, n, 1);
+				if (t > 0 && t < ceiling)
+					ceiling = t;
 			}
+			ceil_gbs = (double)n / ceiling / 1e9;
+			printf("TABLE cz cold %s plain | %.2f GB/s | the disk into GPU memory (ferry_pread, cold): the ceiling\n",
+			       sets[s], ceil_gbs);
+			unlink(plain_cold);
+		}
+		char wpath[1024], cpath[1024], ginfo[320], cinfo[320], kinfo[320];
+		snprintf(wpath, sizeof(wpath), "%s/cz-bench-%s.%s.%s", warm, sets[s], cn, chunks[ch]);
+		snprintf(cpath, sizeof(cpath), "%s/cz-bench-%s.%s.%s", cold, sets[s], cn, chunks[ch]);
+		compress(wpath, codec, chunks[ch], data, n);
+		compress(cpath, codec, chunks[ch], data, n);
+		ferry_cz *z = cz_open(ctx, wpath, "off");
+		T_ASSERT(z);
+		double ratio = (double)n / (double)ferry_cz_compressed_size(z);
+		ferry_cz_destroy(z);
+		/* warm: nvCOMP for every chunk (cz_gpu=on: LZ4 too) against the CPU threads */
+		double fg, fc, tg = steady(ctx, wpath, dev, "on", 3, &fg, ginfo, sizeof(ginfo));
+		double tc = steady(ctx, wpath, dev, "off", 3, &fc, cinfo, sizeof(cinfo));
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* the CPU path's bytes */
+		T_CHECK(memcmp(back, data, n) == 0);
+		memset(back, 0xEE, n); /* poisoned, so the CPU path's bytes cannot pass for nvCOMP's */
+		T_EQ_INT(ferry_gpu_memcpy_htod(dev, back, n), 0);
+		z = cz_open(ctx, wpath, "on");
+		T_ASSERT(z && cz_time(z, dev, n, 0, kinfo, sizeof(kinfo)) > 0);
+		ferry_cz_destroy(z);
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* nvCOMP's bytes */
+		T_CHECK(memcmp(back, data, n) == 0);
+		double g = (double)n / tg / 1e9, c = (double)n / tc / 1e9;
+		printf("TABLE cz warm %s | nvcomp %.2f GB/s, cpu %.2f GB/s (%ld threads): %.2fx | target 3x %s; ratio %.2f; "
+		       "first read of a fresh open: nvcomp %.2f, cpu %.2f GB/s\n",
+		       name, g, c, cores, g / c, tg > 0 && tc > 0 && g >= 3 * c ? "met" : "not met", ratio,
+		       (double)n / fg / 1e9, (double)n / fc / 1e9);
+		const char *gp = strstr(ginfo, "); "), *cp = strstr(cinfo, "); ");
+		printf("TABLE cz warm phases %s | nvcomp%s | cpu%s\n", name, gp ? gp + 1 : ginfo, cp ? cp + 1 : cinfo);
+		printf("  nvcomp: %s\n  cpu: %s\n", ginfo, cinfo);
+		/* cold, what cz_gpu=auto picks, a fresh open each time */
+		double tk = 1e99;
+		for (int rep = 0; rep < 2; rep++) {
+			drop(cpath);
+			double f, t = steady(ctx, cpath, dev, "auto", 0, &f, kinfo, sizeof(kinfo));
+			(void)t;
+			if (f > 0 && f < tk)
+				tk = f;
+		}
+		double k = (double)n / tk / 1e9;
+		printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s\n",
+		       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
+		       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met");
+		printf("  auto, cold: %s\n", kinfo);
+		if (s == 0 && codec == FERRY_CZ_ZSTD)
+			small_batches(ctx, wpath, name, dev);
+		if (codec == FERRY_CZ_ZSTD)
+			window_sweep(ctx, wpath, name, dev);
+		fflush(stdout);
+		unlink(wpath);
+		unlink(cpath);
+		double took = now() - t_row;
+		row_cost = took > row_cost ? took : row_cost;
+		printf("  row %s: %.1f s (%.1f s since the start)\n", name, took, now() - t_start);
+		fflush(stdout);
 	}
 	T_EQ_INT(ferry_gpu_free(dev), 0);
 	free(data), free(back);
