@@ -552,6 +552,7 @@ struct cz_slot {
 	uint64_t *gl;           /* the chunks of nvCOMP's batch (ng), for the sizes it reports */
 	size_t *glen;
 	size_t ng, gcap;
+	double queue_s; /* seconds of this read spent queuing copies and nvCOMP batches (driver calls) */
 };
 
 struct cz_times {
@@ -929,6 +930,7 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), s->ubuf, (size_t)(whi - wlo)};
 	}
 	bool upinned = s->pin && (s->upin || !total);
+	double tq = mono();
 	if (ng) {
 		/* nvCOMP wants each input and output aligned (8 bytes for zstd): the frames go to the
 		 * scratch at 256-byte boundaries, and where the destination's chunks are not 16-byte
@@ -998,6 +1000,7 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		*on_gpu += ng;
 		*on_cpu += n - ng;
 	}
+	s->queue_s += mono() - tq;
 out:
 	if (r) {
 		(void)ferry__ring_drain(s->ring); /* nothing may still read buf or ubuf */
@@ -1103,21 +1106,27 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	struct pipe p = {.z = z, .pinned = true, .step = step, .max_step = max, .process = dev_window,
 			 .retire = dev_retire};
 	int r = ferry__gpu_enter(dev, &prev);
+	double queue = 0;
 	if (!r) {
 		r = device_setup(z, dev);
 		setup = mono() - t0;
+		for (int k = 0; !r && k < CZ_DEPTH; k++)
+			z->slots[k].queue_s = 0;
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
 		if (!r)
 			r = pipe_run(&p, a, b);
 		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;
+		for (int k = 0; z->slots && k < CZ_DEPTH; k++)
+			queue += z->slots[k].queue_s;
 		if (d.why)
 			why = d.why;
 		ferry__gpu_leave(prev);
 	}
-	char times[112];
-	snprintf(times, sizeof(times), "; %.1f ms: setup %.1f, read wait %.1f, host %.1f, gpu wait %.1f",
-		 (mono() - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, p.t.gpu_wait * 1e3);
+	char times[160];
+	snprintf(times, sizeof(times), "; %.1f ms: setup %.1f, read wait %.1f, host %.1f (threads %.1f, queue %.1f), gpu wait %.1f",
+		 (mono() - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, (p.t.host - queue) * 1e3,
+		 queue * 1e3, p.t.gpu_wait * 1e3);
 	if (!r && gpu)
 		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial)%s",
 			 (unsigned long long)on_gpu, (unsigned long long)on_cpu, times);
