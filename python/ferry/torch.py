@@ -669,7 +669,7 @@ def _stager_take(device):
         free = _stagers.setdefault(key, [])
         if free:
             return free.pop()
-    bufs = [_torch.empty(_STAGE_PIECE, dtype=_torch.uint8, pin_memory=True)
+    bufs = [_torch.empty(_STAGE_PIECE + _ALIGN, dtype=_torch.uint8, pin_memory=True)
             for _ in range(_STAGE_BUFFERS)]
     return (bufs, _torch.cuda.Stream(device))
 
@@ -679,11 +679,47 @@ def _stager_give(device, got):
         _stagers.setdefault((str(device), _STAGE_PIECE), []).append(got)
 
 
+_ALIGN = 4096  # the file offsets the engine writes with O_DIRECT: whole blocks of this size
+
+
+class _Parts:
+    """The writes of one range split by _pwrite; result() is the bytes written in all."""
+    __slots__ = ("futs",)
+
+    def __init__(self, futs):
+        self.futs = futs
+
+    def result(self):
+        return sum(fu.result() for fu in self.futs)
+
+
+def _pwrite(f, buf, at):
+    """Writes the 1-D byte tensor (or buffer) buf at offset `at` of f: the part between the first
+    and last _ALIGN boundaries in one request, the head and tail (under _ALIGN bytes each) in
+    their own. The engine writes a request's chunks of unaligned file range through the page
+    cache (a read-modify-write would race with the neighbours' writers), so a storage at a zip's
+    64-byte offset put a chunk at each end into the page cache, left for the fsync at the commit
+    (about one chunk per storage: 1 s of a 2.5 s save of 512 MB in 64 storages on the development
+    VM). Split, only the two partial blocks go through the page cache."""
+    n = len(buf) if not isinstance(buf, _torch.Tensor) else buf.numel()
+    lo = -(-at // _ALIGN) * _ALIGN
+    hi = (at + n) // _ALIGN * _ALIGN
+    if hi - lo < _ALIGN or (lo == at and hi == at + n):
+        return f.pwrite_from_async(buf, at)
+    futs = []
+    if lo > at:
+        futs.append(f.pwrite_from_async(buf[:lo - at], at))
+    futs.append(f.pwrite_from_async(buf[lo - at:hi - at], lo))
+    if at + n > hi:
+        futs.append(f.pwrite_from_async(buf[hi - at:], hi))
+    return _Parts(futs)
+
+
 def _stage_piece(f, dst, at, ev, crc_on):
     """A pool thread: once the piece is in its pinned buffer, ferry writes it and the crc32 is
     computed from the same buffer meanwhile. Returns (crc32, the write's future)."""
     ev.synchronize()
-    w = f.pwrite_from_async(dst, at)
+    w = _pwrite(f, dst, at)
     return (_crc32(dst.numpy()) if crc_on else 0), w
 
 
@@ -762,14 +798,19 @@ class _Writes:
             _after_current(stream, buf.device)
         pieces = []
         n = buf.numel()
-        for o in range(0, n, _STAGE_PIECE):
+        # pieces end at file offsets that are multiples of _STAGE_PIECE (whole blocks: _pwrite)
+        cuts = list(range(_STAGE_PIECE - at % _STAGE_PIECE, n, _STAGE_PIECE))
+        for o, e in zip([0] + cuts, cuts + [n]):
             k = self.turn % len(bufs)
             self.turn += 1
             if self.busy[k] is not None:
                 self.busy[k].result()  # the buffer's last write and crc32 are done
                 self.busy[k] = None
-            p = min(_STAGE_PIECE, n - o)
-            dst = bufs[k][:p]
+            p = e - o
+            # placed in its (page-aligned) buffer at the file offset's place in a block, so that
+            # the whole blocks are written with O_DIRECT from where they lie (no bounce copy)
+            sh = (at + o) % _ALIGN
+            dst = bufs[k][sh:sh + p]
             ev = _copy_out(stream, dst, buf[o:o + p])
             pc = _Piece(_crc_pool().submit(_stage_piece, self.f, dst, at + o, ev, crc_on), p, at + o)
             self.busy[k] = pc
@@ -799,7 +840,7 @@ class _Writes:
                     # ferry copies on its own streams: the tensor's producers must be done.
                     if wait_current:
                         _torch.cuda.current_stream(buf.device).synchronize()
-                data.append((self.f.pwrite_from_async(buf, base + off), n, base + off))
+                data.append((_pwrite(self.f, buf, base + off), n, base + off))
                 if crc_on:
                     crcs.append((rec, off, _crc_async(buf.numpy())))
                 self.inflight += n
