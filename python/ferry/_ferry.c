@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ferry/ferry.h"
@@ -781,11 +782,74 @@ static int batch_entry(PyObject *item, PyObject *deffile, ContextObject *ctx, Fi
 	return ferry__py_u64(PyTuple_GET_ITEM(item, want - 2), "offset", off);
 }
 
-static int submit_wait(ferry_batch *b)
-{
-	int ret = ferry_batch_submit(b);
+/*
+ * A batch goes to the engine in parts as its entries are converted, so that the workers read the
+ * first pieces while the rest are: a first part of BATCH_PART_FIRST entries, the next ones twice
+ * as long up to BATCH_PART_MAX (16 + 32 + 64 + 64 + 64 + 16 for 256 entries). Submitted whole,
+ * the workers stood idle while every entry was converted (1-3 us each on the H200: 0.3-0.7 ms of a
+ * 256-entry batch, 5-10% of one of 1 MiB pieces), and a list of 256 x 1 MiB was taken in shares
+ * of a twelfth of it (ferry__take_share: 16 pieces, the queue's depth, of which a worker copies 4
+ * at a time into GPU memory, cached_depth), so the batch ended with the slowest worker's backlog;
+ * parts keep the list short and the shares a few pieces. The call still returns when every part
+ * is done, with each entry's count, and raises the first failing entry's error, numbered in the
+ * call.
+ */
+#define BATCH_PART_FIRST 16
+#define BATCH_PART_MAX 64
 
-	return ret == 0 ? ferry_batch_wait(b, -1) : ret;
+struct batch_parts {
+	ferry_batch **b;
+	Py_ssize_t *base; /* the call's index of each part's first entry */
+	int n, cap, submitted, waited;
+};
+
+static int parts_submit(struct batch_parts *ps)
+{
+	int ret;
+
+	FERRY_PY_NOGIL(NULL, ret, ferry_batch_submit(ps->b[ps->n - 1]));
+	if (ret == 0)
+		ps->submitted = ps->n;
+	return ret;
+}
+
+/* Waits for every submitted part (without the GIL); the first failure in entry order, its
+ * detail in the thread's ferry_last_error(), or 0. */
+static int parts_wait(struct batch_parts *ps, int *failed_part)
+{
+	int first = 0;
+
+	*failed_part = -1;
+	Py_BEGIN_ALLOW_THREADS
+	for (int k = ps->waited; k < ps->submitted; k++) {
+		int r = ferry_batch_wait(ps->b[k], -1);
+		if (r < 0 && !first) {
+			first = r;
+			*failed_part = k;
+		}
+	}
+	ps->waited = ps->submitted;
+	if (first)
+		ferry_batch_wait(ps->b[*failed_part], -1); /* done: only its detail, again */
+	Py_END_ALLOW_THREADS
+	return first;
+}
+
+/* The detail of a part's failure ends "; batch entry I", I within the part: the call's index. */
+static void parts_raise(int err, const struct batch_parts *ps, int k)
+{
+	const char *d = ferry_last_error(), *tag = "; batch entry ", *at = NULL;
+	char buf[4096];
+	size_t i = 0;
+
+	for (const char *p = d; (p = strstr(p, tag)); p++)
+		at = p;
+	if (at && (size_t)(at - d) < sizeof(buf) - 64) {
+		i = strtoul(at + strlen(tag), NULL, 10);
+		snprintf(buf, sizeof(buf), "%.*s%s%zd", (int)(at - d), d, tag, ps->base[k] + (Py_ssize_t)i);
+		d = buf;
+	}
+	ferry__py_raise_detail(err, NULL, d);
 }
 
 static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entries, int is_write)
@@ -793,9 +857,9 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 	PyObject *seq, *out = NULL;
 	struct ferry__py_buf *bufs = NULL;
 	FileObject **files = NULL;
-	ferry_batch *b = NULL;
-	Py_ssize_t n, got = 0, i;
-	int ret;
+	struct batch_parts ps = {.n = 0};
+	Py_ssize_t n, got = 0, i, part_len = BATCH_PART_FIRST;
+	int ret, failed;
 
 	seq = PySequence_Fast(entries, "batch entries must be a sequence of tuples");
 	if (!seq)
@@ -807,16 +871,39 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 		PyErr_NoMemory();
 		goto out;
 	}
-	ret = ferry_batch_create(ctx->ctx, &b);
-	if (ret < 0) {
-		ferry__py_raise(ret, NULL);
-		goto out;
-	}
 	for (got = 0; got < n; got++) {
 		PyObject *obj;
 		uint64_t off;
 		FileObject *fo;
 
+		if (!ps.n || (Py_ssize_t)ferry_batch_count(ps.b[ps.n - 1]) == part_len) {
+			if (ps.n) {
+				if ((ret = parts_submit(&ps)) < 0) {
+					ferry__py_raise(ret, NULL);
+					goto out;
+				}
+				part_len = part_len * 2 > BATCH_PART_MAX ? BATCH_PART_MAX : part_len * 2;
+			}
+			if (ps.n == ps.cap) {
+				int cap = ps.cap ? ps.cap * 2 : 8;
+				ferry_batch **nb = PyMem_Realloc(ps.b, (size_t)cap * sizeof(*nb));
+				if (nb)
+					ps.b = nb;
+				Py_ssize_t *nbase = nb ? PyMem_Realloc(ps.base, (size_t)cap * sizeof(*nbase)) : NULL;
+				if (!nb || !nbase) {
+					PyErr_NoMemory();
+					goto out;
+				}
+				ps.base = nbase;
+				ps.cap = cap;
+			}
+			ret = ferry_batch_create(ctx->ctx, &ps.b[ps.n]);
+			if (ret < 0) {
+				ferry__py_raise(ret, NULL);
+				goto out;
+			}
+			ps.base[ps.n++] = got;
+		}
 		if (batch_entry(PySequence_Fast_GET_ITEM(seq, got), deffile, ctx, &fo, &off, &obj) < 0 ||
 		    buf_get(obj, &bufs[got], !is_write, NULL) < 0) {
 			PyObject *type, *value, *tb;
@@ -834,6 +921,7 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 		}
 		files[got] = fo;
 		fo->inflight++;
+		ferry_batch *b = ps.b[ps.n - 1];
 		ret = is_write ? ferry_batch_add_write(b, fo->f, off, bufs[got].len, bufs[got].ptr)
 			       : ferry_batch_add_read(b, fo->f, off, bufs[got].len, bufs[got].ptr);
 		if (ret < 0) {
@@ -842,22 +930,41 @@ static PyObject *run_batch(ContextObject *ctx, PyObject *deffile, PyObject *entr
 			goto out;
 		}
 	}
-	FERRY_PY_NOGIL(NULL, ret, submit_wait(b));
-	if (ferry__py_failed(ret, NULL))
+	if (ps.n > ps.submitted && (ret = parts_submit(&ps)) < 0) {
+		ferry__py_raise(ret, NULL);
 		goto out;
+	}
+	if ((ret = parts_wait(&ps, &failed)) < 0) {
+		parts_raise(ret, &ps, failed);
+		goto out;
+	}
 	out = PyList_New(n);
 	if (!out)
 		goto out;
-	for (i = 0; i < n; i++) {
-		PyObject *v = PyLong_FromSsize_t(ferry_batch_result(b, (size_t)i));
-		if (!v) {
-			Py_CLEAR(out);
-			goto out;
+	for (int k = 0; k < ps.n; k++) {
+		Py_ssize_t m = (Py_ssize_t)ferry_batch_count(ps.b[k]);
+		for (i = 0; i < m; i++) {
+			PyObject *v = PyLong_FromSsize_t(ferry_batch_result(ps.b[k], (size_t)i));
+			if (!v) {
+				Py_CLEAR(out);
+				goto out;
+			}
+			PyList_SET_ITEM(out, ps.base[k] + i, v);
 		}
-		PyList_SET_ITEM(out, i, v);
 	}
 out:
-	ferry_batch_destroy(b);
+	/* parts still running (an entry after them failed to convert) write into the buffers that
+	 * are released below: waited first, their errors dropped for the one raised */
+	if (ps.waited < ps.submitted) {
+		PyObject *type, *value, *tb;
+		PyErr_Fetch(&type, &value, &tb);
+		parts_wait(&ps, &failed);
+		PyErr_Restore(type, value, tb);
+	}
+	for (int k = 0; k < ps.n; k++)
+		ferry_batch_destroy(ps.b[k]);
+	PyMem_Free(ps.b);
+	PyMem_Free(ps.base);
 	for (i = 0; i < got; i++) {
 		ferry__py_buf_release(&bufs[i]);
 		if (files[i])

@@ -24,6 +24,8 @@ FERRY_PY_HIDDEN int ferry__py_errors_init(PyObject *m);
  * ferry's own codes, with ferry_last_error()'s detail (call, file, offset). Returns NULL.
  */
 FERRY_PY_HIDDEN PyObject *ferry__py_raise(int err, PyObject *filename);
+/* The same with a detail of the caller's instead of ferry_last_error()'s. */
+FERRY_PY_HIDDEN PyObject *ferry__py_raise_detail(int err, PyObject *filename, const char *detail);
 /* 1 with the exception for r set when r is negative (ferry__py_raise), else 0. */
 FERRY_PY_HIDDEN int ferry__py_failed(int64_t r, PyObject *filename);
 

@@ -28,7 +28,11 @@ static PyObject *ferry_error_type; /* ferry.Error, a subclass of OSError */
  */
 PyObject *ferry__py_raise(int err, PyObject *filename)
 {
-	const char *detail = ferry_last_error();
+	return ferry__py_raise_detail(err, filename, ferry_last_error());
+}
+
+PyObject *ferry__py_raise_detail(int err, PyObject *filename, const char *detail)
+{
 	PyObject *exc;
 
 	if (!detail || !*detail)

@@ -50,6 +50,34 @@ def test_batch_pieces_land(scattered):
     _check(payload, pieces, bufs, res)
 
 
+def test_batch_error_names_the_calls_entry(scattered):
+    """read_batch goes to the engine in parts (16, 32, 64, 64, ... entries) as they are converted: a
+    read failing in a later part raises with the entry's index in the call, and every other piece
+    still lands; an entry that cannot be converted after parts went out raises with its index,
+    once the parts running into the buffers are done."""
+    path, payload, _ = scattered
+    if not os.access("/proc/self/mem", os.R_OK):
+        pytest.skip("no /proc/self/mem to fail a read (offset 0 is unmapped: EIO)")
+    n, bad = 200, 131  # in the fourth part (112..239)
+    bufs = [np.zeros(4096, np.uint8) for _ in range(n)]
+    offs = [(i * 7919) % (len(payload) - 4096) for i in range(n)]
+    ctx = ferry.Context(threads=2)
+    with ctx.open(path) as f, ctx.open("/proc/self/mem") as mem:
+        entries = [(mem, 0, b) if i == bad else (f, o, b) for i, (o, b) in enumerate(zip(offs, bufs))]
+        with pytest.raises(OSError) as e:
+            ctx.read_batch(entries)
+        assert e.value.errno == 5, e.value
+        assert "batch entry %d" % bad in str(e.value), e.value
+        assert "batch entry %d" % (bad - 112) not in str(e.value), e.value
+        for i, (o, b) in enumerate(zip(offs, bufs)):
+            if i != bad:
+                assert bytes(b) == payload[o:o + 4096], i
+        with pytest.raises(TypeError) as e:
+            ctx.read_batch(entries[:100] + [(f, 0, 5)] + entries[101:120])
+        assert "batch entry 100" in "".join(getattr(e.value, "__notes__", [])), e.value
+        assert ctx.read_batch([(f, o, b) for o, b in zip(offs, bufs)]) == [4096] * n
+
+
 def test_futures_pieces_land(scattered):
     path, payload, pieces = scattered
     bufs = [np.empty(n, np.uint8) for _, n in pieces]
