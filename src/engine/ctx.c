@@ -724,8 +724,19 @@ static void *worker_main(void *arg)
 		 * over the workers (a worker copies resident pieces one by one) while small pieces stay
 		 * with one worker (ferry__take_share) */
 		uint64_t share = ferry__take_share(ctx, ctx->work_bytes), taken = 0;
-		while (ctx->work_head && taken < share) {
+		/* and none while chunks this worker took wait for a slot: it cannot start them, and a
+		 * sibling that could is left idle at the end of a batch (small reads, issue 22) */
+		while (ctx->work_head && taken < share && !q->slot_wait) {
 			struct ferry__entry *e = ctx->work_head;
+			/* chunks of more than 256 KiB into device memory: at most cached_depth a take,
+			 * what a worker copies from the page cache at once (ioq.c, counts_cached). A
+			 * read_batch of 256 x 1 MiB had each worker take 16 and copy 4 at a time, and
+			 * ended with the slowest one's backlog: 36.9k IOPS against 44.8k for the same
+			 * pieces as futures (H200, bench/small-reads.py) */
+			if (took >= ctx->cfg.cached_depth && e->dev >= 0 && !e->is_write && !e->units &&
+			    ferry__chunk_end(e->cursor, e->off + e->len, ctx->cfg.chunk_size) - e->cursor >
+				    ((uint64_t)256 << 10))
+				break;
 			struct ferry__chunk *c = ferry__ioq_get(q);
 			if (!c)
 				break;
@@ -758,7 +769,7 @@ static void *worker_main(void *arg)
 			took_any = true;
 			FERRY__MARK("first_take", (int)w->index, 0);
 		}
-		if (took && more)
+		if (more && (took || q->slot_wait))
 			pthread_cond_signal(&ctx->work_cv); /* more for an idle sibling */
 		pthread_mutex_unlock(&ctx->mu);
 		FERRY__SPAN_ADD(q, FERRY__SPAN_TAKE, t0);
