@@ -93,9 +93,11 @@ struct run {
  * VM). A segment not resident is read as before (pread when the range is resident, else the
  * engine). A page evicted between two checks is read back by the copy's page fault: slower, still
  * right. The file's size is checked (fstat) once a second. A page's first copy maps it into the
- * process (a minor fault, ~2.2 µs there, about what a pread costs), so the mapping pays off from a
- * shard's second pass on; MADV_POPULATE_READ of a segment when first seen resident cost the same
- * per page, only sooner (the first batch after 237 ms instead of 126).
+ * process (a minor fault, ~2.2 µs there): over issue 22's 2 GiB, CPU a batch of 64 x 2049 with
+ * mapped=1 was 345 µs in the first epoch, 109-111 after it; with pread 270-295 throughout. Reading
+ * a segment's first epoch with pread and mapping it after only moved the faults: the second epoch
+ * then cost 525-535. MADV_POPULATE_READ of a segment when first seen resident cost the same per
+ * page, only sooner (the first batch after 237 ms instead of 126).
  */
 #define SEG_SHIFT 21 /* 2 MiB: a check costs ~30 us here (cachestat ~65 ns a page, loaded VM) */
 struct shard_map {
