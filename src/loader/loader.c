@@ -501,8 +501,17 @@ static void bus_handler(int sig, siginfo_t *info, void *uc)
 	}
 }
 
+/* A fork()ed child has only the forking thread: no guarded copy runs there (a new thread could
+ * reuse a pipeline thread's pthread_t). */
+static void bus_atfork_child(void)
+{
+	for (int i = 0; i < BUS_GUARDS; i++)
+		atomic_store(&bus_guards[i].on, 0);
+}
+
 static void bus_install(void)
 {
+	pthread_atfork(NULL, NULL, bus_atfork_child);
 	struct sigaction sa;
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_sigaction = bus_handler;
