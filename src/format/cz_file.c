@@ -932,18 +932,32 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 	bool upinned = s->pin && (s->upin || !total);
 	double tq = mono();
 	if (ng) {
-		/* nvCOMP wants each input and output aligned (8 bytes for zstd): the frames go to the
-		 * scratch at 256-byte boundaries, and where the destination's chunks are not 16-byte
-		 * aligned (a read from an unaligned offset) they are decoded into the scratch and
-		 * copied device to device. */
-		bool direct = (dptr - off) % 16 == 0;
-		size_t need = 0;
+		/* nvCOMP wants each input and output aligned (as it says: ferry__nvc_input_align).
+		 * Where every frame's payload lies at a multiple of that from the first's, the frames
+		 * from the first GPU chunk's to the last's go to the scratch in ONE copy, as they lie
+		 * in the file (a gathered copy costs the driver 5-7 us a piece: 4,096 pieces a GiB of
+		 * 256 KiB chunks); else each goes at a 256-byte boundary, one piece each. Where the
+		 * destination's chunks are not 16-byte aligned (a read from an unaligned offset) they
+		 * are decoded into the scratch and copied device to device. */
+		if (!s->nvc && (r = ferry__nvc_open(z->dev, m->codec, &s->nvc))) {
+			*refused = 1;
+			goto out;
+		}
+		bool direct = (dptr - off) % 16 == 0, contig = true;
+		const size_t ia = ferry__nvc_input_align(s->nvc);
+		const uint64_t sbase = m->chunks[gl[0]].c_off + m->chunks[gl[0]].payload_off;
+		const uint64_t send = m->chunks[gl[ng - 1]].c_off + m->chunks[gl[ng - 1]].c_size;
+		size_t need_in = 0, need_out = 0;
 		for (size_t q = 0; q < ng; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[gl[q]];
-			need += ((size_t)e->c_size + 255) & ~(size_t)255;
+			contig = contig && (e->c_off + e->payload_off - sbase) % ia == 0;
+			need_in += ((size_t)e->c_size + 255) & ~(size_t)255;
 			if (!direct)
-				need += ((size_t)e->u_size + 255) & ~(size_t)255;
+				need_out += ((size_t)e->u_size + 255) & ~(size_t)255;
 		}
+		if (contig) /* the span, stored and partial chunks' frames inside it included */
+			need_in = ((size_t)(send - sbase) + 255) & ~(size_t)255;
+		size_t need = need_in + need_out;
 		if (!direct && !ferry__ring_can_d2d()) {
 			r = ferry__error(-ENOTSUP, "the destination is not 16-byte aligned for nvCOMP's outputs, and the driver has no cuMemcpyDtoDAsync");
 			*refused = 1;
@@ -951,10 +965,6 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		}
 		if ((r = scratch_grow(z, &s->scratch, &s->scratch_len, need)))
 			goto out;
-		if (!s->nvc && (r = ferry__nvc_open(z->dev, m->codec, &s->nvc))) {
-			*refused = 1;
-			goto out;
-		}
 		uint64_t *src = calloc(ng, sizeof(*src) * 3);
 		struct ferry__ring_piece *in = calloc(ng, sizeof(*in));
 		if (!src || !in) {
@@ -965,12 +975,21 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		uint64_t *dst = src + ng, *out_at = src + 2 * ng;
 		size_t *slen = s->glen, *cap = s->glen + ng;
 		uint64_t at = s->scratch;
+		size_t nin = contig ? 1 : ng;
+		if (contig) {
+			in[0] = (struct ferry__ring_piece){at, cbuf + (sbase - e0->c_off), (size_t)(send - sbase)};
+			at += ((size_t)(send - sbase) + 255) & ~(size_t)255;
+		}
 		for (size_t q = 0; q < ng; q++) {
 			const struct ferry__cz_chunk *e = &m->chunks[gl[q]];
 			slen[q] = m->codec == FERRY__CZ_LZ4 ? e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4 : e->c_size;
-			in[q] = (struct ferry__ring_piece){at, cbuf + (e->c_off - e0->c_off) + e->payload_off, slen[q]};
-			src[q] = at;
-			at += (slen[q] + 255) & ~(size_t)255;
+			if (contig) {
+				src[q] = s->scratch + (e->c_off + e->payload_off - sbase);
+			} else {
+				in[q] = (struct ferry__ring_piece){at, cbuf + (e->c_off - e0->c_off) + e->payload_off, slen[q]};
+				src[q] = at;
+				at += (slen[q] + 255) & ~(size_t)255;
+			}
 			dst[q] = dptr + (e->u_off - off);
 			cap[q] = e->u_size;
 		}
@@ -979,7 +998,7 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 			if (!direct)
 				at += (cap[q] + 255) & ~(size_t)255;
 		}
-		r = copy_pieces(s->ring, in, ng, s->pin);
+		r = copy_pieces(s->ring, in, nin, s->pin);
 		if (!r) {
 			r = ferry__nvc_decompress(s->nvc, ferry__ring_stream(s->ring), ng, src, slen, out_at, cap);
 			if (r == -EINVAL || r == -ENOTSUP) /* refused before anything ran: the CPU does it */

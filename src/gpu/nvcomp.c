@@ -328,6 +328,11 @@ int ferry__nvc_open(int dev, int codec, struct ferry__nvc **out)
 	return 0;
 }
 
+size_t ferry__nvc_input_align(const struct ferry__nvc *d)
+{
+	return d->align.input;
+}
+
 static void free_arrays(const struct ferry__cuda_api *cu, struct ferry__nvc *d)
 {
 	if (d->arrays)

@@ -38,6 +38,8 @@ const char *ferry__nvc_path(void);
  * with the reason when nvCOMP cannot run). */
 int ferry__nvc_open(int dev, int codec, struct ferry__nvc **out);
 void ferry__nvc_close(struct ferry__nvc *d);
+/* The alignment in bytes nvCOMP asks of each compressed chunk's device address (at least 1). */
+size_t ferry__nvc_input_align(const struct ferry__nvc *d);
 
 /*
  * Enqueues the decompression of n chunks on stream (a CUstream: the copy ring's,
