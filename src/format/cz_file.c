@@ -553,6 +553,7 @@ struct cz_slot {
 	size_t *glen;
 	size_t ng, gcap;
 	double queue_s; /* seconds of this read spent queuing copies and nvCOMP batches (driver calls) */
+	uint64_t frame_copies; /* this read's copies of frames for nvCOMP (one a window, or one a frame) */
 };
 
 struct cz_times {
@@ -999,6 +1000,7 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 				at += (cap[q] + 255) & ~(size_t)255;
 		}
 		r = copy_pieces(s->ring, in, nin, s->pin);
+		s->frame_copies += nin;
 		if (!r) {
 			r = ferry__nvc_decompress(s->nvc, ferry__ring_stream(s->ring), ng, src, slen, out_at, cap);
 			if (r == -EINVAL || r == -ENOTSUP) /* refused before anything ran: the CPU does it */
@@ -1126,18 +1128,19 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 			 .retire = dev_retire};
 	int r = ferry__gpu_enter(dev, &prev);
 	double queue = 0;
+	uint64_t frame_copies = 0;
 	if (!r) {
 		r = device_setup(z, dev);
 		setup = mono() - t0;
 		for (int k = 0; !r && k < CZ_DEPTH; k++)
-			z->slots[k].queue_s = 0;
+			z->slots[k].queue_s = 0, z->slots[k].frame_copies = 0;
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
 		if (!r)
 			r = pipe_run(&p, a, b);
 		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;
 		for (int k = 0; z->slots && k < CZ_DEPTH; k++)
-			queue += z->slots[k].queue_s;
+			queue += z->slots[k].queue_s, frame_copies += z->slots[k].frame_copies;
 		if (d.why)
 			why = d.why;
 		ferry__gpu_leave(prev);
@@ -1147,8 +1150,9 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 		 (mono() - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, (p.t.host - queue) * 1e3,
 		 queue * 1e3, p.t.gpu_wait * 1e3);
 	if (!r && gpu)
-		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial)%s",
-			 (unsigned long long)on_gpu, (unsigned long long)on_cpu, times);
+		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial; "
+			 "frames in %llu copies)%s", (unsigned long long)on_gpu, (unsigned long long)on_cpu,
+			 (unsigned long long)frame_copies, times);
 	else if (!r)
 		snprintf(z->info, sizeof(z->info), "cpu (nvcomp: %s)%s", why && *why ? why : "not available", times);
 	pthread_mutex_unlock(&z->lock);
