@@ -37,6 +37,15 @@
  * so without the kernel a gather still waits for the round's end.
  */
 #define GATHER_FLUSH_BYTES ((size_t)256 << 10)
+/*
+ * The kernel takes gathers of small pieces only: those whose mean piece is under this size. At 64
+ * KiB the copy engine won in both H200 runs (batch of 256: 298k against 217k IOPS, and 206k against
+ * 178k; futures equal), while at 4 KiB the kernel won three of four (futures 146k against 129k and
+ * 150k against 145k; batch 337k against 318k, one run 412k against 475k): reading mapped host
+ * memory from a kernel moves large pieces over PCIe less well than DMA, and saves a call's cost
+ * where the pieces are small (docs/CONFIG.md, FERRY_SCATTER).
+ */
+#define SCATTER_PIECE_MAX ((size_t)32 << 10)
 #define TICKET_GATHERING UINT_MAX             /* copy not issued yet */
 #define TICKET_NONE (UINT_MAX - 1)            /* finished without a copy in flight (failed) */
 
@@ -400,11 +409,12 @@ static void gather_flush(struct ferry__ioq *q)
 	if (!n)
 		return;
 	uint64_t t0 = FERRY__SPAN_T0();
+	bool small = g->gather_bytes < (size_t)n * SCATTER_PIECE_MAX;
 	g->ngather = 0;
 	g->gather_bytes = 0;
 	unsigned last = (unsigned)chunk_index(q, g->gather[n - 1]);
-	/* one piece: one copy call either way, and on the copy engine */
-	if (n == 1 || !gather_scatter(q, ring, n, &r)) {
+	/* one piece: one copy call either way, and on the copy engine; large pieces too */
+	if (n == 1 || !small || !gather_scatter(q, ring, n, &r)) {
 		for (unsigned i = 0; i < n; i++) {
 			struct ferry__chunk *c = g->gather[i];
 			g->pieces[i] = (struct ferry__ring_piece){(uint64_t)(uintptr_t)c->buf,
@@ -540,6 +550,7 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 		g->ticket[chunk_index(q, c)] = TICKET_GATHERING;
 		gpu_list_add(q, c);
 		if (g->gather_bytes >= GATHER_FLUSH_BYTES && q->sync_head &&
+		    g->gather_bytes < (size_t)g->ngather * SCATTER_PIECE_MAX &&
 		    ferry__scatter_state(c->dev, false) == FERRY__SCATTER_READY)
 			gather_flush(q);
 		return true;

@@ -353,7 +353,7 @@ int ferry_cz_is_compressed(ferry_ctx *ctx, const char *path)
 	if (!strstr(path, "://")) { /* a local file: 80 bytes with pread, none of the engine's set-up */
 		uint8_t t[FERRY__CZ_TRAILER_LEN];
 		struct stat st;
-		int fd = open(path, O_RDONLY | O_CLOEXEC);
+		int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO's open must not block */
 		if (fd < 0)
 			return ferry__error(-errno, "open(%s, read): %s", path, strerror(errno));
 		int r = 0; /* not a regular file, or too short: not compressed (an open for I/O says the rest) */

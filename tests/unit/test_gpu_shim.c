@@ -749,30 +749,33 @@ static void engine_gather(uint64_t *fallbacks)
 }
 
 /*
- * A batch of 16 resident 64 KiB pieces into device memory (one worker, one round of 16): with the
- * scatter kernel its gather goes out each 256 KiB read (GATHER_FLUSH_BYTES in gpu_io.c), so the
- * first pieces' copies run while the rest are read: 4 launches of 4 pieces; without the kernel,
- * one cuMemcpyBatchAsync at the round's end (a call costs 80-110 us on the H100). Every piece's
- * bytes land. Returns the driver calls made: launches, pieces launched and batch calls.
+ * A batch of 16 resident pieces of P bytes into device memory (one worker, one round of 16). With
+ * the scatter kernel, pieces under SCATTER_PIECE_MAX (32 KiB, gpu_io.c) go in launches, and the
+ * gather goes out each 256 KiB read (GATHER_FLUSH_BYTES), so the first pieces' copies run while the
+ * rest are read: 28 KiB pieces in 2 launches (10, then 6); 64 KiB pieces are the copy engine's,
+ * one cuMemcpyBatchAsync at the round's end (a call costs 80-110 us on the H100), as without the
+ * kernel. Every piece's bytes land. Returns the driver calls made: launches, pieces launched and
+ * batch calls.
  */
-static void engine_gather_64k(int *launches, int *pieces, int *batches)
+static void engine_gather_pieces(size_t P, int *launches, int *pieces, int *batches)
 {
-	enum { P = 64 << 10, N = 16 };
-	static unsigned char want[N * P], back[N * P];
+	enum { N = 16, PMAX = 64 << 10 };
+	static unsigned char want[N * PMAX], back[N * PMAX];
+	T_ASSERT(P <= PMAX);
 	char path[4200];
 	ferry_ctx *ctx;
 	ferry_file *f;
 	ferry_batch *b;
 	void *d = NULL;
 
-	snprintf(path, sizeof(path), "%s/gather-64k.bin", t_tmpdir());
-	t_fill_pattern(want, sizeof(want), 0, 17);
+	snprintf(path, sizeof(path), "%s/gather-%zuk.bin", t_tmpdir(), P >> 10);
+	t_fill_pattern(want, N * P, 0, 17);
 	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	T_ASSERT(fd >= 0 && write(fd, want, sizeof(want)) == (ssize_t)sizeof(want));
+	T_ASSERT(fd >= 0 && write(fd, want, N * P) == (ssize_t)(N * P));
 	close(fd);
-	T_EQ_INT(ferry_gpu_malloc(0, sizeof(back), &d), 0);
-	memset(back, 0xee, sizeof(back));
-	T_EQ_INT(ferry_gpu_memcpy_htod(d, back, sizeof(back)), 0);
+	T_EQ_INT(ferry_gpu_malloc(0, N * P, &d), 0);
+	memset(back, 0xee, N * P);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d, back, N * P), 0);
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
 	T_EQ_INT(ferry_ctx_set(ctx, "threads", "1"), 0);
 	T_EQ_INT(ferry_ctx_set(ctx, "path", "cpu-async-gpu"), 0);
@@ -788,11 +791,11 @@ static void engine_gather_64k(int *launches, int *pieces, int *batches)
 	*launches = fake_int("fake_launches") - l0;
 	*pieces = fake_int("fake_launch_pieces") - p0;
 	*batches = fake_int("fake_batch_calls") - b0;
-	printf("%d pieces of 64 KiB: %d launches (%d pieces), %d batch copy calls\n", N, *launches, *pieces,
-	       *batches);
+	printf("%d pieces of %zu KiB: %d launches (%d pieces), %d batch copy calls\n", N, P >> 10, *launches,
+	       *pieces, *batches);
 	for (int i = 0; i < N; i++)
-		T_EQ_INT(ferry_batch_result(b, (size_t)i), P);
-	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, sizeof(back)), 0);
+		T_EQ_INT(ferry_batch_result(b, (size_t)i), (ssize_t)P);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d, N * P), 0);
 	for (int i = 0; i < N; i++)
 		T_CHECK(memcmp(back + (size_t)(N - 1 - i) * P, want + (size_t)i * P, P) == 0);
 	ferry_batch_destroy(b);
@@ -963,8 +966,8 @@ static void scatter_pieces(void)
 /*
  * A driver with the kernel API (cuda_kernel.so): the module is loaded once per device, when first
  * asked for, from the PTX the library embeds (the fake checks its entry and argument size); the
- * engine's gathers then go in launches, not copies, each piece with its own result as before, and
- * no fallback is counted.
+ * engine's gathers of small pieces then go in launches, not copies, each piece with its own result
+ * as before, and no fallback is counted; gathers of 64 KiB pieces stay with the copy engine.
  */
 static int sc_gather_kernel(void)
 {
@@ -994,10 +997,16 @@ static int sc_gather_kernel(void)
 	engine_gather_fail();
 	T_CHECK(fake_int("fake_launch_pieces") > p0);
 	int launches, pieces, batches;
-	engine_gather_64k(&launches, &pieces, &batches);
-	T_EQ_INT(launches, 4); /* a gather out each 256 KiB, while the round's reads go on */
+	engine_gather_pieces(28 << 10, &launches, &pieces, &batches);
+	T_EQ_INT(launches, 2); /* a gather out each 256 KiB, while the round's reads go on */
 	T_EQ_INT(pieces, 16);
 	T_EQ_INT(batches, 0);
+	/* pieces of 64 KiB are the copy engine's (SCATTER_PIECE_MAX): one batch copy at the round's
+	 * end, no launch and no early send, as with the kernel off */
+	engine_gather_pieces(64 << 10, &launches, &pieces, &batches);
+	T_EQ_INT(launches, 0);
+	T_EQ_INT(pieces, 0);
+	T_EQ_INT(batches, 1);
 	T_EQ_INT(ferry__scatter_state(1, true), FERRY__SCATTER_READY);
 	T_EQ_INT(fake_int("fake_module_loads"), 2);
 	return t_result();
@@ -1033,7 +1042,7 @@ static int sc_gather_kernel_off(void)
 	T_EQ_INT(fallbacks, 0);
 	/* copies: the round's 16 pieces in one batch call at its end, not one per 256 KiB */
 	int launches, pieces, batches;
-	engine_gather_64k(&launches, &pieces, &batches);
+	engine_gather_pieces(64 << 10, &launches, &pieces, &batches);
 	T_EQ_INT(launches, 0);
 	T_EQ_INT(batches, 1);
 	return t_result();
