@@ -28,24 +28,46 @@ def row(name, figure, note=""):
     print("TABLE remote-loader %s | %s | %s" % (name, figure, note), flush=True)
 
 
-def epochs(path, a, ctx, cached=False):
-    import ferry
-    loader = ferry.Loader(path, batch_size=a.batch, seq_len=a.seq_len, shuffle=True, seed=1, context=ctx,
-                          prefetch=4, threads=a.threads)
-    ds = loader.dataset if cached else None
-    out = []
-    for e in range(a.epochs):
-        loader.set_epoch(e)
-        n, t0 = 0, time.perf_counter()
-        for batch in loader:
+class Run:
+    """One loader (local directory or s3:// through a cache), its epochs run one at a time so that
+    every configuration's epoch e runs beside the others' (the VM's noise drifts over minutes)."""
+
+    def __init__(self, name, path, a, ctx, cached=False):
+        self.name, self.path, self.a, self.ctx, self.cached = name, path, a, ctx, cached
+        self.loader = None
+        self.out = []
+        self.prev = {}
+
+    def epoch(self, e):
+        if self.loader is None:
+            # opened just before its first epoch: a cache's stagers start with the dataset, and
+            # would otherwise fetch while the runs before it read
+            import ferry
+            a = self.a
+            self.loader = ferry.Loader(self.path, batch_size=a.batch, seq_len=a.seq_len, shuffle=True, seed=1,
+                                       context=self.ctx, prefetch=4, threads=a.threads)
+            self.ds = self.loader.dataset if self.cached else None
+        self.loader.set_epoch(e)
+        n, b, t0 = 0, 0, time.perf_counter()
+        for batch in self.loader:
             n += batch.shape[0]
+            b += 1
         dt = time.perf_counter() - t0
-        st = ds.cache_stats() if ds is not None else {}
-        out.append({"epoch": e, "samples": n, "seconds": dt, "samples_per_s": n / dt,
-                    **{k: st[k] for k in ("budget", "fetched", "fetched_bytes", "evicted", "remote_reads", "reused") if k in st}})
-        print(json.dumps({"path": path, **out[-1]}), flush=True)
-    loader.close() if hasattr(loader, "close") else None
-    return out
+        st = self.ds.cache_stats() if self.ds is not None else {}
+        ls = self.loader.stats()
+        # the pipeline's counters (cumulative while it runs; a restarted pipeline starts from 0)
+        d = {k: ls.get(k, 0) - (self.prev.get(k, 0) if ls.get(k, 0) >= self.prev.get(k, 0) else 0)
+             for k in ("cpu_ns", "reads", "inline_reads", "mapped_reads")}
+        self.prev = ls
+        self.out.append({"epoch": e, "samples": n, "seconds": dt, "samples_per_s": n / dt,
+                         "pipeline_us_per_batch": d["cpu_ns"] / 1e3 / max(b, 1),
+                         "reads": d["reads"], "inline_reads": d["inline_reads"], "mapped_reads": d["mapped_reads"],
+                         **{k: st[k] for k in ("budget", "fetched", "fetched_bytes", "evicted", "remote_reads", "reused") if k in st}})
+        print(json.dumps({"run": self.name, "path": self.path, **self.out[-1]}), flush=True)
+
+    def close(self):
+        if self.loader is not None and hasattr(self.loader, "close"):
+            self.loader.close()
 
 
 def main():
@@ -75,28 +97,40 @@ def main():
     try:
         row("setup", "%.2f GB in %d shards" % (size / 1e9, len(os.listdir(ds_dir)) - 1),
             "nginx %s; batch %d x %d tokens, shuffled, %d epochs" % (srv.url, a.batch, a.seq_len, a.epochs))
-        local = epochs(ds_dir, a, ferry.Context())
-        loc = max(e["samples_per_s"] for e in local[1:]) if len(local) > 1 else local[0]["samples_per_s"]
-        row("local files", ", ".join("%.0f" % e["samples_per_s"] for e in local) + " samples/s", "per epoch")
+        runs = [Run("local files", ds_dir, a, ferry.Context())]
         for frac in [float(x) for x in a.fractions.split(",")]:
             cache = os.path.join(a.dir, "cache-%g" % frac)
             shutil.rmtree(cache, ignore_errors=True)
             os.makedirs(cache)
             budget = int(size * frac) if frac < 1 else 0
-            ctx = ferry.Context(cache_dir=cache, cache_bytes=budget)
-            got = epochs("s3://bucket/ds", a, ctx, cached=True)
-            name = "s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac))
+            runs.append(Run("s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac)),
+                            "s3://bucket/ds", a, ferry.Context(cache_dir=cache, cache_bytes=budget), cached=True))
+        for e in range(a.epochs):
+            for r in runs:
+                r.epoch(e)
+        local = runs[0].out
+        loc = max(e["samples_per_s"] for e in local[1:]) if len(local) > 1 else local[0]["samples_per_s"]
+
+        def cpu(out):
+            return "pipeline CPU " + ", ".join("%.0f" % e["pipeline_us_per_batch"] for e in out) + \
+                " us/batch, mapped reads " + ", ".join("%.0f%%" % (100.0 * e["mapped_reads"] / max(e["reads"], 1)) for e in out)
+        row("local files", ", ".join("%.0f" % e["samples_per_s"] for e in local) + " samples/s", "per epoch; " + cpu(local))
+        for r in runs[1:]:
+            got, name = r.out, r.name
             row(name, ", ".join("%.0f" % e["samples_per_s"] for e in got) + " samples/s",
-                "per epoch; after each: fetched %s, evicted %s, remote reads %s" % (
+                "per epoch; after each: fetched %s, evicted %s, remote reads %s; %s" % (
                     [e.get("fetched") for e in got], [e.get("evicted") for e in got],
-                    [e.get("remote_reads") for e in got]))
+                    [e.get("remote_reads") for e in got], cpu(got)))
             first = got[0]["samples_per_s"]
             later = [e["samples_per_s"] for e in got[1:]]
             if later:
                 worst = min(later)
+                # the issue's two targets: local files' rate after the first epoch, and that rate
+                # kept once the cache is full and evicting
                 row(name + " worst later epoch", "%.2fx the first, %.2fx local" % (worst / first, worst / loc),
-                    "target: the first cached epoch's rate kept (>= 0.9x) once full and evicting: %s"
-                    % ("met" if worst >= 0.9 * first else "not met"))
+                    "target: >= 0.9x local after the first epoch: %s" % ("met" if worst >= 0.9 * loc else "not met"))
+        for r in runs:
+            r.close()
     finally:
         srv.stop()
         shutil.rmtree(a.dir, ignore_errors=True)

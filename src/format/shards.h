@@ -119,6 +119,17 @@ int ferry__dataset_cache_open(struct ferry_dataset *ds);
 void ferry__dataset_cache_close(struct ferry_dataset *ds);
 ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s);
 void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f);
+/*
+ * For readers that map what they read (the loader's mapped=1): which staging of shard s the file f
+ * (held through ferry__dataset_file_get) is, 0 for the dataset's own file; a staged file's gen is
+ * never reused, unlike its ferry_file's address. ferry__dataset_cache_drops counts the entries the
+ * cache gave up (evicted) so far: when it moves, a reader checks its mappings with
+ * ferry__dataset_file_current (1 while f is still shard s's staged file of that gen) and unmaps the
+ * others, whose pages an unlinked entry's mapping would keep in memory past the budget.
+ */
+uint64_t ferry__dataset_file_gen(const struct ferry_dataset *ds, uint32_t s, const ferry_file *f);
+int ferry__dataset_file_current(struct ferry_dataset *ds, uint32_t s, const ferry_file *f, uint64_t gen);
+uint64_t ferry__dataset_cache_drops(struct ferry_dataset *ds);
 /* A small object (an index) through cache_dir: get gives 1 with *buf when an entry matches remote's
  * URL, ETag and size (no GET), put records what was just read (best effort). */
 int ferry__cache_get_small(ferry_ctx *ctx, const char *url, ferry_file *remote, uint8_t **buf, size_t *len);

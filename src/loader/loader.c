@@ -107,6 +107,8 @@ struct shard_map {
 	uint64_t size;       /* mapped bytes: the file's size when checked */
 	uint64_t next_stat;  /* ferry__now_ns() of the next fstat */
 	uint64_t *seg;       /* [segments]: the next check's time, | 1 while resident */
+	const ferry_file *mf; /* the file mapped: the shard's own, or its staged copy in a dataset cache */
+	uint64_t mgen;       /* ferry__dataset_file_gen of mf (0: the shard's own file) */
 	uint64_t used_end;   /* the batch being filled: the end of its copies from here */
 	uint64_t used_gen;   /* the batch (worker's gen) used_end belongs to */
 };
@@ -130,6 +132,7 @@ struct worker {
 	int started;
 	ferry_batch *batch;
 	struct ferry__ring_gpu *ring; /* device loaders: this worker's uploads, a ticket per slot */
+	uint64_t drops_seen; /* ferry__dataset_cache_drops when the maps were last checked */
 	int64_t *epoch_idx; /* this rank's indices of cached_epoch */
 	uint64_t cached_epoch;
 	int64_t *order;
@@ -616,17 +619,40 @@ static int seg_resident(struct shard_map *m, int fd, uint64_t k, uint64_t now)
 	return res;
 }
 
+static void map_drop(struct shard_map *m)
+{
+	if (m->base)
+		munmap(m->base, m->size);
+	free(m->seg);
+	m->base = NULL;
+	m->seg = NULL;
+	m->size = 0;
+	m->next_stat = 0;
+}
+
 /*
  * Where [off, off + len) of shard `file` lies in the worker's mapping of it, when every segment it
- * touches was resident at its last check; NULL: read it otherwise.
+ * touches was resident at its last check; NULL: read it otherwise. f is the file
+ * ferry__dataset_file_get gave: the shard's own, or its staged copy in the dataset's cache (a
+ * mapping of another staging of it is replaced; the object itself has no descriptor to map).
  */
 static const uint8_t *mapped_at(const struct ferry_loader *l, struct worker *w, uint32_t file, ferry_file *f,
 				uint64_t off, uint64_t len, uint64_t now)
 {
-	if (file >= w->nmaps || f != l->ds->files[file] || !len)
+	if (file >= w->nmaps || !len)
 		return NULL;
 	struct shard_map *m = &w->maps[file];
+	uint64_t gen = ferry__dataset_file_gen(l->ds, file, f);
+	if (!gen && f != l->ds->files[file])
+		return NULL;
+	if (m->mf != f || m->mgen != gen) {
+		map_drop(m);
+		m->mf = f;
+		m->mgen = gen;
+	}
 	int fd = ferry__file_fd(f);
+	if (fd < 0)
+		return NULL;
 	if (now >= m->next_stat && map_stat(m, fd, now))
 		return NULL;
 	if (!m->base || off > m->size || len > m->size - off)
@@ -647,10 +673,7 @@ static const uint8_t *mapped_at(const struct ferry_loader *l, struct worker *w, 
 static void maps_free(struct worker *w)
 {
 	for (uint32_t i = 0; w->maps && i < w->nmaps; i++)
-		if (w->maps[i].base) {
-			munmap(w->maps[i].base, w->maps[i].size);
-			free(w->maps[i].seg);
-		}
+		map_drop(&w->maps[i]);
 	free(w->maps);
 	free(w->mc);
 	free(w->used);
@@ -892,7 +915,21 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	memset(w->gf, 0, np * sizeof(*w->gf));
 	/* copies out of mappings: shards on the local file system (not staged by a cache, not
 	 * compressed), the SIGBUS handler in place */
-	const int use_maps = l->mapped && l->inline_cached && w->maps && w->guard && !l->ds->cache && bus_guarded();
+	const int use_maps = l->mapped && l->inline_cached && w->maps && w->guard && bus_guarded();
+	if (use_maps && l->ds->cache) {
+		/* entries the cache gave up: their mappings go (an unlinked entry's pages stay in memory
+		 * while mapped, past the cache's budget) */
+		uint64_t drops = ferry__dataset_cache_drops(l->ds);
+		if (drops != w->drops_seen) {
+			w->drops_seen = drops;
+			for (uint32_t i = 0; i < w->nmaps; i++)
+				if (w->maps[i].mgen && !ferry__dataset_file_current(l->ds, i, w->maps[i].mf, w->maps[i].mgen)) {
+					map_drop(&w->maps[i]);
+					w->maps[i].mf = NULL;
+					w->maps[i].mgen = 0;
+				}
+		}
+	}
 	const uint64_t now = use_maps ? ferry__now_ns() : 0;
 	size_t nmc = 0;
 	w->gen++;
@@ -968,7 +1005,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		for (uint32_t u = 0; done == nmc && u < w->nused; u++) {
 			struct shard_map *m = &w->maps[w->used[u]];
 			struct stat st;
-			if (fstat(ferry__file_fd(l->ds->files[w->used[u]]), &st) || (uint64_t)st.st_size < m->used_end) {
+			if (fstat(ferry__file_fd(m->mf), &st) || (uint64_t)st.st_size < m->used_end) {
 				m->next_stat = 0;
 				done = 0;
 			}
