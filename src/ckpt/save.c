@@ -636,6 +636,41 @@ static int upload(struct job *j, uint64_t size)
 	return r;
 }
 
+/* With save_hold, the writer waits for the snapshot before its first write. */
+static void hold_for_snapshot(struct job *j, uint64_t *t)
+{
+	pthread_mutex_lock(&j->mu);
+	while (!j->snapshot_done && !j->err)
+		pthread_cond_wait(&j->cv, &j->mu);
+	pthread_mutex_unlock(&j->mu);
+	lap(j, PH_W_READY_WAIT, t);
+}
+
+/* Waits for chunk c's slot to be filled (and its device-to-host copy done): the slot, or NULL with
+ * *err set (the job's error, or the copy's). */
+static struct slot *slot_ready(struct job *j, size_t c, uint64_t *t, int64_t *err)
+{
+	struct slot *s = &j->slots[c % j->k];
+	pthread_mutex_lock(&j->mu);
+	while (s->state != S_READY && !j->err)
+		pthread_cond_wait(&j->cv, &j->mu);
+	*err = j->err;
+	pthread_mutex_unlock(&j->mu);
+	lap(j, PH_W_READY_WAIT, t);
+	if (*err)
+		return NULL;
+	if (s->copied) {
+		int cr = ferry__ring_sync(j->ring, (unsigned)(c % j->k));
+		lap(j, PH_W_EVENT_WAIT, t);
+		if (cr < 0) {
+			ferry__error_append("%s: device-to-host copy of chunk %zu", j->path, c);
+			*err = cr;
+			return NULL;
+		}
+	}
+	return s;
+}
+
 /*
  * The writer thread's part for a compressed file (docs/FORMATS.md): the header, then every chunk
  * in order, into a compressed file's writer, which compresses cz_threads of its chunks at once and
@@ -651,33 +686,13 @@ static int64_t consume_cz(struct job *j)
 	lap(j, PH_W_OPEN, &t);
 	if (!err)
 		err = ferry_cz_writer_write(cz, j->hdr, (size_t)j->data_start);
-	if (!err && j->hold) {
-		pthread_mutex_lock(&j->mu);
-		while (!j->snapshot_done && !j->err)
-			pthread_cond_wait(&j->cv, &j->mu);
-		pthread_mutex_unlock(&j->mu);
-		lap(j, PH_W_READY_WAIT, &t);
-	}
+	if (!err && j->hold)
+		hold_for_snapshot(j, &t);
 	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_MOVE);
 	for (size_t c = 0; c < j->nchunks && !err; c++) {
-		struct slot *s = &j->slots[c % j->k];
-		pthread_mutex_lock(&j->mu);
-		while (s->state != S_READY && !j->err)
-			pthread_cond_wait(&j->cv, &j->mu);
-		err = j->err;
-		pthread_mutex_unlock(&j->mu);
-		lap(j, PH_W_READY_WAIT, &t);
-		if (err)
+		struct slot *s = slot_ready(j, c, &t, &err);
+		if (!s)
 			break;
-		if (s->copied) {
-			int cr = ferry__ring_sync(j->ring, (unsigned)(c % j->k));
-			lap(j, PH_W_EVENT_WAIT, &t);
-			if (cr < 0) {
-				ferry__error_append("%s: device-to-host copy of chunk %zu", j->path, c);
-				err = cr;
-				break;
-			}
-		}
 		err = ferry_cz_writer_write(cz, s->buf, chunk_len(j, c));
 		lap(j, PH_W_SUBMIT, &t);
 		ferry__activity_add(j->act, FERRY__ACT_BYTES, chunk_len(j, c));
@@ -734,33 +749,13 @@ static int64_t consume(struct job *j)
 	}
 	if (err)
 		job_fail(j, err);
-	if (!err && j->hold) {
-		pthread_mutex_lock(&j->mu);
-		while (!j->snapshot_done && !j->err)
-			pthread_cond_wait(&j->cv, &j->mu);
-		pthread_mutex_unlock(&j->mu);
-		lap(j, PH_W_READY_WAIT, &t);
-	}
+	if (!err && j->hold)
+		hold_for_snapshot(j, &t);
 	ferry__activity_set(j->act, FERRY__ACT_PHASE, FERRY__PHASE_MOVE);
 	for (size_t c = 0; c < j->nchunks && !err; c++) {
-		struct slot *s = &j->slots[c % j->k];
-		pthread_mutex_lock(&j->mu);
-		while (s->state != S_READY && !j->err)
-			pthread_cond_wait(&j->cv, &j->mu);
-		err = j->err;
-		pthread_mutex_unlock(&j->mu);
-		lap(j, PH_W_READY_WAIT, &t);
-		if (err)
+		struct slot *s = slot_ready(j, c, &t, &err);
+		if (!s)
 			break;
-		if (s->copied) {
-			int cr = ferry__ring_sync(j->ring, (unsigned)(c % j->k));
-			lap(j, PH_W_EVENT_WAIT, &t);
-			if (cr < 0) {
-				ferry__error_append("%s: device-to-host copy of chunk %zu", j->path, c);
-				err = cr;
-				break;
-			}
-		}
 		uint64_t a = (uint64_t)c * j->chunk, b = a + chunk_len(j, c);
 		while (h && ti < j->n) {
 			struct jtensor *jt = &j->jt[ti];
