@@ -7,6 +7,7 @@
 #define main cz_gpu_main
 #include "gpu/test_cz_gpu.c"
 #undef main
+#include "fakes/fake_gpu_env.h"
 #include <dlfcn.h>
 
 /* A counter the fake driver or nvCOMP exports (dlsym in the copy the library loaded). */
@@ -120,36 +121,13 @@ static void steady_reads(void)
 	ferry_ctx_destroy(ctx);
 }
 
-static int build(const char *cc, const char *src_dir, const char *out, const char *src, const char *flags)
-{
-	char cmd[4096];
-	snprintf(cmd, sizeof(cmd), "%s -shared -fPIC -O1 -fvisibility=hidden %s -o '%s' '%s/%s' -lpthread %s 2>&1", cc,
-		 strstr(src, "nvcomp") ? "" : flags, out, src_dir, src, strstr(src, "nvcomp") ? flags : "");
-	return system(cmd);
-}
-
 int main(void)
 {
-	char src_dir[1024], cuda[1200], nvcomp[1200];
-	snprintf(src_dir, sizeof(src_dir), "%s", __FILE__);
-	char *slash = strrchr(src_dir, '/');
-	snprintf(slash ? slash + 1 : src_dir, sizeof(src_dir) - (slash ? (size_t)(slash + 1 - src_dir) : 0), "fakes");
-	const char *cc = getenv("CC");
-	if (!cc || !*cc)
-		cc = "cc";
-	snprintf(cuda, sizeof(cuda), "%s/test_compress_device.%d.cuda.so", t_tmpdir(), (int)getpid());
-	snprintf(nvcomp, sizeof(nvcomp), "%s/test_compress_device.%d.nvcomp.so", t_tmpdir(), (int)getpid());
-	if (build(cc, src_dir, cuda, "fake_libcuda.c", "-DFAKE_ATTRIBUTES") ||
-	    build(cc, src_dir, nvcomp, "fake_libnvcomp.c", "-l:libzstd.so.1 -l:liblz4.so.1")) {
-		unlink(cuda), unlink(nvcomp);
-		T_SKIP("the fake CUDA driver or nvCOMP did not build with %s from %s", cc, src_dir);
-	}
-	setenv("FERRY_CUDA_LIBRARY", cuda, 1); /* read when the library first loads the driver */
-	setenv("FERRY_NVCOMP_LIB", nvcomp, 1);
-	setenv("FERRY_CZ_EXPECT_NVCOMP", "1", 1);
+	struct fake_gpu_env e;
+	fake_gpu_env_setup(&e, __FILE__, "test_compress_device");
 	int r = cz_gpu_main();
 	steady_reads();
 	r = r ? r : t_result();
-	unlink(cuda), unlink(nvcomp);
+	fake_gpu_env_done(&e);
 	return r;
 }
