@@ -109,7 +109,6 @@ def main():
             for r in runs:
                 r.epoch(e)
         local = runs[0].out
-        loc = max(e["samples_per_s"] for e in local[1:]) if len(local) > 1 else local[0]["samples_per_s"]
 
         def cpu(out):
             return "pipeline CPU " + ", ".join("%.0f" % e["pipeline_us_per_batch"] for e in out) + \
@@ -122,13 +121,17 @@ def main():
                     [e.get("fetched") for e in got], [e.get("evicted") for e in got],
                     [e.get("remote_reads") for e in got], cpu(got)))
             first = got[0]["samples_per_s"]
-            later = [e["samples_per_s"] for e in got[1:]]
-            if later:
-                worst = min(later)
-                # the issue's two targets: local files' rate after the first epoch, and that rate
-                # kept once the cache is full and evicting
-                row(name + " worst later epoch", "%.2fx the first, %.2fx local" % (worst / first, worst / loc),
-                    "target: >= 0.9x local after the first epoch: %s" % ("met" if worst >= 0.9 * loc else "not met"))
+            if len(got) > 1:
+                # each later epoch against local files' same epoch (run beside it), and the
+                # pipeline's CPU per batch against local files' (steadier on a loaded machine)
+                ratios = [g["samples_per_s"] / l["samples_per_s"] for g, l in zip(got[1:], local[1:])]
+                cpu_r = max(g["pipeline_us_per_batch"] / max(l["pipeline_us_per_batch"], 1e-9)
+                            for g, l in zip(got[1:], local[1:]))
+                worst = min(ratios)
+                row(name + " later epochs vs local", "%.2fx local (worst epoch), %.2fx the first cached epoch; "
+                    "pipeline CPU per batch up to %.2fx local's" % (worst, min(g["samples_per_s"] for g in got[1:]) / first, cpu_r),
+                    "target: >= 0.9x local files after the first epoch, also when full and evicting: %s"
+                    % ("met" if worst >= 0.9 else "not met"))
         for r in runs:
             r.close()
     finally:

@@ -913,7 +913,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		w->inl_cap = np;
 	}
 	memset(w->gf, 0, np * sizeof(*w->gf));
-	/* copies out of mappings: shards on the local file system (not staged by a cache, not
+	/* copies out of mappings: shards on the local file system or staged in a dataset's cache (not
 	 * compressed), the SIGBUS handler in place */
 	const int use_maps = l->mapped && l->inline_cached && w->maps && w->guard && bus_guarded();
 	if (use_maps && l->ds->cache) {
