@@ -12,6 +12,24 @@ def data(tmp_path):
     return path, payload
 
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def ferry_cli():
+    """The ferry CLI the tests drive: FERRY_CLI (CI: the wheel's `ferry`) or build/ferry; skips the
+    test, saying why, where there is none."""
+    c = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
+    if not os.access(c, os.X_OK):
+        pytest.skip("no ferry CLI at %s (cmake --build build, or set FERRY_CLI)" % c)
+    return c
+
+
+@pytest.fixture(scope="module")
+def cli():
+    """ferry_cli(), for a module's tests."""
+    return ferry_cli()
+
+
 def need(module):
     """Import module or skip the test, saying why (never a silent pass)."""
     return pytest.importorskip(module, reason="%s is not installed in this environment" % module)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import need
+from conftest import ferry_cli as cli, need
 
 torch = need("torch")
 
@@ -188,13 +188,6 @@ def test_manifest_codec_checked(tmp_path):
 def test_bad_compress_value(tmp_path):
     with pytest.raises(ValueError, match="compress"):
         ck.save({"w": torch.zeros(1)}, str(tmp_path / "ck"), 1, compress="gzip")
-
-
-def cli():
-    p = os.environ.get("FERRY_CLI") or os.path.join(os.path.dirname(__file__), "..", "..", "build", "ferry")
-    if not os.path.exists(p):
-        pytest.skip("no ferry CLI at %s (set FERRY_CLI)" % p)
-    return p
 
 
 def test_cli_verify_and_inspect(tmp_path):

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from conftest import need, run_ranks
+from conftest import ferry_cli, need, run_ranks
 
 torch = need("torch")
 
@@ -189,9 +189,7 @@ def test_corrupted_piece_is_detected(saved, tmp_path):
 
 
 def test_cli_verify_passes_on_the_replicated_layout(saved):
-    cli = os.environ.get("FERRY_CLI") or os.path.join(os.path.dirname(__file__), "..", "..", "build", "ferry")
-    if not os.access(cli, os.X_OK):
-        pytest.skip("no ferry CLI at %s (set FERRY_CLI)" % cli)
+    cli = ferry_cli()
     d, _ = saved
     for step in (2, 3, 4):
         r = subprocess.run([cli, "ckpt", "verify", os.path.join(d, "step-%012d" % step)],

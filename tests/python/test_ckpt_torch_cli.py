@@ -14,7 +14,7 @@ import warnings
 
 import pytest
 
-from conftest import need, run_ranks
+from conftest import ferry_cli as cli_path, need, run_ranks
 
 torch = need("torch")
 dcp = need("torch.distributed.checkpoint")
@@ -22,13 +22,6 @@ import ferry.dcp as fdcp  # noqa: E402
 import ferry.torch as ftorch  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-
-
-def cli_path():
-    cli = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
-    if not os.access(cli, os.X_OK):
-        pytest.skip("no ferry CLI at %s (build it, or set FERRY_CLI)" % cli)
-    return cli
 
 
 def run(*args):

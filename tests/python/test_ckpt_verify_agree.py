@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import need
+from conftest import ferry_cli as cli_path, need
 
 torch = need("torch")
 import ferry  # noqa: E402
@@ -19,13 +19,6 @@ import ferry.checkpoint as fc  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 STEP = "step-%012d"
-
-
-def cli_path():
-    cli = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
-    if not os.access(cli, os.X_OK):
-        pytest.skip("no ferry CLI at %s (build it, or set FERRY_CLI)" % cli)
-    return cli
 
 
 def state(seed):

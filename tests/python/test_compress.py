@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import ferry
-from conftest import need
+from conftest import ferry_cli as _cli, need
 
 
 def _kinds(np, n):
@@ -140,14 +140,6 @@ def test_damaged_chunk_is_named(tmp_path):
         ferry.read(dst, like="numpy")
     # a read that does not cover chunk 2 still works
     assert ferry.read(dst, length=65536, like="numpy").tobytes() == (b"0123456789abcdef" * 20000)[:65536]
-
-
-def _cli():
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-    cli = os.environ.get("FERRY_CLI") or os.path.join(root, "build", "ferry")
-    if not os.path.exists(cli):
-        pytest.skip("no ferry CLI at %s (set FERRY_CLI)" % cli)
-    return cli
 
 
 def _same(a, b):

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from conftest import need
+from conftest import ferry_cli, need
 
 np = need("numpy")
 import ferry  # noqa: E402
@@ -93,9 +93,7 @@ def test_reference_reads_back():
 
 
 def test_pack_megatron_reads_in_reference_reader():
-    cli = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
-    if not os.path.exists(cli):
-        pytest.skip(f"{cli} not built (cmake --build build, or set FERRY_CLI)")
+    cli = ferry_cli()
     with tempfile.TemporaryDirectory() as d:
         arrays = [np.arange(i * 10, i * 10 + 100 + i, dtype=np.uint16) for i in range(20)]
         paths = []

@@ -18,14 +18,6 @@ import _moto  # noqa: E402
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
 
-@pytest.fixture(scope="module")
-def cli():
-    c = os.environ.get("FERRY_CLI") or os.path.join(ROOT, "build", "ferry")
-    if not os.access(c, os.X_OK):
-        pytest.skip("no ferry CLI at %s (cmake --build build, or set FERRY_CLI)" % c)
-    return c
-
-
 def _run(cli, *args, **env):
     return subprocess.run([cli] + list(args), capture_output=True, text=True, timeout=120,
                           env=dict(os.environ, **env))
