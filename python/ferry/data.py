@@ -485,7 +485,8 @@ class Loader:
                  order: str | None = None, block: int = 256, drop_last: bool = False,
                  drop_last_batch: bool = False, device=None, prefetch: int = 4, threads: int = 1,
                  dtype=None, merge_gap: int = 0, pin_memory: bool = False, epoch: int = 0,
-                 documents: bool = False, copies: bool = False, context=None):
+                 documents: bool = False, copies: bool = False, shard_window: int | None = None,
+                 context=None):
         torch = _torch()
         self._torch = torch
         self.dataset = path if isinstance(path, IndexedDataset) else \
@@ -543,6 +544,8 @@ class Loader:
                        "drop_last": int(self.drop_last), "drop_last_batch": int(self.drop_last_batch),
                        "prefetch": prefetch, "threads": threads, "merge_gap": merge_gap,
                        "documents": int(self.documents), "copies": int(bool(copies))}
+        if shard_window is not None:  # None: the C default (-1: on only under a smaller cache)
+            self._knobs["shard_window"] = int(shard_window)
         self._epoch, self._batch = int(epoch), 0
         self._cl = None          # the C loader, positioned at (_epoch, _batch)
         self._pending = []       # (batch, event): slots whose device copy is in flight

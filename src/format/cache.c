@@ -56,6 +56,11 @@ struct ferry__dscache {
 	struct centry *e;
 	uint32_t n;
 	uint32_t next; /* background staging: the next shard in index order */
+	/* the reads' plan (ferry__dataset_cache_plan): shards in the order they will be read, window
+	 * at a time; staging goes by it, up to the end of the window after the one being read */
+	uint32_t *plan, *plan_pos; /* [n]: plan_pos[s] = s's place in plan, UINT32_MAX if none */
+	uint32_t plan_n, window, rwin, plan_next;
+	uint64_t plan_epoch;
 	bool stop;
 	pthread_t *threads;
 	unsigned nthreads;
@@ -202,6 +207,15 @@ static int cmp_dent(const void *a, const void *b)
 	return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : x->mtime.tv_nsec > y->mtime.tv_nsec;
 }
 
+/* 1 when shard s is in the window being read or the next one (the plan's): kept from eviction. */
+static int in_windows(const struct ferry__dscache *c, uint32_t s)
+{
+	if (!c->plan_n || c->plan_pos[s] == UINT32_MAX)
+		return 0;
+	uint64_t p = c->plan_pos[s], lo = (uint64_t)c->rwin * c->window;
+	return p >= lo && p < lo + 2 * (uint64_t)c->window;
+}
+
 /*
  * Room for need more bytes under the budget: the directory's entries (every process's) are
  * counted and the least recently used evicted until they fit, skipping entries in use (this
@@ -251,7 +265,7 @@ static int make_room(struct ferry__dscache *c, uint64_t need)
 			;
 		if (s < c->n) {
 			struct centry *e = &c->e[s];
-			if (e->state != ST_READY || e->users || !e->used)
+			if (e->state != ST_READY || e->users || !e->used || in_windows(c, s))
 				continue;
 			ferry_file *f = e->local;
 			e->local = NULL;
@@ -369,6 +383,18 @@ static int pick(struct ferry__dscache *c, uint32_t *s)
 			*s = i;
 			return 1;
 		}
+	if (c->plan_n) {
+		uint64_t end = ((uint64_t)c->rwin + 2) * c->window;
+		for (; c->plan_next < c->plan_n && c->plan_next < end; c->plan_next++) {
+			uint32_t i = c->plan[c->plan_next];
+			if (c->e[i].state == ST_NONE && !c->e[i].skipped) {
+				*s = i;
+				c->plan_next++;
+				return 1;
+			}
+		}
+		return 0;
+	}
 	for (; c->next < c->n; c->next++)
 		if (c->e[c->next].state == ST_NONE && !c->e[c->next].skipped) {
 			*s = c->next++;
@@ -537,6 +563,8 @@ void ferry__dataset_cache_close(struct ferry_dataset *ds)
 		pthread_cond_destroy(&c->cv);
 	}
 	close(c->dirfd);
+	free(c->plan);
+	free(c->plan_pos);
 	free(c->threads);
 	free(c->e);
 	free(c->dir);
@@ -553,9 +581,21 @@ ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s)
 	if (c->pid != self_pid()) /* a fork()ed child (DataLoader workers): what was staged, else the object */
 		return e->state == ST_READY ? e->local : ds->files[s];
 	pthread_mutex_lock(&c->mu);
+	if (c->plan_n && c->plan_pos[s] != UINT32_MAX && c->plan_pos[s] / c->window > c->rwin) {
+		/* the reads reached the next window: the one after it may be staged now (the shards
+		 * that found no room before are tried again) */
+		c->rwin = c->plan_pos[s] / c->window;
+		c->plan_next = c->rwin * c->window;
+		for (uint32_t i = 0; i < c->n; i++)
+			c->e[i].skipped = false;
+		pthread_cond_broadcast(&c->cv);
+	}
 	/* a shard not staged yet is staged now, whole, and the read waits for it: a read of the object
 	 * beside the staging would fetch its bytes twice */
-	if (e->state == ST_NONE && !e->skipped) {
+	/* with a plan, a shard outside the two windows (the tail of a token window that begins in the
+	 * window's last shard) is read from the object: staging it whole would evict what the windows
+	 * need */
+	if (e->state == ST_NONE && !e->skipped && (!c->plan_n || in_windows(c, s))) {
 		e->urgent = true;
 		pthread_cond_broadcast(&c->cv);
 	}
@@ -652,4 +692,48 @@ uint64_t ferry__dataset_cache_drops(struct ferry_dataset *ds)
 {
 	struct ferry__dscache *c = ds->cache;
 	return c ? atomic_load(&c->drops) : 0;
+}
+
+uint64_t ferry__dataset_cache_budget(const struct ferry_dataset *ds)
+{
+	return ds->cache ? ds->cache->budget : 0;
+}
+
+void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const uint32_t *seq, uint32_t n, uint32_t window)
+{
+	struct ferry__dscache *c = ds->cache;
+	if (!c || c->pid != self_pid() || !n || n > c->n || !window)
+		return;
+	pthread_mutex_lock(&c->mu);
+	/* every pipeline thread sets the epoch's plan: the same one is kept as it is (where its reads are) */
+	if (c->plan_n == n && c->plan_epoch == epoch && c->window == window && !memcmp(c->plan, seq, n * sizeof(*seq))) {
+		pthread_mutex_unlock(&c->mu);
+		return;
+	}
+	if (!c->plan) {
+		c->plan = malloc(c->n * sizeof(*c->plan));
+		c->plan_pos = malloc(c->n * sizeof(*c->plan_pos));
+		if (!c->plan || !c->plan_pos) { /* no plan: index order, as without one */
+			free(c->plan);
+			free(c->plan_pos);
+			c->plan = c->plan_pos = NULL;
+			pthread_mutex_unlock(&c->mu);
+			return;
+		}
+	}
+	memcpy(c->plan, seq, n * sizeof(*seq));
+	for (uint32_t i = 0; i < c->n; i++)
+		c->plan_pos[i] = UINT32_MAX;
+	for (uint32_t i = 0; i < n; i++)
+		if (seq[i] < c->n)
+			c->plan_pos[seq[i]] = i;
+	c->plan_n = n;
+	c->plan_epoch = epoch;
+	c->window = window;
+	c->rwin = 0;
+	c->plan_next = 0;
+	for (uint32_t i = 0; i < c->n; i++)
+		c->e[i].skipped = false;
+	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
 }

@@ -130,6 +130,16 @@ void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f
 uint64_t ferry__dataset_file_gen(const struct ferry_dataset *ds, uint32_t s, const ferry_file *f);
 int ferry__dataset_file_current(struct ferry_dataset *ds, uint32_t s, const ferry_file *f, uint64_t gen);
 uint64_t ferry__dataset_cache_drops(struct ferry_dataset *ds);
+/* The cache's byte budget (0: none, or no limit). */
+uint64_t ferry__dataset_cache_budget(const struct ferry_dataset *ds);
+/*
+ * The order the reads will visit the shards in (the loader's shard-window shuffle), window shards
+ * at a time: the stagers then stage the shards in that order, the window being read and the next
+ * one only, and eviction spares those two windows. Set again each epoch (by every pipeline thread:
+ * the same epoch's plan is kept where its reads are).
+ */
+void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const uint32_t *seq, uint32_t n,
+			       uint32_t window);
 /* A small object (an index) through cache_dir: get gives 1 with *buf when an entry matches remote's
  * URL, ETag and size (no GET), put records what was just read (best effort). */
 int ferry__cache_get_small(ferry_ctx *ctx, const char *url, ferry_file *remote, uint8_t **buf, size_t *len);

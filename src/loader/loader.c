@@ -6,6 +6,7 @@
  * Slots cycle FREE -> FILLING -> READY -> HELD (by the consumer) -> FREE.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -164,6 +165,9 @@ struct ferry_loader {
 	uint32_t batch_size, world_size, rank, threads, prefetch;
 	uint64_t seq_len, seed, epoch, epochs, block, merge_gap;
 	int order, drop_last, drop_last_batch, device, inline_cached, mapped, documents;
+	int64_t shard_window; /* the knob: -1 auto, 0 off, N shards */
+	uint32_t window;      /* resolved by setup: shards a window of the shuffle (0: plain shuffle) */
+	uint64_t *wbound;     /* [nfiles + 1] with window: each shard's first item */
 	int copies; /* epoch e from pre-shuffled copy e mod N (ferry.copies) */
 	/* resume position */
 	uint64_t pos_epoch, pos_batch;
@@ -251,6 +255,10 @@ static const struct ferry__knob loader_rows[] = {
 	{.name = "order", .type = FERRY__KNOB_ENUM, FERRY__KNOB_AT(struct ferry_loader, order),
 	 .max = 2, .choices = order_choices, .doc = "sample order"},
 	LOADER(block, UINT, 256, 1, UINT64_MAX, .doc = "samples per block of the block order"),
+	{.name = "shard_window", .type = FERRY__KNOB_UINT, FERRY__KNOB_AT(struct ferry_loader, shard_window),
+	 .def = (uint64_t)-1, .min = (uint64_t)-1, .max = UINT32_MAX, .flags = FERRY__KNOB_SIGNED | FERRY__KNOB_C_INT,
+	 .doc = "order shuffle: shards visited N at a time, their items shuffled together (0: off; -1: "
+		"off unless the dataset's cache is smaller than the dataset, then (budget / shard - 1) / 2 shards)"},
 	LOADER(copies, BOOL, 0, 0, 1,
 	       .doc = "order shuffle: epoch e read sequentially from the dataset's pre-shuffled copy e mod N"),
 	LOADER(drop_last, BOOL, 0, 0, 1, .doc = "the sampler's drop_last"),
@@ -321,6 +329,10 @@ static int set_state(struct ferry_loader *l, const char *v);
 /* The order a state names: with copies=1 epoch e's order is copy e mod N's, so N is part of it. */
 static const char *state_order(const struct ferry_loader *l, char *buf, size_t len)
 {
+	if (!l->copies && l->window) {
+		snprintf(buf, len, "%s-window-%u", order_name(l->order), l->window);
+		return buf;
+	}
 	if (!l->copies)
 		return order_name(l->order);
 	snprintf(buf, len, "%s-copies-%u", order_name(l->order), ferry_dataset_copies(l->ds, NULL));
@@ -360,7 +372,18 @@ static int epoch_indices(struct worker *w, uint64_t epoch)
 	const struct ferry__copies *cp = &l->ds->copies;
 	/* with copies the epoch's order is the one its copy was written in */
 	const int64_t *order = l->copies ? cp->sample + (epoch % cp->ncopies) * cp->n : w->order;
-	int err = l->copies ? 0 : ferry_order_indices(l->items, l->order, l->block, l->seed, epoch, w->order);
+	int err = 0;
+	if (l->window) {
+		uint32_t *seq = malloc(l->ds->x.nfiles * sizeof(*seq));
+		err = seq ? ferry__window_order(l->items, l->wbound, l->ds->x.nfiles, l->window, l->seed, epoch,
+						w->order, seq)
+			  : ferry__error(-ENOMEM, "loader: %u shards", l->ds->x.nfiles);
+		if (!err) /* the dataset's cache stages the shards in this order, a window ahead */
+			ferry__dataset_cache_plan(l->ds, epoch, seq, l->ds->x.nfiles, l->window);
+		free(seq);
+	} else if (!l->copies) {
+		err = ferry_order_indices(l->items, l->order, l->block, l->seed, epoch, w->order);
+	}
 	if (err)
 		return err;
 	ferry__distributed_from_order(order, l->items, l->world_size, l->rank, l->per_rank,
@@ -586,7 +609,19 @@ static int map_stat(struct shard_map *m, int fd, uint64_t now)
 	if (m->base || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0)
 		return m->base ? 0 : -1;
 	uint64_t nseg = (((uint64_t)st.st_size - 1) >> SEG_SHIFT) + 1;
-	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	/* a dataset cache's entry is mapped through an open file description of its own: a mapping
+	 * keeps the one it was made from, and with it the entry's flock, after the cache closed its
+	 * descriptor, and eviction (an exclusive flock) would never take the entry */
+	int mfd = fd;
+	if (m->mgen) {
+		char pp[40];
+		snprintf(pp, sizeof(pp), "/proc/self/fd/%d", fd);
+		if ((mfd = open(pp, O_RDONLY | O_CLOEXEC)) < 0)
+			return -1;
+	}
+	void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, mfd, 0);
+	if (mfd != fd)
+		close(mfd);
 	if (p == MAP_FAILED)
 		return -1;
 	if (!(m->seg = calloc(nseg, sizeof(*m->seg)))) {
@@ -1282,6 +1317,55 @@ static int build_runs(struct ferry_loader *l)
 	return 0;
 }
 
+/*
+ * The shard-window shuffle (docs/DATA.md): shard_window -1 turns it on for order shuffle over a
+ * dataset whose cache budget is smaller than the dataset, with windows of what half the budget
+ * holds less a shard (the window read and the next one staged ahead, and room for the index's
+ * entry); the default order is unchanged
+ * otherwise. wbound: each shard's first item (a token window belongs to the shard of its first
+ * byte).
+ */
+static int window_setup(struct ferry_loader *l)
+{
+	struct ferry__index *x = &l->ds->x;
+	free(l->wbound);
+	l->wbound = NULL;
+	l->window = 0;
+	int64_t want = l->shard_window;
+	if (want < 0) {
+		uint64_t budget = ferry__dataset_cache_budget(l->ds), maxb = 0, total = 0;
+		for (uint32_t s = 0; s < x->nfiles; s++) {
+			maxb = x->file_bytes[s] > maxb ? x->file_bytes[s] : maxb;
+			total += x->file_bytes[s];
+		}
+		/* two windows and one shard more (the index's entry and the rounding) */
+		want = budget && budget < total && maxb ? (int64_t)((budget / maxb) > 1 ? (budget / maxb - 1) / 2 : 0) : 0;
+		if (budget && budget < total && want < 1)
+			want = 1;
+	}
+	if (!want || l->order != FERRY_ORDER_SHUFFLE || l->copies || x->nfiles < 2)
+		return 0;
+	if (!(l->wbound = malloc(((size_t)x->nfiles + 1) * sizeof(*l->wbound))))
+		return ferry__error(-ENOMEM, "loader: %u shards", x->nfiles);
+	if (!l->seq_len) {
+		memcpy(l->wbound, x->file_first, ((size_t)x->nfiles + 1) * sizeof(*l->wbound));
+	} else {
+		uint64_t at = 0, per = l->seq_len * l->esize;
+		uint32_t s = 0;
+		for (uint64_t i = 0; i <= x->n; i++) {
+			for (; s <= x->nfiles && x->file_first[s] == i; s++) {
+				uint64_t b = (at + per - 1) / per;
+				l->wbound[s] = b < l->items ? b : l->items;
+			}
+			if (i < x->n)
+				at += x->len[i];
+		}
+		l->wbound[x->nfiles] = l->items;
+	}
+	l->window = want > x->nfiles ? x->nfiles : (uint32_t)want;
+	return 0;
+}
+
 static int setup(struct ferry_loader *l, int with_cum)
 {
 	struct ferry__index *x = &l->ds->x;
@@ -1345,6 +1429,8 @@ static int setup(struct ferry_loader *l, int with_cum)
 			if ((uint64_t)x->doc_idx[d] < x->n)
 				l->doc_start[x->doc_idx[d]] = 1;
 	}
+	if ((err = window_setup(l)))
+		return err;
 	l->per_rank = ferry_distributed_num_samples(l->items, l->world_size, l->drop_last);
 	l->bpe = l->drop_last_batch ? l->per_rank / l->batch_size
 				    : (l->per_rank + l->batch_size - 1) / l->batch_size;
@@ -1531,12 +1617,14 @@ void ferry_loader_destroy(ferry_loader *l)
 	free(l->slots);
 	free(l->workers);
 	free(l->cum);
+	free(l->wbound);
 	free(l->runs);
 	free(l->doc_start);
 	free(l->waits);
 	l->slots = NULL;
 	l->workers = NULL;
 	l->cum = NULL;
+	l->wbound = NULL;
 	l->runs = NULL;
 	l->doc_start = NULL;
 	l->waits = NULL;
@@ -1818,12 +1906,12 @@ static int set_state(struct ferry_loader *l, const char *v)
 	if (l->order == FERRY_ORDER_BLOCK)
 		SAME("block", block, l->block)
 #undef SAME
+	int err = setup(l, 0); /* first: it resolves shard_window, part of the order's name */
+	if (err)
+		return err;
 	if (strcmp(order, state_order(l, on, sizeof(on))))
 		return ferry__error(FERRY_EBADOPT, "loader state: order was %s, the loader has %s", order,
 				    state_order(l, on, sizeof(on)));
-	int err = setup(l, 0);
-	if (err)
-		return err;
 	if (items != l->items)
 		return ferry__error(FERRY_EBADOPT, "loader state: the dataset had %" PRIu64 " samples, "
 				    "this one has %" PRIu64, items, l->items);

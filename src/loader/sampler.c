@@ -182,3 +182,39 @@ int64_t ferry_distributed_indices(uint64_t n, uint32_t num_replicas, uint32_t ra
 	free(order);
 	return err ? err : (int64_t)count;
 }
+
+int ferry__window_order(uint64_t n, const uint64_t *bound, uint32_t nshards, uint32_t window, uint64_t seed,
+			uint64_t epoch, int64_t *out, uint32_t *shards)
+{
+	if (!window || !nshards)
+		return ferry__error(-EINVAL, "shard window order: window %u over %u shards", window, nshards);
+	int64_t *perm = malloc(nshards * sizeof(*perm));
+	if (!perm)
+		return ferry__error(-ENOMEM, "shard window order: %u shards", nshards);
+	struct ferry__mt19937 mt;
+	ferry__mt_seed(&mt, seed + epoch);
+	randperm_gen(&mt, nshards, perm);
+	/* The same generator goes on to shuffle each window's items in their output positions
+	 * (Fisher-Yates, as the block order), so one seed fixes the whole order. */
+	uint64_t k = 0;
+	for (uint32_t w0 = 0; w0 < nshards; w0 += window) {
+		uint64_t k0 = k;
+		for (uint32_t j = w0; j < nshards && j < w0 + window; j++) {
+			uint32_t s = (uint32_t)perm[j];
+			shards[j] = s;
+			for (uint64_t i = bound[s]; i < bound[s + 1]; i++)
+				out[k++] = (int64_t)i;
+		}
+		uint64_t len = k - k0;
+		int64_t *r = out + k0;
+		for (uint64_t i = 0; i + 1 < len; i++) {
+			uint64_t z = (len - i <= UINT32_MAX ? ferry__mt_u32(&mt) : ferry__mt_u64(&mt)) % (len - i);
+			int64_t t = r[i];
+			r[i] = r[z + i];
+			r[z + i] = t;
+		}
+	}
+	free(perm);
+	return k == n ? 0 : ferry__error(-EINVAL, "shard window order: %llu items in the shards, %llu expected",
+					 (unsigned long long)k, (unsigned long long)n);
+}

@@ -79,11 +79,11 @@ def _samples(seed):
     return [rng.integers(0, 65535, size=int(rng.integers(16, 200)), dtype=np.uint16) for _ in range(N)]
 
 
-def _upload(s3_server, tmp_path, prefix, seed=1):
+def _upload(s3_server, tmp_path, prefix, seed=1, shard=SHARD):
     """write_dataset into a local directory, its files put under prefix. (local dir, samples, url)."""
     samples = _samples(seed)
     d = tmp_path / ("local-%s-%d" % (prefix.strip("/").replace("/", "-"), seed))
-    ferry.write_dataset(d, samples, shard_size=SHARD)
+    ferry.write_dataset(d, samples, shard_size=shard)
     names = sorted(os.listdir(d))
     assert sum(n.endswith(".fsh") for n in names) >= 4, names
     for n in names:
@@ -228,6 +228,56 @@ def test_cache_budget_evicts_lru(s3_server, env, proxy, tmp_path):
     st = ds.cache_stats()
     assert st["fetched"] == 0 and st["remote_reads"] >= 1 and _entries(small) == [], st
     ds.close()
+
+
+def _stale_mapped(cache):
+    """This process's mappings of cache entries that were unlinked (evicted)."""
+    n = 0
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(None, 5)
+            n += len(parts) == 6 and str(cache) in parts[5] and parts[5].rstrip().endswith("(deleted)")
+    return n
+
+
+def test_loader_shuffle_under_a_smaller_cache(s3_server, env, proxy, tmp_path):
+    """A shuffled loader over a cache smaller than the dataset visits the shards a window at a
+    time (shard_window's default: what half the budget holds), the stagers fetch the next window
+    ahead and evict the last: after the first epoch no read goes to the object (before, with the
+    order over all shards, half of every epoch's reads did and the cache stopped evicting), every
+    batch's bytes right, the directory within its budget, and no mapping of an evicted entry
+    kept past the loader's next batch."""
+    d, samples, url = _upload(s3_server, tmp_path, "window", shard=SHARD // 4)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    sizes = [s["Size"] for s in s3_server.s3.list_objects_v2(Bucket=_moto.BUCKET, Prefix="window/shard-")["Contents"]]
+    assert len(sizes) >= 6, len(sizes)
+    budget = max(sizes) * 6 + 1  # 6 shards: windows of 2 (and room for the index's entry)
+    # (a shard holds ~4 samples here: the batches the pipeline fills ahead stay within a window)
+    loader = ferry.Loader(url, batch_size=2, seed=5, device="cpu", threads=1, prefetch=1,
+                          context=_ctx(cache, budget, cache_jobs=2))
+    assert "order=shuffle-window-2" in loader.state_dict()["state"], loader.state_dict()
+    remote = []
+    for e in range(3):
+        loader.set_epoch(e)
+        got = _epoch(loader)
+        assert sorted(np.concatenate([b[0] for b in got]).tolist()) == list(range(N)), e
+        _check(got, samples)
+        st = loader.dataset.cache_stats()
+        remote.append(st["remote_reads"])
+        assert _used(cache) <= budget, (e, _used(cache), budget)
+        # (the entries evicted since the pipeline's last batch at most; 15 shards a epoch were
+        # evicted and would all stay mapped otherwise)
+        assert _stale_mapped(cache) <= 4, (e, _stale_mapped(cache))
+    assert remote[1] == remote[0] and remote[2] == remote[0], (remote, st)
+    assert st["evicted"] >= len(sizes), st
+    loader.close()
+    # (the pipeline went on into the next epoch: its first windows are being staged; the close
+    # waits for them, without the GIL that the proxy's thread needs to serve them)
+    t0 = time.time()
+    loader.dataset.close()
+    assert time.time() - t0 < 20
+    assert _stale_mapped(cache) == 0
 
 
 def test_cache_budget_with_stagers_at_once(s3_server, env, proxy, tmp_path):
