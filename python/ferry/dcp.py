@@ -205,6 +205,16 @@ def _device_snapshot(state_dict, times, device_type="cuda"):
     return out
 
 
+def _layout_for(tpl, data):
+    """A copy of the zip layout tpl of one tensor, with its own bytes (the crc32s are written
+    into them) and data as the storage of its one hole."""
+    out = _copy.copy(tpl)
+    out.blob = _copy.copy(tpl.blob)
+    out.blob.runs = [[at, bytearray(b)] for at, b in tpl.blob.runs]
+    out.holes = [(off, data, rec) for off, _s, rec in tpl.holes]
+    return out
+
+
 class Writer(_fs.FileSystemWriter):
     """A ``StorageWriter`` for ``dcp.save`` and ``dcp.async_save``, FileSystemWriter's format.
 
@@ -295,8 +305,7 @@ class Writer(_fs.FileSystemWriter):
                 parts = list(pool.map(lambda j: self._write_file(ctx, planner, *j), jobs))
         else:
             parts = [self._write_file(ctx, planner, *j) for j in jobs]
-        if self.sync_files and jobs and not isinstance(self.fs, _UrlFS):
-            _ft._fsync_dir(_os.path.abspath(str(self.path)))
+        # each file's commit fsynced the directory after its rename (ferry_durable_commit)
         fut = _Future()
         fut.set_result([r for part in parts for r in part])
         return fut
@@ -381,6 +390,7 @@ class Writer(_fs.FileSystemWriter):
                                             storage_data=_fs._StorageInfo(storage_key, at, len(b))))
                 at += len(b)
             writes = _ft._Writes(f)
+            templates = {}  # (dtype, size, stride) -> _Layout
             for wi in self._tensor_items(items):
                 t = planner.resolve_data(wi).detach()
                 if t.device.type not in ("cpu", "cuda"):
@@ -398,9 +408,15 @@ class Writer(_fs.FileSystemWriter):
                 # The zip is laid out for a CPU tensor of the same dtype, shape and strides
                 # (the stock writer saves CPU tensors: the pickle says "cpu"); its storage's
                 # bytes then come from t, wherever t lives.
-                shadow = _torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
-                layout = _ft._Layout(shadow, str(path))
-                layout.holes = [(off, data, rec) for off, _s, rec in layout.holes]
+                # Tensors of one dtype, shape and strides have the same zip but for the crc32s:
+                # it is laid out once per file (torch's writer, ~0.5 ms an item, was a quarter of
+                # a 512 MB save's writing time on the development VM for 256 items).
+                key = (t.dtype, tuple(t.size()), tuple(t.stride()))
+                tpl = templates.get(key)
+                if tpl is None:
+                    shadow = _torch.empty_strided(t.size(), t.stride(), dtype=t.dtype)
+                    tpl = templates[key] = _ft._Layout(shadow, str(path))
+                layout = _layout_for(tpl, data)
                 n = writes.add(at, layout, wait_current=t.untyped_storage().data_ptr() not in
                                self._snap_ptrs)
                 results.append(_WriteResult(index=wi.index, size_in_bytes=n,
