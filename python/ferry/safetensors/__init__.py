@@ -346,15 +346,44 @@ def _load_torch(path, device, keys, slices, verify, views, staging_budget, conte
     places = [ld.place(i, 0) for i in range(len(entries))] if views else None
     t = clock()
     spans["plan"] = t - t1
-    out, dests = alloc(entries, places)
-    for i, (ptr, length) in enumerate(dests):
-        ld.set_dest(i, ptr, length)
-    t1 = clock()
-    spans["alloc"] = t1 - t
     flags = _ferry.LOAD_VERIFY if verify else 0
-    with _errors(path):
-        ld.run(alloc.device_index, flags, int(staging_budget or 0))
-    spans["read"] = clock() - t1
+    prepare = getattr(alloc, "prepare", None)
+    if prepare is None:
+        out, dests = alloc(entries, places)
+        for i, (ptr, length) in enumerate(dests):
+            ld.set_dest(i, ptr, length)
+        t1 = clock()
+        spans["alloc"] = t1 - t
+        with _errors(path):
+            ld.run(alloc.device_index, flags, int(staging_budget or 0))
+        spans["read"] = clock() - t1
+    else:
+        # The destinations first (one allocation per region), the read started on them (run drops
+        # the GIL), and the views built while it runs (issue 22: ~3 us a tensor off the critical
+        # path); nothing is returned before the read has finished or raised.
+        dests, build = prepare(entries, places)
+        for i, (ptr, length) in enumerate(dests):
+            ld.set_dest(i, ptr, length)
+        t1 = clock()
+        spans["alloc"] = t1 - t
+        failed = []
+
+        def read():
+            try:
+                ld.run(alloc.device_index, flags, int(staging_budget or 0))
+            except BaseException as e:  # re-raised by the caller's thread below
+                failed.append(e)
+        reader = _threading.Thread(target=read, name="ferry-st-read", daemon=True)
+        reader.start()
+        try:
+            out = build()
+            spans["views"] = clock() - t1
+        finally:
+            reader.join()
+        spans["read"] = clock() - t1
+        if failed:
+            with _errors(path):
+                raise failed[0]
     if starter is not None:
         starter.join()
     _trace_done(spans, t0)
@@ -382,6 +411,12 @@ class _TorchAlloc:
     def __call__(self, entries, places):
         """places: per entry, (in a region, file, offset, region bytes) from the C loader, or None
         for an allocation per tensor."""
+        dests, build = self.prepare(entries, places)
+        return build(), dests
+
+    def prepare(self, entries, places):
+        """(dests, build): the destinations allocated, and build() -> the dict of tensors (views
+        made then, so that they can be made while the read runs)."""
         torch = self.torch
         out, dests = {}, [None] * len(entries)
         regions = {}  # file -> (bytes, [(i, name, offset, nbytes, dtype, shape)])
@@ -395,28 +430,37 @@ class _TorchAlloc:
             t = self.empty(tshape, dtype)
             out[name] = t
             dests[i] = (t.data_ptr() if nb else self._anchor(), nb)
+        viewed = []  # (region buffer, [(name, offset, dtype, shape)])
         for size, group in regions.values():
             buf = self.empty((size,), torch.uint8)
             base = buf.data_ptr()
-            typed = {}  # dtype -> the region as that dtype
+            mine = []
             for i, name, at, nb, dtype, tshape in group:
-                isz = dtype.itemsize
-                if at % isz:
+                if at % dtype.itemsize:
                     # A file whose offsets do not keep this dtype aligned: its own allocation.
                     t = self.empty(tshape, dtype)
                     out[name] = t
                     dests[i] = (t.data_ptr(), nb)
                     continue
-                # one as_strided of the region's typed view: 2.7 us a tensor where slice, view
-                # and view took 6-7 (4,000 tensors: 15 ms, issue 22)
-                tv = typed.get(dtype)
-                if tv is None:
-                    tv = typed[dtype] = buf[:size - size % isz].view(dtype)
-                out[name] = tv.as_strided(tshape, _contiguous_strides(tshape), at // isz)
+                mine.append((name, at, dtype, tshape))
                 dests[i] = (base + at, nb)
+            viewed.append((buf, size, mine))
         _sync_device(self.dev)
-        # The dict in the order of the entries (file order, or the selection's).
-        return {e[0]: out[e[0]] for e in entries}, dests
+
+        def build():
+            for buf, size, mine in viewed:
+                typed = {}  # dtype -> the region as that dtype
+                for name, at, dtype, tshape in mine:
+                    # one as_strided of the region's typed view: 2.7 us a tensor where slice, view
+                    # and view took 6-7 (4,000 tensors: 15 ms, issue 22)
+                    tv = typed.get(dtype)
+                    isz = dtype.itemsize
+                    if tv is None:
+                        tv = typed[dtype] = buf[:size - size % isz].view(dtype)
+                    out[name] = tv.as_strided(tshape, _contiguous_strides(tshape), at // isz)
+            # The dict in the order of the entries (file order, or the selection's).
+            return {e[0]: out[e[0]] for e in entries}
+        return dests, build
 
     def _anchor(self):
         if self.anchor is None:
