@@ -266,7 +266,9 @@ _started_lock = _threading.Lock()
 def last_trace():
     """The spans of this process's last load_file, in seconds: {"context": ..., "open": ...,
     "plan": ..., "alloc": ..., "read": ..., "total": ..., "workers_start": ...} (``workers_start``
-    only when that load started the context's workers, beside the other spans). None before the
+    only when that load started the context's workers, beside the other spans; ``views``, the
+    building of the result's tensors while ``read`` runs, within it, when torch allocated the
+    result). None before the
     first load. FERRY_TRACE=1 prints them to stderr after each load as well."""
     return dict(_last_trace) if _last_trace is not None else None
 
