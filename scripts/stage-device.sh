@@ -7,7 +7,8 @@
 #   .whl/  Python 3.12 wheels of the peers: kvikio (bench/gpu-read.sh), fastsafetensors and
 #          runai-model-streamer (bench/ckpt-gpu.py), mosaicml-streaming and what it imports
 #          (bench/loader-gpu.sh), runai-model-streamer-s3, tensorizer and boto3 with what they
-#          import (bench/remote-read.sh);
+#          import (bench/remote-read.sh), InstantTensor (bench/gpu-st-fresh.sh) and nvCOMP
+#          (bench/gpu-cz-read.sh, the GPU tests);
 #   .gpu/base  with base=REV: the tree of commit REV, for bench/gpu-ab.sh (that commit's build beside
 #          this tree's in one device call).
 # The folders are git-ignored. Each part is skipped when already there.
@@ -69,6 +70,10 @@ if has wheels; then
 	}
 	pyget kvikio-cu13==26.10.0 libkvikio-cu13==26.10.0 "rapids-logger==0.3.*"
 	pyget fastsafetensors==0.5.0 runai-model-streamer==0.16.1 || true
+	# InstantTensor (bench/gpu-st-fresh.sh's peer) and nvCOMP's library (GPU decompression: tests/gpu,
+	# bench/gpu-cz-read.sh; 30 MB: .whl is then over the 64 MiB a device call carries, so a call
+	# carries the wheels it needs by name)
+	pyget instanttensor==0.2.2 nvidia-libnvcomp-cu13==6.0.0.12
 	pyget mosaicml-streaming brotli python-snappy cramjam zstd xxhash tqdm pillow catalogue torchvision==0.26.0
 	# bench/remote-read.sh's peers: runai's S3 reader and tensorizer, boto3 (and what the three import
 	# that the GPU machine's image lacks: tensorizer imports redis and libnacl at import time)
