@@ -172,8 +172,13 @@ fi
 # gpu-shuffled-copies (pre-shuffled copies read cold from the device's disk). The default: gpu-read, gpu-ckpt and gpu-loader.
 # gpu-dcp-torch: issue 24's DCP and torch.save/load targets at 8 GB with their ceilings (about 3 minutes).
 # multi-gpu: several GPUs of one host (issue 28); on one GPU it runs its 1-GPU rows and exits 77.
-# remote-read: object storage (issue 23), a /dev/shm file over 127.0.0.1 into GPU memory, ferry vs
-# kvikio's RemoteFile with curl as the ceiling (its own range server; under a minute).
+# remote-read: object storage (issue 23), nginx serving /dev/shm on 127.0.0.1 (.deb/nginx), ferry into
+# GPU and host memory vs kvikio, boto3, runai-model-streamer and tensorizer, curl as the ceiling, then
+# the loader over a cached s3:// dataset (REMOTE_SIZE=2g: about 5 minutes).
+# Issue 22's: gpu-st-fresh (one safetensors load per fresh process beside the peers; the
+# FERRY_ST_FRESH_* settings shorten it to about 2 minutes), gpu-small-reads (small reads into GPU
+# memory vs kvikio and pinned memory, about 1 minute), gpu-loader-fixed (the loader vs DataLoader at
+# the issue's workload). Issue 26's gpu-ckpt-cz: ferry ckpt bench --compress, cold and warm.
 benches=()
 for pat in ${GPU_BENCHES:-gpu-read gpu-ckpt gpu-loader}; do
 	benches+=(bench/$pat.sh)
