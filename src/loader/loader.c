@@ -593,20 +593,26 @@ static size_t copy_guarded(struct bus_guard *g, const struct mcopy *mc, size_t n
 #define __NR_cachestat 451
 #endif
 
+static void map_drop(struct shard_map *m)
+{
+	if (m->base)
+		munmap(m->base, m->size);
+	free(m->seg);
+	m->base = NULL;
+	m->seg = NULL;
+	m->size = 0;
+	m->next_stat = 0;
+}
+
 /* Maps shard m again when its size changed (one fstat a second). 0: mapped. */
 static int map_stat(struct shard_map *m, int fd, uint64_t now)
 {
 	struct stat st;
+	int ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size > 0;
+	if (!ok || (uint64_t)st.st_size != m->size)
+		map_drop(m);
 	m->next_stat = now + 1000000000ull;
-	if (fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0 || (uint64_t)st.st_size != m->size) {
-		if (m->base)
-			munmap(m->base, m->size);
-		free(m->seg);
-		m->base = NULL;
-		m->seg = NULL;
-		m->size = 0;
-	}
-	if (m->base || fstat(fd, &st) || !S_ISREG(st.st_mode) || st.st_size <= 0)
+	if (m->base || !ok)
 		return m->base ? 0 : -1;
 	uint64_t nseg = (((uint64_t)st.st_size - 1) >> SEG_SHIFT) + 1;
 	/* a dataset cache's entry is mapped through an open file description of its own: a mapping
@@ -652,17 +658,6 @@ static int seg_resident(struct shard_map *m, int fd, uint64_t k, uint64_t now)
 	uint64_t cost = ferry__now_ns() - t0;
 	m->seg[k] = ((now + (cost * 200 > 5000000000ull ? cost * 200 : 5000000000ull)) & ~1ull) | (uint64_t)res;
 	return res;
-}
-
-static void map_drop(struct shard_map *m)
-{
-	if (m->base)
-		munmap(m->base, m->size);
-	free(m->seg);
-	m->base = NULL;
-	m->seg = NULL;
-	m->size = 0;
-	m->next_stat = 0;
 }
 
 /*
