@@ -30,7 +30,7 @@ cp "$SRC"/tests/cli/_top.py "$SRC"/tests/cli/test_top_stale.py "$SRC"/tests/cli/
 chmod -R a+rX "$T/bin"
 chown nobody "$T/work"
 chmod 1777 "$T/shared"
-as_nobody() { runuser -u nobody -- env -i PATH=/usr/bin:/bin HOME=/ FERRY_TEST_TMPDIR="$T/work" "$@"; }
+as_nobody() { runuser -u nobody -- env -i PATH=/usr/bin:/bin HOME=/ ${LD_LIBRARY_PATH:+LD_LIBRARY_PATH="$LD_LIBRARY_PATH"} FERRY_TEST_TMPDIR="$T/work" "$@"; }
 
 # 1. The C tests of the files ferry creates and removes, as nobody
 for t in test_ckpt test_safetensors test_shards; do

@@ -64,6 +64,14 @@ static void load_check(ferry_ctx *ctx, const char *shard, const char *gpu, uint8
 	if (!ld)
 		return;
 	int r = ferry_st_load_run(ld, 0, 0, 0);
+	const char *nvc = getenv("FERRY_NVCOMP_LIB");
+	if (r && !strcmp(gpu, "on") && !(nvc && *nvc) && strstr(ferry_last_error(), "nvCOMP cannot")) {
+		/* cz_gpu=on where nvCOMP cannot load: refused with the reason, never a silent CPU decode */
+		snprintf(info, len, "refused: %s", ferry_last_error());
+		printf("%s cz_gpu=%s: %s\n", what, gpu, info);
+		ferry_st_load_destroy(ld);
+		return;
+	}
 	if (r) {
 		fprintf(stderr, "%s cz_gpu=%s: load: %s\n", what, gpu, ferry_last_error());
 		t_failures++;
