@@ -30,7 +30,13 @@ def env_rank():
 
 
 def result(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
+    line = "RESULT " + json.dumps(kw) + "\n"
+    d = os.environ.get("MULTI_GPU_RESULTS")
+    if d:  # one file per rank: ranks sharing torchrun's stdout interleaved their lines
+        with open(os.path.join(d, "rank-%d.json" % env_rank()[0]), "a") as f:
+            f.write(line)
+    sys.stdout.write(line)
+    sys.stdout.flush()
 
 
 def cpu_s():

@@ -38,9 +38,11 @@ TR=("$PY" -m torch.distributed.run --standalone)
 # ranks NPROC MODE ARGS...: runs bench/multi-gpu.py under torchrun, prints its RESULT lines (by rank)
 ranks() {
 	local n=$1; shift
-	OMP_NUM_THREADS=1 "${TR[@]}" --nproc-per-node "$n" bench/multi-gpu.py --device "$DEVICE" "$@" \
+	rm -rf "$LOG/results" && mkdir -p "$LOG/results" || return 1
+	MULTI_GPU_RESULTS=$LOG/results OMP_NUM_THREADS=1 "${TR[@]}" --nproc-per-node "$n" bench/multi-gpu.py --device "$DEVICE" "$@" \
 		>"$LOG/last.out" 2>&1 || { echo "=== failed: $*"; tail -n 30 "$LOG/last.out"; return 1; }
-	grep '^RESULT ' "$LOG/last.out" | sed 's/^RESULT //'
+	cp "$LOG/last.out" "$LOG/run-$n-$1-${3:-}.out" # each run's log kept (FERRY_TRACE's spans in the weights runs)
+	cat "$LOG"/results/rank-*.json | sed 's/^RESULT //'
 }
 # j EXPR: evaluates a Python expression over R (the RESULT objects on stdin, a list)
 j() { $PY -c "import json,sys; R=[json.loads(l) for l in sys.stdin if l.strip()]; print($1)"; }
@@ -49,7 +51,9 @@ echo "=== $(date -u +%FT%TZ) $(hostname): $NGPU GPU(s), device $DEVICE, $(nproc)
 
 # ------------------------------------------------------------------------------------------- reads
 if [ "$DEVICE" = cuda ]; then
-	rd() { "$FERRY" bench --filename "$SHM/read.bin" --size "${READ_GB}g" --bs 16m --iodepth 4 --runtime "$SECS" \
+	# one read of the whole file per GPU through the library (gpu-read.sh's ferry rows: --api pread,
+	# --bs 1g), so the engine's workers and the copy units carry it, not the bench's job thread
+	rd() { "$FERRY" bench --filename "$SHM/read.bin" --size "${READ_GB}g" --bs 1g --api pread --runtime "$SECS" \
 		--gpus "$1" --output-format json >"$LOG/read-$1.json" 2>"$LOG/read-$1.err"; }
 	f() { $PY -c "import json; t=json.load(open('$1'))['ferry']; print($2)"; }
 	if rd 0; then
@@ -114,6 +118,7 @@ wl() { # NPROC LOADER -> "wall_s max_load_s" (each rank a fresh process, torchru
 	t1=$(now)
 	echo "$r" | j "'%.3f %.3f %d' % ($t1 - $t0, max(x['load_s'] for x in R), max(x['bytes'] for x in R))"
 }
+export FERRY_TRACE=1 # load_file's spans (context, open, plan, alloc, read) on each rank's stderr
 plain=$(wl 1 plain) && row weights-1gpu "$(echo "$plain" | awk '{printf "%.2f s", $2}')" "ferry load_file in one fresh process, $(echo "$plain" | awk '{printf "%.2f GB/s; the whole process %.2f s", $3/$2/1e9, $1}')" || { row weights-1gpu FAILED "see multi-gpu.log"; rc=1; }
 it1=$(wl 1 instanttensor 2>/dev/null) && row weights-1gpu-instanttensor "$(echo "$it1" | awk '{printf "%.2f s", $2}')" "InstantTensor safe_open in one fresh process; the whole process $(echo "$it1" | awk '{printf "%.2f s", $1}')" || row weights-1gpu-instanttensor "-" "InstantTensor did not run (pip install .whl/instanttensor-*.whl?)"
 if [ "$NGPU" -ge 2 ]; then
