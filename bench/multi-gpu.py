@@ -134,6 +134,17 @@ def weights(index, mode, device):
 def loader(d, seconds, device):
     torch, dist, rank, world, local = init(device)
     import ferry
+    if os.environ.get("MULTI_GPU_LOADER_BIND", "1") != "0":
+        # issue 28: each rank "within its 1-core budget": every thread of the rank's process (the
+        # CUDA runtime's and NCCL's included) bound to one CPU of its own before the loader starts
+        # its threads, which inherit it; the ranks' CPUs spread over the machine
+        cpus = sorted(os.sched_getaffinity(0))
+        one = {cpus[(2 * rank + 1) * len(cpus) // (2 * world)]}
+        for t in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(t), one)
+            except OSError:
+                pass
     ld = ferry.Loader(os.path.join(d, "tokens"), batch_size=32, seq_len=2048, device=dev_of(device, local), threads=1,
                       prefetch=8, rank=rank, world_size=world, seed=1)
     it = iter(ld)
