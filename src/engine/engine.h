@@ -535,7 +535,10 @@ struct ferry_ctx {
 	 * together, each copied to the GPU in one piece on one stream */
 	pthread_mutex_t units_mu;
 	struct ferry__units *units[FERRY__MAX_GPUS];
-	uint64_t unit_next; /* sequence of units handed out, under mu */
+	/* sequence of units handed out per device, under mu: a device's units and their rounds are
+	 * its own, so one counter shared by two devices left rounds of a unit never issued there (a
+	 * read into two GPUs at once waited for ever) */
+	uint64_t unit_next[FERRY__MAX_GPUS];
 };
 
 /* Counts into local counters (a queue's, folded in by ferry__stats_flush) or, with local NULL,

@@ -105,7 +105,7 @@ void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__c
 			cur = ferry__chunk_end(cur, end, ctx->cfg.chunk_size);
 			np++;
 		}
-		e->unit_seq = ctx->unit_next++;
+		e->unit_seq = ctx->unit_next[e->dev]++; /* e->dev < FERRY__MAX_GPUS: eligible */
 		e->unit_left = e->unit_np = np;
 		e->unit_first = c->off;
 		e->unit_bytes = (size_t)(cur - c->off);

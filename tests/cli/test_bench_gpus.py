@@ -25,8 +25,8 @@ def build(d, name, flags):
     return out
 
 
-def bench(env, *args):
-    p = subprocess.run([FERRY, "bench", *args], capture_output=True, text=True, timeout=120, env=env)
+def bench(env, *args, timeout=120):
+    p = subprocess.run([FERRY, "bench", *args], capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -62,6 +62,20 @@ def main():
         job = doc["jobs"][0]
         check(job["ferry"]["numjobs"] == 2, "--numjobs 1 per GPU: two jobs", job["ferry"]["numjobs"], 2)
         check(job["read"]["io_bytes"] == 16 << 20, "the run's bytes are both GPUs'", job["read"]["io_bytes"], 16 << 20)
+
+    # One read of the whole (page-cache-resident) file per GPU through the library, the way
+    # bench/multi-gpu.sh reads: the copy units of both devices at once. Their rounds were numbered
+    # by one counter for all devices, and the two reads waited for ever on the 2-GPU machine.
+    try:
+        rc, out, err = bench(two, "--filename", data, "--bs", "8m", "--api", "pread", "--io_size", "64m",
+                             "--gpus", "0,1", "--output-format", "json", timeout=60)
+    except subprocess.TimeoutExpired:
+        rc, out, err = -1, "", "did not finish in 60 s (hung)"
+    check(rc == 0, "--api pread --bs 8m into both GPUs at once finishes", (rc, err[-1500:]), 0)
+    if rc == 0:
+        gpus = json.loads(out)["ferry"].get("gpus", [])
+        check([g.get("bytes") for g in gpus] == [64 << 20, 64 << 20], "each GPU's job moved --io_size bytes",
+              [g.get("bytes") for g in gpus])
 
     rc, out, err = bench(two, *common, "--gpus", "1,0")
     check(rc == 0, "text output exits 0", (rc, err[-1500:]), 0)
