@@ -360,3 +360,55 @@ def test_same_shape_items_have_their_own_zips(tmp_path):
         raw = (tmp_path / sd.relative_path).read_bytes()[sd.offset:sd.offset + sd.length]
         assert zipfile.ZipFile(io.BytesIO(raw)).testzip() is None, sd
     assert len(md.storage_data) == len(st)
+
+
+def test_reader_reads_in_batches(tmp_path, monkeypatch):
+    """ferry's reader reads a plan's items in a few submissions, not one per item (the framing
+    of every item, then every contiguous region, then the others through host memory in
+    groups of at most _HOST_BATCH bytes), and every value lands where it belongs: large items
+    (framing read from their ends), small ones (read whole), same-shape items (one pickle
+    parsed), non-contiguous regions spread over several host groups."""
+    st = {"big%d" % i: torch.randn(5000 + 7 * (i % 2)) for i in range(6)}
+    st.update({"s%d" % i: torch.tensor(float(i)) for i in range(5)})
+    st.update({"t%d" % i: torch.randn(40, 30).t() for i in range(4)})  # column-major on disk
+    st["b"] = "a byte item"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(st, storage_writer=fdcp.Writer(tmp_path), no_dist=True)
+    calls = []
+    real = fdcp._ferry.Context.read_batch
+
+    def counting(self, entries):
+        calls.append(len(entries))
+        return real(self, entries)
+
+    monkeypatch.setattr(fdcp._ferry.Context, "read_batch", counting)
+    monkeypatch.setattr(fdcp, "_HOST_BATCH", 2 * 40 * 30 * 4)  # two of the four per group
+    out = {k: torch.zeros(30, 40) if k.startswith("t") else
+           (torch.zeros_like(v) if isinstance(v, torch.Tensor) else "") for k, v in st.items()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(out, storage_reader=fdcp.Reader(tmp_path), no_dist=True)
+    bad = [k for k, v in st.items() if isinstance(v, torch.Tensor) and not torch.equal(out[k], v)]
+    assert not bad, bad
+    assert out["b"] == st["b"]
+    # framing (16 items, the large ones as two windows), 11 contiguous, 2 host groups of 2
+    assert calls == [6 * 2 + 5 + 4 + 1, 11, 2, 2], calls
+
+
+def test_reader_truncated_file_names_the_item(tmp_path):
+    st = {"w%d" % i: torch.full((4096,), float(i)) for i in range(4)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save(st, storage_writer=fdcp.Writer(tmp_path), no_dist=True)
+    md = pickle.loads((tmp_path / ".metadata").read_bytes())
+    last = max(md.storage_data.values(), key=lambda s: s.offset)
+    os.truncate(tmp_path / last.relative_path, last.offset + last.length // 2)
+    out = {k: torch.zeros(4096) for k in st}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(dcp.api.CheckpointException) as e:
+            dcp.load(out, storage_reader=fdcp.Reader(tmp_path), no_dist=True)
+    # dcp.load wraps it in a CheckpointException, with the rank's exception in failures
+    msg = str(e.value) + " ".join(str(x) for x in getattr(e.value, "failures", {}).values())
+    assert "run past the end" in msg and last.relative_path in msg, msg
