@@ -62,7 +62,8 @@ class Run:
         self.out.append({"epoch": e, "samples": n, "seconds": dt, "samples_per_s": n / dt,
                          "pipeline_us_per_batch": d["cpu_ns"] / 1e3 / max(b, 1),
                          "reads": d["reads"], "inline_reads": d["inline_reads"], "mapped_reads": d["mapped_reads"],
-                         **{k: st[k] for k in ("budget", "fetched", "fetched_bytes", "evicted", "remote_reads", "reused") if k in st}})
+                         **{k: st[k] for k in ("budget", "fetched", "fetched_bytes", "evicted", "remote_reads", "reused",
+                                                      "waits", "wait_s") if k in st}})
         print(json.dumps({"run": self.name, "path": self.path, **self.out[-1]}), flush=True)
 
     def close(self):

@@ -1,8 +1,11 @@
 /*
  * The local cache of datasets read from URLs (docs/REMOTE.md, "The dataset cache"): whole shards
- * staged into the context's cache_dir by cache_jobs threads, ahead of the loader (in index order)
- * and at once for a shard a read is waiting for; reads go to the staged file while it is there,
- * to the object otherwise. An entry is "<xxh3(url)>-<xxh3(ETag, size)>.fcache", so a changed
+ * staged into the context's cache_dir by cache_jobs threads, ahead of the reads and at once for a
+ * shard a read is waiting for; reads go to the staged file while it is there, to the object
+ * otherwise. Ahead of plain reads the stagers go in index order and eviction takes the least
+ * recently used; ahead of a loader that gave its order (ferry__dataset_cache_plan: this epoch's
+ * shards and the next epoch's) they go in that order as far as the budget holds, and eviction
+ * takes the shard whose next use is farthest (never one of the window being read). An entry is "<xxh3(url)>-<xxh3(ETag, size)>.fcache", so a changed
  * object has another name and is fetched again, never mixed with the old bytes; beside it
  * "<name>.json" records the URL, ETag and size, compared on reuse. Entries are made through
  * durable.h (a temporary renamed into place: no process sees a half file) and held open with a
@@ -37,8 +40,9 @@ struct centry {
 	ferry_file *local; /* ST_READY: the staged file, flock(LOCK_SH) held on its descriptor */
 	int state;
 	unsigned users;    /* reads holding local (ferry__dataset_file_get .. put) */
-	bool used;         /* read since it was staged: may be evicted */
-	bool skipped;      /* no room: read from the object until the next ferry__dataset_cache_rewind */
+	bool used;         /* read since it was staged: may be evicted (without a plan) */
+	bool skipped;      /* no room: read from the object until the next ferry__dataset_cache_rewind
+			    * (with a plan: until the reads reach another window) */
 	bool urgent;       /* a read waits for it */
 	uint64_t gen;      /* ST_READY: which staging of it local is (a reader's mapping of it names it) */
 	char name[64];
@@ -55,17 +59,26 @@ struct ferry__dscache {
 	pthread_cond_t cv;
 	struct centry *e;
 	uint32_t n;
-	uint32_t next; /* background staging: the next shard in index order */
-	/* the reads' plan (ferry__dataset_cache_plan): shards in the order they will be read, window
-	 * at a time; staging goes by it, up to the end of the window after the one being read */
-	uint32_t *plan, *plan_pos; /* [n]: plan_pos[s] = s's place in plan, UINT32_MAX if none */
-	uint32_t plan_n, window, rwin, plan_next;
+	uint32_t next; /* background staging without a plan: the next shard in index order */
+	/* the reads' plan (ferry__dataset_cache_plan): the shards in the order they will be read,
+	 * window at a time, this epoch's (places 0 .. plan_n - 1) then the next epoch's (plan_n ..
+	 * 2 plan_n - 1); rwin: the window the reads are in (ferry__dataset_cache_reading). A shard's
+	 * next use is its place this epoch when that is not behind the reads, else its place next
+	 * epoch (next_use); the stagers stage in plan order from the reads on, as far as the budget
+	 * holds without evicting a shard needed sooner (blocked when it does not) */
+	uint32_t *plan;     /* [2 plan_n] */
+	uint32_t *plan_pos; /* [2 n]: plan_pos[s] = s's place this epoch, plan_pos[n + s] next epoch's,
+			     * UINT32_MAX if none */
+	uint32_t plan_n, window, rwin;
+	uint64_t plan_next; /* the place the stagers look at next */
 	uint64_t plan_epoch;
+	bool blocked;       /* the shard at plan_next found no room: staging waits for the reads */
 	bool stop;
 	pthread_t *threads;
 	unsigned nthreads;
 	/* what happened, for ferry__dataset_cache_stats */
 	uint64_t hits, fetched, fetched_bytes, evicted, remote_reads;
+	uint64_t waits, wait_ns; /* reads that waited for their shard's staging, and how long */
 	uint64_t staging_bytes; /* this dataset's shards being fetched: counted against the budget */
 	uint64_t gens;          /* entries made ready so far: the next one's gen */
 	_Atomic uint64_t drops; /* this dataset's entries given up so far (ferry__dataset_cache_drops) */
@@ -197,32 +210,84 @@ struct dent {
 	char name[64];
 	uint64_t bytes;
 	struct timespec mtime;
+	uint32_t shard; /* this dataset's shard it is, c->n when another's */
+	uint64_t use;   /* with a plan: the shard's next use (next_use), when it was listed */
 };
 
 static int cmp_dent(const void *a, const void *b)
 {
 	const struct dent *x = a, *y = b;
+	/* with a plan (use set): others' entries first, by recency, then this dataset's, farthest
+	 * next use first */
+	if (x->use != y->use)
+		return x->use > y->use ? -1 : 1;
 	if (x->mtime.tv_sec != y->mtime.tv_sec)
 		return x->mtime.tv_sec < y->mtime.tv_sec ? -1 : 1;
 	return x->mtime.tv_nsec < y->mtime.tv_nsec ? -1 : x->mtime.tv_nsec > y->mtime.tv_nsec;
 }
 
-/* 1 when shard s is in the window being read or the next one (the plan's): kept from eviction. */
-static int in_windows(const struct ferry__dscache *c, uint32_t s)
+/* With a plan: the place of shard s's next read (this epoch's from the reads' window on, else
+ * the next epoch's, counted after this one's), UINT64_MAX when the plan does not read it. */
+static uint64_t next_use(const struct ferry__dscache *c, uint32_t s)
 {
-	if (!c->plan_n || c->plan_pos[s] == UINT32_MAX)
+	uint64_t lo = (uint64_t)c->rwin * c->window;
+	if (s >= c->n)
+		return UINT64_MAX;
+	if (c->plan_pos[s] != UINT32_MAX && c->plan_pos[s] >= lo)
+		return c->plan_pos[s];
+	return c->plan_pos[c->n + s] != UINT32_MAX ? (uint64_t)c->plan_n + c->plan_pos[c->n + s] : UINT64_MAX;
+}
+
+/* With a plan: 1 when shard s is read in the window being read (never evicted). */
+static int in_read_window(const struct ferry__dscache *c, uint32_t s)
+{
+	uint64_t u = next_use(c, s), lo = (uint64_t)c->rwin * c->window;
+	return u >= lo && u < lo + c->window;
+}
+
+/*
+ * With a plan: 1 when shard s may be evicted to stage a shard for place limit (0: one a read waits
+ * for). Never one of the window being read, nor one used before limit. For the next window (or a
+ * read waiting), the one used farthest goes, whichever: that window must be there when the reads
+ * reach it. Further ahead, only a shard used in a later epoch than limit (read already this epoch,
+ * or not in the plan): the shards kept from the last epoch are hits when their turn comes, and
+ * evicting one to stage a shard earlier would fetch it twice (simulated, 15 shards, a cache of 5,
+ * windows of 1: 14-15 fetched an epoch so, 11-12 without; no order of fetches does under 10).
+ */
+static int may_evict_but_read(const struct ferry__dscache *c, uint32_t s, uint64_t limit)
+{
+	uint64_t u = next_use(c, s);
+	if (c->e[s].state == ST_STAGING || in_read_window(c, s) || u <= limit)
 		return 0;
-	uint64_t p = c->plan_pos[s], lo = (uint64_t)c->rwin * c->window;
-	return p >= lo && p < lo + 2 * (uint64_t)c->window;
+	return limit < ((uint64_t)c->rwin + 2) * c->window || u == UINT64_MAX || u / c->plan_n > limit / c->plan_n;
+}
+
+/* may_evict_but_read, and no read holds it */
+static int may_evict(const struct ferry__dscache *c, uint32_t s, uint64_t limit)
+{
+	return !c->e[s].users && may_evict_but_read(c, s, limit);
+}
+
+/* With a plan: 1 when a read of shard s (not staged) should wait for it to be staged: s is read in
+ * the window before the reads' (a pipeline thread behind the others), theirs or the next; any other
+ * read of it (the tail of a token window that begins in another shard) goes to the object. */
+static int near_reads(const struct ferry__dscache *c, uint32_t s)
+{
+	uint64_t p = c->plan_pos[s], w = p / c->window;
+	return p != UINT32_MAX && w + 1 >= c->rwin && w <= (uint64_t)c->rwin + 1;
 }
 
 /*
  * Room for need more bytes under the budget: the directory's entries (every process's) are
- * counted and the least recently used evicted until they fit, skipping entries in use (this
- * dataset's shards being read or not yet read since staged; anyone's locked ones). Called with
- * c->mu held; drops it while it works on files. 0 when there is room, -ENOSPC when not.
+ * counted and evicted until they fit, skipping entries in use (this dataset's shards being read;
+ * anyone's locked ones). Without a plan the least recently used go first, and this dataset's
+ * shards not yet read since staged stay. With one, other datasets' entries go first (least
+ * recently used first: their use is not known), then this dataset's shards whose next use is
+ * farthest, only those may_evict allows for place limit (staging a shard ahead never evicts one
+ * needed sooner). Called with c->mu held; drops it while it works
+ * on files. 0 when there is room, -ENOSPC when not.
  */
-static int make_room(struct ferry__dscache *c, uint64_t need)
+static int make_room(struct ferry__dscache *c, uint64_t need, uint64_t limit)
 {
 	if (!c->budget)
 		return 0;
@@ -254,19 +319,50 @@ static int make_room(struct ferry__dscache *c, uint64_t need)
 		nv++;
 	}
 	closedir(d);
+	for (size_t i = 0; i < nv; i++) {
+		uint32_t s;
+		for (s = 0; s < c->n && strcmp(c->e[s].name, v[i].name); s++)
+			;
+		v[i].shard = s;
+		/* others' first (UINT64_MAX), then ours by next use (a shard the plan does not read:
+		 * UINT64_MAX - 1) */
+		v[i].use = !c->plan_n ? 0 : s == c->n ? UINT64_MAX : next_use(c, s) - (next_use(c, s) == UINT64_MAX);
+	}
 	qsort(v, nv, sizeof(*v), cmp_dent);
+	if (c->plan_n) {
+		/* what would go first: nothing goes unless that makes room (a stage that found none
+		 * after all would have evicted for nothing), and staging ahead waits for a shard a read
+		 * still holds (its put wakes the stagers) rather than evict one used sooner instead */
+		uint64_t left = total;
+		for (size_t i = 0; i < nv && left + c->staging_bytes + need > c->budget; i++) {
+			uint32_t s = v[i].shard;
+			if (s == c->n || may_evict(c, s, limit))
+				left -= v[i].bytes;
+			else if (limit && may_evict_but_read(c, s, limit))
+				break;
+		}
+		if (left + c->staging_bytes + need > c->budget) {
+			free(v);
+			return -ENOSPC;
+		}
+	}
 	/* the shards this dataset's other stagers are fetching count too: with cache_jobs of them
 	 * each seeing the directory without the others' shards, a budget of half a 6-shard dataset
 	 * held all 6 (bench/remote-loader.py) and, full, nothing was ever evicted again */
 	for (size_t i = 0; i < nv && total + c->staging_bytes + need > c->budget; i++) {
 		/* one of this dataset's: give it up first when it may go */
-		uint32_t s;
-		for (s = 0; s < c->n && strcmp(c->e[s].name, v[i].name); s++)
-			;
+		uint32_t s = v[i].shard;
 		if (s < c->n) {
 			struct centry *e = &c->e[s];
-			if (e->state != ST_READY || e->users || !e->used || in_windows(c, s))
+			if (c->plan_n) { /* (the reads may have moved on while mu was dropped) */
+				if (!may_evict(c, s, limit))
+					continue;
+			} else if (e->state != ST_READY || e->users || !e->used) {
 				continue;
+			}
+		}
+		if (s < c->n && c->e[s].state == ST_READY) {
+			struct centry *e = &c->e[s];
 			ferry_file *f = e->local;
 			e->local = NULL;
 			e->state = ST_NONE;
@@ -333,16 +429,22 @@ static int fetch(struct ferry__dscache *c, uint32_t s, const char *name)
 	return r;
 }
 
-/* One shard: reused when staged before (by anyone), else fetched when there is room. */
-static void stage(struct ferry__dscache *c, uint32_t s)
+/*
+ * One shard: reused when staged before (by anyone), else fetched when there is room. ahead: the
+ * place in the plan it is staged for, ahead of the reads (UINT64_MAX: a read waits for it, or
+ * there is no plan): then only shards used after it may be evicted for it, and when that does not
+ * make room the stagers wait for the reads to move on (blocked) rather than skip it.
+ */
+static void stage(struct ferry__dscache *c, uint32_t s, uint64_t ahead)
 {
 	struct centry *e = &c->e[s];
 	ferry_file *f = NULL;
 	int ok = open_entry(c, s, e->name, &f);
+	int room = -ENOSPC;
 	pthread_mutex_lock(&c->mu);
 	if (ok) {
 		c->hits++;
-	} else if (make_room(c, (uint64_t)ferry_file_size(c->ds->files[s])) == 0) {
+	} else if ((room = make_room(c, (uint64_t)ferry_file_size(c->ds->files[s]), ahead == UINT64_MAX ? 0 : ahead)) == 0) {
 		uint64_t size = (uint64_t)ferry_file_size(c->ds->files[s]);
 		c->staging_bytes += size;
 		pthread_mutex_unlock(&c->mu);
@@ -366,6 +468,19 @@ static void stage(struct ferry__dscache *c, uint32_t s)
 		e->state = ST_READY;
 		e->gen = ++c->gens;
 		e->used = false;
+	} else if (room && ahead != UINT64_MAX) {
+		/* no room ahead of the reads without evicting a shard needed sooner: tried again from
+		 * this place when they move on; a read that came for it meanwhile has it staged now
+		 * (urgent: pick gives it again, and any shard outside the read window may go for it) */
+		e->state = ST_NONE;
+		if (!e->urgent) {
+			c->blocked = true;
+			if (c->plan_next > ahead)
+				c->plan_next = ahead;
+		}
+		pthread_cond_broadcast(&c->cv);
+		pthread_mutex_unlock(&c->mu);
+		return;
 	} else {
 		e->state = ST_NONE;
 		e->skipped = true;
@@ -375,21 +490,32 @@ static void stage(struct ferry__dscache *c, uint32_t s)
 	pthread_mutex_unlock(&c->mu);
 }
 
-/* The next shard to stage (under mu): one a read waits for, else the next in index order. */
-static int pick(struct ferry__dscache *c, uint32_t *s)
+/*
+ * The next shard to stage (under mu): one a read waits for (*ahead UINT64_MAX), else with a plan
+ * the next in it from the reads on (this epoch's, then the next epoch's: *ahead its place), else
+ * the next in index order.
+ */
+static int pick(struct ferry__dscache *c, uint32_t *s, uint64_t *ahead)
 {
+	*ahead = UINT64_MAX;
 	for (uint32_t i = 0; i < c->n; i++)
 		if (c->e[i].urgent && c->e[i].state == ST_NONE) {
 			*s = i;
 			return 1;
 		}
 	if (c->plan_n) {
-		uint64_t end = ((uint64_t)c->rwin + 2) * c->window;
-		for (; c->plan_next < c->plan_n && c->plan_next < end; c->plan_next++) {
+		if (c->blocked)
+			return 0;
+		uint64_t lo = (uint64_t)c->rwin * c->window;
+		if (c->plan_next < lo)
+			c->plan_next = lo;
+		for (; c->plan_next < 2 * (uint64_t)c->plan_n; c->plan_next++) {
 			uint32_t i = c->plan[c->plan_next];
-			if (c->e[i].state == ST_NONE && !c->e[i].skipped) {
+			/* (a shard's place next epoch is its next use only once this epoch's reads of it
+			 * are behind) */
+			if (c->e[i].state == ST_NONE && !c->e[i].skipped && next_use(c, i) == c->plan_next) {
 				*s = i;
-				c->plan_next++;
+				*ahead = c->plan_next++;
 				return 1;
 			}
 		}
@@ -409,13 +535,14 @@ static void *stager(void *arg)
 	pthread_mutex_lock(&c->mu);
 	while (!c->stop) {
 		uint32_t s;
-		if (!pick(c, &s)) {
+		uint64_t ahead;
+		if (!pick(c, &s, &ahead)) {
 			pthread_cond_wait(&c->cv, &c->mu);
 			continue;
 		}
 		c->e[s].state = ST_STAGING;
 		pthread_mutex_unlock(&c->mu);
-		stage(c, s);
+		stage(c, s, ahead);
 		pthread_mutex_lock(&c->mu);
 	}
 	pthread_mutex_unlock(&c->mu);
@@ -581,26 +708,27 @@ ferry_file *ferry__dataset_file_get(struct ferry_dataset *ds, uint32_t s)
 	if (c->pid != self_pid()) /* a fork()ed child (DataLoader workers): what was staged, else the object */
 		return e->state == ST_READY ? e->local : ds->files[s];
 	pthread_mutex_lock(&c->mu);
-	if (c->plan_n && c->plan_pos[s] != UINT32_MAX && c->plan_pos[s] / c->window > c->rwin) {
-		/* the reads reached the next window: the one after it may be staged now (the shards
-		 * that found no room before are tried again) */
-		c->rwin = c->plan_pos[s] / c->window;
-		c->plan_next = c->rwin * c->window;
-		for (uint32_t i = 0; i < c->n; i++)
-			c->e[i].skipped = false;
-		pthread_cond_broadcast(&c->cv);
-	}
 	/* a shard not staged yet is staged now, whole, and the read waits for it: a read of the object
-	 * beside the staging would fetch its bytes twice */
-	/* with a plan, a shard outside the two windows (the tail of a token window that begins in the
-	 * window's last shard) is read from the object: staging it whole would evict what the windows
-	 * need */
-	if (e->state == ST_NONE && !e->skipped && (!c->plan_n || in_windows(c, s))) {
-		e->urgent = true;
-		pthread_cond_broadcast(&c->cv);
-	}
-	while (!c->stop && (e->state == ST_STAGING || (e->state == ST_NONE && e->urgent)))
+	 * beside the staging would fetch its bytes twice. With a plan, only one read near where the
+	 * reads are (near_reads); another (the tail of a token window that begins in another shard)
+	 * is read from the object: staging it whole would evict what the next windows need */
+	const bool want = !c->plan_n || near_reads(c, s);
+	uint64_t t0 = 0;
+	for (;;) {
+		if (e->state == ST_NONE && !e->skipped && want && !e->urgent) {
+			e->urgent = true;
+			pthread_cond_broadcast(&c->cv);
+		}
+		if (c->stop || !(e->state == ST_STAGING || (e->state == ST_NONE && e->urgent)))
+			break;
+		if (!t0) {
+			t0 = ferry__now_ns();
+			c->waits++;
+		}
 		pthread_cond_wait(&c->cv, &c->mu);
+	}
+	if (t0)
+		c->wait_ns += ferry__now_ns() - t0;
 	ferry_file *f;
 	if (e->state == ST_READY) {
 		e->users++;
@@ -620,8 +748,10 @@ void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f
 	if (!c || s >= c->n || f == ds->files[s] || c->pid != self_pid())
 		return;
 	pthread_mutex_lock(&c->mu);
-	if (c->e[s].users)
-		c->e[s].users--;
+	if (c->e[s].users && !--c->e[s].users && c->blocked) {
+		c->blocked = false; /* it may be evicted now: the staging ahead may find room */
+		pthread_cond_broadcast(&c->cv);
+	}
 	pthread_mutex_unlock(&c->mu);
 }
 
@@ -634,6 +764,7 @@ void ferry__dataset_cache_rewind(struct ferry_dataset *ds)
 	for (uint32_t s = 0; s < c->n; s++)
 		c->e[s].skipped = false;
 	c->next = 0;
+	c->blocked = false;
 	pthread_cond_broadcast(&c->cv);
 	pthread_mutex_unlock(&c->mu);
 }
@@ -657,8 +788,9 @@ int ferry_dataset_cache_stats(ferry_dataset *ds, char *buf, size_t len)
 	ferry__sbuf_json(&b, c->dir);
 	ferry__sbuf_printf(&b, ", \"budget\": %" PRIu64 ", \"shards\": %u, \"staged\": %u, \"reused\": %" PRIu64
 			   ", \"fetched\": %" PRIu64 ", \"fetched_bytes\": %" PRIu64 ", \"evicted\": %" PRIu64
-			   ", \"remote_reads\": %" PRIu64 ", \"error\": ", c->budget, c->n, ready, c->hits,
-			   c->fetched, c->fetched_bytes, c->evicted, c->remote_reads);
+			   ", \"remote_reads\": %" PRIu64 ", \"waits\": %" PRIu64 ", \"wait_s\": %.6f, \"error\": ",
+			   c->budget, c->n, ready, c->hits, c->fetched, c->fetched_bytes, c->evicted, c->remote_reads,
+			   c->waits, (double)c->wait_ns / 1e9);
 	ferry__sbuf_json(&b, c->err);
 	ferry__sbuf_puts(&b, "}");
 	pthread_mutex_unlock(&c->mu);
@@ -699,20 +831,25 @@ uint64_t ferry__dataset_cache_budget(const struct ferry_dataset *ds)
 	return ds->cache ? ds->cache->budget : 0;
 }
 
-void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const uint32_t *seq, uint32_t n, uint32_t window)
+void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const uint32_t *seq, const uint32_t *next,
+				uint32_t n, uint32_t window)
 {
 	struct ferry__dscache *c = ds->cache;
 	if (!c || c->pid != self_pid() || !n || n > c->n || !window)
 		return;
+	for (uint32_t i = 0; i < n; i++)
+		if (seq[i] >= n || (next && next[i] >= n))
+			return; /* not a plan of this dataset's shards (not reached: the loader's) */
 	pthread_mutex_lock(&c->mu);
 	/* every pipeline thread sets the epoch's plan: the same one is kept as it is (where its reads are) */
-	if (c->plan_n == n && c->plan_epoch == epoch && c->window == window && !memcmp(c->plan, seq, n * sizeof(*seq))) {
+	if (c->plan_n == n && c->plan_epoch == epoch && c->window == window && !memcmp(c->plan, seq, n * sizeof(*seq)) &&
+	    (next ? !memcmp(c->plan + n, next, n * sizeof(*next)) : !memcmp(c->plan + n, seq, n * sizeof(*seq)))) {
 		pthread_mutex_unlock(&c->mu);
 		return;
 	}
 	if (!c->plan) {
-		c->plan = malloc(c->n * sizeof(*c->plan));
-		c->plan_pos = malloc(c->n * sizeof(*c->plan_pos));
+		c->plan = malloc(2 * (size_t)c->n * sizeof(*c->plan));
+		c->plan_pos = malloc(2 * (size_t)c->n * sizeof(*c->plan_pos));
 		if (!c->plan || !c->plan_pos) { /* no plan: index order, as without one */
 			free(c->plan);
 			free(c->plan_pos);
@@ -721,19 +858,45 @@ void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const u
 			return;
 		}
 	}
+	/* without the next epoch's order, this one's again (the best guess: a shard read early is
+	 * read early again) */
 	memcpy(c->plan, seq, n * sizeof(*seq));
-	for (uint32_t i = 0; i < c->n; i++)
+	memcpy(c->plan + n, next ? next : seq, n * sizeof(*seq));
+	for (uint32_t i = 0; i < 2 * c->n; i++)
 		c->plan_pos[i] = UINT32_MAX;
-	for (uint32_t i = 0; i < n; i++)
-		if (seq[i] < c->n)
-			c->plan_pos[seq[i]] = i;
+	for (uint32_t i = 0; i < n; i++) {
+		c->plan_pos[c->plan[i]] = i;
+		c->plan_pos[c->n + c->plan[n + i]] = i;
+	}
 	c->plan_n = n;
 	c->plan_epoch = epoch;
 	c->window = window;
 	c->rwin = 0;
 	c->plan_next = 0;
+	c->blocked = false;
 	for (uint32_t i = 0; i < c->n; i++)
 		c->e[i].skipped = false;
 	pthread_cond_broadcast(&c->cv);
+	pthread_mutex_unlock(&c->mu);
+}
+
+void ferry__dataset_cache_reading(struct ferry_dataset *ds, uint64_t epoch, uint32_t s)
+{
+	struct ferry__dscache *c = ds->cache;
+	if (!c || c->pid != self_pid())
+		return;
+	pthread_mutex_lock(&c->mu);
+	if (c->plan_n && c->plan_epoch == epoch && s < c->n && c->plan_pos[s] != UINT32_MAX &&
+	    c->plan_pos[s] / c->window > c->rwin) {
+		/* the reads moved on: the shards of the windows behind them are next used next epoch
+		 * (the farthest: evicted first), and the staging ahead goes on from here (the shards
+		 * that found no room before are tried again) */
+		c->rwin = c->plan_pos[s] / c->window;
+		c->plan_next = (uint64_t)c->rwin * c->window;
+		c->blocked = false;
+		for (uint32_t i = 0; i < c->n; i++)
+			c->e[i].skipped = false;
+		pthread_cond_broadcast(&c->cv);
+	}
 	pthread_mutex_unlock(&c->mu);
 }

@@ -134,12 +134,17 @@ uint64_t ferry__dataset_cache_drops(struct ferry_dataset *ds);
 uint64_t ferry__dataset_cache_budget(const struct ferry_dataset *ds);
 /*
  * The order the reads will visit the shards in (the loader's shard-window shuffle), window shards
- * at a time: the stagers then stage the shards in that order, the window being read and the next
- * one only, and eviction spares those two windows. Set again each epoch (by every pipeline thread:
- * the same epoch's plan is kept where its reads are).
+ * at a time: seq this epoch's, next the next epoch's (NULL: unknown, this one's is used), n shards
+ * each. The stagers then stage in that order from the window being read on, as far ahead as the
+ * budget holds without evicting a shard needed sooner, and a full cache evicts the shard whose
+ * next use is farthest, never one of the window being read (without a plan: index order, least
+ * recently used). Set again each epoch (by every pipeline thread: the same plan is kept where its
+ * reads are). ferry__dataset_cache_reading tells it where the reads are: a batch of that epoch
+ * reads shard s's window (its first item's shard); a later window moves the reads on.
  */
-void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const uint32_t *seq, uint32_t n,
-			       uint32_t window);
+void ferry__dataset_cache_plan(struct ferry_dataset *ds, uint64_t epoch, const uint32_t *seq, const uint32_t *next,
+			       uint32_t n, uint32_t window);
+void ferry__dataset_cache_reading(struct ferry_dataset *ds, uint64_t epoch, uint32_t s);
 /* A small object (an index) through cache_dir: get gives 1 with *buf when an entry matches remote's
  * URL, ETag and size (no GET), put records what was just read (best effort). */
 int ferry__cache_get_small(ferry_ctx *ctx, const char *url, ferry_file *remote, uint8_t **buf, size_t *len);

@@ -364,6 +364,20 @@ static void seq_pos(const struct ferry_loader *l, uint64_t seq, uint64_t *epoch,
 	*b = g % l->bpe;
 }
 
+/* With the shard-window shuffle: the shard whose window item i is read in (wbound's). */
+static uint32_t window_shard(const struct ferry_loader *l, uint64_t i)
+{
+	uint32_t lo = 0, hi = l->ds->x.nfiles; /* the last shard s with wbound[s] <= i */
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		if (l->wbound[mid] <= i)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 static int epoch_indices(struct worker *w, uint64_t epoch)
 {
 	struct ferry_loader *l = w->l;
@@ -374,12 +388,18 @@ static int epoch_indices(struct worker *w, uint64_t epoch)
 	const int64_t *order = l->copies ? cp->sample + (epoch % cp->ncopies) * cp->n : w->order;
 	int err = 0;
 	if (l->window) {
-		uint32_t *seq = malloc(l->ds->x.nfiles * sizeof(*seq));
-		err = seq ? ferry__window_order(l->items, l->wbound, l->ds->x.nfiles, l->window, l->seed, epoch,
-						w->order, seq)
-			  : ferry__error(-ENOMEM, "loader: %u shards", l->ds->x.nfiles);
-		if (!err) /* the dataset's cache stages the shards in this order, a window ahead */
-			ferry__dataset_cache_plan(l->ds, epoch, seq, l->ds->x.nfiles, l->window);
+		uint32_t nf = l->ds->x.nfiles;
+		uint32_t *seq = malloc(2 * (size_t)nf * sizeof(*seq));
+		err = seq ? ferry__window_order(l->items, l->wbound, nf, l->window, l->seed, epoch, w->order, seq)
+			  : ferry__error(-ENOMEM, "loader: %u shards", nf);
+		/* the dataset's cache stages the shards in this order, and the next epoch's, as far ahead
+		 * as its budget holds, and evicts the shard whose next use in them is farthest */
+		if (!err && l->ds->cache) {
+			int r = ferry__window_shards(nf, l->seed, epoch + 1, seq + nf);
+			if (r) /* (no memory for it: the plan goes without the next epoch's order) */
+				ferry__error_clear();
+			ferry__dataset_cache_plan(l->ds, epoch, seq, r ? NULL : seq + nf, nf, l->window);
+		}
 		free(seq);
 	} else if (!l->copies) {
 		err = ferry_order_indices(l->items, l->order, l->block, l->seed, epoch, w->order);
@@ -849,6 +869,8 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		return err;
 	uint64_t first = b * l->batch_size;
 	uint64_t count = l->per_rank - first < l->batch_size ? l->per_rank - first : l->batch_size;
+	if (l->window && count) /* where the reads are: the window of the batch's first item */
+		ferry__dataset_cache_reading(l->ds, epoch, window_shard(l, (uint64_t)w->epoch_idx[first]));
 	s->epoch = epoch;
 	s->step = b;
 	s->count = (uint32_t)count;

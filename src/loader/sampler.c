@@ -218,3 +218,17 @@ int ferry__window_order(uint64_t n, const uint64_t *bound, uint32_t nshards, uin
 	return k == n ? 0 : ferry__error(-EINVAL, "shard window order: %llu items in the shards, %llu expected",
 					 (unsigned long long)k, (unsigned long long)n);
 }
+
+int ferry__window_shards(uint32_t nshards, uint64_t seed, uint64_t epoch, uint32_t *shards)
+{
+	int64_t *perm = malloc((nshards ? nshards : 1) * sizeof(*perm));
+	if (!perm)
+		return ferry__error(-ENOMEM, "shard window order: %u shards", nshards);
+	struct ferry__mt19937 mt; /* ferry__window_order's first draws */
+	ferry__mt_seed(&mt, seed + epoch);
+	randperm_gen(&mt, nshards, perm);
+	for (uint32_t j = 0; j < nshards; j++)
+		shards[j] = (uint32_t)perm[j];
+	free(perm);
+	return 0;
+}

@@ -25,5 +25,8 @@ void ferry__randperm(uint64_t n, uint64_t seed, int64_t *out);
  */
 int ferry__window_order(uint64_t n, const uint64_t *bound, uint32_t nshards, uint32_t window, uint64_t seed,
 			uint64_t epoch, int64_t *out, uint32_t *shards);
+/* Only the shards' order of ferry__window_order (for a later epoch's, ahead: the dataset cache's
+ * plan). 0 or -ENOMEM. */
+int ferry__window_shards(uint32_t nshards, uint64_t seed, uint64_t epoch, uint32_t *shards);
 
 #endif

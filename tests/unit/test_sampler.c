@@ -1,5 +1,6 @@
 /* Sample orders without PyTorch: mt19937 reference values, randperm properties, DistributedSampler
- * arithmetic and padding, block order. tests/python/test_sampler_torch.py compares with torch. */
+ * arithmetic and padding, block order, the shard-window order's shards.
+ * tests/python/test_sampler_torch.py compares with torch. */
 #include "ferry_test.h"
 #include "ferry/data.h"
 #include "loader/sampler.h"
@@ -107,5 +108,17 @@ int main(void)
 				free(seen);
 				free(ix);
 			}
+	/* the shard-window order's shards alone (the dataset cache's plan of the next epoch) are the
+	 * ones the full order takes, epoch by epoch */
+	{
+		uint64_t bound[8] = {0, 3, 3, 7, 12, 13, 20, 26}; /* 7 shards, one empty */
+		int64_t items[26];
+		uint32_t wa[7], wb[7];
+		for (uint64_t ep = 0; ep < 5; ep++) {
+			T_EQ_INT(ferry__window_order(26, bound, 7, 2, 9, ep, items, wa), 0);
+			T_EQ_INT(ferry__window_shards(7, 9, ep, wb), 0);
+			T_CHECK(memcmp(wa, wb, sizeof(wa)) == 0);
+		}
+	}
 	return t_result();
 }
