@@ -281,3 +281,39 @@ def test_big_endian_file(tmp_path, loc):
     have = ftorch.load(big, map_location=ml)
     for k, t in st.items():
         assert torch.equal(want[k], t) and torch.equal(have[k], t), k
+
+
+def test_storages_read_while_the_pickle_is(tmp_path, monkeypatch):
+    """With map_location a device, the storages' reads start before the pickle is read (on a
+    thread) where the pickle names only globals that build without reading a storage; a
+    per-channel quantized tensor (its scales are read while it is built) waits for them."""
+    import warnings
+    started = []
+    real = ftorch._Loader.start
+
+    def start(self):
+        real(self)
+        started.append(self.thread is not None)
+
+    monkeypatch.setattr(ftorch._Loader, "start", start)
+    plain = tmp_path / "plain.pt"
+    st = {"w%d" % i: torch.randn(1000 + i) for i in range(8)}
+    st["p"] = torch.nn.Parameter(torch.randn(3, 4))
+    torch.save(st, plain)
+    _same(torch.load(plain, map_location="cpu", weights_only=True),
+          ftorch.load(plain, map_location="cpu"))
+    assert started == [True], started
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = torch.quantize_per_channel(torch.randn(4, 3), torch.tensor([0.1, 0.2, 0.3, 0.4]),
+                                       torch.tensor([0, 1, 2, 3]), 0, torch.qint8)
+        qp = tmp_path / "q.pt"
+        torch.save({"q": q, "w": torch.randn(5)}, qp)
+        want = torch.load(qp, map_location="cpu", weights_only=True)
+        got = ftorch.load(qp, map_location="cpu")
+    assert started == [True], started  # start() not called: the reads waited for the pickle
+    assert torch.equal(got["q"].q_per_channel_scales(), want["q"].q_per_channel_scales())
+    assert torch.equal(got["q"].int_repr(), want["q"].int_repr())
+    assert torch.equal(got["w"], want["w"])
+    zp = ftorch._Zip("q.pt", lambda off, n: qp.read_bytes()[off:off + n], 0, qp.stat().st_size)
+    assert not ftorch._plain_globals(zp.get("data.pkl"))
