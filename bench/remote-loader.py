@@ -3,7 +3,8 @@
 the same loader over the local directory, in one run. nginx (tests/python/_nginx.py) serves the
 dataset's directory on 127.0.0.1 (path-style s3://bucket/ds); the cache's budget is the whole
 dataset (epoch 2 on reads only the cache) or a fraction of it (the cache is full and evicting from
-the first epoch on: every epoch fetches again what it evicted). Prints samples/s per epoch, the
+the first epoch on: the loader's shard-window order tells the cache what to stage and evict, and
+each epoch fetches again about what does not fit). Prints samples/s per epoch, the
 cache's counters after each epoch, and TABLE rows: each cached epoch after the first against the
 first cached epoch and against the local directory (the issue: the same samples/s once the cache is
 full and evicting).
@@ -118,9 +119,11 @@ def main():
         for r in runs[1:]:
             got, name = r.out, r.name
             row(name, ", ".join("%.0f" % e["samples_per_s"] for e in got) + " samples/s",
-                "per epoch; after each: fetched %s, evicted %s, remote reads %s; %s" % (
+                "per epoch; after each (cumulative): fetched %s, evicted %s, remote reads %s, reads that waited for "
+                "a staging %s (%s s); %s" % (
                     [e.get("fetched") for e in got], [e.get("evicted") for e in got],
-                    [e.get("remote_reads") for e in got], cpu(got)))
+                    [e.get("remote_reads") for e in got], [e.get("waits") for e in got],
+                    ", ".join("%.2f" % e.get("wait_s", 0) for e in got), cpu(got)))
             first = got[0]["samples_per_s"]
             if len(got) > 1:
                 # each later epoch against local files' same epoch (run beside it), and the
