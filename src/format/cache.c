@@ -5,13 +5,13 @@
  * otherwise. Ahead of plain reads the stagers go in index order and eviction takes the least
  * recently used; ahead of a loader that gave its order (ferry__dataset_cache_plan: this epoch's
  * shards and the next epoch's) they go in that order as far as the budget holds, and eviction
- * takes the shard whose next use is farthest (never one of the window being read). An entry is "<xxh3(url)>-<xxh3(ETag, size)>.fcache", so a changed
- * object has another name and is fetched again, never mixed with the old bytes; beside it
- * "<name>.json" records the URL, ETag and size, compared on reuse. Entries are made through
- * durable.h (a temporary renamed into place: no process sees a half file) and held open with a
- * shared flock while a dataset uses them; eviction (least recently used first, by mtime, which
- * every use sets) takes an exclusive flock without waiting and skips what is in use, in this
- * process or another.
+ * takes the shard whose next use is farthest (never one of the window being read). An entry is
+ * "<xxh3(url)>-<xxh3(ETag, size)>.fcache", so a changed object has another name and is fetched
+ * again, never mixed with the old bytes; beside it "<name>.json" records the URL, ETag and size,
+ * compared on reuse. Entries are made through durable.h (a temporary renamed into place: no
+ * process sees a half file) and held open with a shared flock while a dataset uses them; eviction
+ * (recency: the mtime, which every use sets) takes an exclusive flock without waiting and skips
+ * what is in use, in this process or another.
  */
 #include <dirent.h>
 #include <errno.h>
