@@ -21,6 +21,7 @@ import copy as _copy
 import io as _io
 import os as _os
 import pickle as _pickle
+import queue as _queue
 import sys as _sys
 import threading as _threading
 import time as _time
@@ -112,6 +113,10 @@ _MARGIN = 1 << 30  # free device memory kept beyond the snapshot: 1 GiB and 1/8 
 # after it: a few hundred bytes each); regions that are not one run of bytes in the file go
 # through host memory, _HOST_BATCH bytes at most at a time.
 _FRAME = 4096
+# The contiguous regions' reads go to a thread in groups while the rest are parsed: the first
+# group of _FIRST_GROUP bytes, each next twice the last, up to _LAST_GROUP.
+_FIRST_GROUP = 16 << 20
+_LAST_GROUP = 256 << 20
 _HOST_BATCH = 256 << 20
 
 
@@ -468,6 +473,53 @@ class Writer(_fs.FileSystemWriter):
         out.commit(self.sync_files)
 
 
+class _Reads:
+    """ctx.read_batch on a thread of its own, for groups of reads submitted while the caller
+    finds the next: the groups waiting when the thread is free go as one batch. close() waits
+    for every read and returns their results in submission order, or raises the first error."""
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+        self._q = _queue.SimpleQueue()
+        self._got = []
+        self._error = None
+        self._thread = None
+
+    def submit(self, entries):
+        self._q.put(entries)
+        if self._thread is None:
+            self._thread = _threading.Thread(target=self._run, name="ferry-dcp-read", daemon=True)
+            self._thread.start()
+
+    def _run(self):
+        done = False
+        while not done:
+            batch = []
+            item = self._q.get()
+            while True:
+                if item is None:
+                    done = True
+                    break
+                batch.extend(item)
+                try:
+                    item = self._q.get_nowait()
+                except _queue.Empty:
+                    break
+            if batch and self._error is None:
+                try:
+                    self._got.extend(self._ctx.read_batch(batch))
+                except BaseException as e:  # raised by close(), on the caller's thread
+                    self._error = e
+
+    def close(self, errors=True):
+        if self._thread is not None:
+            self._q.put(None)
+            self._thread.join()
+        if errors and self._error is not None:
+            raise self._error
+        return self._got
+
+
 class Reader(_fs.FileSystemReader):
     """A ``StorageReader`` for ``dcp.load``: FileSystemReader's format, tensors read by ferry.
 
@@ -550,9 +602,26 @@ class Reader(_fs.FileSystemReader):
                 if len(b) and next(got) != len(b):
                     raise _ft.FormatError("%s: item %s: %d bytes at offset %d run past the end"
                                           % (path, req.storage_index.fqn, md.length, md.offset))
-        # 2. Each item's saved tensor and destination; the contiguous ones' reads, one batch.
+        # 2. Each item's saved tensor and destination; the contiguous ones' reads go to a
+        # thread in groups as they are found, so they run while the rest are parsed.
         direct, direct_ops, spans = [], [], []
         synced = set()
+        reads = _Reads(ctx)
+        try:
+            self._plan_items(items, frames, planner, reads, direct, direct_ops, spans, synced)
+        except BaseException:
+            reads.close(errors=False)  # the reads write into the targets: ended first
+            raise
+        got = reads.close()
+        for (f, off, _b), (path, req, target, nbytes), n in zip(direct, direct_ops, got):
+            if n != nbytes:
+                raise _ft.FormatError("%s: item %s: read %d of %d bytes at offset %d"
+                                      % (path, req.storage_index.fqn, n, nbytes, off))
+            planner.commit_tensor(req, target)
+        self._read_spans(ctx, spans, planner)
+
+    def _plan_items(self, items, frames, planner, reads, direct, direct_ops, spans, synced):
+        group, group_bytes, limit = [], 0, _FIRST_GROUP
         for (f, path, req, md), bufs in zip(items, frames):
             if req.type == _LoadItemType.BYTE_IO:
                 planner.load_bytes(req, _io.BytesIO(bytes(bufs[0][1])))
@@ -575,8 +644,14 @@ class Reader(_fs.FileSystemReader):
                 if nbytes:
                     buf = target.view(-1).view(_torch.uint8) if target.dim() else \
                         target.reshape(1).view(_torch.uint8)
-                    direct.append((f, data_at + region.storage_offset() * esize, buf))
+                    e = (f, data_at + region.storage_offset() * esize, buf)
+                    direct.append(e)
                     direct_ops.append((path, req, target, nbytes))
+                    group.append(e)
+                    group_bytes += nbytes
+                    if group_bytes >= limit:
+                        reads.submit(group)
+                        group, group_bytes, limit = [], 0, min(2 * limit, _LAST_GROUP)
                 else:
                     planner.commit_tensor(req, target)
                 continue
@@ -586,13 +661,10 @@ class Reader(_fs.FileSystemReader):
             if region.numel() == 0:
                 hi = lo
             spans.append((f, path, req, region, target, data_at + lo * esize, (hi - lo) * esize))
-        if direct:
-            for (f, off, _b), (path, req, target, nbytes), n in zip(direct, direct_ops,
-                                                                   ctx.read_batch(direct)):
-                if n != nbytes:
-                    raise _ft.FormatError("%s: item %s: read %d of %d bytes at offset %d"
-                                          % (path, req.storage_index.fqn, n, nbytes, off))
-                planner.commit_tensor(req, target)
+        if group:
+            reads.submit(group)
+
+    def _read_spans(self, ctx, spans, planner):
         # 3. The others through host memory, in batches of at most _HOST_BATCH bytes.
         i = 0
         while i < len(spans):

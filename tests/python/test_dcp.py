@@ -394,6 +394,21 @@ def test_reader_reads_in_batches(tmp_path, monkeypatch):
     assert out["b"] == st["b"]
     # framing (16 items, the large ones as two windows), 11 contiguous, 2 host groups of 2
     assert calls == [6 * 2 + 5 + 4 + 1, 11, 2, 2], calls
+    # the contiguous reads handed to the reading thread one item at a time while the rest
+    # are parsed: the groups it finds waiting go together, every region read once
+    monkeypatch.setattr(fdcp, "_FIRST_GROUP", 1)
+    monkeypatch.setattr(fdcp, "_LAST_GROUP", 1)
+    calls.clear()
+    for v in out.values():
+        if isinstance(v, torch.Tensor):
+            v.zero_()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(out, storage_reader=fdcp.Reader(tmp_path), no_dist=True)
+    bad = [k for k, v in st.items() if isinstance(v, torch.Tensor) and not torch.equal(out[k], v)]
+    assert not bad, bad
+    assert calls[0] == 6 * 2 + 5 + 4 + 1 and calls[-2:] == [2, 2], calls
+    assert sum(calls[1:-2]) == 11 and len(calls) >= 4, calls
 
 
 def test_reader_truncated_file_names_the_item(tmp_path):
