@@ -124,6 +124,13 @@ def main():
                     [e.get("fetched") for e in got], [e.get("evicted") for e in got],
                     [e.get("remote_reads") for e in got], [e.get("waits") for e in got],
                     ", ".join("%.2f" % e.get("wait_s", 0) for e in got), cpu(got)))
+            # what the stagers fetched per second of each epoch: with a cache smaller than the
+            # dataset an epoch cannot take less than what it must fetch at the server's rate
+            fb = [got[0].get("fetched_bytes", 0)] + [g.get("fetched_bytes", 0) - p.get("fetched_bytes", 0)
+                                                      for p, g in zip(got, got[1:])]
+            row(name + " fetched", ", ".join("%.0f MB (%.2f GB/s)" % (b / 1e6, b / 1e9 / e["seconds"])
+                                             for b, e in zip(fb, got)),
+                "per epoch: bytes fetched from the object and their rate over the epoch")
             first = got[0]["samples_per_s"]
             if len(got) > 1:
                 # each later epoch against local files' same epoch (run beside it), and the
