@@ -33,17 +33,22 @@ void ferry__index_free(struct ferry__index *x)
 	memset(x, 0, sizeof(*x));
 }
 
-uint32_t ferry__index_shard_of(const struct ferry__index *x, uint64_t i)
+uint32_t ferry__first_le(const uint64_t *first, uint32_t n, uint64_t i)
 {
-	uint32_t lo = 0, hi = x->nfiles;
+	uint32_t lo = 0, hi = n;
 	while (hi - lo > 1) {
 		uint32_t mid = lo + (hi - lo) / 2;
-		if (x->file_first[mid] <= i)
+		if (first[mid] <= i)
 			lo = mid;
 		else
 			hi = mid;
 	}
 	return lo;
+}
+
+uint32_t ferry__index_shard_of(const struct ferry__index *x, uint64_t i)
+{
+	return ferry__first_le(x->file_first, x->nfiles, i);
 }
 
 /* --------------------------------------------------------------------------------------- parser */

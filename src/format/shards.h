@@ -43,6 +43,9 @@ struct ferry__index {
 void ferry__index_free(struct ferry__index *x);
 /* Shard holding sample i (binary search over file_first). */
 uint32_t ferry__index_shard_of(const struct ferry__index *x, uint64_t i);
+/* The last s < n with first[s] <= i (first ascending, first[0] <= i): the shard of item i by its
+ * shards' first items. */
+uint32_t ferry__first_le(const uint64_t *first, uint32_t n, uint64_t i);
 
 /*
  * Parses a ferry index from buf. check_crc 0 skips only the footer checksum (the fuzzer's way

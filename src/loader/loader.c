@@ -367,15 +367,7 @@ static void seq_pos(const struct ferry_loader *l, uint64_t seq, uint64_t *epoch,
 /* With the shard-window shuffle: the shard whose window item i is read in (wbound's). */
 static uint32_t window_shard(const struct ferry_loader *l, uint64_t i)
 {
-	uint32_t lo = 0, hi = l->ds->x.nfiles; /* the last shard s with wbound[s] <= i */
-	while (hi - lo > 1) {
-		uint32_t mid = lo + (hi - lo) / 2;
-		if (l->wbound[mid] <= i)
-			lo = mid;
-		else
-			hi = mid;
-	}
-	return lo;
+	return ferry__first_le(l->wbound, l->ds->x.nfiles, i);
 }
 
 static int epoch_indices(struct worker *w, uint64_t epoch)
