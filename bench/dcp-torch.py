@@ -14,7 +14,8 @@ ferry's writers always; torch.save never fsyncs (its row says so). Prints TABLE 
 ceilings measured in the same run: a --size state (model bf16, optimizer fp32) on --device;
 dcp.save (fsynced) against dd's fsynced write; dcp.load warm against the pinned copy into new
 device memory and cold (pages dropped by POSIX_FADV_DONTNEED, no root needed) against dd's read;
-a checkpoint saved by 4 gloo ranks loaded by this process (4->1); dcp.async_save's blocked time
+a checkpoint saved by 4 gloo ranks loaded by this process (4->1) and by 2 processes (4->2, their
+DTensor shards on GPU rank % device_count); dcp.async_save's blocked time
 against the device-to-host copy with a matmul training step running meanwhile (its slowdown);
 ferry.torch.save/load of a --pt-size pytorch_model.bin. Stock PyTorch in every row. With --device
 cpu the warm rows' ceiling is the same files read by ferry into one host buffer allocated before.
@@ -118,6 +119,52 @@ for i in range(layers):
 dcp.save(st, storage_writer=ferry.dcp.Writer(path))
 dist.destroy_process_group()
 print("rank %d ok" % rank)
+"""
+
+# The same checkpoint loaded by 2 ranks (issue 24's "saved by 4 ranks, loaded by 2"): each rank's
+# targets are the local halves of DTensors sharded over a 2-rank mesh, on GPU rank % device_count
+# (both on one GPU where there is one). After an untimed load with each reader (a process's first
+# collectives and ferry's context), each reader's load is timed between barriers on every rank;
+# the parent takes the slowest rank's time.
+LOAD2 = r"""
+import sys, time, warnings
+warnings.simplefilter("ignore")
+import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+import ferry.dcp
+rank, world, port, path, n, layers, dev = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
+                                           sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7])
+cuda = dev.startswith("cuda")
+if cuda:
+    dev = "cuda:%d" % (rank % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+dist.init_process_group("cpu:gloo,cuda:gloo" if cuda else "gloo",
+                        init_method="tcp://127.0.0.1:%s" % port, rank=rank, world_size=world)
+mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
+sync = torch.cuda.synchronize if cuda else (lambda: None)
+tgt = {"layer.%d" % i: DTensor.from_local(
+    torch.zeros(n // world, dtype=torch.bfloat16 if i % 2 else torch.float32, device=dev), mesh,
+    [Shard(0)], run_check=False) for i in range(layers)}
+readers = (("ferry", ferry.dcp.Reader), ("stock", dcp.FileSystemReader))
+for name, R in readers:
+    dcp.load(tgt, storage_reader=R(path))
+for name, R in readers:
+    for t in tgt.values():
+        t._local_tensor.zero_()
+    sync()
+    dist.barrier()
+    t0 = time.perf_counter()
+    dcp.load(tgt, storage_reader=R(path))
+    sync()
+    dt = time.perf_counter() - t0
+    dist.barrier()
+    for i in range(layers):
+        loc = tgt["layer.%d" % i]._local_tensor
+        if not torch.equal(loc, torch.full_like(loc, float(i))):
+            raise SystemExit("rank %d: %s: layer.%d differs" % (rank, name, i))
+    print("RESULT %s %.6f %d" % (name, dt, sum(t._local_tensor.nbytes for t in tgt.values())), flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -295,6 +342,40 @@ def targets(a):
         read()
         return min(timed(read) for _ in range(3)) * nbytes / total
 
+    def load2(rdir, n, rb):
+        """The 4-rank checkpoint at rdir loaded warm by 2 ranks (LOAD2), beside the stock
+        reader; the ceiling is the copy of both ranks' bytes (one GPU: the same device's)."""
+        script = os.path.join(d, "load2.py")
+        with open(script, "w") as f:
+            f.write(LOAD2)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            lport = s.getsockname()[1]
+        _warm(rdir)
+        res = _resident(rdir)
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(lport), rdir, str(n),
+                                   str(a.reshard_layers), dev], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        outs = [p.communicate()[0] for p in procs]
+        if any(p.returncode for p in procs):
+            bad = outs[[p.returncode != 0 for p in procs].index(True)]
+            print("TABLE dcp.load warm resharded 4->2 | not measured: the 2-rank load failed: %s"
+                  % bad[-400:].replace("\n", " "), flush=True)
+            return
+        t = {}
+        for out in outs:
+            for line in out.splitlines():
+                if line.startswith("RESULT "):
+                    _, name, sec, _n = line.split()
+                    t[name] = max(t.get(name, 0.0), float(sec))
+        note = " (page cache before the loads: %.1f%% resident%s)" % (
+            100 * res, "" if res >= 0.99 else "; NOT WARM: the disk was timed")
+        table("dcp.load warm resharded 4->2 %s%s" % (a.size, note), rb, t["ferry"],
+              "FileSystemReader", t["stock"], *(("pinned copy", h2d * rb / nbytes) if cuda else
+                                                ("ferry read into host memory", host_read(rdir, rb))),
+              0.85)
+
     st = _targets_state(size, dev)
     nbytes = _nbytes(st)
     flat = torch.empty(nbytes, dtype=torch.uint8, device=dev)
@@ -459,6 +540,8 @@ def targets(a):
             src_ = timed(lambda: dcp.load(tgt, storage_reader=dcp.FileSystemReader(rdir)))
             table("dcp.load cold resharded 4->1 %s" % a.size, rb, frc, "FileSystemReader", src_,
                   "disk read", rd * rb / nbytes, 0.95)
+            del tgt
+            load2(rdir, n, rb)
         shutil.rmtree(rdir, ignore_errors=True)
     del st, zeros
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 24's targets in one device call (bench/dcp-torch.py --targets): an 8 GB model+optimizer
-# state on the GPU through dcp.save/load (warm, cold, saved by 4 ranks and loaded by 1),
+# state on the GPU through dcp.save/load (warm, cold, saved by 4 ranks and loaded by 1 and by 2),
 # dcp.async_save's blocked time and a training step's slowdown, ferry.torch.save/load of a 4 GB
 # pytorch_model.bin; each beside stock PyTorch and the ceiling measured in the same run (pinned
 # copy into new device memory, device-to-host copy, dd's fsynced write and cold read). Each warm
