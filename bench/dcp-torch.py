@@ -423,21 +423,25 @@ def targets(a):
     for t in _tensors(zeros):
         t.zero_()
     src = os.path.join(d, "ferry")
-    _warm(src)
-    res_f = _resident(src)
-    fl = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
-    bad = [i for i, (x, y) in enumerate(zip(_tensors(st), _tensors(zeros))) if not torch.equal(x, y)]
-    if bad:
-        raise SystemExit("dcp.load ferry: %d tensors differ, first #%d" % (len(bad), bad[0]))
-    _warm(src)
-    res_s = _resident(src)
-    sl = timed(lambda: dcp.load(zeros, storage_reader=dcp.FileSystemReader(src)))
-    if cuda:
-        table("dcp.load warm %s%s" % (a.size, warm_note(res_f, res_s)), nbytes, fl,
-              "FileSystemReader", sl, "pinned copy", h2d, 0.85)
-    else:
-        table("dcp.load warm %s%s" % (a.size, warm_note(res_f, res_s)), nbytes, fl,
-              "FileSystemReader", sl, "ferry read into host memory", host_read(src, nbytes), 0.85)
+    ceil_name, ceil = ("pinned copy", h2d) if cuda else ("ferry read into host memory", None)
+    # Twice: the first is the process's first read into GPU memory by ferry (the engine's copy
+    # units and first copies are made then: a job's first load pays them), the second finds them.
+    for which in ("the process's first read into GPU memory" if cuda else "first", "second"):
+        for t in _tensors(zeros):
+            t.zero_()
+        _warm(src)
+        res_f = _resident(src)
+        fl = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
+        bad = [i for i, (x, y) in enumerate(zip(_tensors(st), _tensors(zeros))) if not torch.equal(x, y)]
+        if bad:
+            raise SystemExit("dcp.load ferry: %d tensors differ, first #%d" % (len(bad), bad[0]))
+        _warm(src)
+        res_s = _resident(src)
+        sl = timed(lambda: dcp.load(zeros, storage_reader=dcp.FileSystemReader(src)))
+        if ceil is None:
+            ceil = host_read(src, nbytes)
+        table("dcp.load warm %s, %s%s" % (a.size, which, warm_note(res_f, res_s)), nbytes, fl,
+              "FileSystemReader", sl, ceil_name, ceil, 0.85)
     _evict(src)
     flc = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
     _evict(src)
