@@ -473,6 +473,16 @@ class Writer(_fs.FileSystemWriter):
         out.commit(self.sync_files)
 
 
+def _cuda_current(bufs):
+    """Makes the device of the first CUDA buffer of bufs current on this thread (a thread of
+    ours that reads into GPU memory: ferry asks CUDA about each buffer's address from the
+    calling thread, as the caller's own thread would have it current)."""
+    for b in bufs:
+        if b.is_cuda:
+            _torch.cuda.set_device(b.device)
+            return
+
+
 class _Reads:
     """ctx.read_batch on a thread of its own, for groups of reads submitted while the caller
     finds the next: the groups waiting when the thread is free go as one batch. close() waits
@@ -507,6 +517,7 @@ class _Reads:
                     break
             if batch and self._error is None:
                 try:
+                    _cuda_current(b for _f, _o, b in batch)
                     self._got.extend(self._ctx.read_batch(batch))
                 except BaseException as e:  # raised by close(), on the caller's thread
                     self._error = e

@@ -239,6 +239,8 @@ class _Loader:
 
         def run():
             try:
+                if dev.type == "cuda":
+                    _torch.cuda.set_device(dev)  # current on this thread, as on the caller's
                 self.got = self.file.read_batch(entries)
             except BaseException as e:  # raised by finish(), on the caller's thread
                 self.got = e
