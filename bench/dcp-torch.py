@@ -139,8 +139,9 @@ cuda = dev.startswith("cuda")
 if cuda:
     dev = "cuda:%d" % (rank % torch.cuda.device_count())
     torch.cuda.set_device(dev)
-dist.init_process_group("cpu:gloo,cuda:gloo" if cuda else "gloo",
-                        init_method="tcp://127.0.0.1:%s" % port, rank=rank, world_size=world)
+# gloo alone: the load's collectives exchange plans (objects, on the CPU); no collective
+# touches the CUDA tensors (DTensor.from_local without run_check), and the ranks may share a GPU
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=rank, world_size=world)
 mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
 sync = torch.cuda.synchronize if cuda else (lambda: None)
 tgt = {"layer.%d" % i: DTensor.from_local(
