@@ -700,23 +700,46 @@ class Reader(_fs.FileSystemReader):
     def _item(self, f, path, md, frames):
         """The saved tensor of one item (on the meta device) and where its bytes start. frames:
         [(at, bytes)] windows of the item already read; a read outside them goes to the file.
-        The tensor of a given pickle is made once per reader: items of one dtype, shape and
-        strides have the same data.pkl."""
+        Items of one dtype, shape and strides have the same zip but for the crc32s: an item
+        whose bytes outside its data equal (crc32 fields aside) those of an item parsed before
+        in this reader, at the same length, takes that item's answer (_ItemLayout): 52 us an
+        item parsed against a few for the comparison, on the development VM."""
+        base, length = md.offset, md.length
+
+        def window(off, n):
+            for at, b in frames:
+                if at <= off and off + n <= at + len(b):
+                    return b[off - at:off - at + n]
+            return None
+
+        seen = self.__dict__.setdefault("_layouts", {})
+        for lay in seen.get(length, ()):
+            if lay.matches(window):
+                return lay.t, base + lay.data_at
+        t, zf, pkl_rec, bo_rec, rec = self._item_parse(f, path, md, window)
+        lays = seen.setdefault(length, [])
+        if len(lays) < 8:
+            lays.append(_ItemLayout(t, zf, length, window, (pkl_rec, bo_rec, rec)))
+        return t, base + rec.data
+
+    def _item_parse(self, f, path, md, window):
         base, length = md.offset, md.length
 
         def read(off, n):
             n = max(0, min(n, length - off))
-            for at, b in frames:
-                if at <= off and off + n <= at + len(b):
-                    return bytes(b[off - at:off - at + n])
+            b = window(off, n)
+            if b is not None:
+                return bytes(b)
             buf = bytearray(n)
             got = f.pread_into(buf, base + off) if n else 0
             return bytes(buf[:got])
 
         zf = _ft._Zip("%s (item at offset %d)" % (path, base), read, base, length)
-        pkl = zf.get("data.pkl")
-        if pkl is None:
+        pkl_rec = zf.find("data.pkl")
+        if pkl_rec is None:
             raise _ft.FormatError("%s: item at offset %d: no data.pkl record" % (path, base))
+        pkl = zf.get("data.pkl")
+        bo_rec = zf.find("byteorder")
         bo = zf.get("byteorder")
         if bo is not None and bo.decode("ascii", "replace") != _sys.byteorder:
             raise _ft.FormatError("%s: item at offset %d: byteorder %r; this reader reads %s"
@@ -744,9 +767,53 @@ class Reader(_fs.FileSystemReader):
         if rec is None:
             raise _ft.FormatError("%s: item at offset %d: record data/%s missing"
                                   % (path, base, key))
-        at = zf.offset(rec)
+        zf.offset(rec)
         if rec.size < t.untyped_storage().nbytes():
             raise _ft.FormatError("%s: item at offset %d: record data/%s holds %d bytes, the "
                                   "tensor needs %d" % (path, base, key, rec.size,
                                                        t.untyped_storage().nbytes()))
-        return t, base + at
+        return t, zf, pkl_rec, bo_rec, rec
+
+
+class _ItemLayout:
+    """What _item_parse found in one item, and the bytes it read to find it: the central
+    directory to the end and the local headers and contents of the records it used, each with
+    its crc32 fields zeroed. Another item of the same length whose same bytes are equal (crc32
+    fields aside) has the same records at the same offsets, the same data.pkl and byteorder, so
+    the same tensor and data offset; its crc32s are not read by the reader (ferry ckpt verify
+    checks them)."""
+
+    def __init__(self, t, zf, length, window, recs):
+        self.t = t
+        pkl_rec, bo_rec, rec = recs
+        self.data_at = rec.data
+        cd_off = min(r.cd_at for r in zf.records.values()) - 16  # the first entry's crc32 at +16
+        self.checks = [(cd_off, length - cd_off,
+                        [r.cd_at - cd_off for r in zf.records.values()])]
+        for r in (pkl_rec, bo_rec, rec):
+            if r is None:
+                continue
+            self.checks.append((r.header, r.data - r.header, [14]))  # local header, crc32 at 14
+        for r in (pkl_rec, bo_rec):
+            if r is not None:
+                self.checks.append((r.data, r.size, []))
+        self.want = []
+        for off, n, crcs in self.checks:
+            b = window(off, n)
+            self.want.append(None if b is None else self._masked(b, crcs))
+
+    @staticmethod
+    def _masked(b, crcs):
+        b = bytearray(b)
+        for c in crcs:
+            b[c:c + 4] = b"\0\0\0\0"
+        return b
+
+    def matches(self, window):
+        for (off, n, crcs), want in zip(self.checks, self.want):
+            if want is None:
+                return False
+            b = window(off, n)
+            if b is None or (self._masked(b, crcs) if crcs else b) != want:
+                return False
+        return True

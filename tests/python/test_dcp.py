@@ -411,6 +411,25 @@ def test_reader_reads_in_batches(tmp_path, monkeypatch):
     assert sum(calls[1:-2]) == 11 and len(calls) >= 4, calls
 
 
+def test_reader_tells_apart_items_of_one_length(tmp_path):
+    """Items of the same length whose zips differ only inside data.pkl (shapes 3x4 and 4x3,
+    the same bytes) or in the crc32s (same shape, other values; the stock writer's random
+    serialization ids) each get their own tensor: the reader's reuse of an earlier item's
+    parse compares every byte it read but the crc32 fields."""
+    st = {"a": torch.arange(12.0).reshape(3, 4), "b": torch.arange(12.0).reshape(4, 3) + 100,
+          "c": torch.arange(12.0).reshape(3, 4) * -1, "d": torch.arange(12.0).reshape(4, 3).t()}
+    for name, W in (("ferry", fdcp.Writer), ("stock", dcp.FileSystemWriter)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.save(st, storage_writer=W(tmp_path / name), no_dist=True)
+            out = {k: torch.zeros(v.shape) for k, v in st.items()}
+            dcp.load(out, storage_reader=fdcp.Reader(tmp_path / name), no_dist=True)
+        bad = [k for k in st if not torch.equal(out[k], st[k])]
+        assert not bad, (name, bad)
+        md = pickle.loads((tmp_path / name / ".metadata").read_bytes())
+        assert len({sd.length for sd in md.storage_data.values()}) < len(st), name
+
+
 def test_reader_truncated_file_names_the_item(tmp_path):
     st = {"w%d" % i: torch.full((4096,), float(i)) for i in range(4)}
     with warnings.catch_warnings():
