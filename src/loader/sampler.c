@@ -183,25 +183,37 @@ int64_t ferry_distributed_indices(uint64_t n, uint32_t num_replicas, uint32_t ra
 	return err ? err : (int64_t)count;
 }
 
+/* The epoch's shard order (the generator seeded with seed + epoch, its first draws) into
+ * shards[nshards]; mt is left where the draws ended, for what follows them. */
+static int shard_draws(struct ferry__mt19937 *mt, uint32_t nshards, uint64_t seed, uint64_t epoch, uint32_t *shards)
+{
+	int64_t *perm = malloc((nshards ? nshards : 1) * sizeof(*perm));
+	if (!perm)
+		return ferry__error(-ENOMEM, "shard window order: %u shards", nshards);
+	ferry__mt_seed(mt, seed + epoch);
+	randperm_gen(mt, nshards, perm);
+	for (uint32_t j = 0; j < nshards; j++)
+		shards[j] = (uint32_t)perm[j];
+	free(perm);
+	return 0;
+}
+
 int ferry__window_order(uint64_t n, const uint64_t *bound, uint32_t nshards, uint32_t window, uint64_t seed,
 			uint64_t epoch, int64_t *out, uint32_t *shards)
 {
 	if (!window || !nshards)
 		return ferry__error(-EINVAL, "shard window order: window %u over %u shards", window, nshards);
-	int64_t *perm = malloc(nshards * sizeof(*perm));
-	if (!perm)
-		return ferry__error(-ENOMEM, "shard window order: %u shards", nshards);
 	struct ferry__mt19937 mt;
-	ferry__mt_seed(&mt, seed + epoch);
-	randperm_gen(&mt, nshards, perm);
+	int err = shard_draws(&mt, nshards, seed, epoch, shards);
+	if (err)
+		return err;
 	/* The same generator goes on to shuffle each window's items in their output positions
 	 * (Fisher-Yates, as the block order), so one seed fixes the whole order. */
 	uint64_t k = 0;
 	for (uint32_t w0 = 0; w0 < nshards; w0 += window) {
 		uint64_t k0 = k;
 		for (uint32_t j = w0; j < nshards && j < w0 + window; j++) {
-			uint32_t s = (uint32_t)perm[j];
-			shards[j] = s;
+			uint32_t s = shards[j];
 			for (uint64_t i = bound[s]; i < bound[s + 1]; i++)
 				out[k++] = (int64_t)i;
 		}
@@ -214,21 +226,12 @@ int ferry__window_order(uint64_t n, const uint64_t *bound, uint32_t nshards, uin
 			r[z + i] = t;
 		}
 	}
-	free(perm);
 	return k == n ? 0 : ferry__error(-EINVAL, "shard window order: %llu items in the shards, %llu expected",
 					 (unsigned long long)k, (unsigned long long)n);
 }
 
 int ferry__window_shards(uint32_t nshards, uint64_t seed, uint64_t epoch, uint32_t *shards)
 {
-	int64_t *perm = malloc((nshards ? nshards : 1) * sizeof(*perm));
-	if (!perm)
-		return ferry__error(-ENOMEM, "shard window order: %u shards", nshards);
-	struct ferry__mt19937 mt; /* ferry__window_order's first draws */
-	ferry__mt_seed(&mt, seed + epoch);
-	randperm_gen(&mt, nshards, perm);
-	for (uint32_t j = 0; j < nshards; j++)
-		shards[j] = (uint32_t)perm[j];
-	free(perm);
-	return 0;
+	struct ferry__mt19937 mt;
+	return shard_draws(&mt, nshards, seed, epoch, shards);
 }
