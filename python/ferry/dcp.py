@@ -542,6 +542,8 @@ class Reader(_fs.FileSystemReader):
     def __init__(self, path, *args, context=None, **kwargs):
         super().__init__(str(path) if _is_url(path) else path, *args, **kwargs)
         self._ctx = context
+        self._layouts = {}  # item length -> [_ItemLayout] parsed before (_item)
+        self._pickles = {}  # data.pkl bytes -> what unpickling it gave (_item_parse)
         if _is_url(path):
             self.fs = _UrlFS(self)
             self.path = self.fs.init_path(path)
@@ -712,7 +714,7 @@ class Reader(_fs.FileSystemReader):
                     return b[off - at:off - at + n]
             return None
 
-        seen = self.__dict__.setdefault("_layouts", {})
+        seen = self._layouts
         for lay in seen.get(length, ()):
             if lay.matches(window):
                 return lay.t, base + lay.data_at
@@ -744,7 +746,7 @@ class Reader(_fs.FileSystemReader):
         if bo is not None and bo.decode("ascii", "replace") != _sys.byteorder:
             raise _ft.FormatError("%s: item at offset %d: byteorder %r; this reader reads %s"
                                   % (path, base, bo, _sys.byteorder))
-        memo = self.__dict__.setdefault("_pickles", {})
+        memo = self._pickles
         hit = memo.get(pkl)
         if hit is None:
             keys = []

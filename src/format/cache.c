@@ -326,7 +326,8 @@ static int make_room(struct ferry__dscache *c, uint64_t need, uint64_t limit)
 		v[i].shard = s;
 		/* others' first (UINT64_MAX), then ours by next use (a shard the plan does not read:
 		 * UINT64_MAX - 1) */
-		v[i].use = !c->plan_n ? 0 : s == c->n ? UINT64_MAX : next_use(c, s) - (next_use(c, s) == UINT64_MAX);
+		uint64_t u = s < c->n && c->plan_n ? next_use(c, s) : 0;
+		v[i].use = !c->plan_n ? 0 : s == c->n ? UINT64_MAX : u - (u == UINT64_MAX);
 	}
 	qsort(v, nv, sizeof(*v), cmp_dent);
 	if (c->plan_n) {
