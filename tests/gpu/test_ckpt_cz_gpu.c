@@ -52,6 +52,13 @@ static void fill(int k, uint8_t *p, size_t n)
 	}
 }
 
+/* FERRY_NVCOMP_LIB set (gpu-check.sh sets it from the carried wheel): nvCOMP must run */
+static int nvcomp_expected(void)
+{
+	const char *nvc = getenv("FERRY_NVCOMP_LIB");
+	return nvc && *nvc;
+}
+
 /* Loads shard into GPU 0 with cz_gpu=gpu; compares every tensor with host[]; the path in info. */
 static void load_check(ferry_ctx *ctx, const char *shard, const char *gpu, uint8_t *const host[NT],
 		       const size_t bytes[NT], char *info, size_t len, const char *what)
@@ -64,8 +71,7 @@ static void load_check(ferry_ctx *ctx, const char *shard, const char *gpu, uint8
 	if (!ld)
 		return;
 	int r = ferry_st_load_run(ld, 0, 0, 0);
-	const char *nvc = getenv("FERRY_NVCOMP_LIB");
-	if (r && !strcmp(gpu, "on") && !(nvc && *nvc) && strstr(ferry_last_error(), "nvCOMP cannot")) {
+	if (r && !strcmp(gpu, "on") && !nvcomp_expected() && strstr(ferry_last_error(), "nvCOMP cannot")) {
 		/* cz_gpu=on where nvCOMP cannot load: refused with the reason, never a silent CPU decode */
 		snprintf(info, len, "refused: %s", ferry_last_error());
 		printf("%s cz_gpu=%s: %s\n", what, gpu, info);
@@ -103,7 +109,7 @@ int main(void)
 	if (!ferry_gpu_available(why, sizeof(why)))
 		T_SKIP("no GPU: %s", why);
 	const char *nvc = getenv("FERRY_NVCOMP_LIB");
-	int expect_nvcomp = nvc && *nvc;
+	int expect_nvcomp = nvcomp_expected();
 	ferry_ctx *ctx;
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
 	uint8_t *host[NT];
