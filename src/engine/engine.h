@@ -67,6 +67,7 @@ struct ferry_file {
 	int writable;
 	uint32_t block_size;
 	uint32_t mem_align;
+	bool in_memory; /* on tmpfs or ramfs: every page resident, no cachestat asked */
 	char direct_note[192]; /* why there is no O_DIRECT descriptor, if there is none */
 	/* GPUDirect Storage, probed at the first transfer to or from device memory (under gds_mu) */
 	pthread_mutex_t gds_mu;

@@ -12,8 +12,11 @@
 #include "base/base.h"
 #include "ferry/ferry.h"
 
-/* true if every page of [off, off+len) of fd is in the page cache (cachestat; false when unknown). */
-bool ferry__range_resident(int fd, uint64_t off, uint64_t len);
+/*
+ * true if every page of [off, off+len) of f is in memory: always for a file on tmpfs or ramfs
+ * (asked once, at open), else by cachestat(2) (false when unknown).
+ */
+bool ferry__range_resident(const ferry_file *f, uint64_t off, uint64_t len);
 /* The buffered descriptor of an open file (always open; the file keeps it). */
 int ferry__file_fd(const ferry_file *f);
 /*

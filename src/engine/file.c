@@ -2,11 +2,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/fs.h>
+#include <linux/magic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -99,6 +101,8 @@ static int file_open(ferry_ctx *ctx, int dirfd, const char *name, const char *pa
 		return ferry__error(-ESTALE, "open(%s): not the file ferry made there (replaced since)", path);
 	}
 	dio_alignment(f->fd_buf, &f->block_size, &f->mem_align);
+	struct statfs sfs;
+	f->in_memory = fstatfs(f->fd_buf, &sfs) == 0 && (sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC);
 	if (ctx->cfg.direct == FERRY__DIRECT_OFF || (flags & FERRY_O_BUFFERED)) {
 		snprintf(f->direct_note, sizeof(f->direct_note), "O_DIRECT off (%s)",
 			 flags & FERRY_O_BUFFERED ? "FERRY_O_BUFFERED" : "direct=off");

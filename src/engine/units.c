@@ -88,9 +88,9 @@ bool ferry__units_eligible(ferry_ctx *ctx, const struct ferry__entry *e)
 	mid -= mid % cs;
 	if (mid < e->off)
 		mid = e->off;
-	return ferry__range_resident(e->f->fd_buf, e->off, cs) &&
-	       ferry__range_resident(e->f->fd_buf, mid, end - mid < cs ? end - mid : cs) &&
-	       ferry__range_resident(e->f->fd_buf, end - cs, cs);
+	return ferry__range_resident(e->f, e->off, cs) &&
+	       ferry__range_resident(e->f, mid, end - mid < cs ? end - mid : cs) &&
+	       ferry__range_resident(e->f, end - cs, cs);
 }
 
 void ferry__units_assign(ferry_ctx *ctx, struct ferry__entry *e, struct ferry__chunk *c)

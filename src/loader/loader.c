@@ -734,7 +734,7 @@ static void maps_free(struct worker *w)
 static int read_inline(const struct ferry_loader *l, ferry_file *f, uint64_t off, uint64_t len, void *dst)
 {
 	int fd = ferry__file_fd(f);
-	if (!l->inline_cached || !ferry__range_resident(fd, off, len))
+	if (!l->inline_cached || !ferry__range_resident(f, off, len))
 		return 0;
 	uint64_t done = 0;
 	while (done < len) {
