@@ -470,6 +470,12 @@ class Loader:
     shuffled_copies=N)``, ``ferry pack --shuffled-copies N``), so its order is ``order_indices``' for
     epoch e mod N; indices, padding and striding are ``distributed_indices``' for that epoch.
 
+    Over compressed shards (``ferry pack --compress``) ``order="shuffle"`` is by default the chunk
+    window (``chunk_window=-1``; docs/DATA.md, "Sample orders"): runs of 1 MiB of chunks permuted,
+    taken about half of ``chunk_cache`` (bytes of decoded chunks a pipeline thread keeps, 64 MiB) at
+    a time, their items shuffled together, so each chunk is decoded about once an epoch;
+    ``chunk_window=0`` gives the full shuffle, each sample decoding its chunk.
+
     Memory: on the GPU each batch's tensor is the device memory the loader uploaded it into, no
     copy: the loader takes other memory for its next batches, and gets this memory back when the
     tensor is freed, for uploads ordered after the work queued on the then current stream (the
@@ -486,7 +492,7 @@ class Loader:
                  drop_last_batch: bool = False, device=None, prefetch: int = 4, threads: int = 1,
                  dtype=None, merge_gap: int = 0, pin_memory: bool = False, epoch: int = 0,
                  documents: bool = False, copies: bool = False, shard_window: int | None = None,
-                 context=None):
+                 chunk_window: int | None = None, chunk_cache=None, context=None):
         torch = _torch()
         self._torch = torch
         self.dataset = path if isinstance(path, IndexedDataset) else \
@@ -546,6 +552,10 @@ class Loader:
                        "documents": int(self.documents), "copies": int(bool(copies))}
         if shard_window is not None:  # None: the C default (-1: on only under a smaller cache)
             self._knobs["shard_window"] = int(shard_window)
+        if chunk_window is not None:  # None: the C default (-1: on for compressed shards)
+            self._knobs["chunk_window"] = int(chunk_window)
+        if chunk_cache is not None:  # bytes (an int or "64m"); None: the C default or its variable
+            self._knobs["chunk_cache"] = chunk_cache
         self._epoch, self._batch = int(epoch), 0
         self._cl = None          # the C loader, positioned at (_epoch, _batch)
         self._pending = []       # (batch, event): slots whose device copy is in flight

@@ -230,7 +230,8 @@ static int decode_lz4(const struct ferry__cz_chunk *e, uint64_t i, const uint8_t
 	return 0;
 }
 
-static int decode_zstd(const struct ferry__cz_chunk *e, uint64_t i, const uint8_t *f, uint8_t *dst, const char *name)
+static int decode_zstd(const struct ferry__cz_chunk *e, uint64_t i, const uint8_t *f, uint8_t *dst, ZSTD_DCtx *d,
+		       const char *name)
 {
 	if (e->flags & FERRY__CZ_STORED) {
 		if (get32(f) != 0xFD2FB528u || f[4] != 0xE0 || get64(f + 5) != e->u_size)
@@ -249,7 +250,7 @@ static int decode_zstd(const struct ferry__cz_chunk *e, uint64_t i, const uint8_
 	}
 	if (ZSTD_getFrameContentSize(f, e->c_size) != e->u_size || ZSTD_findFrameCompressedSize(f, e->c_size) != e->c_size)
 		goto bad;
-	size_t n = ZSTD_decompress(dst, e->u_size, f, e->c_size);
+	size_t n = d ? ZSTD_decompressDCtx(d, dst, e->u_size, f, e->c_size) : ZSTD_decompress(dst, e->u_size, f, e->c_size);
 	if (ZSTD_isError(n) || n != e->u_size)
 		return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): zstd frame: %s", name,
 				    (unsigned long long)i, (unsigned long long)e->c_off,
@@ -261,23 +262,122 @@ bad:
 			    name, (unsigned long long)i, (unsigned long long)e->c_off);
 }
 
-int ferry__cz_decode(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst, int verify,
-		     const char *name)
+/* The decoded bytes of chunk i against the index's XXH3. */
+static int check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *dst, const char *name)
+{
+	const struct ferry__cz_chunk *e = &m->chunks[i];
+	uint64_t h = ferry__xxh3_64(dst, e->u_size);
+	if (h != e->xxh_u)
+		return ferry__error(FERRY_ECORRUPT,
+				    "%s: chunk %llu (bytes %llu to %llu): checksum: %016llx in the index, %016llx decoded",
+				    name, (unsigned long long)i, (unsigned long long)e->u_off,
+				    (unsigned long long)(e->u_off + e->u_size), (unsigned long long)e->xxh_u,
+				    (unsigned long long)h);
+	return 0;
+}
+
+static int decode_whole(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst, int verify,
+			ZSTD_DCtx *d, const char *name)
 {
 	const struct ferry__cz_chunk *e = &m->chunks[i];
 	int r = verify ? ferry__cz_check_frame(m, i, frame, name) : 0;
 	if (!r)
-		r = m->codec == FERRY__CZ_LZ4 ? decode_lz4(e, i, frame, dst, name) : decode_zstd(e, i, frame, dst, name);
-	if (!r && verify) {
-		uint64_t h = ferry__xxh3_64(dst, e->u_size);
-		if (h != e->xxh_u)
-			r = ferry__error(FERRY_ECORRUPT,
-					 "%s: chunk %llu (bytes %llu to %llu): checksum: %016llx in the index, %016llx decoded",
-					 name, (unsigned long long)i, (unsigned long long)e->u_off,
-					 (unsigned long long)(e->u_off + e->u_size), (unsigned long long)e->xxh_u,
-					 (unsigned long long)h);
-	}
+		r = m->codec == FERRY__CZ_LZ4 ? decode_lz4(e, i, frame, dst, name) : decode_zstd(e, i, frame, dst, d, name);
+	if (!r && verify)
+		r = check_bytes(m, i, dst, name);
 	return r;
+}
+
+int ferry__cz_decode(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst, int verify,
+		     const char *name)
+{
+	return decode_whole(m, i, frame, dst, verify, NULL, name);
+}
+
+struct ferry__cz_dctx {
+	ZSTD_DCtx *z;
+};
+
+int ferry__cz_dctx_create(struct ferry__cz_dctx **out)
+{
+	struct ferry__cz_dctx *d = calloc(1, sizeof(*d));
+	if (d && !(d->z = ZSTD_createDCtx())) {
+		free(d);
+		d = NULL;
+	}
+	*out = d;
+	return d ? 0 : ferry__error(-ENOMEM, "zstd decompression context");
+}
+
+void ferry__cz_dctx_destroy(struct ferry__cz_dctx *d)
+{
+	if (!d)
+		return;
+	ZSTD_freeDCtx(d->z);
+	free(d);
+}
+
+/* The first want bytes of a zstd frame (want < u_size), streamed: zstd decodes block by block
+ * (128 KiB at most), so a head costs the blocks it spans, not the frame. */
+static int zstd_head(ZSTD_DCtx *d, const struct ferry__cz_chunk *e, uint64_t i, const uint8_t *f, uint8_t *dst,
+		     uint32_t want, const char *name)
+{
+	if (ZSTD_getFrameContentSize(f, e->c_size) != e->u_size)
+		return ferry__error(FERRY_ECORRUPT,
+				    "%s: chunk %llu (compressed offset %llu): zstd frame: its header disagrees with the index",
+				    name, (unsigned long long)i, (unsigned long long)e->c_off);
+	ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
+	ZSTD_inBuffer in = {f, e->c_size, 0};
+	ZSTD_outBuffer out = {dst, want, 0};
+	while (out.pos < want) {
+		size_t ipos = in.pos, opos = out.pos;
+		size_t r = ZSTD_decompressStream(d, &out, &in);
+		if (ZSTD_isError(r))
+			return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): zstd frame: %s", name,
+					    (unsigned long long)i, (unsigned long long)e->c_off, ZSTD_getErrorName(r));
+		if (!r || (in.pos == ipos && out.pos == opos))
+			break;
+	}
+	if (out.pos != want)
+		return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): zstd frame: ends after %zu bytes, the index says %u",
+				    name, (unsigned long long)i, (unsigned long long)e->c_off, out.pos, e->u_size);
+	return 0;
+}
+
+int ferry__cz_decode_with(struct ferry__cz_dctx *d, const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame,
+			  uint8_t *dst, uint32_t want, int verify, uint32_t *have, const char *name)
+{
+	const struct ferry__cz_chunk *e = &m->chunks[i];
+	*have = 0;
+	if (want >= e->u_size || (e->flags & FERRY__CZ_STORED) || !d) { /* whole: as ferry__cz_decode */
+		int r = decode_whole(m, i, frame, dst, verify, d ? d->z : NULL, name);
+		if (!r)
+			*have = e->u_size;
+		return r;
+	}
+	/* a head: the frame's checksum before (the bytes' covers the whole chunk, not decoded here) */
+	int r = verify ? ferry__cz_check_frame(m, i, frame, name) : 0;
+	if (r)
+		return r;
+	if (m->codec == FERRY__CZ_ZSTD) {
+		if (!(r = zstd_head(d->z, e, i, frame, dst, want, name)))
+			*have = want;
+		return r;
+	}
+	uint32_t word = get32(frame + FERRY__CZ_LZ4_PAYLOAD - 4);
+	uint32_t payload = e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4;
+	if (get32(frame) != 0x184D2204u || frame[4] != 0x68 || get64(frame + 6) != e->u_size || word != payload)
+		return ferry__error(FERRY_ECORRUPT,
+				    "%s: chunk %llu (compressed offset %llu): LZ4 frame: its header or block size disagrees with the index",
+				    name, (unsigned long long)i, (unsigned long long)e->c_off);
+	int n = LZ4_decompress_safe_partial((const char *)frame + FERRY__CZ_LZ4_PAYLOAD, (char *)dst, (int)payload,
+					    (int)want, (int)e->u_size);
+	if (n < (int)want)
+		return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): LZ4 block: %s (%d of the first %u bytes)",
+				    name, (unsigned long long)i, (unsigned long long)e->c_off,
+				    n < 0 ? "malformed" : "ends early", n, want);
+	*have = want; /* (it may decode past want: those bytes count as not there) */
+	return 0;
 }
 
 /* ----------------------------------------------------------------------------------- encoding */

@@ -10,6 +10,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define FERRY__CZ_INDEX_MAGIC 0x184D2A5Eu   /* skippable frame 14: the index */
 #define FERRY__CZ_TRAILER_MAGIC 0x184D2A5Fu /* skippable frame 15: the trailer, last 80 bytes */
@@ -59,6 +60,17 @@ void ferry__cz_meta_free(struct ferry__cz_meta *m);
  * frame's XXH3 before and the bytes' XXH3 after. 0 or FERRY_ECORRUPT naming name, the chunk, the field. */
 int ferry__cz_decode(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst,
 		     int verify, const char *name);
+/* A zstd decompression context kept between decodes (ZSTD_decompress makes and frees one a call). */
+struct ferry__cz_dctx;
+int ferry__cz_dctx_create(struct ferry__cz_dctx **out);
+void ferry__cz_dctx_destroy(struct ferry__cz_dctx *d);
+/* Decodes chunk i's frame into dst (room: u_size bytes) as ferry__cz_decode does with d's context,
+ * or, when want < u_size and the chunk is not stored, only its first want bytes (streamed, zstd
+ * block by block; LZ4_decompress_safe_partial), checking the frame's XXH3 when verify (the bytes'
+ * covers the whole chunk). *have: the bytes decoded (u_size: whole, both checksums checked when
+ * verify). 0 or FERRY_ECORRUPT naming name, the chunk and the field. */
+int ferry__cz_decode_with(struct ferry__cz_dctx *d, const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame,
+			  uint8_t *dst, uint32_t want, int verify, uint32_t *have, const char *name);
 /* Checks only the frame's XXH3 (before the frame goes to a GPU decoder). */
 int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name);
 
@@ -75,6 +87,23 @@ int ferry__cz_encode(struct ferry__cz_cctx *c, int codec, int level, uint32_t ch
  * bytes into idx and FERRY__CZ_TRAILER_LEN into t; sets m->index_xxh. */
 size_t ferry__cz_index_len(uint64_t nchunks);
 void ferry__cz_write_index(struct ferry__cz_meta *m, uint8_t *idx, uint8_t *t);
+
+/*
+ * Decoded chunks kept between reads, for one thread (the loader's pipeline threads: one each):
+ * ferry__cz_pread_cached reads [off, off + len) of z into host memory buf as ferry_cz_pread does,
+ * on the calling thread alone, decoding each chunk it covers only when c does not hold it already
+ * (entries evicted least recently used first past budget bytes; a chunk larger than the budget is
+ * still decoded). Returns the bytes read or a negative code naming the chunk.
+ */
+struct ferry__cz_cache;
+struct ferry__cz_cache_stats {
+	uint64_t decodes, decoded, hits; /* chunks (or heads) decoded, their bytes, reads served from c */
+};
+struct ferry_cz;
+int ferry__cz_cache_create(uint64_t budget, struct ferry__cz_cache **out);
+void ferry__cz_cache_destroy(struct ferry__cz_cache *c);
+void ferry__cz_cache_stats(const struct ferry__cz_cache *c, struct ferry__cz_cache_stats *out);
+ssize_t ferry__cz_pread_cached(struct ferry_cz *z, struct ferry__cz_cache *c, void *buf, size_t len, uint64_t off);
 
 /* Runs fn(arg, i) for i in [0, n) on up to threads threads (the caller's among them). Returns 0 or
  * the error of the lowest failed i, with that call's ferry_last_error() detail on this thread. */

@@ -19,6 +19,7 @@
 #include "base/base.h"
 #include "base/durable.h"
 #include "base/knob.h"
+#include "engine/export.h"
 #include "format/cz.h"
 #include "ferry/compress.h"
 #include "ferry/gpu.h"
@@ -1168,4 +1169,210 @@ ssize_t ferry_cz_pread(ferry_cz *z, void *buf, size_t len, uint64_t offset)
 	if (r >= 0)
 		set_info(z, "cpu (host memory)");
 	return r;
+}
+
+/* ------------------------------------------------------------------- decoded chunks kept (loader) */
+
+/*
+ * A reader's decoded chunks, kept between its reads (issue 26): a window of a few KiB that falls in
+ * a chunk decoded before copies from it instead of decoding the chunk again, and the buffers (the
+ * frame's, each entry's, zstd's context) are reused, so a decode allocates nothing once the cache
+ * is full. One per thread (no lock). Entries are evicted least recently used first once their
+ * bytes pass the budget. A read that crosses into a chunk from the one before and ends near its
+ * start decodes only that head, into a buffer of its own (not kept: a head kept in an entry
+ * evicted a chunk of the window being read, 16 MiB caches decoding 2.4x the floor, issue 26).
+ */
+struct cz_entry {
+	const ferry_cz *z;
+	uint64_t i, used;
+	uint8_t *buf;
+	size_t cap;
+	uint32_t have; /* bytes decoded from the chunk's start (u_size: the whole chunk) */
+};
+
+struct ferry__cz_cache {
+	uint64_t budget, bytes, tick;
+	struct cz_entry *e;
+	size_t n, cap;
+	uint8_t *frame, *head;
+	size_t frame_cap, head_cap;
+	struct ferry__cz_dctx *dctx;
+	struct ferry__cz_cache_stats st;
+};
+
+int ferry__cz_cache_create(uint64_t budget, struct ferry__cz_cache **out)
+{
+	struct ferry__cz_cache *c = calloc(1, sizeof(*c));
+	*out = NULL;
+	if (!c)
+		return ferry__error(-ENOMEM, "decoded chunk cache");
+	int r = ferry__cz_dctx_create(&c->dctx);
+	if (r) {
+		free(c);
+		return r;
+	}
+	c->budget = budget;
+	*out = c;
+	return 0;
+}
+
+void ferry__cz_cache_destroy(struct ferry__cz_cache *c)
+{
+	if (!c)
+		return;
+	for (size_t k = 0; k < c->n; k++)
+		free(c->e[k].buf);
+	free(c->e);
+	free(c->frame);
+	free(c->head);
+	ferry__cz_dctx_destroy(c->dctx);
+	free(c);
+}
+
+void ferry__cz_cache_stats(const struct ferry__cz_cache *c, struct ferry__cz_cache_stats *out)
+{
+	if (c)
+		*out = c->st;
+	else
+		memset(out, 0, sizeof(*out));
+}
+
+/* Chunk i's frame into c->frame (grown, kept), read on this thread. */
+static int read_frame(ferry_cz *z, struct ferry__cz_cache *c, uint64_t i)
+{
+	const struct ferry__cz_chunk *e = &z->m.chunks[i];
+	if (c->frame_cap < e->c_size) {
+		free(c->frame);
+		c->frame_cap = 0;
+		if (!(c->frame = malloc(grown(e->c_size))))
+			return ferry__error(-ENOMEM, "%s: chunk %llu: %u bytes", z->path, (unsigned long long)i, e->c_size);
+		c->frame_cap = grown(e->c_size);
+	}
+	int fd = ferry__file_fd(z->f);
+	if (fd < 0)
+		return read_exact(z->f, c->frame, e->c_size, e->c_off, z->path, "a chunk");
+	/* the buffered descriptor, no engine hand-off: a frame is one pread (the loader's reads of
+	 * resident plain shards go the same way, read_inline) */
+	for (size_t done = 0; done < e->c_size;) {
+		ssize_t k = pread(fd, c->frame + done, e->c_size - done, (off_t)(e->c_off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return ferry__error(-errno, "pread(%s, offset %llu, %u bytes): chunk %llu: %s", z->path,
+					    (unsigned long long)(e->c_off + done), e->c_size, (unsigned long long)i, strerror(errno));
+		if (!k)
+			return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu at offset %llu: %zu of %u bytes before the end of the file (truncated?)",
+					    z->path, (unsigned long long)i, (unsigned long long)e->c_off, done, e->c_size);
+		done += (size_t)k;
+	}
+	return 0;
+}
+
+/* At least the first need bytes of chunk i of z at *out: an entry's, or decoded into the least
+ * recently used entry (or a new one while the budget allows). head: the read only crosses into
+ * this chunk, so a head of need bytes will do (decoded into c->head unless an entry has them). */
+static int cache_get(ferry_cz *z, struct ferry__cz_cache *c, uint64_t i, uint32_t need, bool head,
+		     const uint8_t **out)
+{
+	const struct ferry__cz_chunk *e = &z->m.chunks[i];
+	struct cz_entry *hit = NULL, *lru = NULL;
+	for (size_t k = 0; k < c->n; k++) {
+		struct cz_entry *x = &c->e[k];
+		if (x->z == z && x->i == i) {
+			hit = x;
+			break;
+		}
+		if (!lru || x->used < lru->used)
+			lru = x;
+	}
+	c->tick++;
+	if (hit && hit->have >= need) {
+		hit->used = c->tick;
+		c->st.hits++;
+		*out = hit->buf;
+		return 0;
+	}
+	int r;
+	uint32_t have = 0;
+	if (head) {
+		if (c->head_cap < e->u_size) {
+			free(c->head);
+			c->head_cap = 0;
+			if (!(c->head = malloc(e->u_size)))
+				return ferry__error(-ENOMEM, "%s: chunk %llu: %u bytes", z->path, (unsigned long long)i, e->u_size);
+			c->head_cap = e->u_size;
+		}
+		if ((r = read_frame(z, c, i)) ||
+		    (r = ferry__cz_decode_with(c->dctx, &z->m, i, c->frame, c->head, need, (int)z->knobs.verify, &have, z->path)))
+			return r;
+		c->st.decodes++;
+		c->st.decoded += have;
+		*out = c->head;
+		return 0;
+	}
+	struct cz_entry *x = hit;
+	if (!x && (c->bytes + e->u_size > c->budget && lru)) {
+		x = lru; /* evicted */
+	} else if (!x) {
+		if (c->n == c->cap) {
+			size_t nc = c->cap ? c->cap * 2 : 16;
+			struct cz_entry *ne = realloc(c->e, nc * sizeof(*ne));
+			if (!ne)
+				return ferry__error(-ENOMEM, "%s: decoded chunk cache of %zu entries", z->path, nc);
+			c->e = ne;
+			c->cap = nc;
+		}
+		x = &c->e[c->n++];
+		memset(x, 0, sizeof(*x));
+	}
+	x->z = NULL;
+	x->have = 0;
+	if (x->cap < e->u_size) {
+		c->bytes -= x->cap;
+		free(x->buf);
+		x->cap = 0;
+		if (!(x->buf = malloc(e->u_size)))
+			return ferry__error(-ENOMEM, "%s: chunk %llu: %u bytes", z->path, (unsigned long long)i, e->u_size);
+		x->cap = e->u_size;
+		c->bytes += x->cap;
+	}
+	r = read_frame(z, c, i);
+	if (!r)
+		r = ferry__cz_decode_with(c->dctx, &z->m, i, c->frame, x->buf, e->u_size, (int)z->knobs.verify, &have,
+					  z->path);
+	if (r)
+		return r;
+	c->st.decodes++;
+	c->st.decoded += have;
+	x->z = z;
+	x->i = i;
+	x->have = have;
+	x->used = c->tick;
+	*out = x->buf;
+	return 0;
+}
+
+ssize_t ferry__cz_pread_cached(ferry_cz *z, struct ferry__cz_cache *c, void *buf, size_t len, uint64_t off)
+{
+	uint64_t a, b;
+	cover(z, off, &len, &a, &b);
+	uint8_t *dst = buf;
+	for (uint64_t i = a; i < b; i++) {
+		const struct ferry__cz_chunk *e = &z->m.chunks[i];
+		uint64_t lo = e->u_off > off ? e->u_off : off;
+		uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
+		const uint8_t *x = NULL;
+		/* a head when the read comes from the chunk before and ends in this one's first eighth
+		 * (a sample crossing out of the chunks a window holds: its tail); a longer one (a
+		 * sequential read's batch) takes the chunk whole, which the next read goes on in */
+		bool head = i > a && hi - e->u_off < e->u_size / 8;
+		int r = cache_get(z, c, i, (uint32_t)(hi - e->u_off), head, &x);
+		if (r) {
+			ferry__error_append("%s: reading bytes %llu to %llu", z->path, (unsigned long long)off,
+					    (unsigned long long)(off + len));
+			return r;
+		}
+		memcpy(dst + (lo - off), x + (lo - e->u_off), hi - lo);
+	}
+	return (ssize_t)len;
 }

@@ -18,10 +18,11 @@ uint64_t ferry__mt_u64(struct ferry__mt19937 *mt);
 void ferry__randperm(uint64_t n, uint64_t seed, int64_t *out);
 
 /*
- * The shard-window shuffle (the loader's shard_window): the shards permuted (randperm of nshards,
- * seed + epoch), taken `window` at a time, and each window's items (shard s holds items
+ * The window shuffle (the loader's shard_window, and chunk_window over compressed shards): units
+ * (shards, or runs of a compressed shard's chunks) permuted (randperm of nshards units, seed +
+ * epoch), taken `window` at a time, and each window's items (unit s holds items
  * bound[s] .. bound[s + 1] - 1, bound[nshards] = n) shuffled together, the same generator going on.
- * out: n items; shards: the permuted shards (nshards). 0 or -errno.
+ * out: n items; shards: the permuted units (nshards). 0 or -errno.
  */
 int ferry__window_order(uint64_t n, const uint64_t *bound, uint32_t nshards, uint32_t window, uint64_t seed,
 			uint64_t epoch, int64_t *out, uint32_t *shards);

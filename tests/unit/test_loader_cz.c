@@ -1,0 +1,295 @@
+/* The loader over compressed shards (issue 26): the chunk window gives every sample once an epoch
+ * with the right bytes and decodes each chunk about once (chunk_decodes), for zstd and LZ4; a
+ * resume mid-epoch gives exactly the rest; sequential reads decode each chunk about once; a
+ * damaged chunk fails the batch naming the chunk; the decoded chunk cache (ferry__cz_pread_cached)
+ * gives ferry_cz_pread's bytes for any range, heads and evictions included. Run under ASan by
+ * scripts/test.sh. */
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include "ferry/compress.h"
+#include "ferry/data.h"
+#include "ferry_test.h"
+#include "format/cz.h"
+
+static ferry_ctx *ctx;
+static char dir[512];
+static uint64_t N;
+static uint8_t *stream;
+static uint64_t *soff;
+
+static size_t slen(uint64_t i) { return 2 * (700 + (i * 389) % 1400); }
+
+/* Compressible bytes (small values with runs): zstd and LZ4 both compress them, so chunks are
+ * real frames, not stored ones. */
+static void fill(uint8_t *p, uint64_t n)
+{
+	uint64_t s = 11;
+	for (uint64_t k = 0; k < n; k++)
+		p[k] = (k & 15) ? p[k - 1] + (uint8_t)(t_rand(&s) % 3) : (uint8_t)(t_rand(&s) % 40);
+}
+
+static void make_plain(const char *path)
+{
+	ferry_dataset_writer *w;
+	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_DT_U16, 3u << 20, &w) == 0);
+	uint64_t total = 0;
+	for (N = 0; total < (9u << 20); N++)
+		total += slen(N);
+	soff = malloc((N + 1) * 8);
+	total = 0;
+	for (uint64_t i = 0; i < N; i++) {
+		soff[i] = total;
+		total += slen(i);
+		T_ASSERT(ferry_dataset_writer_add(w, slen(i), NULL, 0, 1) >= 0);
+	}
+	soff[N] = total;
+	stream = malloc(total);
+	fill(stream, total);
+	T_ASSERT(ferry_dataset_writer_layout(w) >= 3);
+	for (uint64_t i = 0; i < N; i++)
+		T_ASSERT(ferry_dataset_writer_put(w, i, stream + soff[i], slen(i)) == 0);
+	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
+	ferry_dataset_writer_destroy(w);
+}
+
+static uint8_t *slurp(const char *p, size_t *len)
+{
+	int fd = open(p, O_RDONLY);
+	T_ASSERT(fd >= 0);
+	struct stat st;
+	T_ASSERT(fstat(fd, &st) == 0);
+	uint8_t *b = malloc((size_t)st.st_size + 1);
+	T_ASSERT(pread(fd, b, (size_t)st.st_size, 0) == st.st_size);
+	close(fd);
+	*len = (size_t)st.st_size;
+	return b;
+}
+
+static void spit(const char *p, const uint8_t *b, size_t len)
+{
+	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	T_ASSERT(fd >= 0);
+	T_ASSERT(write(fd, b, len) == (ssize_t)len);
+	close(fd);
+}
+
+/* dst: src's shards compressed (1 MiB chunks), its index copied. Returns the chunks written. */
+static uint64_t make_cz(const char *src, const char *dst, int codec)
+{
+	char a[700], b[700];
+	uint64_t chunks = 0;
+	T_ASSERT(mkdir(dst, 0755) == 0);
+	for (int s = 0;; s++) {
+		snprintf(a, sizeof(a), "%s/shard-%05d.fsh", src, s);
+		if (access(a, F_OK))
+			break;
+		snprintf(b, sizeof(b), "%s/shard-%05d.fsh", dst, s);
+		size_t len;
+		uint8_t *buf = slurp(a, &len);
+		ferry_cz_writer *w;
+		T_ASSERT(ferry_cz_writer_create(b, codec, 0, &w) == 0);
+		T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "1m") == 0);
+		T_ASSERT(ferry_cz_writer_write(w, buf, len) == 0);
+		T_ASSERT(ferry_cz_writer_commit(w) > 0);
+		ferry_cz_writer_destroy(w);
+		chunks += (len + (1u << 20) - 1) >> 20;
+		free(buf);
+	}
+	snprintf(a, sizeof(a), "%s/ferry.idx", src);
+	snprintf(b, sizeof(b), "%s/ferry.idx", dst);
+	size_t len;
+	uint8_t *buf = slurp(a, &len);
+	spit(b, buf, len);
+	free(buf);
+	return chunks;
+}
+
+static double metric(ferry_loader *l, const char *name)
+{
+	double v;
+	return ferry_loader_metric(l, name, &v) ? -1 : v;
+}
+
+static ferry_loader *make_loader(ferry_dataset *ds, const char *const *kv)
+{
+	ferry_loader *l;
+	T_ASSERT(ferry_loader_create(ds, &l) == 0);
+	for (; kv && kv[0]; kv += 2)
+		if (ferry_loader_set(l, kv[0], kv[1])) {
+			fprintf(stderr, "set %s=%s: %s\n", kv[0], kv[1], ferry_last_error());
+			exit(T_EXIT_FAIL);
+		}
+	return l;
+}
+
+/* Up to max batches (0: the epoch), each sample's bytes checked; indices appended to out. */
+static uint64_t drain(ferry_loader *l, int64_t *out, uint64_t max)
+{
+	uint64_t k = 0, b = 0;
+	ferry_loader_batch *bt;
+	int r = 1;
+	while ((!max || b < max) && (r = ferry_loader_next(l, &bt)) == 1) {
+		const uint8_t *d = ferry_loader_batch_data(bt);
+		const uint64_t *o = ferry_loader_batch_offsets(bt);
+		const int64_t *ix = ferry_loader_batch_indices(bt);
+		for (uint32_t s = 0; s < ferry_loader_batch_samples(bt); s++) {
+			size_t len = slen((uint64_t)ix[s]);
+			if (o[s + 1] - o[s] != len || memcmp(d + o[s], stream + soff[ix[s]], len)) {
+				fprintf(stderr, "batch %llu sample %u (index %lld): wrong bytes\n", (unsigned long long)b, s,
+					(long long)ix[s]);
+				t_failures++;
+			}
+			out[k++] = ix[s];
+		}
+		ferry_loader_batch_destroy(bt);
+		b++;
+	}
+	if (r < 0)
+		fprintf(stderr, "loader: %s\n", ferry_last_error());
+	T_CHECK(r >= 0);
+	return k;
+}
+
+static void check_once(const int64_t *got, uint64_t k)
+{
+	T_EQ_INT(k, N);
+	uint8_t *seen = calloc(N, 1);
+	for (uint64_t i = 0; i < k; i++) {
+		T_CHECK(got[i] >= 0 && (uint64_t)got[i] < N && !seen[got[i]]);
+		if (got[i] >= 0 && (uint64_t)got[i] < N)
+			seen[got[i]] = 1;
+	}
+	free(seen);
+}
+
+static void loader_checks(const char *cz_path, uint64_t chunks)
+{
+	ferry_dataset *ds;
+	T_ASSERT(ferry_dataset_open(ctx, cz_path, &ds) == 0);
+	int64_t *a = malloc(N * 8), *b = malloc(N * 8);
+	const char *win[] = {"batch_size", "16", "order", "shuffle", "seed", "5", "chunk_window", "2", "epochs", "1", NULL};
+	ferry_loader *l = make_loader(ds, win);
+	uint64_t k = drain(l, a, 0);
+	check_once(a, k);
+	double dec = metric(l, "chunk_decodes");
+	printf("chunk window 2: %llu samples, %.0f decodes for %llu chunks\n", (unsigned long long)k, dec,
+	       (unsigned long long)chunks);
+	T_CHECK(dec >= (double)chunks && dec <= 2.0 * (double)chunks);
+	ferry_loader_destroy(l);
+
+	/* resume after 37 batches: exactly the rest */
+	l = make_loader(ds, win);
+	T_EQ_INT(drain(l, b, 37), 37 * 16);
+	char st[512];
+	T_ASSERT(ferry_loader_state(l, st, sizeof(st)) > 0);
+	T_CHECK(strstr(st, "shuffle-chunks-2-of-") != NULL);
+	ferry_loader_destroy(l);
+	l = make_loader(ds, win);
+	T_ASSERT(ferry_loader_set(l, "state", st) == 0);
+	uint64_t rest = drain(l, b + 37 * 16, 0);
+	T_EQ_INT(37 * 16 + rest, N);
+	T_CHECK(!memcmp(a, b, N * 8));
+	ferry_loader_destroy(l);
+
+	/* sequential: each chunk decoded about once (a sample crossing into a chunk: its head) */
+	const char *seq[] = {"batch_size", "16", "epochs", "1", NULL};
+	l = make_loader(ds, seq);
+	k = drain(l, a, 0);
+	T_EQ_INT(k, N);
+	for (uint64_t i = 0; i < k; i++)
+		T_EQ_INT(a[i], (int64_t)i);
+	dec = metric(l, "chunk_decodes");
+	T_CHECK(dec >= (double)chunks && dec <= 2.0 * (double)chunks);
+	ferry_loader_destroy(l);
+	free(a);
+	free(b);
+	ferry_dataset_destroy(ds);
+}
+
+/* ferry__cz_pread_cached against ferry_cz_pread over random ranges, a small budget evicting. */
+static void cache_checks(const char *file)
+{
+	ferry_cz *z;
+	T_ASSERT(ferry_cz_open(ctx, file, &z) == 0);
+	uint64_t size = (uint64_t)ferry_cz_size(z), s = 3;
+	struct ferry__cz_cache *c;
+	T_ASSERT(ferry__cz_cache_create(2u << 20, &c) == 0);
+	uint8_t *x = malloc(3u << 20), *y = malloc(3u << 20);
+	for (int t = 0; t < 300; t++) {
+		uint64_t len = t % 10 == 0 ? (3u << 20) : 1 + t_rand(&s) % 9000;
+		uint64_t off = t_rand(&s) % size;
+		if (t % 7 == 0) /* a range crossing into a chunk's head */
+			off = ((t_rand(&s) % (size >> 20)) + 1) * (1u << 20) - 100;
+		ssize_t p = ferry_cz_pread(z, x, len, off), q = ferry__cz_pread_cached(z, c, y, len, off);
+		T_EQ_INT(p, q);
+		if (p > 0 && memcmp(x, y, (size_t)p)) {
+			fprintf(stderr, "range %llu+%llu differs\n", (unsigned long long)off, (unsigned long long)len);
+			t_failures++;
+		}
+	}
+	struct ferry__cz_cache_stats st;
+	ferry__cz_cache_stats(c, &st);
+	printf("cache: %llu decodes, %llu hits\n", (unsigned long long)st.decodes, (unsigned long long)st.hits);
+	T_CHECK(st.hits > 0 && st.decodes > 0);
+	ferry__cz_cache_destroy(c);
+	free(x);
+	free(y);
+	ferry_cz_destroy(z);
+}
+
+/* A damaged frame: the loader's batch fails naming the shard and the chunk. */
+static void damaged(const char *cz_path)
+{
+	char f[700];
+	snprintf(f, sizeof(f), "%s/shard-00001.fsh", cz_path);
+	size_t len;
+	uint8_t *b = slurp(f, &len);
+	uint64_t index = 0;
+	memcpy(&index, b + len - 80 + 32, 8);
+	uint64_t c1 = 0;
+	memcpy(&c1, b + index + 24 + 48, 8);
+	b[c1 + 100] ^= 0xff;
+	spit(f, b, len);
+	free(b);
+	ferry_dataset *ds;
+	T_ASSERT(ferry_dataset_open(ctx, cz_path, &ds) == 0);
+	const char *kv[] = {"batch_size", "16", "order", "shuffle", "epochs", "1", NULL};
+	ferry_loader *l = make_loader(ds, kv);
+	ferry_loader_batch *bt;
+	int r;
+	while ((r = ferry_loader_next(l, &bt)) == 1)
+		ferry_loader_batch_destroy(bt);
+	T_EQ_INT(r, FERRY_ECORRUPT);
+	char want[64];
+	snprintf(want, sizeof(want), "chunk 1 (compressed offset %llu", (unsigned long long)c1);
+	printf("damaged: %s\n", ferry_last_error());
+	T_CHECK(strstr(ferry_last_error(), want) && strstr(ferry_last_error(), "shard-00001.fsh"));
+	ferry_loader_destroy(l);
+	ferry_dataset_destroy(ds);
+}
+
+int main(void)
+{
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	snprintf(dir, sizeof(dir), "%s/test_loader_cz.%d", t_tmpdir(), (int)getpid());
+	T_ASSERT(mkdir(dir, 0755) == 0);
+	char plain[600], cz[600], shard[700];
+	snprintf(plain, sizeof(plain), "%s/plain", dir);
+	make_plain(plain);
+	const char *names[] = {"zstd", "lz4"};
+	for (int k = 0; k < 2; k++) {
+		snprintf(cz, sizeof(cz), "%s/%s", dir, names[k]);
+		uint64_t chunks = make_cz(plain, cz, k ? FERRY_CZ_LZ4 : FERRY_CZ_ZSTD);
+		loader_checks(cz, chunks);
+		snprintf(shard, sizeof(shard), "%s/shard-00000.fsh", cz);
+		cache_checks(shard);
+		damaged(cz);
+	}
+	ferry_ctx_destroy(ctx);
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd))
+		fprintf(stderr, "could not remove %s\n", dir);
+	return t_result();
+}
