@@ -1362,10 +1362,10 @@ ssize_t ferry__cz_pread_cached(ferry_cz *z, struct ferry__cz_cache *c, void *buf
 		uint64_t lo = e->u_off > off ? e->u_off : off;
 		uint64_t hi = e->u_off + e->u_size < off + len ? e->u_off + e->u_size : off + len;
 		const uint8_t *x = NULL;
-		/* a head when the read comes from the chunk before and ends in this one's first eighth
-		 * (a sample crossing out of the chunks a window holds: its tail); a longer one (a
-		 * sequential read's batch) takes the chunk whole, which the next read goes on in */
-		bool head = i > a && hi - e->u_off < e->u_size / 8;
+		/* a head when a short read (a sample crossing out of the chunks a window holds) comes
+		 * from the chunk before and ends in this one's first eighth; a long one (a sequential
+		 * read's batch) takes the chunk whole, which the next read goes on in */
+		bool head = i > a && len < e->u_size / 8 && hi - e->u_off < e->u_size / 8;
 		int r = cache_get(z, c, i, (uint32_t)(hi - e->u_off), head, &x);
 		if (r) {
 			ferry__error_append("%s: reading bytes %llu to %llu", z->path, (unsigned long long)off,
