@@ -1,6 +1,6 @@
 /* The loader over compressed shards (issue 26): the chunk window gives every sample once an epoch
  * with the right bytes and decodes each chunk about once (chunk_decodes), for zstd and LZ4; a
- * resume mid-epoch gives exactly the rest; sequential reads decode each chunk about once; a
+ * resume mid-epoch gives exactly the rest; three pipeline threads give the same order; sequential reads decode each chunk about once; a
  * damaged chunk fails the batch naming the chunk; the decoded chunk cache (ferry__cz_pread_cached)
  * gives ferry_cz_pread's bytes for any range, heads and evictions included. Run under ASan by
  * scripts/test.sh. */
@@ -189,6 +189,14 @@ static void loader_checks(const char *cz_path, uint64_t chunks)
 	T_ASSERT(ferry_loader_set(l, "state", st) == 0);
 	uint64_t rest = drain(l, b + 37 * 16, 0);
 	T_EQ_INT(37 * 16 + rest, N);
+	T_CHECK(!memcmp(a, b, N * 8));
+	ferry_loader_destroy(l);
+
+	/* three pipeline threads, each with its own cache over the shared readers: the same order */
+	const char *thr[] = {"batch_size", "16", "order", "shuffle", "seed", "5", "chunk_window", "2", "epochs", "1",
+			     "threads", "3", NULL};
+	l = make_loader(ds, thr);
+	T_EQ_INT(drain(l, b, 0), N);
 	T_CHECK(!memcmp(a, b, N * 8));
 	ferry_loader_destroy(l);
 
