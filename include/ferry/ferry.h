@@ -269,8 +269,9 @@ FERRY_API FERRY_WUR int ferry_pwrite_async(ferry_file *f, const void *buf, size_
  * Stream-ordered transfers of device memory (cuda.h's CUstream or cudaStream_t as stream; NULL is
  * the legacy default stream): nothing lands in (or leaves) dev_buf before the work already queued
  * on stream, and work queued on stream afterwards sees the whole transfer done. The calling thread
- * does not block: storage reads start at once into pinned slots, the copies to dev_buf wait for the
- * stream on the GPU, and a host function on the stream holds later work until the data is there.
+ * does not block: storage reads start at once into pinned slots, the copies to or from dev_buf start
+ * once the stream has passed the call's place on it (the workers ask its event and go on with other
+ * requests meanwhile), and a host function on the stream holds later work until the data is there.
  * The request is waited and freed as any other (ferry_req_wait gives the count or the error).
  * Host memory is refused (-EINVAL): there is nothing to order.
  */

@@ -376,6 +376,10 @@ struct ferry__ioq {
 	/* GPU state, made at the first chunk for device memory (src/engine/gpu_io.c) */
 	struct ferry__ioq_gpu *gpu;
 	struct ferry__chunk *gpu_head, *gpu_tail; /* chunks with copies in flight, in issue order */
+	/* stream-ordered chunks whose caller's stream has not reached their request's start yet
+	 * (ferry__gpu_started): held, slot and all, and asked again at each reap */
+	struct ferry__chunk *start_head, *start_tail;
+	unsigned start_nap_us; /* the reap's sleep when only those are left, doubled up to a cap */
 	/* GPUDirect Storage: a ring of the cufile backend, made at the first gds or gds-batch chunk */
 	struct ferry__ring *gds;
 	bool gds_batch; /* its kind: cuFile's batch API, or a synchronous call per op */
@@ -408,11 +412,23 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
  */
 int ferry__resolve_path(ferry_ctx *ctx, struct ferry_file *f, const void *buf, size_t len,
 			bool is_write, int *dev, int *path);
+/*
+ * Stream-ordered chunks: 1 when c's request has no start fence or the caller's stream has passed
+ * it, 0 while it has not, a negative code when the driver fails. Never waits: a worker that waited
+ * for the caller's stream (on the host, or on its own copy stream, where every later copy would wait
+ * too) could hold an earlier request's chunk, and the caller's stream may itself be held for that
+ * request (ferry__stream_hold): each would wait for the other. A chunk that has to wait goes to the
+ * queue's start list (ferry__ioq_defer_start), and the reap asks again.
+ */
+int ferry__gpu_started(struct ferry__chunk *c);
+void ferry__ioq_defer_start(struct ferry__ioq *q, struct ferry__chunk *c);
 /* Starts the GPU side of a device chunk that holds its slot (or needs none). Returns true when
- * the chunk is now waiting on the GPU (a device-to-host copy before a write, a cuFile stream op). */
+ * the chunk is now waiting on the GPU (a device-to-host copy before a write, a cuFile stream op)
+ * or on its caller's stream (the start list). */
 bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c);
 /* A device read finished its storage part: copies the slot to the device (async or not). Returns
- * true when the copy is in flight (the chunk joins the GPU list), false when c is finished. */
+ * true when the copy is in flight (the chunk joins the GPU list) or waits for its caller's stream
+ * (the start list), false when c is finished. */
 bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c);
 /* Checks the oldest GPU operations (waits for the oldest when block). Chunks whose copy is done
  * are passed to done(q, c, read_done): finished reads, or writes ready for their storage part. */
@@ -489,6 +505,7 @@ struct ferry__entry {
 	int dev;          /* device of buf, -1 for host memory */
 	int path;         /* enum ferry__path */
 	void *start_ev;   /* stream-ordered: a fence (gpu/ring.h) on the caller's stream; copies to or from buf wait for it */
+	atomic_bool started; /* start_ev seen passed by a worker (asked once more per chunk until then) */
 	bool units;       /* resident, read into device memory through copy units (decided at submission) */
 	uint64_t unit_seq;       /* the unit being handed out (under ctx->mu) */
 	unsigned unit_left, unit_np;

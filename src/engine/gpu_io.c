@@ -474,18 +474,31 @@ bool ferry__gpu_record_on(struct ferry__ioq *q, struct ferry__chunk *c, struct f
 }
 
 /* Stream-ordered requests: nothing touches the caller's buffer before the work queued ahead of
- * the request on the caller's stream; the worker's stream waits for it on the GPU, not the host. */
-static bool wait_start(struct ferry__ring_gpu *ring, struct ferry__chunk *c)
+ * the request on the caller's stream (engine.h says why this asks and never waits). */
+int ferry__gpu_started(struct ferry__chunk *c)
 {
-	if (!c->entry || !c->entry->start_ev)
-		return true;
-	int r = ferry__ring_after(ring, c->entry->start_ev);
-	if (r) {
-		ferry__error_append("waiting for the caller's stream");
+	struct ferry__entry *e = c->entry;
+
+	if (!e || !e->start_ev || atomic_load_explicit(&e->started, memory_order_acquire))
+		return 1;
+	int r = ferry__fence_query(e->start_ev);
+	if (r == 1)
+		atomic_store_explicit(&e->started, true, memory_order_release);
+	else if (r < 0)
+		ferry__error_append("asking whether the caller's stream reached the request");
+	return r;
+}
+
+/* 1: go on; 0: c waits in the start list (the caller returns true: not finished); <0: failed */
+static int wait_start(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	int r = ferry__gpu_started(c);
+
+	if (r == 0)
+		ferry__ioq_defer_start(q, c);
+	else if (r < 0)
 		c->result = r;
-		return false;
-	}
-	return true;
+	return r;
 }
 
 bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
@@ -499,8 +512,8 @@ bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 		const struct ferry__cufile_api *cf = ferry__cufile();
 		ferry__CUfileError_t e;
 		ferry__CUstream stream = ferry__ring_stream(ring);
-		if (!wait_start(ring, c))
-			return false;
+		if ((r = wait_start(q, c)) <= 0)
+			return r == 0;
 		c->gds.size = c->len;
 		c->gds.foff = (off_t)c->off;
 		c->gds.boff = 0;
@@ -520,8 +533,8 @@ bool ferry__gpu_chunk_start(struct ferry__ioq *q, struct ferry__chunk *c)
 		return record(q, ring, c, "cuFile stream op");
 	}
 	/* a device write: its bytes come to the slot first, after the caller's stream work */
-	if (!wait_start(ring, c))
-		return false;
+	if ((r = wait_start(q, c)) <= 0)
+		return r == 0;
 	bool async = c->path != FERRY__P_PIPE_SYNC && slots_pinned(q);
 	if ((r = ferry__ring_d2h(ring, c->bounce.slot, (uint64_t)(uintptr_t)c->buf, c->len, async))) {
 		ferry__error_append("for %s", c->f->path);
@@ -537,8 +550,10 @@ bool ferry__gpu_chunk_stored(struct ferry__ioq *q, struct ferry__chunk *c)
 	size_t n = (size_t)c->result;
 	int r;
 
-	if (!ring || !wait_start(ring, c))
+	if (!ring)
 		return false;
+	if ((r = wait_start(q, c)) <= 0)
+		return r == 0;
 	bool async = c->path != FERRY__P_PIPE_SYNC && slots_pinned(q);
 	struct ferry__ioq_gpu *g = q->gpu;
 	if (async && n <= GATHER_PIECE_MAX) {

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine.h"
 #include "gpu/ring.h"
@@ -252,9 +253,11 @@ static void gds_prep(struct ferry__ioq *q, struct ferry__chunk *c)
 	}
 	if (!ret && q->gds_batch != batch)
 		ret = ferry__error(-EBUSY, "%s: gds and gds-batch transfers at once in one queue", c->f->path);
-	/* cuFile's calls are not ordered on the caller's stream: the host waits for its work first */
-	if (!ret && c->entry && c->entry->start_ev && (ret = ferry__fence_sync(c->entry->start_ev)) < 0)
-		ferry__error_append("waiting for the caller's stream before cuFile");
+	/* cuFile's calls are not ordered on the caller's stream: they wait until it has passed */
+	if (!ret && (ret = ferry__gpu_started(c)) == 0) {
+		ferry__ioq_defer_start(q, c);
+		return;
+	}
 	if (ret > 0)
 		ret = 0;
 	if (!ret)
@@ -368,6 +371,65 @@ static void stored(struct ferry__ioq *q, struct ferry__chunk *c)
 	ferry__ioq_push_finished(q, c);
 }
 
+void ferry__ioq_defer_start(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	ferry__chunk_append(&q->start_head, &q->start_tail, c);
+}
+
+/* A chunk of the start list whose caller's stream has passed: on from where it waited. */
+static void resume_started(struct ferry__ioq *q, struct ferry__chunk *c)
+{
+	if (c->path == FERRY__P_GDS || c->path == FERRY__P_GDS_BATCH)
+		gds_prep(q, c);
+	else if (c->path == FERRY__P_GDS_ASYNC) {
+		if (!ferry__gpu_chunk_start(q, c))
+			ferry__ioq_push_finished(q, c);
+	} else if (c->is_write)
+		start(q, c);
+	else
+		stored(q, c);
+}
+
+/* Asks each chunk of the start list again; returns whether any went on. */
+static bool start_poll(struct ferry__ioq *q)
+{
+	struct ferry__chunk *c = q->start_head;
+	bool moved = false;
+
+	q->start_head = q->start_tail = NULL;
+	while (c) {
+		struct ferry__chunk *next = c->next;
+		c->next = NULL;
+		int r = ferry__gpu_started(c);
+		if (r == 0) {
+			ferry__chunk_append(&q->start_head, &q->start_tail, c);
+		} else if (r < 0) {
+			c->result = r;
+			release_slot(q, c);
+			ferry__ioq_push_finished(q, c);
+			moved = true;
+		} else {
+			resume_started(q, c);
+			moved = true;
+		}
+		c = next;
+	}
+	if (moved)
+		q->start_nap_us = 0;
+	return moved;
+}
+
+/* Only chunks waiting for their callers' streams are left: sleep a little before asking again
+ * (from 10 us, doubling up to 200 us: a stream's work ahead of a read is usually milliseconds). */
+static void start_nap(struct ferry__ioq *q)
+{
+	q->start_nap_us = q->start_nap_us ? q->start_nap_us * 2 : 10;
+	if (q->start_nap_us > 200)
+		q->start_nap_us = 200;
+	struct timespec ts = {0, (long)q->start_nap_us * 1000};
+	nanosleep(&ts, NULL);
+}
+
 /* Does the oldest chunk of the thread's own list: one pread (resubmitted like a ring's result). */
 static void run_one_sync(struct ferry__ioq *q)
 {
@@ -417,6 +479,8 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 			if (q->finished)
 				continue;
 		}
+		if (q->start_head && start_poll(q))
+			continue;
 		/* The ring's queued ops go in with the reap below, in one call, when nothing runs in
 		 * between (no resident chunk to copy, no GDS batch) */
 		unsigned merged = 0;
@@ -437,8 +501,14 @@ int ferry__ioq_reap(struct ferry__ioq *q, unsigned min, struct ferry__chunk **ou
 		}
 		bool other = q->gpu_head || q->gds_inflight;
 		bool block = got < min && !q->finished;
-		if (!q->inflight && !other)
+		if (!q->inflight && !other) {
+			/* only chunks waiting for their callers' streams: back to the worker after a
+			 * nap, which takes more work meanwhile (a later request, on another stream,
+			 * must not wait behind them) */
+			if (q->start_head && block)
+				start_nap(q);
 			return (int)got;
+		}
 		polled = true;
 		if (!q->inflight) {
 			/* only GPU work is pending: wait for its oldest */

@@ -1278,6 +1278,91 @@ static int sc_bounce(void)
 	return t_result();
 }
 
+/* A void function a fake library exports for the test to steer it. */
+static void fake_call(const char *sym, void *arg)
+{
+	void *h = dlopen(getenv("FERRY_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+	void (*fn)(void *) = NULL;
+
+	T_ASSERT(h);
+	*(void **)&fn = dlsym(h, sym);
+	T_ASSERT(fn);
+	fn(arg);
+	dlclose(h);
+}
+
+/*
+ * Stream-ordered requests on one worker. A read and a write whose caller's stream has not reached
+ * their start (the fake's held stream: its events unfired, its host functions waiting) touch
+ * neither the caller's buffer nor the file, and they do not hold up a request queued after them
+ * on the same worker: before, the worker's copy stream waited for their start, so every copy
+ * queued behind it did too, and a caller's stream held for an earlier request (its host function)
+ * could never reach the later one's start, a hang seen on the 2-GPU machine. Released, they land.
+ */
+static int sc_stream_order(void)
+{
+	enum { N = (1 << 20) + 4096 };
+	static char held; /* the caller's stream: any handle; the fake holds it */
+	const int64_t wait_ns = 10 * 1000000000LL;
+	char path[4200];
+	uint8_t *src, *back, *zero = calloc(1, N);
+	void *d0 = NULL, *d1 = NULL, *d2 = NULL;
+	ferry_ctx *ctx;
+	ferry_file *f;
+	ferry_req *ra, *rw, *rb;
+
+	T_ASSERT(zero);
+	device_pair(1, N, 37, &src, &back, &d0, &d1);
+	T_EQ_INT(ferry_gpu_malloc(1, N, &d2), 0);
+	T_EQ_INT(ferry_gpu_memcpy_htod(d1, zero, N), 0);
+	snprintf(path, sizeof(path), "%s/stream-order.bin", t_tmpdir());
+	unlink(path);
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "path", "cpu-async-gpu"), 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "threads", "1"), 0);
+	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDWR | FERRY_O_CREAT, &f) == 0);
+	T_EQ_INT(ferry_pwrite(f, d0, N, 0), N);
+
+	fake_call("fake_hold_stream", &held);
+	T_EQ_INT(ferry_pread_stream(f, d1, N, 0, &held, &ra), 0);
+	T_EQ_INT(ferry_pwrite_stream(f, d0, N, N, &held, &rw), 0); /* the file's second half */
+	/* queued after them on the only worker, on no stream: done while they wait */
+	T_EQ_INT(ferry_pread_async(f, d2, N, 0, &rb), 0);
+	ssize_t got = ferry_req_wait(rb, wait_ns);
+	if (got != N) /* held up by the waiting ones: a failure, not a hang */
+		fake_call("fake_release_stream", NULL);
+	T_EQ_INT(got, N);
+	ferry_req_destroy(rb);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d2, N), 0);
+	T_CHECK(memcmp(back, src, N) == 0);
+	usleep(20000);
+	T_CHECK(!ferry_req_done(ra) && !ferry_req_done(rw));
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+	T_CHECK(memcmp(back, zero, N) == 0); /* nothing copied before the start */
+	T_EQ_INT(ferry_file_size(f), N);      /* nothing written either */
+
+	fake_call("fake_release_stream", NULL);
+	T_EQ_INT(ferry_req_wait(ra, wait_ns), N);
+	T_EQ_INT(ferry_req_wait(rw, wait_ns), N);
+	ferry_req_destroy(ra);
+	ferry_req_destroy(rw);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+	T_CHECK(memcmp(back, src, N) == 0);
+	T_EQ_INT(ferry_pread(f, d2, N, N), N);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d2, N), 0);
+	T_CHECK(memcmp(back, src, N) == 0);
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(ctx);
+	unlink(path);
+	T_EQ_INT(ferry_gpu_free(d0), 0);
+	T_EQ_INT(ferry_gpu_free(d1), 0);
+	T_EQ_INT(ferry_gpu_free(d2), 0);
+	free(src);
+	free(back);
+	free(zero);
+	return t_result();
+}
+
 /*
  * A fresh process's first read into device memory (issue 22). A read of resident data goes
  * through the device's copy units and pins none of the workers' bounce slots (each worker
@@ -1862,6 +1947,7 @@ static const struct scenario scenarios[] = {
 	{ "cufile_ok", sc_cufile_ok, "cuda_ok.so", "cufile_ok.so", NX "n" },
 	{ "cufile_io", sc_cufile_io, "cuda_ok.so", "cufile_batch.so", NX "n" },
 	{ "bounce", sc_bounce, "cuda_ok.so", NX "c", NX "n" },
+	{ "stream_order", sc_stream_order, "cuda_ok.so", NX "c", NX "n" },
 	{ "lazy_slots", sc_lazy_slots, "cuda_ok.so", NX "c", NX "n" },
 	{ "lazy_slots_state", sc_lazy_slots, "cuda_state.so", NX "c", NX "n" },
 	{ "two_devices", sc_two_devices, "cuda_ok.so", NX "c", NX "n" },

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifndef FAKE_INIT_RESULT
 #define FAKE_INIT_RESULT 0
@@ -285,24 +286,137 @@ API CUresult cuPointerGetAttributes(unsigned n, int *attrs, void **data, CUdevic
 	return 0;
 }
 #endif
+/*
+ * Stream order, as far as test_gpu_shim's stream test needs it. Work runs at once (copies are
+ * memcpy) except on a stream the test holds (fake_hold_stream): an event recorded there has not
+ * fired, a host function queued there waits, and a stream that waits for such an event
+ * (cuStreamWaitEvent) is held with it, so events recorded on it after the wait have not fired
+ * either. fake_release_stream lets it all run (each waiting host function on a thread of its own).
+ */
+#define FAKE_STREAM_MAGIC 0x5f5ea3u
+struct fake_stream {
+	unsigned magic;
+	int held_gen; /* waits for an event of that hold */
+};
+struct fake_event {
+	int gen; /* recorded under that hold and not fired, or 0 */
+};
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *held_stream;
+static int hold_gen, holding;
+static struct {
+	CUhostFn fn;
+	void *u;
+} held_fns[16];
+static int nheld_fns;
+static int stream_held(void *s) /* under hold_mu */
+{
+	struct fake_stream *fs = s;
+	return holding && s && (s == held_stream || (fs->magic == FAKE_STREAM_MAGIC && fs->held_gen == hold_gen));
+}
+static int event_unfired(void *e)
+{
+	pthread_mutex_lock(&hold_mu);
+	int r = holding && ((struct fake_event *)e)->gen == hold_gen;
+	pthread_mutex_unlock(&hold_mu);
+	return r;
+}
+API void fake_hold_stream(void *s)
+{
+	pthread_mutex_lock(&hold_mu);
+	held_stream = s;
+	hold_gen++;
+	holding = 1;
+	pthread_mutex_unlock(&hold_mu);
+}
+static void *run_held_fn(void *arg)
+{
+	int i = (int)(intptr_t)arg;
+	held_fns[i].fn(held_fns[i].u);
+	return NULL;
+}
+API void fake_release_stream(void)
+{
+	pthread_mutex_lock(&hold_mu);
+	holding = 0;
+	int n = nheld_fns;
+	nheld_fns = 0;
+	pthread_mutex_unlock(&hold_mu);
+	for (int i = 0; i < n; i++) {
+		pthread_t t;
+		if (pthread_create(&t, NULL, run_held_fn, (void *)(intptr_t)i) == 0)
+			pthread_detach(t);
+	}
+}
 static int streams_made;
 API int fake_streams_made(void) { return __atomic_load_n(&streams_made, __ATOMIC_SEQ_CST); }
-API CUresult cuStreamCreate(void **s, unsigned flags) { (void)flags; __atomic_add_fetch(&streams_made, 1, __ATOMIC_SEQ_CST); *s = malloc(1); return *s ? 0 : 2; }
+API CUresult cuStreamCreate(void **s, unsigned flags)
+{
+	(void)flags;
+	__atomic_add_fetch(&streams_made, 1, __ATOMIC_SEQ_CST);
+	struct fake_stream *fs = calloc(1, sizeof(*fs));
+	if (fs)
+		fs->magic = FAKE_STREAM_MAGIC;
+	*s = fs;
+	return fs ? 0 : 2;
+}
 API CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
-API CUresult cuStreamSynchronize(void *s) { (void)s; return 0; }
+API CUresult cuStreamSynchronize(void *s)
+{
+	for (;;) {
+		pthread_mutex_lock(&hold_mu);
+		int held = stream_held(s);
+		pthread_mutex_unlock(&hold_mu);
+		if (!held)
+			return 0;
+		usleep(100);
+	}
+}
 /* cuStreamQuery's and cuEventQuery's answer (600: CUDA_ERROR_NOT_READY, work still running), for test_nvcomp */
 static int stream_query_result;
 API void fake_set_stream_query(int r) { stream_query_result = r; }
 API CUresult cuStreamQuery(void *s) { (void)s; return stream_query_result; }
-API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
+API CUresult cuStreamWaitEvent(void *s, void *e, unsigned f)
+{
+	(void)f;
+	pthread_mutex_lock(&hold_mu);
+	struct fake_stream *fs = s;
+	if (holding && ((struct fake_event *)e)->gen == hold_gen && s && fs->magic == FAKE_STREAM_MAGIC)
+		fs->held_gen = hold_gen;
+	pthread_mutex_unlock(&hold_mu);
+	return 0;
+}
 static int events_made;
 API int fake_events_made(void) { return __atomic_load_n(&events_made, __ATOMIC_SEQ_CST); }
-API CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; __atomic_add_fetch(&events_made, 1, __ATOMIC_SEQ_CST); *e = malloc(1); return *e ? 0 : 2; }
-API CUresult cuEventRecord(void *e, void *s) { (void)e; (void)s; return 0; }
-API CUresult cuEventQuery(void *e) { (void)e; return stream_query_result; }
-API CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
+API CUresult cuEventCreate(void **e, unsigned flags) { (void)flags; __atomic_add_fetch(&events_made, 1, __ATOMIC_SEQ_CST); *e = calloc(1, sizeof(struct fake_event)); return *e ? 0 : 2; }
+API CUresult cuEventRecord(void *e, void *s)
+{
+	pthread_mutex_lock(&hold_mu);
+	((struct fake_event *)e)->gen = stream_held(s) ? hold_gen : 0;
+	pthread_mutex_unlock(&hold_mu);
+	return 0;
+}
+API CUresult cuEventQuery(void *e) { return event_unfired(e) ? 600 : stream_query_result; }
+API CUresult cuEventSynchronize(void *e)
+{
+	while (event_unfired(e))
+		usleep(100);
+	return 0;
+}
 API CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
-API CUresult cuLaunchHostFunc(void *s, CUhostFn fn, void *u) { (void)s; fn(u); return 0; }
+API CUresult cuLaunchHostFunc(void *s, CUhostFn fn, void *u)
+{
+	pthread_mutex_lock(&hold_mu);
+	if (stream_held(s) && nheld_fns < 16) {
+		held_fns[nheld_fns].fn = fn;
+		held_fns[nheld_fns++].u = u;
+		pthread_mutex_unlock(&hold_mu);
+		return 0;
+	}
+	pthread_mutex_unlock(&hold_mu);
+	fn(u);
+	return 0;
+}
 
 #ifdef FAKE_CHECKPOINT
 /*
