@@ -1420,10 +1420,10 @@ static int chunk_window_setup(struct ferry_loader *l)
 	uint64_t next = 0, at = 0, per = l->seq_len * l->esize, j = 0;
 	int ok = 1;
 	uint32_t s = 0;
+	uint64_t ub = x->nfiles ? unit_bytes(l, 0) : 1;
 	for (uint64_t i = 0; i < x->n && ok; i++) {
 		while (s + 1 < x->nfiles && x->file_first[s + 1] <= i)
-			s++;
-		uint64_t ub = unit_bytes(l, s);
+			ub = unit_bytes(l, ++s);
 		/* the items starting in sample i: itself, or the token windows whose first byte it holds */
 		for (; ok && (!per ? j == i : j < l->items && j * per < at + x->len[i]); j++) {
 			uint64_t u = ubase[s] + (x->off[i] + (per ? j * per - at : 0)) / ub;
