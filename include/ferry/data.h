@@ -284,7 +284,8 @@ FERRY_API FERRY_WUR int ferry_loader_state(const ferry_loader *l, char *buf, siz
  * the pipeline thread itself), mapped_reads (of those, the ones copied from a mapping of the shard,
  * knob mapped), mapped_faults (batches whose copies from a mapping faulted or found the shard cut
  * short, then read again), device_buffers (device memory buffers of one batch that exist: in
- * slots, spare, or taken and not yet freed). Writes the value to *out and returns 0, or returns
+ * slots, spare, or taken and not yet freed), chunk_decodes and chunk_decoded_bytes (compressed
+ * shards: chunks, or chunk heads, the pipeline threads decoded, and their bytes). Writes the value to *out and returns 0, or returns
  * FERRY_EBADOPT (an unknown name, which ferry_last_error() quotes) or -EINVAL.
  */
 FERRY_API FERRY_WUR int ferry_loader_metric(ferry_loader *l, const char *name, double *out);

@@ -790,7 +790,8 @@ class Loader:
         ``mapped_reads`` (of those, the ones copied from a mapping of the shard), ``mapped_faults``
         (batches whose mapped copies faulted or found the shard cut short, then read again),
         ``device_buffers`` (on the GPU: batch-sized device buffers that exist, the loader's and
-        those the returned tensors still hold),
+        those the returned tensors still hold), ``chunk_decodes`` and ``chunk_decoded_bytes``
+        (compressed shards: chunks, or chunk heads, the pipeline threads decoded, and their bytes),
         ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
         ``cpu_cores`` (pipeline CPU time / elapsed)."""
         m = self._ensure().metrics()
