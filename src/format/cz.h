@@ -93,7 +93,10 @@ void ferry__cz_write_index(struct ferry__cz_meta *m, uint8_t *idx, uint8_t *t);
  * ferry__cz_pread_cached reads [off, off + len) of z into host memory buf as ferry_cz_pread does,
  * on the calling thread alone, decoding each chunk it covers only when c does not hold it already
  * (entries evicted least recently used first past budget bytes; a chunk larger than the budget is
- * still decoded). Returns the bytes read or a negative code naming the chunk.
+ * still decoded). Returns the bytes read or a negative code naming the chunk. Entries are keyed by
+ * the ferry_cz handle's address and the chunk: a cache must not outlive a handle it has read (a
+ * handle made later at the same address would find the old one's bytes). The loader's caches go
+ * with the loader, which holds the dataset and so its handles.
  */
 struct ferry__cz_cache;
 struct ferry__cz_cache_stats {
