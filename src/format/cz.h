@@ -96,7 +96,7 @@ void ferry__cz_write_index(struct ferry__cz_meta *m, uint8_t *idx, uint8_t *t);
  * still decoded). Returns the bytes read or a negative code naming the chunk. Entries are keyed by
  * the ferry_cz handle's address and the chunk: a cache must not outlive a handle it has read (a
  * handle made later at the same address would find the old one's bytes). The loader's caches go
- * with the loader, which holds the dataset and so its handles.
+ * with the loader, which its dataset must outlive (data.h), and the dataset holds the handles.
  */
 struct ferry__cz_cache;
 struct ferry__cz_cache_stats {
