@@ -8,6 +8,7 @@
 
 #include "ferry_test.h"
 #include "ferry/data.h"
+#include "loader_test.h"
 
 static ferry_ctx *ctx;
 static char dir[512], path[600];
@@ -50,25 +51,6 @@ static void make_dataset(void)
 		T_ASSERT(ferry_dataset_writer_put(w, i, stream + soff[i], slen(i)) == 0);
 	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
 	ferry_dataset_writer_destroy(w);
-}
-
-/* A metric, or -1 when ferry_loader_metric fails. */
-static double metric(ferry_loader *l, const char *name)
-{
-	double v;
-	return ferry_loader_metric(l, name, &v) ? -1 : v;
-}
-
-static ferry_loader *make_loader(ferry_dataset *ds, const char *const *kv)
-{
-	ferry_loader *l;
-	T_ASSERT(ferry_loader_create(ds, &l) == 0);
-	for (; kv && kv[0]; kv += 2)
-		if (ferry_loader_set(l, kv[0], kv[1])) {
-			fprintf(stderr, "set %s=%s: %s\n", kv[0], kv[1], ferry_last_error());
-			exit(T_EXIT_FAIL);
-		}
-	return l;
 }
 
 /* Runs up to max batches (0: all), checking each batch's bytes; appends indices to out. */

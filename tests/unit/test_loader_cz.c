@@ -11,6 +11,7 @@
 #include "ferry/data.h"
 #include "ferry_test.h"
 #include "format/cz.h"
+#include "loader_test.h"
 
 static ferry_ctx *ctx;
 static char dir[512];
@@ -103,24 +104,6 @@ static uint64_t make_cz(const char *src, const char *dst, int codec)
 	spit(b, buf, len);
 	free(buf);
 	return chunks;
-}
-
-static double metric(ferry_loader *l, const char *name)
-{
-	double v;
-	return ferry_loader_metric(l, name, &v) ? -1 : v;
-}
-
-static ferry_loader *make_loader(ferry_dataset *ds, const char *const *kv)
-{
-	ferry_loader *l;
-	T_ASSERT(ferry_loader_create(ds, &l) == 0);
-	for (; kv && kv[0]; kv += 2)
-		if (ferry_loader_set(l, kv[0], kv[1])) {
-			fprintf(stderr, "set %s=%s: %s\n", kv[0], kv[1], ferry_last_error());
-			exit(T_EXIT_FAIL);
-		}
-	return l;
 }
 
 /* Up to max batches (0: the epoch), each sample's bytes checked; indices appended to out. */
