@@ -125,7 +125,8 @@ print("rank %d ok" % rank)
 # targets are the local halves of DTensors sharded over a 2-rank mesh, on GPU rank % device_count
 # (both on one GPU where there is one). After an untimed load with each reader (a process's first
 # collectives and ferry's context), each reader's load is timed between barriers on every rank;
-# the parent takes the slowest rank's time.
+# the parent takes the slowest rank's time. Each reader is timed with torch's DefaultLoadPlanner
+# and with ferry.dcp.LoadPlanner (whose DTensor chunks skip torch's arange over each shard).
 LOAD2 = r"""
 import sys, time, warnings
 warnings.simplefilter("ignore")
@@ -147,16 +148,20 @@ sync = torch.cuda.synchronize if cuda else (lambda: None)
 tgt = {"layer.%d" % i: DTensor.from_local(
     torch.zeros(n // world, dtype=torch.bfloat16 if i % 2 else torch.float32, device=dev), mesh,
     [Shard(0)], run_check=False) for i in range(layers)}
-readers = (("ferry", ferry.dcp.Reader), ("stock", dcp.FileSystemReader))
-for name, R in readers:
-    dcp.load(tgt, storage_reader=R(path))
-for name, R in readers:
+# each reader with torch's default planner (what dcp.load takes given none) and with ferry's
+readers = (("ferry", ferry.dcp.Reader, dcp.DefaultLoadPlanner),
+           ("stock", dcp.FileSystemReader, dcp.DefaultLoadPlanner),
+           ("ferry+planner", ferry.dcp.Reader, ferry.dcp.LoadPlanner),
+           ("stock+planner", dcp.FileSystemReader, ferry.dcp.LoadPlanner))
+for name, R, P in readers:
+    dcp.load(tgt, storage_reader=R(path), planner=P())
+for name, R, P in readers:
     for t in tgt.values():
         t._local_tensor.zero_()
     sync()
     dist.barrier()
     t0 = time.perf_counter()
-    dcp.load(tgt, storage_reader=R(path))
+    dcp.load(tgt, storage_reader=R(path), planner=P())
     sync()
     dt = time.perf_counter() - t0
     dist.barrier()
@@ -372,10 +377,14 @@ def targets(a):
                     t[name] = max(t.get(name, 0.0), float(sec))
         note = " (page cache before the loads: %.1f%% resident%s)" % (
             100 * res, "" if res >= 0.99 else "; NOT WARM: the disk was timed")
+        ceil = (("pinned copy", h2d * rb / nbytes) if cuda else
+                ("ferry read into host memory", host_read(rdir, rb)))
         table("dcp.load warm resharded 4->2 %s%s" % (a.size, note), rb, t["ferry"],
-              "FileSystemReader", t["stock"], *(("pinned copy", h2d * rb / nbytes) if cuda else
-                                                ("ferry read into host memory", host_read(rdir, rb))),
-              0.85)
+              "FileSystemReader", t["stock"], *ceil, 0.85)
+        table("dcp.load warm resharded 4->2 %s, planner=ferry.dcp.LoadPlanner (FileSystemReader "
+              "with it %.2f s; the peer is FileSystemReader with torch's planner)"
+              % (a.size, t["stock+planner"]), rb, t["ferry+planner"],
+              "FileSystemReader", t["stock"], *ceil, 0.85)
 
     st = _targets_state(size, dev)
     nbytes = _nbytes(st)
