@@ -3,6 +3,8 @@
     import torch.distributed.checkpoint as dcp, ferry.dcp
     dcp.save(state, storage_writer=ferry.dcp.Writer(path))      # was FileSystemWriter(path)
     dcp.load(state, storage_reader=ferry.dcp.Reader(path))      # was FileSystemReader(path)
+    dcp.load(state, storage_reader=ferry.dcp.Reader(path),      # DTensor targets: ferry's planner
+             planner=ferry.dcp.LoadPlanner())                   # (LoadPlanner's docstring)
 
 The on-disk format is FileSystemWriter's: the same planning (``__<rank>_<n>.distcp`` files, the
 same items at the same offsets, each tensor item a torch.save zip as DCP frames it, the
@@ -833,7 +835,8 @@ def _dtensor_chunk(obj):
     ``Shard.local_shard_size_and_offset``'s (torch.chunk's): ``n`` over ``k`` ranks in chunks of
     ``ceil(n / k)``, the trailing ones smaller or empty; shards of one dim nest (mesh dims left
     to right), and a dim whose local length is 0 has the global length as its offset, as
-    torch gives it."""
+    torch 2.15 gives it (an empty chunk overlaps no saved chunk, so it makes no read item
+    whatever its offset)."""
     from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
     if getattr(type(obj), "__create_chunk_list__", None) is not DTensor.__create_chunk_list__:

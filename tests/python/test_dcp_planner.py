@@ -80,7 +80,8 @@ WORKER = textwrap.dedent(r'''
                         "name": "run-%d" % seed if fill else "",
                         "lst": [1, seed, "x"] if fill else []}
         want["plain"], want["nested.s"] = plain, torch.tensor(2.5 + seed)
-        want["nested.step"], want["nested.name"], want["nested.lst"] = 17 + seed, "run-%d" % seed, [1, seed, "x"]
+        want["nested.step"], want["nested.name"] = 17 + seed, "run-%d" % seed
+        want["nested.lst"] = [1, seed, "x"]
         return st, want
 
     def plans(st, md, **kw):
@@ -112,7 +113,8 @@ WORKER = textwrap.dedent(r'''
                 want = v.__create_chunk_list__()
                 got = ferry.dcp._dtensor_chunk(v)
                 assert got is not None, (k, v.placements)
-                assert [got] == want and got.offsets == want[0].offsets, (k, v.shape, v.placements, got, want)
+                assert [got] == want and got.offsets == want[0].offsets, (
+                    k, v.shape, v.placements, got, want)
                 fast += 1
         return fast
 
@@ -139,7 +141,8 @@ WORKER = textwrap.dedent(r'''
         # no arange path for plain placements: torch's chunk function is not called
         calls = []
         real = planner_helpers.compute_local_shape_and_global_offset
-        planner_helpers.compute_local_shape_and_global_offset = lambda *a, **k: calls.append(a) or real(*a, **k)
+        planner_helpers.compute_local_shape_and_global_offset = (
+            lambda *a, **k: calls.append(a) or real(*a, **k))
         try:
             pl = ferry.dcp.LoadPlanner()
             pl.set_up_planner(tgt, md, rank == 0)
@@ -156,7 +159,9 @@ WORKER = textwrap.dedent(r'''
             if k == "nested":
                 for kk, vv in v.items():
                     w = want["nested." + kk]
-                    assert (torch.equal(vv, w) if isinstance(w, torch.Tensor) else (type(vv) is type(w) and vv == w)), (kk, vv, w)
+                    ok = (torch.equal(vv, w) if isinstance(w, torch.Tensor) else
+                          type(vv) is type(w) and vv == w)
+                    assert ok, (kk, vv, w)
                 continue
             w = want[k]
             if isinstance(v, DTensor):
@@ -188,12 +193,14 @@ WORKER = textwrap.dedent(r'''
     md = ferry.dcp.Reader(os.path.join(out_dir, "w%d" % world)).read_metadata()
     key = "t%d_0" % SHAPES.index((7, 5))
     shape = torch.Size((7, 5))
-    strided = [(meshes[0], [_StridedShard(0, split_factor=2)])]
-    strided += [(m, [Shard(1), _StridedShard(0, split_factor=2)]) for m in meshes if m.ndim == 2]
-    strided += [(m, [_StridedShard(0, split_factor=m.shape[1]), Shard(0)]) for m in meshes if m.ndim == 2]
+    # FSDP2 over tensor parallel's layout: the dim split across both mesh dims, right first
+    strided = [(m, [_StridedShard(0, split_factor=m.shape[1]), Shard(0)])
+               for m in meshes if m.ndim == 2]
+    assert strided
     for mesh, pl in strided:
         ls, _ = compute_local_shape_and_global_offset(shape, mesh, pl)
-        dt = DTensor.from_local(torch.zeros(ls), mesh, pl, run_check=False, shape=shape, stride=(5, 1))
+        dt = DTensor.from_local(torch.zeros(ls), mesh, pl, run_check=False, shape=shape,
+                                stride=(5, 1))
         assert ferry.dcp._dtensor_chunk(dt) is None, pl
         ref = same_plans({key: dt}, md, "strided %s" % (pl,))
         assert not isinstance(ref, Exception), ref
