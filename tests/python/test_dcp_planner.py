@@ -1,5 +1,6 @@
 """ferry.dcp.LoadPlanner against torch's DefaultLoadPlanner (issue 24): for DTensors on 1-D and 2-D
-meshes of gloo world sizes 1, 2, 3 and 4 (every factorisation of the world into a 2-D mesh), with
+meshes of gloo world sizes 1, 2, 3 and 4 (every factorisation of the world into a 2-D mesh, and
+a 1-D mesh of the ranks in reverse order), with
 Shard(0), Shard(1), Shard of one dim on both mesh dims and Replicate mixed, dims that the mesh does
 not divide, empty local shards, scalars, plain tensors and non-tensor (BytesIO) items, its local
 plan equals torch's item by item, each plain-placement DTensor's chunk (ferry's arithmetic) equals
@@ -30,8 +31,8 @@ WORKER = textwrap.dedent(r'''
     warnings.simplefilter("ignore")
     import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import planner_helpers
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
     from torch.distributed.tensor.placement_types import Partial, _StridedShard
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     import ferry.dcp
@@ -44,6 +45,8 @@ WORKER = textwrap.dedent(r'''
     meshes = [init_device_mesh("cpu", (world,))]
     meshes += [init_device_mesh("cpu", (a, world // a), mesh_dim_names=("x", "y"))
                for a in range(1, world + 1) if world % a == 0]
+    # ranks in reverse order: a rank's coordinate is not its rank
+    meshes.append(DeviceMesh("cpu", list(reversed(range(world)))))
     P = [Replicate(), Shard(0), Shard(1)]
     layouts = [(m, pl) for m in meshes for pl in itertools.product(P, repeat=m.ndim)]
     SHAPES = [(), (0,), (1,), (2,), (5,), (13,), (0, 6), (2, 3), (7, 5), (5, 7), (4, 8),
@@ -64,6 +67,16 @@ WORKER = textwrap.dedent(r'''
         ok = [lay for lay in layouts if fits(shape, lay[1])]
         return ok[(7 * i + 3 * j + world) % len(ok)]
 
+    def dtensor(v, mesh, pl):
+        # the local chunk torch's own function names (distribute_tensor's scatter is not used: on
+        # gloo it gives the ranks of a mesh in reverse order the wrong chunks, torch 2.15)
+        ls, off = compute_local_shape_and_global_offset(v.shape, mesh, pl)
+        loc = v
+        for d, (o, n) in enumerate(zip(off, ls)):
+            loc = loc.narrow(d, o, n)
+        return DTensor.from_local(loc.clone(), mesh, list(pl), run_check=False, shape=v.shape,
+                                  stride=v.stride())
+
     def state(seed, fill):
         st, want = {}, {}
         for i, shape in enumerate(SHAPES):
@@ -71,8 +84,7 @@ WORKER = textwrap.dedent(r'''
                 mesh, pl = layout_for(i, j, shape)
                 v = full(i, j, shape, seed)
                 want["t%d_%d" % (i, j)] = v
-                st["t%d_%d" % (i, j)] = distribute_tensor(v if fill else torch.zeros_like(v),
-                                                          mesh, list(pl))
+                st["t%d_%d" % (i, j)] = dtensor(v if fill else torch.zeros_like(v), mesh, pl)
         plain = torch.arange(12, dtype=torch.float32).reshape(3, 4) + seed
         st["plain"] = plain if fill else torch.zeros_like(plain)
         st["nested"] = {"s": torch.tensor(2.5 + seed) if fill else torch.tensor(0.0),
