@@ -6,7 +6,6 @@ ids; a save killed with SIGKILL leaves no directory that the stock reader takes 
 import os
 import pickle
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ if not dist.is_gloo_available():
 
 import ferry.dcp as fdcp  # noqa: E402
 import ferry.torch as ftorch  # noqa: E402
+import _ranks  # noqa: E402
 
 WORKER = textwrap.dedent(r'''
     import os, sys, warnings
@@ -122,28 +122,6 @@ WORKER = textwrap.dedent(r'''
 ''')
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def _run(script, world, ops):
-    port = _port()
-    procs = [subprocess.Popen([sys.executable, str(script), port, str(r), str(world)] + ops,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
-                              text=True) for r in range(world)]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, "rank %d of %d failed:\n%s" % (r, world, out)
-    return outs[0]
 
 
 def test_four_pairings_world_sizes_and_resharding(tmp_path):
@@ -157,7 +135,7 @@ def test_four_pairings_world_sizes_and_resharding(tmp_path):
         ops = ["save:%s:%s" % (w, d[(w, n)]) for w in ("ferry", "stock")]
         loads = ["load:%s:%s" % (r, d[(w, m)]) for m in ((n,) if prev is None else (n, prev))
                  for w in ("ferry", "stock") for r in ("ferry", "stock")]
-        out = _run(script, n, ops + loads)
+        out = _ranks.run(script, n, ops + loads)
         assert out.count("LOADED") == len(loads), out
         prev = n
     # each rank wrote its own file, as the stock writer does
@@ -171,7 +149,7 @@ def test_async_staging_snapshot(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     d = str(tmp_path / "snap")
-    out = _run(script, 2, ["snapsave:ferry:" + d, "load:stock:" + d, "load:ferry:" + d])
+    out = _ranks.run(script, 2, ["snapsave:ferry:" + d, "load:stock:" + d, "load:ferry:" + d])
     assert out.count("LOADED") == 2, out
 
 
@@ -317,7 +295,7 @@ def test_sigkill_mid_save(tmp_path, which):
     script = tmp_path / "killed.py"
     script.write_text(KILLED)
     d = tmp_path / "ck"
-    p = subprocess.run([sys.executable, str(script), which, str(d)], env=_env(),
+    p = subprocess.run([sys.executable, str(script), which, str(d)], env=_ranks.env(),
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == -signal.SIGKILL, (p.returncode, p.stdout, p.stderr)
     complete = (d / ".metadata").exists()

@@ -8,10 +8,6 @@ torch's ``__create_chunk_list__``, torch's arange path is not taken for them, ot
 (_StridedShard, Partial) take torch's path with torch's errors, the missing-key and size errors
 are torch's; and states saved by N ranks load through ferry's reader with the planner (N -> M for
 every pair of the four world sizes), values compared with the saved ones."""
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -25,6 +21,7 @@ if not dist.is_gloo_available():
     pytest.skip("torch.distributed has no gloo backend here", allow_module_level=True)
 
 import ferry.dcp  # noqa: E402,F401  (the worker imports it; fail here first if it cannot)
+import _ranks  # noqa: E402
 
 WORKER = textwrap.dedent(r'''
     import itertools, os, sys, warnings
@@ -227,28 +224,6 @@ WORKER = textwrap.dedent(r'''
 ''')
 
 
-def _port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def _run(script, world, args):
-    port = _port()
-    procs = [subprocess.Popen([sys.executable, str(script), port, str(r), str(world)] + args,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=_env(),
-                              text=True) for r in range(world)]
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    for r, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, "rank %d of %d failed:\n%s" % (r, world, out)
-    return outs[0]
 
 
 def test_planner_equals_torchs_and_loads_resharded(tmp_path):
@@ -261,5 +236,5 @@ def test_planner_equals_torchs_and_loads_resharded(tmp_path):
     for world in (4, 3, 2, 1, 4):
         if world not in done:
             done.append(world)
-        out = _run(script, world, [str(tmp_path)] + [str(w) for w in done])
+        out = _ranks.run(script, world, [str(tmp_path)] + [str(w) for w in done], timeout=600)
         assert "WORKER OK" in out, out
