@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 28's four measurements on a host with 2 GPUs, in one call (GPU_BENCHES=multi-gpu):
 #   reads    ferry bench --gpus 0 then --gpus 0,1 from /dev/shm into GPU memory: the total beside one
-#            GPU's and the pinned ceiling of both GPUs at once (measured in the same run), CPU cores
+#            GPU's and the pinned ceiling of both GPUs at once (measured in the same run), CPU cores;
+#            then the same reads into host memory (the host's page-cache copy limit) and into both
+#            GPUs with FERRY_THREADS 24 and 32 (MULTI_GPU_READ_THREADS, default "16 24 32")
 #   loader   ferry.Loader on 1 rank, then on 2 ranks at once (torchrun): samples/s per rank, cores;
 #            each rank's process bound to one CPU of its own (MULTI_GPU_LOADER_BIND=0: unbound)
 #   ckpt     the disk's write and read ceilings (ferry bench, O_DIRECT), then ferry.checkpoint save
@@ -65,6 +67,22 @@ if [ "$DEVICE" = cuda ]; then
 				row reads-2gpu "$(f "$LOG/read-0,1.json" "round(t['gpus_total_bw_bytes']/1e9,2)") GB/s" "$(f "$LOG/read-0,1.json" \
 					"'per GPU %s; both at once ceiling %.1f GB/s; %.2fx one GPU (target >= min(1.8x, ceiling): %s); %.2f cores' % ([round(g['bw_bytes']/1e9,2) for g in t['gpus']], t['gpus_htod_ceiling_all_bytes']/1e9, t['gpus_total_bw_bytes']/1e9/$one, 'met' if t['gpus_total_bw_bytes'] >= min(1.8*$one*1e9, t['gpus_htod_ceiling_all_bytes']) else 'NOT met', t['gpus_cpu_cores'])")"
 			else row reads-2gpu FAILED "$(tail -n 1 "$LOG/read-0,1.err")"; rc=1; fi
+			# the host's side (issue 28: "or the host's measured limit"): the same reads into host
+			# memory (the page-cache copy alone, no GPU), and both GPUs with more worker threads
+			# than the default's cap of 16 (MULTI_GPU_READ_THREADS; "none" leaves them out)
+			for t in ${MULTI_GPU_READ_THREADS:-16 24 32}; do
+				[ "$t" = none ] && break
+				if FERRY_THREADS=$t "$FERRY" bench --filename "$SHM/read.bin" --size "${READ_GB}g" --bs 1g \
+					--api pread --runtime "$SECS" --output-format json >"$LOG/read-host-$t.json" 2>"$LOG/read-host-$t.err"; then
+					row "reads-host threads=$t" "$($PY -c "import json; t=json.load(open('$LOG/read-host-$t.json'))['jobs'][0]['ferry']; print(round(t['gbps'],2))") GB/s" \
+						"/dev/shm into host memory (the page-cache copy, no GPU); $($PY -c "import json; t=json.load(open('$LOG/read-host-$t.json'))['jobs'][0]['ferry']; print('%.2f cores' % t['cpu_cores'])")"
+				else row "reads-host threads=$t" FAILED "$(tail -n 1 "$LOG/read-host-$t.err")"; rc=1; fi
+				[ "$t" = 16 ] && continue # reads-2gpu above ran the default (16 threads on 32 CPUs or more)
+				if FERRY_THREADS=$t rd 0,1; then
+					row "reads-2gpu threads=$t" "$(f "$LOG/read-0,1.json" "round(t['gpus_total_bw_bytes']/1e9,2)") GB/s" \
+						"$(f "$LOG/read-0,1.json" "'per GPU %s; %.2fx one GPU at the default threads; %.2f cores' % ([round(g['bw_bytes']/1e9,2) for g in t['gpus']], t['gpus_total_bw_bytes']/1e9/$one, t['gpus_cpu_cores'])")"
+				else row "reads-2gpu threads=$t" FAILED "$(tail -n 1 "$LOG/read-0,1.err")"; rc=1; fi
+			done
 		fi
 	else row reads-1gpu FAILED "$(tail -n 1 "$LOG/read-0.err")"; rc=1; fi
 	rm -f "$SHM/read.bin"
