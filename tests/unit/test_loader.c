@@ -32,25 +32,11 @@ static int cachestat_works(const char *file)
 	return rc == 0;
 }
 
+static void fill(uint8_t *p, uint64_t n) { t_fill_pattern(p, n, 0, 7); }
+
 static void make_dataset(void)
 {
-	ferry_dataset_writer *w;
-	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_DT_U16, 32768, &w) == 0);
-	uint64_t total = 0;
-	soff = malloc((N + 1) * 8);
-	for (uint64_t i = 0; i < N; i++) {
-		soff[i] = total;
-		total += slen(i);
-		T_ASSERT(ferry_dataset_writer_add(w, slen(i), NULL, 0, 1) >= 0);
-	}
-	soff[N] = total;
-	stream = malloc(total);
-	t_fill_pattern(stream, total, 0, 7);
-	T_ASSERT(ferry_dataset_writer_layout(w) > 3);
-	for (uint64_t i = 0; i < N; i++)
-		T_ASSERT(ferry_dataset_writer_put(w, i, stream + soff[i], slen(i)) == 0);
-	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
-	ferry_dataset_writer_destroy(w);
+	T_ASSERT(write_samples(ctx, path, 32768, N, slen, fill, &stream, &soff) > 3);
 }
 
 /* Runs up to max batches (0: all), checking each batch's bytes; appends indices to out. */

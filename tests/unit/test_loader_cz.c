@@ -32,26 +32,10 @@ static void fill(uint8_t *p, uint64_t n)
 
 static void make_plain(const char *path)
 {
-	ferry_dataset_writer *w;
-	T_ASSERT(ferry_dataset_writer_create(ctx, path, FERRY_WRITE_FERRY, FERRY_DT_U16, 3u << 20, &w) == 0);
 	uint64_t total = 0;
 	for (N = 0; total < (9u << 20); N++)
 		total += slen(N);
-	soff = malloc((N + 1) * 8);
-	total = 0;
-	for (uint64_t i = 0; i < N; i++) {
-		soff[i] = total;
-		total += slen(i);
-		T_ASSERT(ferry_dataset_writer_add(w, slen(i), NULL, 0, 1) >= 0);
-	}
-	soff[N] = total;
-	stream = malloc(total);
-	fill(stream, total);
-	T_ASSERT(ferry_dataset_writer_layout(w) >= 3);
-	for (uint64_t i = 0; i < N; i++)
-		T_ASSERT(ferry_dataset_writer_put(w, i, stream + soff[i], slen(i)) == 0);
-	T_ASSERT(ferry_dataset_writer_finish(w) == 0);
-	ferry_dataset_writer_destroy(w);
+	T_ASSERT(write_samples(ctx, path, 3u << 20, N, slen, fill, &stream, &soff) >= 3);
 }
 
 static uint8_t *slurp(const char *p, size_t *len)
