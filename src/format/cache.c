@@ -749,8 +749,12 @@ void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f
 	if (!c || s >= c->n || f == ds->files[s] || c->pid != self_pid())
 		return;
 	pthread_mutex_lock(&c->mu);
-	if (c->e[s].users && !--c->e[s].users && c->blocked) {
-		c->blocked = false; /* it may be evicted now: the staging ahead may find room */
+	/* the staging ahead, blocked at plan_next, may find room now that s may be evicted; only
+	 * then are the stagers woken: every read's put releases its shard, and waking them for one
+	 * of the window being read (never evicted) had each stager scan the directory under mu again,
+	 * about 7,000 scans an epoch against the loader's get and put (60 shards, a cache of half) */
+	if (c->e[s].users && !--c->e[s].users && c->blocked && (!c->plan_n || may_evict_but_read(c, s, c->plan_next))) {
+		c->blocked = false;
 		pthread_cond_broadcast(&c->cv);
 	}
 	pthread_mutex_unlock(&c->mu);
