@@ -263,7 +263,7 @@ bad:
 }
 
 /* The decoded bytes of chunk i against the index's XXH3. */
-static int check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *dst, const char *name)
+int ferry__cz_check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *dst, const char *name)
 {
 	const struct ferry__cz_chunk *e = &m->chunks[i];
 	uint64_t h = ferry__xxh3_64(dst, e->u_size);
@@ -284,7 +284,7 @@ static int decode_whole(const struct ferry__cz_meta *m, uint64_t i, const uint8_
 	if (!r)
 		r = m->codec == FERRY__CZ_LZ4 ? decode_lz4(e, i, frame, dst, name) : decode_zstd(e, i, frame, dst, d, name);
 	if (!r && verify)
-		r = check_bytes(m, i, dst, name);
+		r = ferry__cz_check_bytes(m, i, dst, name);
 	return r;
 }
 

@@ -73,6 +73,9 @@ int ferry__cz_decode_with(struct ferry__cz_dctx *d, const struct ferry__cz_meta 
 			  uint8_t *dst, uint32_t want, int verify, uint32_t *have, const char *name);
 /* Checks only the frame's XXH3 (before the frame goes to a GPU decoder). */
 int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name);
+/* Checks only chunk i's bytes (u_size at dst) against the index's XXH3 (a stored chunk read
+ * straight into its destination). 0 or FERRY_ECORRUPT naming name, the chunk and its bytes. */
+int ferry__cz_check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *dst, const char *name);
 
 /* Encodes n bytes (1 <= n <= chunk_size) as one frame into out (room: ferry__cz_bound), filling
  * e's sizes, flags, payload_off and checksums (not the offsets). Returns 0 or a negative code. */

@@ -322,6 +322,7 @@ void ferry_cz_writer_destroy(ferry_cz_writer *w)
 /* ------------------------------------------------------------------------------------ reader */
 
 struct ferry_cz {
+	ferry_ctx *ctx;
 	ferry_file *f;
 	char *path;
 	struct ferry__cz_meta m;
@@ -392,6 +393,7 @@ int ferry_cz_open(ferry_ctx *ctx, const char *path, ferry_cz **out)
 		return ferry__error(-ENOMEM, "%s: compressed reader", path);
 	}
 	z->dev = -1;
+	z->ctx = ctx;
 	pthread_mutex_init(&z->lock, NULL);
 	snprintf(z->info, sizeof(z->info), "none (no read yet)");
 	uint8_t t[FERRY__CZ_TRAILER_LEN], *idx = NULL;
@@ -541,6 +543,10 @@ struct cz_slot {
 	int pin;
 	uint64_t i, n, c_off;
 	ferry_req *req;
+	/* host reads: a window of whole stored chunks is read straight into the destination, their
+	 * payloads (LZ4: one piece a chunk; zstd: its raw blocks) one entry each of one batch */
+	ferry_batch *batch;
+	bool direct, batch_running;
 	bool queued; /* GPU work that reads buf and ubuf is queued on the ring: retire first */
 	/* device reads only */
 	struct ferry__ring_gpu *ring; /* the slot's own stream: its copies, nvCOMP batch and ticket 0 */
@@ -572,6 +578,8 @@ struct pipe {
 	ferry_cz *z;
 	struct cz_slot *s;
 	bool pinned;
+	uint8_t *dst; /* host reads: the destination of [off, off + len), for stored chunks' payloads */
+	uint64_t off, len;
 	uint64_t step, max_step;
 	int (*process)(void *arg, struct cz_slot *s);
 	int (*retire)(void *arg, struct cz_slot *s); /* waits for s's queued work; NULL: none queued */
@@ -588,6 +596,98 @@ static size_t grown(size_t need)
 	return want < need ? need : ((want + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1));
 }
 
+/* The payload pieces of stored chunk e: LZ4's one block, zstd's raw blocks (FERRY__CZ_ZSTD_RAW_BLOCK
+ * each, a 3-byte header before each); piece k: *at in the file, *len bytes, at u_off + *u. */
+static uint32_t stored_pieces(int codec, const struct ferry__cz_chunk *e)
+{
+	return codec == FERRY__CZ_LZ4 ? 1 : (e->u_size + FERRY__CZ_ZSTD_RAW_BLOCK - 1) / FERRY__CZ_ZSTD_RAW_BLOCK;
+}
+
+static void stored_piece(int codec, const struct ferry__cz_chunk *e, uint32_t k, uint64_t *at, uint32_t *len,
+			 uint32_t *u)
+{
+	if (codec == FERRY__CZ_LZ4) {
+		*at = e->c_off + FERRY__CZ_LZ4_PAYLOAD, *len = e->u_size, *u = 0;
+		return;
+	}
+	*u = k * FERRY__CZ_ZSTD_RAW_BLOCK;
+	*len = e->u_size - *u < FERRY__CZ_ZSTD_RAW_BLOCK ? e->u_size - *u : FERRY__CZ_ZSTD_RAW_BLOCK;
+	*at = e->c_off + FERRY__CZ_ZSTD_RAW_HEAD + (uint64_t)k * (FERRY__CZ_ZSTD_RAW_BLOCK + 3) + 3;
+}
+
+/*
+ * A host read's window whose chunks are all stored and wholly inside the read: their payloads are
+ * read by the engine's workers straight into the destination, one entry of the slot's batch each,
+ * instead of the frames into s->buf and a copy out (bf16 LZ4, every chunk stored: one copy of the
+ * bytes and one checksum where the frames' way made two copies and two checksums). What this skips
+ * are the frames' headers and end marks (nothing of the data); cz_verify checks the bytes' XXH3.
+ * 1: started; 0: not such a window; negative: an error.
+ */
+static int slot_start_direct(struct pipe *p, struct cz_slot *s)
+{
+	const struct ferry__cz_meta *m = &p->z->m;
+	if (!p->dst)
+		return 0;
+	for (uint64_t k = 0; k < s->n; k++) {
+		const struct ferry__cz_chunk *e = &m->chunks[s->i + k];
+		if (!(e->flags & FERRY__CZ_STORED) || e->u_off < p->off || e->u_off + e->u_size > p->off + p->len)
+			return 0;
+	}
+	int r = s->batch ? 0 : ferry_batch_create(p->z->ctx, &s->batch);
+	if (r)
+		return r;
+	ferry_batch_reset(s->batch);
+	for (uint64_t k = 0; k < s->n && r >= 0; k++) {
+		const struct ferry__cz_chunk *e = &m->chunks[s->i + k];
+		for (uint32_t q = 0, np = stored_pieces(m->codec, e); q < np && r >= 0; q++) {
+			uint64_t at;
+			uint32_t len, u;
+			stored_piece(m->codec, e, q, &at, &len, &u);
+			r = ferry_batch_add_read(s->batch, p->z->f, at, len, p->dst + (e->u_off - p->off) + u);
+		}
+	}
+	if (r >= 0)
+		r = ferry_batch_submit(s->batch);
+	if (r < 0) {
+		ferry__error_append("%s: reading stored chunks %llu to %llu", p->z->path, (unsigned long long)s->i,
+				    (unsigned long long)(s->i + s->n - 1));
+		return r;
+	}
+	s->direct = s->batch_running = true;
+	return 1;
+}
+
+/* Waits for a direct window's batch; a short or failed entry names its chunk. */
+static int slot_wait_direct(struct pipe *p, struct cz_slot *s)
+{
+	const struct ferry__cz_meta *m = &p->z->m;
+	int r = ferry_batch_wait(s->batch, -1);
+	s->batch_running = false;
+	if (r == 0)
+		return 0;
+	size_t at = 0;
+	for (uint64_t k = 0; k < s->n; k++) {
+		const struct ferry__cz_chunk *e = &m->chunks[s->i + k];
+		for (uint32_t q = 0, np = stored_pieces(m->codec, e); q < np; q++, at++) {
+			uint64_t off;
+			uint32_t len, u;
+			stored_piece(m->codec, e, q, &off, &len, &u);
+			ssize_t got = ferry_batch_result(s->batch, at);
+			if (got < 0) {
+				ferry__error_append("%s: chunk %llu (compressed offset %llu): reading its stored bytes",
+						    p->z->path, (unsigned long long)(s->i + k), (unsigned long long)e->c_off);
+				return (int)got;
+			}
+			if ((size_t)got != len)
+				return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): %zd of %u stored bytes at offset %llu before the end of the file (truncated?)",
+						    p->z->path, (unsigned long long)(s->i + k), (unsigned long long)e->c_off,
+						    got, len, (unsigned long long)off);
+		}
+	}
+	return r < 0 ? r : ferry__error(FERRY_ECORRUPT, "%s: chunks %llu to %llu: a read came back short", p->z->path,
+					(unsigned long long)s->i, (unsigned long long)(s->i + s->n - 1));
+}
+
 static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 {
 	const struct ferry__cz_meta *m = &p->z->m;
@@ -595,6 +695,12 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 	s->n = b - i < p->step ? b - i : p->step;
 	s->c_off = m->chunks[i].c_off;
 	s->span = (size_t)(m->chunks[i + s->n - 1].c_off + m->chunks[i + s->n - 1].c_size - s->c_off);
+	s->direct = false;
+	int d = slot_start_direct(p, s);
+	if (d) {
+		p->step = p->step * 2 < p->max_step ? p->step * 2 : p->max_step;
+		return d < 0 ? d : 0;
+	}
 	if (s->cap < s->span) {
 		if (p->pinned)
 			ferry__pinned_free(p->z->pool, s->buf);
@@ -618,6 +724,8 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 
 static int slot_wait(struct pipe *p, struct cz_slot *s)
 {
+	if (s->batch_running)
+		return slot_wait_direct(p, s);
 	if (!s->req)
 		return 0;
 	ssize_t got = ferry_req_wait(s->req, -1);
@@ -679,6 +787,10 @@ static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 			ferry_req_destroy(s->req);
 			s->req = NULL;
 		}
+		if (s->batch_running) {
+			(void)ferry_batch_wait(s->batch, -1);
+			s->batch_running = false;
+		}
 	}
 	for (uint64_t k = 0; k < CZ_DEPTH; k++) {
 		struct cz_slot *s = &p->s[(w_done + k) % CZ_DEPTH];
@@ -695,9 +807,26 @@ struct host_read {
 	size_t len;
 };
 
+struct check_bytes_job {
+	ferry_cz *z;
+	uint64_t first, off;
+	const uint8_t *dst;
+};
+
+static int check_bytes_one(void *arg, size_t k)
+{
+	struct check_bytes_job *j = arg;
+	const struct ferry__cz_chunk *e = &j->z->m.chunks[j->first + k];
+	return ferry__cz_check_bytes(&j->z->m, j->first + k, j->dst + (e->u_off - j->off), j->z->path);
+}
+
 static int host_window(void *arg, struct cz_slot *s)
 {
 	struct host_read *h = arg;
+	if (s->direct) {
+		struct check_bytes_job j = {h->z, s->i, h->off, h->buf};
+		return h->z->knobs.verify ? ferry__cz_parallel(s->n, (unsigned)h->z->knobs.threads, check_bytes_one, &j) : 0;
+	}
 	struct window w = {h->z, s->buf, s->c_off, s->i, h->off, h->len, h->buf, NULL};
 	return ferry__cz_parallel(s->n, (unsigned)h->z->knobs.threads, decode_one, &w);
 }
@@ -710,11 +839,16 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 	struct cz_slot s[CZ_DEPTH];
 	memset(s, 0, sizeof(s));
 	uint64_t max = window_chunks(z);
-	struct pipe p = {.z = z, .s = s, .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
+	struct pipe p = {.z = z, .s = s, .dst = buf, .off = off, .len = len,
+			 .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
 			 .process = host_window, .arg = &h};
 	int r = pipe_run(&p, a, b);
-	for (int k = 0; k < CZ_DEPTH; k++)
+	for (int k = 0; k < CZ_DEPTH; k++) {
 		free(s[k].buf);
+		ferry_batch_destroy(s[k].batch);
+	}
+	if (!r)
+		set_info(z, "cpu (host memory)");
 	return r ? r : (ssize_t)len;
 }
 
@@ -1165,10 +1299,7 @@ ssize_t ferry_cz_pread(ferry_cz *z, void *buf, size_t len, uint64_t offset)
 	int dev = -1;
 	if (len && ferry_mem_kind(buf, &dev) == FERRY_MEM_DEVICE)
 		return pread_device(z, (uint64_t)(uintptr_t)buf, dev, len, offset);
-	ssize_t r = pread_host(z, buf, len, offset);
-	if (r >= 0)
-		set_info(z, "cpu (host memory)");
-	return r;
+	return pread_host(z, buf, len, offset);
 }
 
 /* ------------------------------------------------------------------- decoded chunks kept (loader) */

@@ -426,6 +426,69 @@ static void windows(void)
 	free(data);
 }
 
+/* Stored chunks (random data) read into host memory go straight from the file into the buffer,
+ * their frames' headers unread: whole, from inside a chunk (the chunk at each end decoded through
+ * its frame), a file mixing stored and compressed chunks, 1 and 2 threads. A stored chunk's
+ * damaged frame header shows which way ran: a read of the whole chunk (straight) does not read
+ * it, a read from inside the chunk (through the frame) names it. A flipped byte in chunk 2's
+ * bytes is named by its checksum, and read as is with cz_verify=0. */
+static void stored_direct(void)
+{
+	size_t n = 12 * 65536 + 5000;
+	uint8_t *data = malloc(n);
+	fill(D_RANDOM, data, n);
+	fill(D_TEXT, data + 6 * 65536, 3 * 65536); /* chunks 6-8 compress */
+	for (int codec = FERRY_CZ_LZ4; codec <= FERRY_CZ_ZSTD; codec++) {
+		char path[700], bad[700];
+		snprintf(path, sizeof(path), "%s/stored-%s.fz", dir, ferry_cz_codec_name(codec));
+		snprintf(bad, sizeof(bad), "%s/stored-bad-%s.fz", dir, ferry_cz_codec_name(codec));
+		T_ASSERT(write_file(path, codec, "64k", data, n, 0) > 0);
+		ferry_cz *z;
+		T_EQ_INT(ferry_cz_open(ctx, path, &z), 0);
+		T_EQ_INT(ferry_cz_stored_chunks(z), 10);
+		for (int t = 1; t <= 2; t++) {
+			T_EQ_INT(ferry_cz_set(z, "cz_threads", t == 1 ? "1" : "2"), 0);
+			check_range(z, data, n, 0, n, "stored: whole, mixed");
+			check_range(z, data, n, 65536 + 7, 4 * 65536, "stored: from inside a chunk");
+			check_range(z, data, n, 9 * 65536, n, "stored: the last, short one");
+			check_range(z, data, n, 2 * 65536, 2 * 65536, "stored: chunks 2 and 3");
+		}
+		ferry_cz_destroy(z);
+		size_t len;
+		uint8_t *b = slurp(path, &len);
+		uint64_t ioff = get64(b + len - FERRY__CZ_TRAILER_LEN + 32);
+		uint64_t c2 = get64(b + ioff + FERRY__CZ_INDEX_HEAD + 2 * FERRY__CZ_ENTRY_LEN); /* chunk 2's frame */
+		b[c2] ^= 0x01; /* its magic */
+		spit(bad, b, len);
+		T_EQ_INT(ferry_cz_open(ctx, bad, &z), 0);
+		T_EQ_INT(ferry_cz_set(z, "cz_threads", "2"), 0);
+		check_range(z, data, n, 2 * 65536, 2 * 65536, "stored: straight, the frame's header unread");
+		uint8_t *part = malloc(65536);
+		T_EQ_INT(ferry_cz_pread(z, part, 1000, 2 * 65536 + 5), FERRY_ECORRUPT);
+		T_CHECK(strstr(ferry_last_error(), "chunk 2 (compressed offset") != NULL);
+		free(part);
+		ferry_cz_destroy(z);
+		b[c2] ^= 0x01;
+		b[c2 + 40] ^= 0x40; /* inside its bytes (LZ4's payload from byte 19, zstd's first raw block from 16) */
+		spit(bad, b, len);
+		expect_error(bad, n, "chunk 2 (bytes 131072 to 196608): checksum", "stored chunk corrupted");
+		ferry_cz *g;
+		T_EQ_INT(ferry_cz_open(ctx, bad, &g), 0);
+		T_EQ_INT(ferry_cz_set(g, "cz_verify", "0"), 0);
+		uint8_t *back = malloc(n);
+		T_EQ_INT(ferry_cz_pread(g, back, n, 0), (ssize_t)n);
+		T_CHECK(back[2 * 65536 + 40 - (codec == FERRY_CZ_LZ4 ? 19 : 16)] == (data[2 * 65536 + 40 - (codec == FERRY_CZ_LZ4 ? 19 : 16)] ^ 0x40));
+		b[c2 + 40] ^= 0x40;
+		T_CHECK(memcmp(back, data, 2 * 65536) == 0 && memcmp(back + 3 * 65536, data + 3 * 65536, n - 3 * 65536) == 0);
+		free(back);
+		ferry_cz_destroy(g);
+		free(b);
+		unlink(bad);
+		unlink(path);
+	}
+	free(data);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/test_compress.%d", t_tmpdir(), (int)getpid());
@@ -435,6 +498,7 @@ int main(void)
 	round_trips(tools);
 	damaged();
 	windows();
+	stored_direct();
 	writer_lifecycle();
 	ferry_ctx_destroy(ctx);
 	rmdir(dir);
