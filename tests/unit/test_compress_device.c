@@ -121,12 +121,111 @@ static void steady_reads(void)
 	ferry_ctx_destroy(ctx);
 }
 
+/*
+ * A file of stored chunks only (random data) read into device memory, cz_gpu=off and on: each
+ * window's payloads go from the file into the slot's pinned buffer and to the GPU in ONE copy
+ * (12 chunks: windows of 1 then 2 at cz_threads=1 (off), of 2 from the first (on, cz_window);
+ * FAKE_NVCOMP_ALIGN=1 so that nvCOMP's frames would take one copy a window too), no nvCOMP batch;
+ * a partial read's end chunks still decode through their frames; a flipped byte in chunk 5's
+ * bytes is named by its checksum, in both modes; chunk 5's frame magic damaged instead is not
+ * read by a whole read (the payloads are read straight; the frames' way would name it).
+ */
+static void stored_reads(void)
+{
+	ferry_ctx *ctx;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	const size_t cs = 64 << 10, n = 12 * cs;
+	uint8_t *data = malloc(n);
+	for (size_t i = 0; i < n; i++)
+		data[i] = (uint8_t)(next() >> 24);
+	for (int codec = FERRY_CZ_LZ4; codec <= FERRY_CZ_ZSTD; codec++) {
+		char path[512], bad[520];
+		snprintf(path, sizeof(path), "%s/test_compress_device.%d.stored", t_tmpdir(), (int)getpid());
+		snprintf(bad, sizeof(bad), "%s.bad", path);
+		ferry_cz_writer *w;
+		T_ASSERT(ferry_cz_writer_create(path, codec, 0, &w) == 0);
+		T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "64k") == 0);
+		T_ASSERT(ferry_cz_writer_write(w, data, n) == 0 && ferry_cz_writer_commit(w) > 0);
+		ferry_cz_writer_destroy(w);
+		void *dev;
+		T_ASSERT(ferry_gpu_malloc(0, n, &dev) == 0);
+		for (int on = 0; on < 2; on++) {
+			ferry_cz *z;
+			T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
+			T_EQ_INT(ferry_cz_stored_chunks(z), 12);
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu", on ? "on" : "off"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_threads", "1"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_window", "128k"), 0);
+			check(z, dev, data, n, 0, n, "stored: first read");
+			int h0 = fake_count("FERRY_CUDA_LIBRARY", "fake_htod_async_calls");
+			int b0 = fake_count("FERRY_NVCOMP_LIB", "fake_nvcomp_async_calls");
+			check(z, dev, data, n, 0, n, on ? "stored, cz_gpu=on: whole" : "stored, cz_gpu=off: whole");
+			int h = fake_count("FERRY_CUDA_LIBRARY", "fake_htod_async_calls") - h0;
+			int b = fake_count("FERRY_NVCOMP_LIB", "fake_nvcomp_async_calls") - b0;
+			printf("stored, cz_gpu=%s: %d host-to-device copies, %d nvCOMP batches for 12 chunks\n", on ? "on" : "off", h, b);
+			T_EQ_INT(h, on ? 6 : 7); /* a copy a window: 2 chunks (cz_window 128k); off: 1, then 2 */
+			T_EQ_INT(b, 0);
+			check(z, dev, data, n, cs / 2 + 3, 7 * cs, "stored: partial ends");
+			ferry_cz_destroy(z);
+		}
+		FILE *f = fopen(path, "rb");
+		T_ASSERT(f);
+		uint8_t *b = malloc(2 * n);
+		size_t len = fread(b, 1, 2 * n, f);
+		fclose(f);
+		ferry_cz *z;
+		T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
+		ferry_cz_destroy(z);
+		/* chunk 5's frame starts after 5 stored frames of 64 KiB and their headers: LZ4 23 bytes
+		 * each, zstd 13 + 3 (one raw block) */
+		size_t c5 = 5 * (cs + (codec == FERRY_CZ_LZ4 ? 23 : 16));
+		b[c5 + 1000] ^= 0x10;
+		f = fopen(bad, "wb");
+		T_ASSERT(f && fwrite(b, 1, len, f) == len);
+		fclose(f);
+		for (int on = 0; on < 2; on++) {
+			T_ASSERT(ferry_cz_open(ctx, bad, &z) == 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu", on ? "on" : "off"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+			ssize_t r = ferry_cz_pread(z, dev, n, 0);
+			T_EQ_INT(r, FERRY_ECORRUPT);
+			if (!strstr(ferry_last_error(), "chunk 5 (bytes 327680 to 393216): checksum")) {
+				fprintf(stderr, "stored, damaged, cz_gpu=%s: %s\n", on ? "on" : "off", ferry_last_error());
+				t_failures++;
+			}
+			ferry_cz_destroy(z);
+		}
+		b[c5 + 1000] ^= 0x10;
+		b[c5] ^= 0x01;
+		f = fopen(bad, "wb");
+		T_ASSERT(f && fwrite(b, 1, len, f) == len);
+		fclose(f);
+		for (int on = 0; on < 2; on++) {
+			T_ASSERT(ferry_cz_open(ctx, bad, &z) == 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu", on ? "on" : "off"), 0);
+			T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+			check(z, dev, data, n, 0, n, "stored: frame magic damaged, payloads read straight");
+			ferry_cz_destroy(z);
+		}
+		free(b);
+		unlink(bad);
+		unlink(path);
+		T_EQ_INT(ferry_gpu_free(dev), 0);
+	}
+	free(data);
+	ferry_ctx_destroy(ctx);
+}
+
 int main(void)
 {
 	struct fake_gpu_env e;
 	fake_gpu_env_setup(&e, __FILE__, "test_compress_device");
 	int r = cz_gpu_main();
 	steady_reads();
+	setenv("FAKE_NVCOMP_ALIGN", "1", 1);
+	stored_reads();
+	unsetenv("FAKE_NVCOMP_ALIGN");
 	r = r ? r : t_result();
 	fake_gpu_env_done(&e);
 	return r;
