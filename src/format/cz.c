@@ -276,15 +276,23 @@ int ferry__cz_check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint
 	return 0;
 }
 
+/*
+ * A whole chunk. With verify, one checksum on the way that succeeds: the bytes' XXH3 after the
+ * decode (it covers what the caller gets); the frame's is computed only when the decoder or the
+ * bytes' checksum fails, so a damaged frame is still named by its compressed checksum as when both
+ * were checked every time. The CPU decoders are bounded by the room given (LZ4_decompress_safe,
+ * ZSTD_decompressDCtx, the raw blocks' checks), so an unchecked frame cannot write past dst; a
+ * frame bound for nvCOMP, which is not, is checked first (cz_file.c, check_one).
+ */
 static int decode_whole(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst, int verify,
 			ZSTD_DCtx *d, const char *name)
 {
 	const struct ferry__cz_chunk *e = &m->chunks[i];
-	int r = verify ? ferry__cz_check_frame(m, i, frame, name) : 0;
-	if (!r)
-		r = m->codec == FERRY__CZ_LZ4 ? decode_lz4(e, i, frame, dst, name) : decode_zstd(e, i, frame, dst, d, name);
+	int r = m->codec == FERRY__CZ_LZ4 ? decode_lz4(e, i, frame, dst, name) : decode_zstd(e, i, frame, dst, d, name);
 	if (!r && verify)
 		r = ferry__cz_check_bytes(m, i, dst, name);
+	if (r && verify && ferry__xxh3_64(frame, e->c_size) != e->xxh_c)
+		r = ferry__cz_check_frame(m, i, frame, name); /* the frame's error, not its symptom's */
 	return r;
 }
 

@@ -57,7 +57,8 @@ int ferry__cz_parse_index(const uint8_t *idx, const char *name, struct ferry__cz
 void ferry__cz_meta_free(struct ferry__cz_meta *m);
 
 /* Decodes chunk i's frame (c_size bytes at frame) into dst (u_size bytes). verify: checks the
- * frame's XXH3 before and the bytes' XXH3 after. 0 or FERRY_ECORRUPT naming name, the chunk, the field. */
+ * bytes' XXH3 after, and the frame's only where the decoder or that check fails (a damaged frame is
+ * named by its compressed checksum). 0 or FERRY_ECORRUPT naming name, the chunk, the field. */
 int ferry__cz_decode(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst,
 		     int verify, const char *name);
 /* A zstd decompression context kept between decodes (ZSTD_decompress makes and frees one a call). */
@@ -67,8 +68,8 @@ void ferry__cz_dctx_destroy(struct ferry__cz_dctx *d);
 /* Decodes chunk i's frame into dst (room: u_size bytes) as ferry__cz_decode does with d's context,
  * or, when want < u_size and the chunk is not stored, only its first want bytes (streamed, zstd
  * block by block; LZ4_decompress_safe_partial), checking the frame's XXH3 when verify (the bytes'
- * covers the whole chunk). *have: the bytes decoded (u_size: whole, both checksums checked when
- * verify). 0 or FERRY_ECORRUPT naming name, the chunk and the field. */
+ * covers the whole chunk). *have: the bytes decoded (u_size: whole, checked as ferry__cz_decode
+ * does when verify). 0 or FERRY_ECORRUPT naming name, the chunk and the field. */
 int ferry__cz_decode_with(struct ferry__cz_dctx *d, const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame,
 			  uint8_t *dst, uint32_t want, int verify, uint32_t *have, const char *name);
 /* Checks only the frame's XXH3 (before the frame goes to a GPU decoder). */
