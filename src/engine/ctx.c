@@ -383,15 +383,21 @@ static void gate_free(struct ferry__worker *w)
  * the result. Only for a start asked for ahead of the requests (ferry_ctx_start: the safetensors
  * loader starts its context in the background): a start made by a request leaves it to the
  * request's chunks, which make what they use, and nothing happens behind a caller's back after
- * its first request. Elsewhere nothing is asked of the driver (a context that never meets a GPU
- * loads none). After the start gate: the start does not wait for it.
+ * its first request. A ferry_ctx_start called after the workers were started by requests (host
+ * writes, say: a job that saved before it loads into GPU memory) asks the running workers the
+ * same, each between its takes (w->gpu_asked: once per worker). Elsewhere nothing is asked of
+ * the driver (a context that never meets a GPU loads none). After the start gate: the start does
+ * not wait for it.
  */
 static void worker_ready_gpu(struct ferry__worker *w)
 {
 	ferry_ctx *ctx = w->ctx;
 	int dev = (int)ctx->cfg.device;
 
-	if (!atomic_load(&ctx->ready_gpu) || ctx->cfg.memory || dev >= FERRY__MAX_GPUS || !ferry__gpu_in_use(dev))
+	if (w->gpu_asked || !atomic_load(&ctx->ready_gpu))
+		return;
+	w->gpu_asked = true;
+	if (ctx->cfg.memory || dev >= FERRY__MAX_GPUS || !ferry__gpu_in_use(dev))
 		return;
 	uint64_t t0 = FERRY__SPAN_T0();
 	struct ferry__chunk c;
@@ -403,6 +409,12 @@ static void worker_ready_gpu(struct ferry__worker *w)
 		ferry__units_prepare(ctx, dev);
 		(void)ferry__gds_native_possible(NULL, 0); /* path=auto's question, asked once a process */
 	}
+}
+
+/* ferry_ctx_start asked for the GPU side after this worker's start (worker_ready_gpu) */
+static bool gpu_news(const struct ferry__worker *w)
+{
+	return !w->gpu_asked && atomic_load(&w->ctx->ready_gpu);
 }
 
 /* In a new worker: its queue, then the news at the gate. 0 when it may work. */
@@ -502,8 +514,12 @@ int ferry__ctx_start(ferry_ctx *ctx)
 
 int ferry_ctx_start(ferry_ctx *ctx)
 {
-	if (ctx)
-		atomic_store(&ctx->ready_gpu, true);
+	if (ctx && !atomic_exchange(&ctx->ready_gpu, true)) {
+		/* workers started by a request wait for work: woken to ready their GPU side */
+		pthread_mutex_lock(&ctx->mu);
+		pthread_cond_broadcast(&ctx->work_cv);
+		pthread_mutex_unlock(&ctx->mu);
+	}
 	return ferry__ctx_start(ctx);
 }
 
@@ -704,11 +720,13 @@ static void *worker_main(void *arg)
 	if (!done)
 		return NULL; /* the other workers carry on; nothing was taken */
 	for (;;) {
+		worker_ready_gpu(w); /* a ferry_ctx_start after requests started the workers */
 		uint64_t t0 = FERRY__SPAN_T0();
 		pthread_mutex_lock(&ctx->mu);
-		if (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0))) {
+		if (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0 && !gpu_news(w)))) {
 			uint64_t ti = FERRY__SPAN_T0();
-			while (!ctx->stopping && (!ctx->started || (!ctx->work_head && q->pending == 0)))
+			while (!ctx->stopping &&
+			       (!ctx->started || (!ctx->work_head && q->pending == 0 && !gpu_news(w))))
 				pthread_cond_wait(&ctx->work_cv, &ctx->mu);
 			FERRY__SPAN_ADD(q, FERRY__SPAN_IDLE, ti);
 			t0 = FERRY__SPAN_T0();

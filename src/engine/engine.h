@@ -487,6 +487,7 @@ struct ferry__worker {
 	pthread_t thread;
 	struct ferry__ioq q;
 	unsigned index;
+	bool gpu_asked; /* worker_ready_gpu ran after ferry_ctx_start (its thread's only) */
 };
 
 /* One (file, offset, length, buffer) transfer of a request or a batch. */

@@ -1450,6 +1450,61 @@ static int sc_lazy_slots(void)
 }
 
 /*
+ * ferry_ctx_start after requests started the workers (issue 24: a job that saves, then loads into
+ * GPU memory, starting its context ahead of the load): the running workers ready their GPU side
+ * (a stream each and the units' stream, the units pinned) as a start ahead of any request does;
+ * a start made by a host request alone makes none of it.
+ */
+static int sc_late_start(void)
+{
+	enum { THREADS = 3, N = 1 << 20 };
+	char path[4200];
+	uint8_t *src, *back;
+	void *d0 = NULL, *d1 = NULL;
+	ferry_ctx *ctx;
+	ferry_file *f;
+
+	T_ASSERT(ferry__cuda() != NULL && ferry__cuda()->DevicePrimaryCtxGetState != NULL);
+	device_pair(0, N, 7, &src, &back, &d0, &d1); /* retains device 0's context: in use */
+	snprintf(path, sizeof(path), "%s/late-start.bin", t_tmpdir());
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+	T_ASSERT(fd >= 0 && write(fd, src, N) == N);
+	close(fd);
+	int pinned0 = fake_ranges(1), streams0 = fake_int("fake_streams_made");
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_EQ_INT(ferry_ctx_set(ctx, "threads", "3"), 0);
+	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
+	memset(back, 0, N);
+	T_EQ_INT(ferry_pread(f, back, N, 0), N); /* host memory: starts the workers */
+	T_CHECK(memcmp(back, src, N) == 0);
+	usleep(20000);
+	T_EQ_INT(fake_int("fake_streams_made") - streams0, 0);
+	T_EQ_INT(fake_ranges(1) - pinned0, 0);
+	T_EQ_INT(ferry_ctx_start(ctx), 0);
+	for (int i = 0; i < 2000 && (fake_ranges(1) - pinned0 < 4 ||
+				     fake_int("fake_streams_made") - streams0 < THREADS + 1); i++)
+		usleep(1000);
+	T_EQ_INT(fake_int("fake_streams_made") - streams0, THREADS + 1);
+	T_EQ_INT(fake_ranges(1) - pinned0, 4);
+	T_EQ_INT(ferry_ctx_start(ctx), 0); /* again: nothing more */
+	usleep(20000);
+	T_EQ_INT(fake_int("fake_streams_made") - streams0, THREADS + 1);
+	T_EQ_INT(ferry_pread(f, d1, N, 0), N); /* and the GPU read works */
+	memset(back, 0, N);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, d1, N), 0);
+	T_CHECK(memcmp(back, src, N) == 0);
+	ferry_file_destroy(f);
+	ferry_ctx_destroy(ctx);
+	T_EQ_INT(fake_ranges(1), pinned0);
+	unlink(path);
+	T_EQ_INT(ferry_gpu_free(d0), 0);
+	T_EQ_INT(ferry_gpu_free(d1), 0);
+	free(src);
+	free(back);
+	return t_result();
+}
+
+/*
  * One context driving two GPUs (issue 28): requests into device 0's and device 1's memory in flight
  * at once on one worker (threads=1, so one queue holds chunks of both devices, with a copy ring
  * each): small chunks are gathered per device and a chunk for the other device sends the gather
@@ -1950,6 +2005,7 @@ static const struct scenario scenarios[] = {
 	{ "stream_order", sc_stream_order, "cuda_ok.so", NX "c", NX "n" },
 	{ "lazy_slots", sc_lazy_slots, "cuda_ok.so", NX "c", NX "n" },
 	{ "lazy_slots_state", sc_lazy_slots, "cuda_state.so", NX "c", NX "n" },
+	{ "late_start", sc_late_start, "cuda_state.so", NX "c", NX "n" },
 	{ "two_devices", sc_two_devices, "cuda_ok.so", NX "c", NX "n" },
 	{ "cufile_missing", sc_cufile_missing, "cuda_ok.so", "cufile_missing.so", NX "n" },
 	{ "cufile_open", sc_cufile_open, "cuda_ok.so", "cufile_open.so", NX "n" },
