@@ -4,6 +4,9 @@
 # (bench/cz-tokens.py: a byte-level BPE trained on the Python standard library's docstrings and
 # comments, or tiktoken's gpt2 where TIKTOKEN_CACHE_DIR holds it; no network) and bf16 weights,
 # zstd and LZ4, chunks of 256 KiB and 1 MiB:
+#  - first, the host side's bound: bf16 LZ4 1 MiB (every chunk stored, nothing to decode) warm from
+#    /dev/shm through ferry_cz_pread (CPU and nvCOMP paths, GPU and host memory) beside ferry_pread
+#    of the plain file (`TABLE cz stored ...`, ratios to the plain read; about 10 s);
 #  - warm, from /dev/shm: nvCOMP (cz_gpu=on) against the CPU path on every core (cz_gpu=off),
 #    effective GB/s on one open reader; target: 3x. Each row's path info has the pipeline's phase
 #    times (setup, read wait, host work, GPU wait): where the time goes;
