@@ -536,12 +536,14 @@ static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uin
  * synchronisation per window, never per chunk.
  */
 #define CZ_DEPTH 3
+#define CZ_ALIGN 4096u /* a window's read: offset and buffer (slot_start) */
 
 struct cz_slot {
 	void *buf; /* the window's frames: pinned (device reads, from z->pool) or malloc'd */
 	size_t cap, span;
 	int pin;
-	uint64_t i, n, c_off;
+	uint64_t i, n, c_off; /* c_off: where the read starts, the first frame's offset rounded down */
+	size_t need;          /* the bytes from c_off to the last frame's end (span: those rounded up) */
 	ferry_req *req;
 	/* host reads: a window of whole stored chunks is read straight into the destination, their
 	 * payloads (LZ4: one piece a chunk; zstd: its raw blocks) one entry each of one batch */
@@ -711,8 +713,12 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 	const struct ferry__cz_meta *m = &p->z->m;
 	s->i = i;
 	s->n = b - i < p->step ? b - i : p->step;
-	s->c_off = m->chunks[i].c_off;
-	s->span = (size_t)(m->chunks[i + s->n - 1].c_off + m->chunks[i + s->n - 1].c_size - s->c_off);
+	/* The read in whole blocks of CZ_ALIGN at a buffer aligned as much, so that an O_DIRECT file
+	 * (a cold read) takes it straight: frames start anywhere, and a read at an unaligned offset
+	 * goes through the engine's bounce slots, one more copy of every byte. */
+	s->c_off = m->chunks[i].c_off & ~(uint64_t)(CZ_ALIGN - 1);
+	s->need = (size_t)(m->chunks[i + s->n - 1].c_off + m->chunks[i + s->n - 1].c_size - s->c_off);
+	s->span = (s->need + CZ_ALIGN - 1) & ~(size_t)(CZ_ALIGN - 1);
 	s->direct = false;
 	int d = slot_start_direct(p, s);
 	if (d) {
@@ -726,8 +732,8 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 			free(s->buf);
 		s->buf = NULL, s->cap = 0;
 		size_t want = grown(s->span);
-		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin)
-				  : (s->buf = malloc(want)) ? 0 : -ENOMEM;
+		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin) /* mmap'd: aligned */
+				  : -posix_memalign(&s->buf, CZ_ALIGN, want);
 		if (r)
 			return ferry__error(r, "%s: %zu bytes for compressed chunks", p->z->path, want);
 		s->cap = want;
@@ -754,10 +760,10 @@ static int slot_wait(struct pipe *p, struct cz_slot *s)
 				    (unsigned long long)(s->i + s->n - 1));
 		return (int)got;
 	}
-	if ((size_t)got != s->span)
+	if ((size_t)got < s->need) /* (past need: the rounding, which may pass the end of the file) */
 		return ferry__error(FERRY_ECORRUPT, "%s: chunks %llu to %llu at offset %llu: %zd of %zu bytes before the end of the file (truncated?)",
 				    p->z->path, (unsigned long long)s->i, (unsigned long long)(s->i + s->n - 1),
-				    (unsigned long long)s->c_off, got, s->span);
+				    (unsigned long long)s->c_off, got, s->need);
 	return 0;
 }
 
@@ -988,8 +994,8 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 {
 	const struct ferry__cz_meta *m = &z->m;
 	const uint64_t i0 = s->i, n = s->n;
-	const uint8_t *cbuf = s->buf;
 	const struct ferry__cz_chunk *e0 = &m->chunks[i0], *e1 = &m->chunks[i0 + n - 1];
+	const uint8_t *cbuf = (const uint8_t *)s->buf + (e0->c_off - s->c_off); /* the first frame */
 	uint64_t wlo = e0->u_off > off ? e0->u_off : off;
 	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
 	int r;
