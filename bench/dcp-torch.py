@@ -17,7 +17,9 @@ device memory and cold (pages dropped by POSIX_FADV_DONTNEED, no root needed) ag
 a checkpoint saved by 4 gloo ranks loaded by this process (4->1) and by 2 processes (4->2, their
 DTensor shards on GPU rank % device_count); dcp.async_save's blocked time
 against the device-to-host copy with a matmul training step running meanwhile (its slowdown);
-ferry.torch.save/load of a --pt-size pytorch_model.bin. Stock PyTorch in every row. With --device
+ferry.torch.save/load of a --pt-size pytorch_model.bin. Stock PyTorch in every row. After each
+warm ferry load a PHASES line says where its time went (ferry.dcp.Reader's trace: DCP's planning
+before read_data, then read_data's steps; ferry.torch.last_trace()), in ms from its start. With --device
 cpu the warm rows' ceiling is the same files read by ferry into one host buffer allocated before.
 
     python3 bench/dcp-torch.py --targets --device cuda --size 8g --pt-size 4g --dir /var/tmp/ferry-dcp
@@ -322,6 +324,18 @@ def targets(a):
             "%.2fx of the ceiling" % r if r else "-",
             "target >= %.2fx: %s" % (target, met) if target else "-"), flush=True)
 
+    readers = []
+
+    def reader(path):
+        """ferry.dcp.Reader(path), kept so that its phases can be printed after the load."""
+        readers.append(ferry.dcp.Reader(path))
+        return readers[-1]
+
+    def phases(what, total, trace):
+        """Where a ferry load's time went (Reader.trace, ferry.torch.last_trace()): ms."""
+        print("PHASES %s: total %.1f ms; %s" % (what, total * 1e3, ", ".join(
+            "%s %.1f" % (k, v * 1e3) for k, v in (trace or {}).items())), flush=True)
+
     def warm_note(res_f, res_s):
         """The page cache's share of the files just before each warm load (mincore)."""
         worst = min(res_f, res_s)
@@ -441,7 +455,8 @@ def targets(a):
             t.zero_()
         _warm(src)
         res_f = _resident(src)
-        fl = timed(lambda: dcp.load(zeros, storage_reader=ferry.dcp.Reader(src)))
+        fl = timed(lambda: dcp.load(zeros, storage_reader=reader(src)))
+        phases("dcp.load warm, %s" % which, fl, readers[-1].trace)
         bad = [i for i, (x, y) in enumerate(zip(_tensors(st), _tensors(zeros))) if not torch.equal(x, y)]
         if bad:
             raise SystemExit("dcp.load ferry: %d tensors differ, first #%d" % (len(bad), bad[0]))
@@ -537,7 +552,8 @@ def targets(a):
             rb = _nbytes(tgt)
             _warm(rdir)
             res_f = _resident(rdir)
-            frw = timed(lambda: dcp.load(tgt, storage_reader=ferry.dcp.Reader(rdir)))
+            frw = timed(lambda: dcp.load(tgt, storage_reader=reader(rdir)))
+            phases("dcp.load warm 4->1", frw, readers[-1].trace)
             if any(not torch.equal(tgt["layer.%d" % i], torch.full_like(tgt["layer.%d" % i], float(i)))
                    for i in range(a.reshard_layers)):
                 raise SystemExit("resharded dcp.load ferry: values differ")
@@ -580,6 +596,7 @@ def targets(a):
     _warm(mp)
     res_f = _resident(mp)
     fl = timed(lambda: ferry.torch.load(mp, map_location=dev))
+    phases("ferry.torch.load warm", fl, ferry.torch.last_trace())
     _warm(mp)
     res_s = _resident(mp)
     sl = timed(lambda: torch.load(mp, map_location=dev, weights_only=True))

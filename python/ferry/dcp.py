@@ -23,7 +23,6 @@ import copy as _copy
 import io as _io
 import os as _os
 import pickle as _pickle
-import queue as _queue
 import sys as _sys
 import threading as _threading
 import time as _time
@@ -116,11 +115,10 @@ _MARGIN = 1 << 30  # free device memory kept beyond the snapshot: 1 GiB and 1/8 
 # after it: a few hundred bytes each); regions that are not one run of bytes in the file go
 # through host memory, _HOST_BATCH bytes at most at a time.
 _FRAME = 4096
-# The contiguous regions' reads go to a thread in groups while the rest are parsed: the first
-# group of _FIRST_GROUP bytes, each next twice the last, up to _LAST_GROUP.
-_FIRST_GROUP = 16 << 20
-_LAST_GROUP = 256 << 20
 _HOST_BATCH = 256 << 20
+# A checkpoint of at most _PREFETCH_ITEMS items has every item's framing read while DCP plans
+# (Reader.set_up_storage_reader): 8 KiB an item at most.
+_PREFETCH_ITEMS = 4096
 
 
 def _free_bytes(dev):
@@ -476,62 +474,65 @@ class Writer(_fs.FileSystemWriter):
         out.commit(self.sync_files)
 
 
-def _cuda_current(bufs):
-    """Makes the device of the first CUDA buffer of bufs current on this thread (a thread of
-    ours that reads into GPU memory: ferry asks CUDA about each buffer's address from the
-    calling thread, as the caller's own thread would have it current)."""
-    for b in bufs:
-        if b.is_cuda:
-            _torch.cuda.set_device(b.device)
-            return
+def _read_async(f, off, buf):
+    """One item's read, submitted to the engine at once (a Future)."""
+    return f.pread_into_async(buf, off)
 
 
-class _Reads:
-    """ctx.read_batch on a thread of its own, for groups of reads submitted while the caller
-    finds the next: the groups waiting when the thread is free go as one batch. close() waits
-    for every read and returns their results in submission order, or raises the first error."""
+def _wait_all(futs):
+    """Waits for every future of futs ((future, ...) tuples), errors or not: the reads write
+    into the targets, and the files close only after their reads."""
+    for e in futs:
+        e[0].wait()
 
-    def __init__(self, ctx):
-        self._ctx = ctx
-        self._q = _queue.SimpleQueue()
-        self._got = []
-        self._error = None
-        self._thread = None
 
-    def submit(self, entries):
-        self._q.put(entries)
-        if self._thread is None:
-            self._thread = _threading.Thread(target=self._run, name="ferry-dcp-read", daemon=True)
-            self._thread.start()
+def _frame_bufs(n, whole):
+    """The windows of an item of n bytes that a load reads first: [(at, bytearray)]."""
+    if whole or n <= 2 * _FRAME:
+        return [(0, bytearray(n))]
+    return [(0, bytearray(_FRAME)), (n - _FRAME, bytearray(_FRAME))]
 
-    def _run(self):
-        done = False
-        while not done:
-            batch = []
-            item = self._q.get()
-            while True:
-                if item is None:
-                    done = True
-                    break
-                batch.extend(item)
-                try:
-                    item = self._q.get_nowait()
-                except _queue.Empty:
-                    break
-            if batch and self._error is None:
-                try:
-                    _cuda_current(b for _f, _o, b in batch)
-                    self._got.extend(self._ctx.read_batch(batch))
-                except BaseException as e:  # raised by close(), on the caller's thread
-                    self._error = e
 
-    def close(self, errors=True):
-        if self._thread is not None:
-            self._q.put(None)
-            self._thread.join()
-        if errors and self._error is not None:
-            raise self._error
-        return self._got
+class _Prefetch:
+    """Every item's framing (_frame_bufs) read on a thread of its own, one batch, from the
+    moment DCP hands the reader its metadata, while DCP plans the load: the framing batch was
+    the step before any tensor byte moved (16 ms of a 256-item load on the development VM).
+    The files it opened go to read_data; any failure leaves read_data to read (and report) as
+    without it."""
+
+    def __init__(self, ctx, base, fs, storage_data):
+        self.files = {}  # relative path -> File
+        self.frames = {}  # MetadataIndex -> windows read in full
+        self._thread = _threading.Thread(target=self._run, name="ferry-dcp-frames",
+                                         args=(ctx, base, fs, storage_data), daemon=True)
+        self._thread.start()
+
+    def _run(self, ctx, base, fs, storage_data):
+        try:
+            entries, owners = [], []
+            for index, md in storage_data.items():
+                if md.transform_descriptors:
+                    continue
+                f = self.files.get(md.relative_path)
+                if f is None:
+                    f = self.files[md.relative_path] = _ferry.open(
+                        str(fs.concat_path(base, md.relative_path)), "r", context=ctx)
+                bufs = _frame_bufs(md.length, False)
+                for at, b in bufs:
+                    if len(b):
+                        entries.append((f, md.offset + at, b))
+                owners.append((index, bufs))
+            got = iter(ctx.read_batch(entries) if entries else ())
+            for index, bufs in owners:
+                if all(not len(b) or next(got) == len(b) for _at, b in bufs):
+                    self.frames[index] = bufs
+        except BaseException:  # noqa: BLE001 - read_data reads them again and reports
+            self.frames = {}
+
+    def take(self):
+        """(files, frames) once the thread is done."""
+        self._thread.join()
+        return self.files, self.frames
 
 
 class Reader(_fs.FileSystemReader):
@@ -552,6 +553,13 @@ class Reader(_fs.FileSystemReader):
             self.path = self.fs.init_path(path)
 
     def read_metadata(self, *args, **kwargs):
+        # dcp.load's first call: the context's workers (threads, rings; in a process that uses
+        # the GPU, their streams and the pinned copy units) start in the background while DCP
+        # reads the metadata and plans, instead of inside the first read (issue 24).
+        self.trace = {}
+        self._t0 = _time.perf_counter()
+        _ft._start_workers(self._ctx if self._ctx is not None else _ferry.default_context(),
+                           self.trace)
         if isinstance(self.fs, _UrlFS):
             p = str(self._get_metadata_path(kwargs.get("rank")))
             blob = self.fs.read(p)
@@ -560,13 +568,35 @@ class Reader(_fs.FileSystemReader):
                                       "there is no complete checkpoint here" % p)
         return super().read_metadata(*args, **kwargs)
 
+    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._prefetch = None
+        if not isinstance(self.fs, _UrlFS) and 0 < len(self.storage_data) <= _PREFETCH_ITEMS:
+            ctx = self._ctx if self._ctx is not None else _ferry.default_context()
+            self._prefetch = _Prefetch(ctx, self.path, self.fs, self.storage_data)
+
     def read_data(self, plan, planner):
-        """Every item of the plan in three steps, each one submission to ferry's engine across
-        all the files: the zip framing of every item (its first and last 4 KiB, or all of a
-        small item), then the tensor bytes of every item straight into its destination, then
-        the non-contiguous regions through host memory. A read per item (and a zip parsed with
-        a read per record, a pickle per item) was most of a warm load: 0.43 ms an item, 0.11 s
-        of a 0.23 s load of 256 items on the development VM (docs/CHECKPOINTS.md)."""
+        """Every item of the plan in three steps across all the files: the zip framing of every
+        item (its first and last 4 KiB, or all of a small item) in one submission to ferry's
+        engine, then each contiguous item's tensor bytes straight into its destination, its read
+        submitted (a Future) as soon as the item is parsed so that the reads run while the rest
+        are, then the non-contiguous regions through host memory. A read per item (and a zip
+        parsed with a read per record, a pickle per item) was most of a warm load: 0.43 ms an
+        item, 0.11 s of a 0.23 s load of 256 items on the development VM (docs/CHECKPOINTS.md).
+        The framing was read while DCP planned, where the checkpoint has at most
+        _PREFETCH_ITEMS items (set_up_storage_reader, _Prefetch); read_data reads what that did
+        not. The phases' times of the last load are in ``self.trace`` (seconds; FERRY_TRACE=1
+        prints them): ``plan`` from read_metadata to read_data (DCP's metadata, planning and
+        collectives), then from read_data's start ``prefetched`` (the framing's thread joined),
+        ``frames``, ``first_read`` (the first tensor read submitted), ``submitted`` (the last),
+        ``wait``, ``host`` (the non-contiguous items) and ``read_data``; ``workers_start`` (its
+        own duration) where this load started the context's workers."""
+        t0 = _time.perf_counter()
+        trace = getattr(self, "trace", None)
+        if trace is None:
+            trace = self.trace = {}
+        if hasattr(self, "_t0"):
+            trace["plan"] = t0 - self._t0
         ctx = self._ctx if self._ctx is not None else _ferry.default_context()
         per_file = {}
         stock = []
@@ -576,19 +606,24 @@ class Reader(_fs.FileSystemReader):
                 stock.append(req)
             else:
                 per_file.setdefault(md.relative_path, []).append(req)
+        pre, self._prefetch = getattr(self, "_prefetch", None), None
+        opened, known = pre.take() if pre is not None else ({}, {})
+        trace["prefetched"] = _time.perf_counter() - t0
         files = []
         try:
             items = []  # (file, path, req, md)
             for rel, reqs in per_file.items():
                 path = str(self.fs.concat_path(self.path, rel))
-                f = _ferry.open(path, "r", context=ctx)
+                f = opened.pop(rel, None)
+                if f is None:
+                    f = _ferry.open(path, "r", context=ctx)
                 files.append(f)
                 reqs.sort(key=lambda r: self.storage_data[r.storage_index].offset)
                 items.extend((f, path, r, self.storage_data[r.storage_index]) for r in reqs)
             if items:
-                self._read_items(ctx, items, planner)
+                self._read_items(ctx, items, planner, trace, t0, known)
         finally:
-            for f in files:
+            for f in files + list(opened.values()):
                 f.close()
         if stock:
             if isinstance(self.fs, _UrlFS):
@@ -596,48 +631,58 @@ class Reader(_fs.FileSystemReader):
                                           "stock code, which has no s3:// path")
             from torch.distributed.checkpoint.planner import LoadPlan
             super().read_data(LoadPlan(stock), planner)
+        trace["read_data"] = _time.perf_counter() - t0
+        if _os.environ.get("FERRY_TRACE", "") not in ("", "0"):
+            _sys.stderr.write("ferry.dcp.Reader.read_data: %s\n" % " ".join(
+                "%s=%.3fms" % (k, v * 1e3) for k, v in trace.items()))
         fut = _Future()
         fut.set_result(None)
         return fut
 
-    def _read_items(self, ctx, items, planner):
-        # 1. The framing of every item (byte items whole), one batch.
+    def _read_items(self, ctx, items, planner, trace, t0, known):
+        # 1. The framing of every item (byte items whole) not prefetched (known), one batch.
         frames = []  # per item: [(at, bytes), ...] windows of the item
-        entries = []
-        for f, _path, req, md in items:
-            n = md.length
-            if req.type == _LoadItemType.BYTE_IO or n <= 2 * _FRAME:
-                bufs = [(0, bytearray(n))]
-            else:
-                bufs = [(0, bytearray(_FRAME)), (n - _FRAME, bytearray(_FRAME))]
+        entries, fresh = [], []
+        for f, path, req, md in items:
+            whole = req.type == _LoadItemType.BYTE_IO
+            bufs = known.get(req.storage_index)
+            if bufs is None or (whole and len(bufs) != 1):
+                bufs = _frame_bufs(md.length, whole)
+                entries.extend((f, md.offset + at, b) for at, b in bufs if len(b))
+                fresh.append((path, req, md, bufs))
             frames.append(bufs)
-            entries.extend((f, md.offset + at, b) for at, b in bufs if len(b))
         got = iter(ctx.read_batch(entries) if entries else ())
-        for (f, path, req, md), bufs in zip(items, frames):
+        for path, req, md, bufs in fresh:
             for at, b in bufs:
                 if len(b) and next(got) != len(b):
                     raise _ft.FormatError("%s: item %s: %d bytes at offset %d run past the end"
                                           % (path, req.storage_index.fqn, md.length, md.offset))
-        # 2. Each item's saved tensor and destination; the contiguous ones' reads go to a
-        # thread in groups as they are found, so they run while the rest are parsed.
-        direct, direct_ops, spans = [], [], []
-        synced = set()
-        reads = _Reads(ctx)
+        trace["frames"] = _time.perf_counter() - t0
+        # 2. Each item's saved tensor and destination; a contiguous one's read is submitted at
+        # once and runs while the rest are parsed.
+        reads, spans = [], []  # reads: (future, path, req, target, nbytes, offset)
         try:
-            self._plan_items(items, frames, planner, reads, direct, direct_ops, spans, synced)
+            self._plan_items(items, frames, planner, reads, spans, trace, t0)
         except BaseException:
-            reads.close(errors=False)  # the reads write into the targets: ended first
+            _wait_all(reads)  # the reads write into the targets: ended first
             raise
-        got = reads.close()
-        for (f, off, _b), (path, req, target, nbytes), n in zip(direct, direct_ops, got):
-            if n != nbytes:
-                raise _ft.FormatError("%s: item %s: read %d of %d bytes at offset %d"
-                                      % (path, req.storage_index.fqn, n, nbytes, off))
+        trace["submitted"] = _time.perf_counter() - t0
+        try:
+            for fu, path, req, target, nbytes, off in reads:
+                n = fu.result()
+                if n != nbytes:
+                    raise _ft.FormatError("%s: item %s: read %d of %d bytes at offset %d"
+                                          % (path, req.storage_index.fqn, n, nbytes, off))
+        finally:
+            _wait_all(reads)
+        trace["wait"] = _time.perf_counter() - t0
+        for _fu, _path, req, target, _n, _off in reads:
             planner.commit_tensor(req, target)
         self._read_spans(ctx, spans, planner)
+        trace["host"] = _time.perf_counter() - t0
 
-    def _plan_items(self, items, frames, planner, reads, direct, direct_ops, spans, synced):
-        group, group_bytes, limit = [], 0, _FIRST_GROUP
+    def _plan_items(self, items, frames, planner, reads, spans, trace, t0):
+        synced = set()
         for (f, path, req, md), bufs in zip(items, frames):
             if req.type == _LoadItemType.BYTE_IO:
                 planner.load_bytes(req, _io.BytesIO(bytes(bufs[0][1])))
@@ -660,14 +705,10 @@ class Reader(_fs.FileSystemReader):
                 if nbytes:
                     buf = target.view(-1).view(_torch.uint8) if target.dim() else \
                         target.reshape(1).view(_torch.uint8)
-                    e = (f, data_at + region.storage_offset() * esize, buf)
-                    direct.append(e)
-                    direct_ops.append((path, req, target, nbytes))
-                    group.append(e)
-                    group_bytes += nbytes
-                    if group_bytes >= limit:
-                        reads.submit(group)
-                        group, group_bytes, limit = [], 0, min(2 * limit, _LAST_GROUP)
+                    off = data_at + region.storage_offset() * esize
+                    if not reads:
+                        trace["first_read"] = _time.perf_counter() - t0
+                    reads.append((_read_async(f, off, buf), path, req, target, nbytes, off))
                 else:
                     planner.commit_tensor(req, target)
                 continue
@@ -677,8 +718,6 @@ class Reader(_fs.FileSystemReader):
             if region.numel() == 0:
                 hi = lo
             spans.append((f, path, req, region, target, data_at + lo * esize, (hi - lo) * esize))
-        if group:
-            reads.submit(group)
 
     def _read_spans(self, ctx, spans, planner):
         # 3. The others through host memory, in batches of at most _HOST_BATCH bytes.

@@ -21,11 +21,13 @@ import re as _re
 import struct as _struct
 import sys as _sys
 import threading as _threading
+import time as _time
 import zlib as _zlib
 
 import torch as _torch
 
 import ferry as _ferry
+from .safetensors import _start_workers  # noqa: F401 (ferry.dcp's too)
 
 __all__ = ["load", "save", "FormatError"]
 
@@ -433,6 +435,18 @@ def _validate_sparse(weights_only):
         f()
 
 
+_last_trace = None
+
+
+def last_trace():
+    """The phases of this process's last ``load`` of a zip file, in seconds from its start:
+    ``zip`` (the zip's directory and data.pkl read), ``submitted`` (where the reads start
+    before the pickle is read: every storage allocated, their reads started), ``unpickled``,
+    ``total``; ``workers_start`` (its own duration) where that load started the context's
+    workers. None before the first. FERRY_TRACE=1 prints them to stderr after each load."""
+    return dict(_last_trace) if _last_trace is not None else None
+
+
 def load(path, map_location=None, *, weights_only=True, pickle_module=None, context=None,
          **pickle_load_args):
     """``torch.load(path, map_location, weights_only=True)`` with the storages read by ferry.
@@ -444,12 +458,17 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
     pickle: only for files you trust). Files in torch's legacy (pre-1.6, non-zip) format are
     handed to ``torch.load`` itself (no ferry reads). Raises FormatError (a RuntimeError) naming
     the file and record for a malformed zip, pickle.UnpicklingError for a pickle that
-    weights_only refuses.
+    weights_only refuses. The phases' times of the process's last load: ``last_trace()``.
     """
     if weights_only and pickle_module is not None:
         raise RuntimeError("Can not safely load weights when explicit pickle_module is specified")
+    clock = _time.perf_counter
+    t0 = clock()
+    trace = {}
     p = _os.fspath(path)
     ctx = context if context is not None else _ferry.default_context()
+    # the context's workers start in the background while the zip and pickle are looked at
+    _start_workers(ctx, trace)
     fd = _os.open(p, _os.O_RDONLY | getattr(_os, "O_CLOEXEC", 0))
     try:
         magic = _pread(fd, 4, 0)
@@ -465,12 +484,14 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
             raise FormatError("%s: record data.pkl: missing (not a torch.save file)" % p)
         pkl = zf.get("data.pkl")
         loader = _Loader(p, fd, zf, map_location, ctx)
+        trace["zip"] = clock() - t0
         try:
             if weights_only and _plain_globals(pkl):
                 loader.start()
         except BaseException:
             loader.finish(False)
             raise
+        trace["submitted"] = clock() - t0
         cache = {}
 
         def persistent_load(saved_id):
@@ -507,6 +528,7 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
         try:
             result = unpickler.load()
             ok = True
+            trace["unpickled"] = clock() - t0
         except _pickle.UnpicklingError as e:
             if weights_only:
                 raise _pickle.UnpicklingError(
@@ -517,6 +539,12 @@ def load(path, map_location=None, *, weights_only=True, pickle_module=None, cont
             tls.map_location = None
             loader.finish(ok)  # the storages' reads, in one batch
         _validate_sparse(weights_only)
+        trace["total"] = clock() - t0
+        global _last_trace
+        _last_trace = trace
+        if _os.environ.get("FERRY_TRACE", "") not in ("", "0"):
+            _sys.stderr.write("ferry.torch.load: %s\n" % " ".join(
+                "%s=%.3fms" % (k, v * 1e3) for k, v in trace.items()))
         return result
     finally:
         if fd >= 0:

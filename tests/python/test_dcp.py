@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import warnings
 
 import pytest
@@ -340,12 +341,15 @@ def test_same_shape_items_have_their_own_zips(tmp_path):
     assert len(md.storage_data) == len(st)
 
 
-def test_reader_reads_in_batches(tmp_path, monkeypatch):
-    """ferry's reader reads a plan's items in a few submissions, not one per item (the framing
-    of every item, then every contiguous region, then the others through host memory in
-    groups of at most _HOST_BATCH bytes), and every value lands where it belongs: large items
-    (framing read from their ends), small ones (read whole), same-shape items (one pickle
-    parsed), non-contiguous regions spread over several host groups."""
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_reader_reads_in_batches(tmp_path, monkeypatch, prefetch):
+    """ferry's reader reads a plan's framing in one submission (every item's: on a thread of its
+    own from set_up_storage_reader on, while DCP plans, unless the checkpoint has more than
+    _PREFETCH_ITEMS items; else in read_data), each contiguous
+    region as one read submitted as soon as its item is parsed (a Future), then the others
+    through host memory in groups of at most _HOST_BATCH bytes, and every value lands where it
+    belongs: large items (framing read from their ends), small ones (read whole), same-shape
+    items (one pickle parsed), non-contiguous regions spread over several host groups."""
     st = {"big%d" % i: torch.randn(5000 + 7 * (i % 2)) for i in range(6)}
     st.update({"s%d" % i: torch.tensor(float(i)) for i in range(5)})
     st.update({"t%d" % i: torch.randn(40, 30).t() for i in range(4)})  # column-major on disk
@@ -358,9 +362,27 @@ def test_reader_reads_in_batches(tmp_path, monkeypatch):
 
     def counting(self, entries):
         calls.append(len(entries))
+        threads.append(threading.current_thread().name)
         return real(self, entries)
 
+    threads = []
+    if not prefetch:
+        monkeypatch.setattr(fdcp, "_PREFETCH_ITEMS", 0)
+
     monkeypatch.setattr(fdcp._ferry.Context, "read_batch", counting)
+    submitted, seen = [], []
+    real_async, real_item = fdcp._read_async, fdcp.Reader._item
+
+    def read_async(f, off, buf):
+        submitted.append(off)
+        return real_async(f, off, buf)
+
+    def item(self, *a):
+        seen.append(len(submitted))  # reads in flight when the next item is parsed
+        return real_item(self, *a)
+
+    monkeypatch.setattr(fdcp, "_read_async", read_async)
+    monkeypatch.setattr(fdcp.Reader, "_item", item)
     monkeypatch.setattr(fdcp, "_HOST_BATCH", 2 * 40 * 30 * 4)  # two of the four per group
     out = {k: torch.zeros(30, 40) if k.startswith("t") else
            (torch.zeros_like(v) if isinstance(v, torch.Tensor) else "") for k, v in st.items()}
@@ -370,23 +392,13 @@ def test_reader_reads_in_batches(tmp_path, monkeypatch):
     bad = [k for k, v in st.items() if isinstance(v, torch.Tensor) and not torch.equal(out[k], v)]
     assert not bad, bad
     assert out["b"] == st["b"]
-    # framing (16 items, the large ones as two windows), 11 contiguous, 2 host groups of 2
-    assert calls == [6 * 2 + 5 + 4 + 1, 11, 2, 2], calls
-    # the contiguous reads handed to the reading thread one item at a time while the rest
-    # are parsed: the groups it finds waiting go together, every region read once
-    monkeypatch.setattr(fdcp, "_FIRST_GROUP", 1)
-    monkeypatch.setattr(fdcp, "_LAST_GROUP", 1)
-    calls.clear()
-    for v in out.values():
-        if isinstance(v, torch.Tensor):
-            v.zero_()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dcp.load(out, storage_reader=fdcp.Reader(tmp_path), no_dist=True)
-    bad = [k for k, v in st.items() if isinstance(v, torch.Tensor) and not torch.equal(out[k], v)]
-    assert not bad, bad
-    assert calls[0] == 6 * 2 + 5 + 4 + 1 and calls[-2:] == [2, 2], calls
-    assert sum(calls[1:-2]) == 11 and len(calls) >= 4, calls
+    # framing (16 items, the large ones as two windows), 2 host groups of 2
+    assert calls == [6 * 2 + 5 + 4 + 1, 2, 2], calls
+    main = threading.current_thread().name
+    assert threads == ["ferry-dcp-frames" if prefetch else main, main, main], threads
+    # the 11 contiguous regions: one read each, submitted while the later items are parsed
+    assert len(submitted) == 11 and len(set(submitted)) == 11, submitted
+    assert len(seen) == 15 and seen == sorted(seen) and seen[-1] >= 10, seen
 
 
 def test_reader_tells_apart_items_of_one_length(tmp_path):
