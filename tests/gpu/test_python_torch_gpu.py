@@ -1,7 +1,7 @@
-"""ferry.torch.load and ferry.dcp.Reader into GPU memory through their reading threads (issue 24):
-ferry.torch.load with map_location "cuda" reads the storages on a thread of its own while the
-pickle is read; ferry.dcp.Reader hands the contiguous regions' reads to a thread in groups. Both
-equal stock PyTorch's loads, bit for bit. Run by scripts/gpu-check.sh (pytest -rs)."""
+"""ferry.torch.load and ferry.dcp.Reader into GPU memory (issue 24): ferry.torch.load with
+map_location "cuda" reads the storages on a thread of its own while the pickle is read;
+ferry.dcp.Reader submits each contiguous item's read (a Future) as soon as the item is parsed.
+Both equal stock PyTorch's loads, bit for bit. Run by scripts/gpu-check.sh (pytest -rs)."""
 import warnings
 
 import pytest
@@ -48,19 +48,30 @@ def test_torch_load_into_gpu_while_the_pickle_is_read(tmp_path, loc, monkeypatch
     assert got["view"].untyped_storage().data_ptr() == got["w0"].untyped_storage().data_ptr()
 
 
-def test_dcp_load_into_gpu_through_the_reading_thread(tmp_path, monkeypatch):
+def test_dcp_load_into_gpu_through_futures(tmp_path, monkeypatch):
     st = {k: v.detach().clone() for k, v in _state().items() if k != "view"}
     st["t"] = torch.randn(40, 30).t()  # column-major on disk: through host memory
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save(st, storage_writer=fdcp.Writer(tmp_path), no_dist=True)
-    for first in (16 << 20, 1):  # one group, then one group per item
-        monkeypatch.setattr(fdcp, "_FIRST_GROUP", first)
-        monkeypatch.setattr(fdcp, "_LAST_GROUP", max(first, 1))
+    submitted = []
+    real = fdcp._read_async
+
+    def counting(f, off, buf):
+        submitted.append(buf.device.type)
+        return real(f, off, buf)
+
+    monkeypatch.setattr(fdcp, "_read_async", counting)
+    for prefetch in (True, False):  # the framing read while DCP plans, or in read_data
+        if not prefetch:
+            monkeypatch.setattr(fdcp, "_PREFETCH_ITEMS", 0)
+        submitted.clear()
         out = {k: torch.zeros(30, 40, device="cuda") if k == "t" else
                torch.zeros_like(v, device="cuda") for k, v in st.items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dcp.load(out, storage_reader=fdcp.Reader(tmp_path), no_dist=True)
         bad = [k for k in st if not torch.equal(out[k].cpu(), st[k])]
-        assert not bad, (first, bad)
+        assert not bad, (prefetch, bad)
+        # one read per contiguous item, straight into GPU memory; "t" through host memory
+        assert submitted == ["cuda"] * (len(st) - 1), (prefetch, submitted)
