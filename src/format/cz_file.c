@@ -582,7 +582,7 @@ struct pipe {
 	bool pinned;
 	uint8_t *dst; /* host reads: the destination of [off, off + len), for stored chunks' payloads */
 	uint64_t off, len;
-	bool to_ubuf; /* device reads: stored chunks' payloads into the slot's pinned ubuf instead */
+	bool to_slot; /* device reads: stored chunks' payloads into the slot's pinned buffer instead */
 	uint64_t step, max_step;
 	int (*process)(void *arg, struct cz_slot *s);
 	int (*retire)(void *arg, struct cz_slot *s); /* waits for s's queued work; NULL: none queued */
@@ -620,8 +620,8 @@ static void stored_piece(int codec, const struct ferry__cz_chunk *e, uint32_t k,
 
 /*
  * A window whose chunks are all stored and wholly inside the read: their payloads are read by the
- * engine's workers straight into the destination (a host read's) or into the slot's pinned ubuf
- * (a device read's, then one copy to the GPU), one entry of the slot's batch each, instead of the
+ * engine's workers straight into the destination (a host read's) or into the slot's pinned buffer
+ * (a device read's, where the frames would go; then one copy to the GPU), one entry of the slot's batch each, instead of the
  * frames into s->buf and a copy out (bf16 LZ4, every chunk stored: one copy of the bytes and one
  * checksum where the frames' way made two copies and two checksums). What this skips are the
  * frames' headers and end marks (nothing of the data); cz_verify checks the bytes' XXH3.
@@ -630,7 +630,7 @@ static void stored_piece(int codec, const struct ferry__cz_chunk *e, uint32_t k,
 static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 {
 	const struct ferry__cz_meta *m = &p->z->m;
-	if (!p->dst && !p->to_ubuf)
+	if (!p->dst && !p->to_slot)
 		return 0;
 	for (uint64_t k = 0; k < s->n; k++) {
 		const struct ferry__cz_chunk *e = &m->chunks[s->i + k];
@@ -639,19 +639,19 @@ static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 	}
 	uint8_t *base = p->dst;
 	uint64_t boff = p->off;
-	if (!base) {
+	if (!base) { /* the slot's pinned buffer for frames (no larger than the frames would need) */
 		const struct ferry__cz_chunk *e0 = &m->chunks[s->i], *e1 = &m->chunks[s->i + s->n - 1];
 		size_t total = (size_t)(e1->u_off + e1->u_size - e0->u_off);
-		if (total > s->ucap) { /* kept between reads, as device_enqueue's */
-			size_t cs = m->chunk_size, want = (grown(total) + cs - 1) / cs * cs;
-			ferry__pinned_free(p->z->pool, s->ubuf);
-			s->ubuf = NULL, s->ucap = 0;
-			int r = ferry__pinned_alloc(p->z->pool, want, &s->ubuf, &s->upin);
+		if (total > s->cap) {
+			size_t want = grown(total);
+			ferry__pinned_free(p->z->pool, s->buf);
+			s->buf = NULL, s->cap = 0;
+			int r = ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin);
 			if (r)
 				return ferry__error(r, "%s: %zu bytes for stored chunks", p->z->path, want);
-			s->ucap = want;
+			s->cap = want;
 		}
-		base = s->ubuf, boff = e0->u_off;
+		base = s->buf, boff = e0->u_off;
 	}
 	int r = s->batch ? 0 : ferry_batch_create(p->z->ctx, &s->batch);
 	if (r)
@@ -1000,13 +1000,13 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
 	int r;
 	s->ng = 0;
-	if (s->direct) { /* stored chunks read into ubuf (slot_start_direct): checked, one copy */
-		struct check_bytes_job j = {z, i0, e0->u_off, s->ubuf};
-		struct ferry__ring_piece piece = {dptr + (e0->u_off - off), s->ubuf, (size_t)(whi - wlo)};
+	if (s->direct) { /* stored chunks' bytes in buf (slot_start_direct): checked, one copy */
+		struct check_bytes_job j = {z, i0, e0->u_off, s->buf};
+		struct ferry__ring_piece piece = {dptr + (e0->u_off - off), s->buf, (size_t)(whi - wlo)};
 		r = z->knobs.verify ? ferry__cz_parallel(n, (unsigned)z->knobs.threads, check_bytes_one, &j) : 0;
 		double tq = mono();
 		if (!r)
-			r = copy_pieces(s->ring, &piece, 1, s->upin);
+			r = copy_pieces(s->ring, &piece, 1, s->pin);
 		if (!r)
 			r = ferry__ring_record(s->ring, 0);
 		s->queue_s += mono() - tq;
@@ -1302,7 +1302,7 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	 * (its chunks run side by side, each at about 100 MB/s: docs/GPU.md), so windows doubling from
 	 * a few chunks cost that time again for each small one; the CPU threads' windows double. */
 	uint64_t step = gpu ? max : z->knobs.threads < max ? z->knobs.threads : max;
-	struct pipe p = {.z = z, .pinned = true, .off = off, .len = len, .to_ubuf = true, .step = step,
+	struct pipe p = {.z = z, .pinned = true, .off = off, .len = len, .to_slot = true, .step = step,
 			 .max_step = max, .process = dev_window, .retire = dev_retire};
 	int r = ferry__gpu_enter(dev, &prev);
 	double queue = 0;
