@@ -1475,7 +1475,15 @@ static int sc_late_start(void)
 	T_EQ_INT(ferry_ctx_set(ctx, "threads", "3"), 0);
 	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
 	memset(back, 0, N);
-	T_EQ_INT(ferry_pread(f, back, N, 0), N); /* host memory: starts the workers */
+	/* into host memory, through the workers (a lone ferry_pread may be done by the caller): the
+	 * request starts them */
+	ferry_batch *b;
+	T_ASSERT(ferry_batch_create(ctx, &b) == 0);
+	T_EQ_INT(ferry_batch_add_read(b, f, 0, N / 2, back), 0);
+	T_EQ_INT(ferry_batch_add_read(b, f, N / 2, N / 2, back + N / 2), 1);
+	T_EQ_INT(ferry_batch_submit(b), 0);
+	T_EQ_INT(ferry_batch_wait(b, -1), 0);
+	ferry_batch_destroy(b);
 	T_CHECK(memcmp(back, src, N) == 0);
 	usleep(20000);
 	T_EQ_INT(fake_int("fake_streams_made") - streams0, 0);
