@@ -595,8 +595,9 @@ class Reader(_fs.FileSystemReader):
         trace = getattr(self, "trace", None)
         if trace is None:
             trace = self.trace = {}
-        if hasattr(self, "_t0"):
-            trace["plan"] = t0 - self._t0
+        t_meta = self.__dict__.pop("_t0", None)  # this load's read_metadata, where it ran here
+        if t_meta is not None:
+            trace["plan"] = t0 - t_meta
         ctx = self._ctx if self._ctx is not None else _ferry.default_context()
         per_file = {}
         stock = []
