@@ -46,7 +46,8 @@ class Run:
             import ferry
             a = self.a
             self.loader = ferry.Loader(self.path, batch_size=a.batch, seq_len=a.seq_len, shuffle=True, seed=1,
-                                       context=self.ctx, prefetch=4, threads=a.threads, shard_window=a.shard_window)
+                                       context=self.ctx, prefetch=4, threads=a.threads,
+                                       **({} if a.shard_window is None else {"shard_window": a.shard_window}))
             self.ds = self.loader.dataset if self.cached else None
         self.loader.set_epoch(e)
         n, b, t0 = 0, 0, time.perf_counter()
@@ -81,8 +82,8 @@ def main():
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--seq-len", type=int, default=2049)
     ap.add_argument("--threads", type=int, default=1, help="the loader's threads")
-    ap.add_argument("--shard-window", type=int, default=-1,
-                    help="the loader's shard_window (-1: its default, windows from the cache's budget)")
+    ap.add_argument("--shard-window", type=int, default=None,
+                    help="the loader's shard_window (left out: its default, windows from the cache's budget)")
     ap.add_argument("--dir", default=os.path.join(os.environ.get("SHM_DIR", "/dev/shm"), "ferry-remote-loader"))
     a = ap.parse_args()
     import ferry
