@@ -33,3 +33,24 @@ def test_remote_read_bench_host_rows(tmp_path):
         assert any(r.startswith("TABLE remote-read target ferry host vs ceiling | ") and "target 0.9x" in r
                    for r in rows), rows
     assert not os.path.exists(d)  # the objects and nginx's files are removed
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_remote_loader_bench_runs(tmp_path, window):
+    """bench/remote-loader.py (the cached loader's rows, GPU_BENCHES=remote-read) runs to its TABLE
+    rows on a tiny dataset, with the loader's default shard window and with --shard-window: a
+    default it passed the loader once (-1, refused by the unsigned knob) stopped it at its first
+    loader on the GPU machine."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    d = tmp_path / "rl"
+    args = [sys.executable, os.path.join(ROOT, "bench", "remote-loader.py"), "--gb", "0.01", "--shard", "1m",
+            "--epochs", "2", "--fractions", "1,0.5", "--dir", str(d)]
+    if window is not None:
+        args += ["--shard-window", str(window)]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rows = [l for l in p.stdout.splitlines() if l.startswith("TABLE remote-loader ")]
+    for name in ("local files", "s3:// cache unbounded", "s3:// cache 50% of the dataset"):
+        assert any(r.startswith("TABLE remote-loader %s | " % name) and "samples/s" in r for r in rows), rows
+    assert any("later epochs vs local" in r for r in rows), rows
+    assert not os.path.exists(d)  # the dataset and nginx's files are removed
