@@ -9,8 +9,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <setjmp.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +21,7 @@
 
 #include "base/base.h"
 #include "base/knob.h"
+#include "base/mapcopy.h"
 #include "ferry/data.h"
 #include "format/cz.h"
 #include "format/shards.h"
@@ -115,13 +114,6 @@ struct shard_map {
 	uint64_t used_gen;   /* the batch (worker's gen) used_end belongs to */
 };
 
-/* A copy out of a mapping, done under the SIGBUS guard once the batch's groups are planned. */
-struct mcopy {
-	const uint8_t *src;
-	void *dst;
-	uint64_t len;
-	size_t g; /* the group */
-};
 
 struct skey { /* sort_pieces */
 	uint64_t key;
@@ -149,13 +141,13 @@ struct worker {
 	size_t inl_cap;
 	struct shard_map *maps; /* [nmaps]: by shard (the copies' after the dataset's) */
 	uint32_t nmaps;
-	struct mcopy *mc;
+	struct ferry__mcopy *mc;
 	size_t mc_cap;
 	uint32_t *used; /* [nmaps]: the shards the batch being filled copies from */
 	uint32_t nused;
 	uint64_t gen;   /* batches filled */
 	uint64_t mapped_reads; /* not yet added to the loader's */
-	struct bus_guard *guard; /* claimed by the thread itself */
+	struct ferry__bus_guard *guard; /* claimed by the thread itself */
 	uint64_t cpu_ns;
 	struct ferry__cz_cache *czc; /* compressed shards' decoded chunks (chunk_cache bytes) */
 	struct ferry__cz_cache_stats cz_seen; /* czc's counters already added to the loader's */
@@ -509,116 +501,6 @@ static size_t group_end(const struct ferry_loader *l, const struct worker *w, si
 		*end = p->off + p->len;
 	}
 	return h;
-}
-
-/*
- * The SIGBUS guard of copies out of a mapping. A shard truncated under the reader turns a load from
- * a mapped page past its new end into SIGBUS (and a disk error reading a page, EIO, does the same),
- * which by default kills the process. The loader installs a handler once (the first time a
- * loader maps a shard) that jumps back out of a guarded copy, in the thread that faulted, and
- * passes every other SIGBUS on to the handler it replaced (the default: the process dies as
- * before). Before each batch's copies the pipeline checks that the handler is still its own (a
- * later sigaction, Python's faulthandler.enable() say, replaces it): if not, the batch is read with
- * pread. A copy that faults leaves the rest of the batch to pread and the engine, whose reads
- * report the truncation (FERRY_ECORRUPT naming the shard) or the error.
- */
-/* A pipeline thread's guard: in static storage, so that the handler never reads freed memory, and
- * found by pthread_self() (thread-local storage of a dlopen()ed module is not safe to touch in a
- * signal handler, and its initial-exec form does not load under torch: no static TLS room left). */
-struct bus_guard {
-	atomic_int used, on;
-	pthread_t self;
-	sigjmp_buf jb;
-};
-#define BUS_GUARDS 64
-static struct bus_guard bus_guards[BUS_GUARDS];
-static struct sigaction bus_prev;
-static pthread_once_t bus_once = PTHREAD_ONCE_INIT;
-static int bus_installed;
-
-static void bus_handler(int sig, siginfo_t *info, void *uc)
-{
-	if (info && info->si_code > 0) { /* a fault, not kill(2): in a guarded copy? */
-		pthread_t me = pthread_self();
-		for (int i = 0; i < BUS_GUARDS; i++) {
-			struct bus_guard *g = &bus_guards[i];
-			if (atomic_load(&g->on) && pthread_equal(g->self, me)) {
-				atomic_store(&g->on, 0);
-				siglongjmp(g->jb, 1);
-			}
-		}
-	}
-	if (bus_prev.sa_flags & SA_SIGINFO) {
-		bus_prev.sa_sigaction(sig, info, uc);
-	} else if (bus_prev.sa_handler != SIG_DFL && bus_prev.sa_handler != SIG_IGN) {
-		bus_prev.sa_handler(sig);
-	} else {
-		/* the previous disposition back: a fault happens again on return and takes it; a
-		 * signal sent by kill(2) is sent again */
-		sigaction(SIGBUS, &bus_prev, NULL);
-		if (!info || info->si_code <= 0)
-			raise(sig);
-	}
-}
-
-/* A fork()ed child has only the forking thread: no guarded copy runs there (a new thread could
- * reuse a pipeline thread's pthread_t). */
-static void bus_atfork_child(void)
-{
-	for (int i = 0; i < BUS_GUARDS; i++)
-		atomic_store(&bus_guards[i].on, 0);
-}
-
-static void bus_install(void)
-{
-	pthread_atfork(NULL, NULL, bus_atfork_child);
-	struct sigaction sa;
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_sigaction = bus_handler;
-	sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK; /* NODEFER: nothing to unblock after the jump */
-	sigemptyset(&sa.sa_mask);
-	bus_installed = sigaction(SIGBUS, &sa, &bus_prev) == 0;
-}
-
-/* 1 when copies out of mappings are guarded now (one sigaction(2) call). */
-static int bus_guarded(void)
-{
-	struct sigaction cur;
-	pthread_once(&bus_once, bus_install);
-	return bus_installed && !sigaction(SIGBUS, NULL, &cur) && (cur.sa_flags & SA_SIGINFO) &&
-	       cur.sa_sigaction == bus_handler;
-}
-
-/* A guard for the calling thread, or NULL when all are taken (then it maps nothing). */
-static struct bus_guard *guard_claim(void)
-{
-	for (int i = 0; i < BUS_GUARDS; i++)
-		if (!atomic_exchange(&bus_guards[i].used, 1)) {
-			bus_guards[i].self = pthread_self();
-			return &bus_guards[i];
-		}
-	return NULL;
-}
-
-static void guard_release(struct bus_guard *g)
-{
-	if (g) {
-		atomic_store(&g->on, 0);
-		atomic_store(&g->used, 0);
-	}
-}
-
-/* Does the batch's copies out of mappings; returns how many were done (< n: copy n faulted). */
-static size_t copy_guarded(struct bus_guard *g, const struct mcopy *mc, size_t n)
-{
-	volatile size_t i = 0;
-	if (sigsetjmp(g->jb, 0)) /* savemask 0: no system call; SA_NODEFER left SIGBUS unblocked */
-		return i;
-	atomic_store(&g->on, 1);
-	for (; i < n; i++)
-		memcpy(mc[i].dst, mc[i].src, mc[i].len);
-	atomic_store(&g->on, 0);
-	return n;
 }
 
 #ifndef __NR_cachestat
@@ -979,7 +861,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	memset(w->gf, 0, np * sizeof(*w->gf));
 	/* copies out of mappings: shards on the local file system or staged in a dataset's cache (not
 	 * compressed), the SIGBUS handler in place */
-	const int use_maps = l->mapped && l->inline_cached && w->maps && w->guard && bus_guarded();
+	const int use_maps = l->mapped && l->inline_cached && w->maps && w->guard && ferry__bus_guarded();
 	if (use_maps && l->ds->cache) {
 		/* entries the cache gave up: their mappings go (an unlinked entry's pages stay in memory
 		 * while mapped, past the cache's budget) */
@@ -999,7 +881,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	w->gen++;
 	w->nused = 0;
 	if (use_maps && np > w->mc_cap) {
-		struct mcopy *mc = realloc(w->mc, np * sizeof(*mc));
+		struct ferry__mcopy *mc = realloc(w->mc, np * sizeof(*mc));
 		if (!mc)
 			return ferry__error(-ENOMEM, "loader: %zu reads", np);
 		w->mc = mc;
@@ -1036,7 +918,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 				}
 				const uint8_t *src = !cz && use_maps ? mapped_at(l, w, p0->file, f, p0->off, span, now) : NULL;
 				if (src)
-					w->mc[nmc++] = (struct mcopy){src, dst, span, g};
+					w->mc[nmc++] = (struct ferry__mcopy){src, dst, span, g};
 				w->inl[g] = cz || src ? 1 : (uint8_t)read_inline(l, f, p0->off, span, dst);
 				if (w->inl[g]) {
 					inlined++;
@@ -1067,7 +949,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		}
 	}
 	if (nmc) {
-		size_t done = copy_guarded(w->guard, w->mc, nmc);
+		size_t done = ferry__copy_guarded(w->guard, w->mc, nmc);
 		/* A shard cut short under the copies faults past its last page, but its last page reads
 		 * as zeros past the new end without a fault: each shard copied from is as long as the
 		 * copies' end after them, else the batch is read again (and the reads report it). */
@@ -1086,9 +968,9 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			pthread_mutex_lock(&l->mu); /* now: the batch may fail below */
 			l->mapped_faults++;
 			pthread_mutex_unlock(&l->mu);
-			w->maps[w->pieces[w->sorted[w->mc[done].g]].file].next_stat = 0;
+			w->maps[w->pieces[w->sorted[w->mc[done].tag]].file].next_stat = 0;
 			for (size_t k = done; k < nmc; k++) {
-				size_t g = w->mc[k].g;
+				size_t g = w->mc[k].tag;
 				const struct piece *p0 = &w->pieces[w->sorted[g]];
 				w->inl[g] = (uint8_t)read_inline(l, w->gf[g], p0->off, w->mc[k].len, w->mc[k].dst);
 				if (!w->inl[g]) {
@@ -1260,7 +1142,7 @@ static void *worker_main(void *arg)
 	if (l->device >= 0 && (err = ferry__ring_create(l->device, l->nslots, FERRY__RING_SPIN, &w->ring)))
 		ferry__error_append("loader: worker's copy ring");
 	if (w->maps)
-		w->guard = guard_claim();
+		w->guard = ferry__bus_guard_claim();
 	pthread_mutex_lock(&l->mu);
 	while (!err && !l->stop && !l->failed && l->next_claim < l->end_seq) {
 		struct ferry_loader_batch *s = &l->slots[l->next_claim % l->nslots];
@@ -1307,7 +1189,7 @@ static void *worker_main(void *arg)
 	}
 	pthread_cond_broadcast(&l->cv);
 	pthread_mutex_unlock(&l->mu);
-	guard_release(w->guard);
+	ferry__bus_guard_release(w->guard);
 	w->guard = NULL;
 	w->cpu_ns = thread_cpu_ns();
 	return NULL;
