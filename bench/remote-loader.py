@@ -73,6 +73,72 @@ class Run:
             self.loader.close()
 
 
+def contend(a, runs, ds_dir):
+    """The local loader's epochs alone and beside a fetch at the rate the smallest cache's stagers
+    fetched (its later epochs' mean), alternating: whether the fetch's work on the shared cores
+    and caches is what slows the evicting cache's loader (its pipeline CPU per batch)."""
+    import threading
+    import ferry
+    got = runs[-1].out
+    fb = [g.get("fetched_bytes", 0) - p.get("fetched_bytes", 0) for p, g in zip(got, got[1:])]
+    secs = [g["seconds"] for g in got[1:]]
+    rate = sum(fb) / max(sum(secs), 1e-9)
+    shards = sorted(f for f in os.listdir(ds_dir) if not f.endswith(".json") and not f.startswith("."))
+    scratch = os.path.join(a.dir, "contend")
+    os.makedirs(scratch, exist_ok=True)
+    stop = threading.Event()
+    moved = [0, 0.0]
+
+    failed = []
+
+    def fetch():
+        try:
+            fetch_paced()
+        except BaseException as e:  # the row would time the loader alone: stop the bench instead
+            failed.append(e)
+
+    def fetch_paced():
+        t0, i = time.perf_counter(), 0
+        while not stop.is_set():
+            name = shards[i % len(shards)]
+            i += 1
+            buf = ferry.read("s3://bucket/ds/" + name)
+            buf = buf.numpy() if hasattr(buf, "numpy") else buf  # a tensor where torch is installed
+            path = os.path.join(scratch, "s%d" % i)
+            with open(path, "wb") as f:
+                f.write(memoryview(buf).cast("B"))
+            os.unlink(path)
+            moved[0] += buf.nbytes
+            ahead = moved[0] / rate - (time.perf_counter() - t0)  # paced to the stagers' mean rate
+            if ahead > 0:
+                stop.wait(ahead)
+        moved[1] = time.perf_counter() - t0
+
+    local = runs[0]
+    base = len(local.out)
+    alone, beside = [], []
+    for k in range(a.contend):
+        local.epoch(base + 2 * k)
+        alone.append(local.out[-1])
+        stop.clear()
+        th = threading.Thread(target=fetch)
+        th.start()
+        local.epoch(base + 2 * k + 1)
+        stop.set()
+        th.join()
+        if failed:
+            raise failed[0]
+        beside.append(dict(local.out[-1], fetch_gbps=moved[0] / 1e9 / max(moved[1], 1e-9)))
+        moved[0] = 0
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    sa, sb = med([e["samples_per_s"] for e in alone]), med([e["samples_per_s"] for e in beside])
+    ca, cb = med([e["pipeline_us_per_batch"] for e in alone]), med([e["pipeline_us_per_batch"] for e in beside])
+    row("local files beside a fetch", "%.0f against %.0f samples/s alone: %.2fx; pipeline CPU %.0f against %.0f us/batch: %.2fx"
+        % (sb, sa, sb / sa, cb, ca, cb / ca),
+        "medians of %d epoch pairs; the fetch paced to %.2f GB/s (%s's later epochs' mean), ran %s GB/s"
+        % (a.contend, rate / 1e9, runs[-1].name, ", ".join("%.2f" % e["fetch_gbps"] for e in beside)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gb", type=float, default=0.5, help="dataset size")
@@ -84,6 +150,10 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="the loader's threads")
     ap.add_argument("--shard-window", type=int, default=None,
                     help="the loader's shard_window (left out: its default, windows from the cache's budget)")
+    ap.add_argument("--contend", type=int, default=0,
+                    help="N: after the runs, N more epoch pairs of the local loader, each alone then beside a "
+                         "fetch of the dataset's objects (ferry.read, then written to a file and removed, as a "
+                         "stager does) at the smallest cache's mean fetch rate: does the fetch alone slow it?")
     ap.add_argument("--dir", default=os.path.join(os.environ.get("SHM_DIR", "/dev/shm"), "ferry-remote-loader"))
     a = ap.parse_args()
     import ferry
@@ -146,6 +216,8 @@ def main():
                     "pipeline CPU per batch up to %.2fx local's" % (worst, min(g["samples_per_s"] for g in got[1:]) / first, cpu_r),
                     "target: >= 0.9x local files after the first epoch, also when full and evicting: %s"
                     % ("met" if worst >= 0.9 else "not met"))
+        if a.contend and len(runs) > 1:
+            contend(a, runs, ds_dir)
         for r in runs:
             r.close()
     finally:
