@@ -31,9 +31,10 @@ timeout 400 "$PY" bench/remote-read.py --size "${REMOTE_SIZE:-4g}" "$@" | tee "$
 rc=${PIPESTATUS[0]}
 [ "$rc" = 77 ] && echo "skipped: $(grep -m1 'skipped' "$LOG/remote-read.jsonl")" && exit 77
 # the loader over a cached s3:// dataset, the cache unbounded and at half the dataset (full and
-# evicting), per epoch (REMOTE_LOADER_GB=0 leaves it out; about 30 s at 1 GB)
+# evicting), per epoch, then 3 epoch pairs of the local loader alone and beside a fetch at the
+# evicting cache's rate (REMOTE_LOADER_GB=0 leaves it out; about 40 s at 1 GB)
 if [ "${REMOTE_LOADER_GB:-1}" != 0 ]; then
-	timeout 300 "$PY" bench/remote-loader.py --gb "${REMOTE_LOADER_GB:-1}" --epochs 3 --fractions 1,0.5 |
+	timeout 300 "$PY" bench/remote-loader.py --gb "${REMOTE_LOADER_GB:-1}" --epochs 3 --fractions 1,0.5 --contend 3 |
 		tee "$LOG/remote-loader.jsonl" | grep '^TABLE ' || rc=1
 fi
 exit "$rc"
