@@ -47,9 +47,14 @@ def test_remote_loader_bench_runs(tmp_path, window):
             "--epochs", "2", "--fractions", "1,0.5", "--dir", str(d)]
     if window is not None:
         args += ["--shard-window", str(window)]
+    else:
+        args += ["--contend", "1"]  # the local loader beside a paced fetch (GPU_BENCHES=remote-read passes 3)
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = [l for l in p.stdout.splitlines() if l.startswith("TABLE remote-loader ")]
     for name in ("local files", "s3:// cache unbounded", "s3:// cache 50% of the dataset"):
         assert any(r.startswith("TABLE remote-loader %s | " % name) and "samples/s" in r for r in rows), rows
     assert any("later epochs vs local" in r for r in rows), rows
+    if window is None:
+        assert any(r.startswith("TABLE remote-loader local files beside a fetch | ") and "samples/s alone" in r
+                   for r in rows), rows
