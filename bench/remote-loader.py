@@ -92,26 +92,38 @@ def contend(a, runs, ds_dir):
     failed = []
 
     def fetch():
-        try:
-            fetch_paced()
-        except BaseException as e:  # the row would time the loader alone: stop the bench instead
-            failed.append(e)
+        fetch_paced()
 
     def fetch_paced():
-        t0, i = time.perf_counter(), 0
-        while not stop.is_set():
-            name = shards[i % len(shards)]
-            i += 1
-            buf = ferry.read("s3://bucket/ds/" + name)
-            buf = buf.numpy() if hasattr(buf, "numpy") else buf  # a tensor where torch is installed
-            path = os.path.join(scratch, "s%d" % i)
-            with open(path, "wb") as f:
-                f.write(memoryview(buf).cast("B"))
-            os.unlink(path)
-            moved[0] += buf.nbytes
-            ahead = moved[0] / rate - (time.perf_counter() - t0)  # paced to the stagers' mean rate
-            if ahead > 0:
-                stop.wait(ahead)
+        # 4 threads (one Python thread's read, allocation and write fall short of the stagers'
+        # rate), paced together
+        t0, nxt, lock = time.perf_counter(), [0], threading.Lock()
+
+        def one():
+            try:
+                one_paced()
+            except BaseException as e:  # the row would time the loader alone: stop the bench instead
+                failed.append(e)
+                stop.set()
+
+        def one_paced():
+            while not stop.is_set():
+                with lock:
+                    i = nxt[0] = nxt[0] + 1
+                buf = ferry.read("s3://bucket/ds/" + shards[i % len(shards)])
+                buf = buf.numpy() if hasattr(buf, "numpy") else buf  # a tensor where torch is installed
+                path = os.path.join(scratch, "s%d" % i)
+                with open(path, "wb") as f:
+                    f.write(memoryview(buf).cast("B"))
+                os.unlink(path)
+                with lock:
+                    moved[0] += buf.nbytes
+                    ahead = moved[0] / rate - (time.perf_counter() - t0)  # paced to the stagers' mean rate
+                if ahead > 0:
+                    stop.wait(ahead)
+        ts = [threading.Thread(target=one) for _ in range(4)]
+        [t.start() for t in ts]
+        [t.join() for t in ts]
         moved[1] = time.perf_counter() - t0
 
     local = runs[0]
