@@ -1,6 +1,8 @@
 /*
- * Copies out of a file's mapping, guarded against SIGBUS (docs/PAGECACHE.md: a copy of resident
- * pages from a mapping costs a thread about half what pread(2)'s per-page work does).
+ * Copies out of a file's mapping, guarded against SIGBUS: the loader's small reads of resident
+ * shards, where a memcpy out of a mapping it keeps costs less than a pread(2) call each. (A
+ * mapping made for one pass does not win: its page faults and munmap cost more than pread,
+ * docs/PERFORMANCE.md, issue 28.)
  *
  * A file truncated under the reader turns a load from a mapped page past its new end into SIGBUS
  * (and a disk error reading a page, EIO, does the same), which by default kills the process. The
