@@ -142,13 +142,27 @@ def contend(a, runs, ds_dir):
             raise failed[0]
         beside.append(dict(local.out[-1], fetch_gbps=moved[0] / 1e9 / max(moved[1], 1e-9)))
         moved[0] = 0
+    # the same epochs from a new loader each time: its mappings of the (resident) shards are new,
+    # as an evicting cache's are for the shards it stages again each epoch
+    fresh = []
+    for k in range(a.contend):
+        r = Run("local files, a new loader each epoch", local.path, a, local.ctx)
+        r.epoch(base + 2 * a.contend + k)
+        fresh.append(r.out[-1])
+        r.close()
     med = lambda xs: sorted(xs)[len(xs) // 2]
+    cf = med([e["pipeline_us_per_batch"] for e in fresh])
+    sf = med([e["samples_per_s"] for e in fresh])
     sa, sb = med([e["samples_per_s"] for e in alone]), med([e["samples_per_s"] for e in beside])
     ca, cb = med([e["pipeline_us_per_batch"] for e in alone]), med([e["pipeline_us_per_batch"] for e in beside])
     row("local files beside a fetch", "%.0f against %.0f samples/s alone: %.2fx; pipeline CPU %.0f against %.0f us/batch: %.2fx"
         % (sb, sa, sb / sa, cb, ca, cb / ca),
         "medians of %d epoch pairs; the fetch paced to %.2f GB/s (%s's later epochs' mean), ran %s GB/s"
         % (a.contend, rate / 1e9, runs[-1].name, ", ".join("%.2f" % e["fetch_gbps"] for e in beside)))
+    row("local files, a new loader each epoch", "%.0f against %.0f samples/s: %.2fx; pipeline CPU %.0f against %.0f us/batch: %.2fx"
+        % (sf, sa, sf / sa, cf, ca, cf / ca),
+        "medians of %d epochs against the kept loader's alone: new mappings of resident shards each epoch"
+        % a.contend)
 
 
 def main():
@@ -165,7 +179,8 @@ def main():
     ap.add_argument("--contend", type=int, default=0,
                     help="N: after the runs, N more epoch pairs of the local loader, each alone then beside a "
                          "fetch of the dataset's objects (ferry.read, then written to a file and removed, as a "
-                         "stager does) at the smallest cache's mean fetch rate: does the fetch alone slow it?")
+                         "stager does) at the smallest cache's mean fetch rate: does the fetch alone slow it? "
+                         "Then N epochs of a new local loader each (new mappings each epoch)")
     ap.add_argument("--dir", default=os.path.join(os.environ.get("SHM_DIR", "/dev/shm"), "ferry-remote-loader"))
     a = ap.parse_args()
     import ferry

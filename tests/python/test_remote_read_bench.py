@@ -58,3 +58,5 @@ def test_remote_loader_bench_runs(tmp_path, window):
     if window is None:
         assert any(r.startswith("TABLE remote-loader local files beside a fetch | ") and "samples/s alone" in r
                    for r in rows), rows
+        assert any(r.startswith("TABLE remote-loader local files, a new loader each epoch | ") and "us/batch" in r
+                   for r in rows), rows
