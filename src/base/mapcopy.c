@@ -105,4 +105,3 @@ size_t ferry__copy_guarded(struct ferry__bus_guard *g, const struct ferry__mcopy
 	atomic_store(&g->on, 0);
 	return n;
 }
-

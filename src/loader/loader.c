@@ -114,7 +114,6 @@ struct shard_map {
 	uint64_t used_gen;   /* the batch (worker's gen) used_end belongs to */
 };
 
-
 struct skey { /* sort_pieces */
 	uint64_t key;
 	uint32_t i;
