@@ -112,6 +112,21 @@ void ferry__cz_cache_destroy(struct ferry__cz_cache *c);
 void ferry__cz_cache_stats(const struct ferry__cz_cache *c, struct ferry__cz_cache_stats *out);
 ssize_t ferry__cz_pread_cached(struct ferry_cz *z, struct ferry__cz_cache *c, void *buf, size_t len, uint64_t off);
 
+/* The phases of the last ferry_cz_pread on z, in seconds of the calling thread: the whole read,
+ * waiting for the storage, the host work (decoding or checking, queuing the GPU's work), waiting for
+ * the GPU; the windows of the read pipeline and the most compressed bytes its reads had in flight
+ * at once (the storage's queue: a plain ferry_pread keeps the workers' queues full). */
+struct ferry__cz_phases {
+	double total, read_wait, host, gpu_wait;
+	uint64_t windows, max_inflight;
+};
+void ferry__cz_last_phases(struct ferry_cz *z, struct ferry__cz_phases *out);
+
+/* Frees the read pipeline's idle slot sets (cz_file.c: a reader's slots, pinned buffers, streams,
+ * device scratch and decoders, kept for the process's next reader of the same device), so that
+ * the next read makes its own. */
+void ferry__cz_release_idle(void);
+
 /* Runs fn(arg, i) for i in [0, n) on up to threads threads (the caller's among them). Returns 0 or
  * the error of the lowest failed i, with that call's ferry_last_error() detail on this thread. */
 int ferry__cz_parallel(size_t n, unsigned threads, int (*fn)(void *arg, size_t i), void *arg);

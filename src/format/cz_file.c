@@ -329,10 +329,13 @@ struct ferry_cz {
 	struct cz_knobs knobs;
 	uint64_t stored;
 	pthread_mutex_t lock; /* the device path's state and info */
-	char info[320];
+	char info[400];
 	int dev; /* the device of pool and slots; -1 none yet */
 	struct ferry__pinned_pool *pool;
-	struct cz_slot *slots; /* CZ_DEPTH, the device path's, kept between reads */
+	struct cz_set *set;    /* the device path's slots (CZ_DEV_SLOTS) and pool, kept between reads */
+	struct cz_slot *slots; /* set's */
+	uint64_t ahead;        /* bytes of reads the pipeline keeps in flight (the engine's queue) */
+	struct ferry__cz_phases last; /* the last read's (ferry__cz_last_phases) */
 };
 
 static void device_release(ferry_cz *z);
@@ -384,6 +387,22 @@ int ferry_cz_is_compressed(ferry_ctx *ctx, const char *path)
 	return r;
 }
 
+/* The bytes the engine's workers keep in flight for one large read: threads x queue_depth x
+ * chunk_size (what the read pipeline reads ahead: a plain ferry_pread's queue). */
+static uint64_t engine_queue(const ferry_ctx *ctx)
+{
+	static const char *const keys[] = {"threads", "queue_depth", "chunk_size"};
+	uint64_t q = 1;
+	for (int k = 0; k < 3; k++) {
+		char v[32];
+		uint64_t x = ferry_ctx_get(ctx, keys[k], v, sizeof(v)) > 0 ? strtoull(v, NULL, 10) : 0;
+		if (!x)
+			return 128u << 20; /* (not expected: each has a value) */
+		q *= x;
+	}
+	return q;
+}
+
 int ferry_cz_open(ferry_ctx *ctx, const char *path, ferry_cz **out)
 {
 	*out = NULL;
@@ -423,6 +442,7 @@ int ferry_cz_open(ferry_ctx *ctx, const char *path, ferry_cz **out)
 	}
 	for (uint64_t i = 0; i < z->m.nchunks; i++)
 		z->stored += !!(z->m.chunks[i].flags & FERRY__CZ_STORED);
+	z->ahead = engine_queue(ctx);
 	*out = z;
 	return 0;
 }
@@ -525,18 +545,31 @@ static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uin
 }
 
 /*
- * The read pipeline. A read's chunks go in windows, CZ_DEPTH slots of them in flight: while one
+ * The read pipeline. A read's chunks go in windows, each read into a slot of its own: while one
  * window is processed (decoded on the CPU threads; or, into device memory, its frames checked on
  * the CPU threads and its copies and nvCOMP batch queued on the slot's own stream), the
- * compressed bytes of the next CZ_DEPTH - 1 are read by the engine's workers, and the GPU still
- * runs the batch of the window before, side by side with this one's copies and batch. A slot's
+ * compressed bytes of the next windows are read by the engine's workers, and the GPU still runs
+ * the batch of the window before, side by side with this one's copies and batch. Reads are started
+ * ahead while fewer than the engine's own queue of bytes (its workers x queue_depth x chunk_size,
+ * what a plain ferry_pread keeps in flight) are outstanding, and always the next window's: a cold
+ * disk serves at its rate only with that many bytes asked for at once (docs/CONFIG.md, queue_depth:
+ * 32 MiB in flight read at 1.29 GB/s where 128 MiB read at 1.92 on the H200's disk). A slot's
  * buffers are reused only once its queued work has been retired (its ticket waited for, nvCOMP's
- * results checked). CPU windows start small, so the first read is short, and double up to the
- * window cap; nvCOMP's are the cap (cz_window) from the first (pread_device says why). One
- * synchronisation per window, never per chunk.
+ * results checked); the slot of the window just queued is left to the GPU (pipe.keep), so its
+ * retirement never waits for work queued a moment before. CPU windows start small, so the first
+ * read is short, and double up to the window cap; nvCOMP's are the cap (cz_window) from the first
+ * (pread_device says why). One synchronisation per window, never per chunk.
+ *
+ * The slots and their buffers (pinned for device reads, registered with CUDA at first use: about
+ * 20 ms for a 128 MiB window's frames on the H200, CONFIG.md) outlive the reader: a reader's set
+ * goes back to an idle set of its device when it is destroyed (host reads: when the read ends),
+ * which the next reader of the process takes, so a fresh open does not register its windows'
+ * buffers again before its first read can start (the cold reads of issue 26 spent a third of their
+ * time there). One idle set per device is kept (cz_sets).
  */
-#define CZ_DEPTH 3
-#define CZ_ALIGN 4096u /* a window's read: offset and buffer (slot_start) */
+#define CZ_DEV_SLOTS 4   /* device reads: two windows read ahead, one processed, one on the GPU */
+#define CZ_HOST_SLOTS 16 /* host reads: windows are smaller (window_chunks); the bytes bound them */
+#define CZ_ALIGN 4096u   /* a window's read: offset and buffer (slot_start) */
 
 struct cz_slot {
 	void *buf; /* the window's frames: pinned (device reads, from z->pool) or malloc'd */
@@ -544,10 +577,13 @@ struct cz_slot {
 	int pin;
 	uint64_t i, n, c_off; /* c_off: where the read starts, the first frame's offset rounded down */
 	size_t need;          /* the bytes from c_off to the last frame's end (span: those rounded up) */
+	size_t rbytes;        /* the bytes its read asked for (struct cz_times' in flight) */
 	ferry_req *req;
 	/* host reads: a window of whole stored chunks is read straight into the destination, their
-	 * payloads (LZ4: one piece a chunk; zstd: its raw blocks) one entry each of one batch */
+	 * payloads (LZ4: one piece a chunk; zstd: its raw blocks) one entry each of one batch (of
+	 * batch_ctx's: made again for a reader of another context, dropped when the set is idle) */
 	ferry_batch *batch;
+	ferry_ctx *batch_ctx;
 	bool direct, batch_running;
 	bool queued; /* GPU work that reads buf and ubuf is queued on the ring: retire first */
 	/* device reads only */
@@ -558,6 +594,7 @@ struct cz_slot {
 	uint64_t scratch; /* device: the frames nvCOMP reads, then outputs when not aligned */
 	size_t scratch_len;
 	struct ferry__nvc *nvc; /* one decoder per slot: a batch's arrays live until it is retired */
+	int nvc_codec;          /* the codec nvc decodes (a set is reused by readers of either) */
 	uint64_t *gl;           /* the chunks of nvCOMP's batch (ng), for the sizes it reports */
 	size_t *glen;
 	size_t ng, gcap;
@@ -567,6 +604,7 @@ struct cz_slot {
 
 struct cz_times {
 	double read_wait, host, gpu_wait; /* seconds the caller's thread spent on each */
+	uint64_t windows, inflight, max_inflight; /* windows read; compressed bytes being read (most at once) */
 };
 
 static double mono(void)
@@ -579,6 +617,7 @@ static double mono(void)
 struct pipe {
 	ferry_cz *z;
 	struct cz_slot *s;
+	unsigned nslots, keep; /* s[nslots]; keep: slots left to queued GPU work (1 device, 0 host) */
 	bool pinned;
 	uint8_t *dst; /* host reads: the destination of [off, off + len), for stored chunks' payloads */
 	uint64_t off, len;
@@ -589,6 +628,19 @@ struct pipe {
 	void *arg;
 	struct cz_times t;
 };
+
+static struct ferry__cz_phases phases(const struct pipe *p, double total)
+{
+	return (struct ferry__cz_phases){total, p->t.read_wait, p->t.host, p->t.gpu_wait, p->t.windows,
+					 p->t.max_inflight};
+}
+
+void ferry__cz_last_phases(struct ferry_cz *z, struct ferry__cz_phases *out)
+{
+	pthread_mutex_lock(&z->lock);
+	*out = z->last;
+	pthread_mutex_unlock(&z->lock);
+}
 
 /* The size a kept buffer grows to for need bytes: a quarter more, in whole MiB, so that windows of
  * the same number of chunks (whose compressed sizes differ a little) do not grow it again: a new
@@ -653,9 +705,14 @@ static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 		}
 		base = s->buf, boff = e0->u_off;
 	}
+	if (s->batch && s->batch_ctx != p->z->ctx) {
+		ferry_batch_destroy(s->batch);
+		s->batch = NULL;
+	}
 	int r = s->batch ? 0 : ferry_batch_create(p->z->ctx, &s->batch);
 	if (r)
 		return r;
+	s->batch_ctx = p->z->ctx;
 	ferry_batch_reset(s->batch);
 	for (uint64_t k = 0; k < s->n && r >= 0; k++) {
 		const struct ferry__cz_chunk *e = &m->chunks[s->i + k];
@@ -708,6 +765,15 @@ static int slot_wait_direct(struct pipe *p, struct cz_slot *s)
 					(unsigned long long)s->i, (unsigned long long)(s->i + s->n - 1));
 }
 
+static void read_started(struct pipe *p, struct cz_slot *s, size_t bytes)
+{
+	s->rbytes = bytes;
+	p->t.windows++;
+	p->t.inflight += bytes;
+	if (p->t.inflight > p->t.max_inflight)
+		p->t.max_inflight = p->t.inflight;
+}
+
 static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 {
 	const struct ferry__cz_meta *m = &p->z->m;
@@ -723,6 +789,9 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 	int d = slot_start_direct(p, s);
 	if (d) {
 		p->step = p->step * 2 < p->max_step ? p->step * 2 : p->max_step;
+		if (d > 0)
+			read_started(p, s, (size_t)(m->chunks[i + s->n - 1].u_off + m->chunks[i + s->n - 1].u_size -
+						    m->chunks[i].u_off));
 		return d < 0 ? d : 0;
 	}
 	if (s->cap < s->span) {
@@ -742,12 +811,16 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 	if (r)
 		ferry__error_append("%s: reading chunks %llu to %llu", p->z->path, (unsigned long long)i,
 				    (unsigned long long)(i + s->n - 1));
+	else
+		read_started(p, s, s->span);
 	p->step = p->step * 2 < p->max_step ? p->step * 2 : p->max_step;
 	return r;
 }
 
 static int slot_wait(struct pipe *p, struct cz_slot *s)
 {
+	p->t.inflight -= s->rbytes;
+	s->rbytes = 0;
 	if (s->batch_running)
 		return slot_wait_direct(p, s);
 	if (!s->req)
@@ -778,14 +851,139 @@ static int slot_retire(struct pipe *p, struct cz_slot *s)
 	return r;
 }
 
+/*
+ * Slot sets (the read pipeline's comment says why they outlive a reader): one idle set per device
+ * (-1: host reads) at most, kept for the process; a set given back while one is idle is freed.
+ */
+struct cz_set {
+	int dev; /* -1: host memory */
+	unsigned n;
+	struct ferry__pinned_pool *pool; /* device sets' */
+	struct cz_slot s[];
+};
+
+#define CZ_IDLE_SETS 8
+static pthread_mutex_t sets_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct cz_set *idle_sets[CZ_IDLE_SETS];
+
+static void set_free(struct cz_set *st)
+{
+	for (unsigned k = 0; k < st->n; k++)
+		if (st->s[k].ring)
+			(void)ferry__ring_drain(st->s[k].ring);
+	for (unsigned k = 0; k < st->n; k++) {
+		struct cz_slot *s = &st->s[k];
+		ferry__ring_destroy(s->ring);
+		if (s->scratch)
+			ferry__gpu_release(st->dev, s->scratch);
+		ferry__nvc_close(s->nvc);
+		if (st->pool) {
+			ferry__pinned_free(st->pool, s->buf);
+			ferry__pinned_free(st->pool, s->ubuf);
+		} else {
+			free(s->buf);
+		}
+		free(s->gl), free(s->glen);
+		ferry_batch_destroy(s->batch);
+	}
+	ferry__pinned_pool_destroy(st->pool);
+	free(st);
+}
+
+/* dev's idle set, or a new one (NULL: out of memory, the error set). */
+static struct cz_set *set_take(int dev)
+{
+	pthread_mutex_lock(&sets_mu);
+	for (int k = 0; k < CZ_IDLE_SETS; k++) {
+		struct cz_set *st = idle_sets[k];
+		if (st && st->dev == dev) {
+			idle_sets[k] = NULL;
+			pthread_mutex_unlock(&sets_mu);
+			return st;
+		}
+	}
+	pthread_mutex_unlock(&sets_mu);
+	unsigned n = dev < 0 ? CZ_HOST_SLOTS : CZ_DEV_SLOTS;
+	struct cz_set *st = calloc(1, sizeof(*st) + n * sizeof(st->s[0]));
+	if (!st) {
+		ferry__error(-ENOMEM, "compressed read slots");
+		return NULL;
+	}
+	st->dev = dev, st->n = n;
+	if (dev < 0)
+		return st;
+	/* A stream per slot: the copies of one window run while the GPU decodes the window before
+	 * (one stream would run them one after the other), and the nvCOMP batches of two windows
+	 * overlap (a batch takes at least one chunk's decoding, its chunks running side by side:
+	 * docs/GPU.md). Windows write disjoint parts of the destination, so nothing orders them. */
+	int r = 0;
+	for (unsigned k = 0; k < n && !r; k++)
+		r = ferry__ring_create(dev, 1, 0, &st->s[k].ring);
+	if (!r)
+		r = ferry__pinned_pool_create(0, dev, &st->pool);
+	if (r) {
+		set_free(st);
+		ferry__error(r, "compressed read slots on device %d", dev);
+		return NULL;
+	}
+	return st;
+}
+
+/* st back to the idle sets (its queued work drained; its batches dropped: they are a context's). */
+static void set_give(struct cz_set *st)
+{
+	for (unsigned k = 0; k < st->n; k++) {
+		struct cz_slot *s = &st->s[k];
+		if (s->ring)
+			(void)ferry__ring_drain(s->ring);
+		if (s->ng) {
+			(void)ferry__nvc_finish(s->nvc, NULL);
+			s->ng = 0;
+		}
+		s->queued = false;
+		ferry_batch_destroy(s->batch);
+		s->batch = NULL, s->batch_ctx = NULL;
+	}
+	pthread_mutex_lock(&sets_mu);
+	int free_at = -1;
+	bool dup = false;
+	for (int k = 0; k < CZ_IDLE_SETS; k++) {
+		if (!idle_sets[k])
+			free_at = free_at < 0 ? k : free_at;
+		else if (idle_sets[k]->dev == st->dev)
+			dup = true;
+	}
+	if (!dup && free_at >= 0) {
+		idle_sets[free_at] = st;
+		st = NULL;
+	}
+	pthread_mutex_unlock(&sets_mu);
+	if (st)
+		set_free(st);
+}
+
+void ferry__cz_release_idle(void)
+{
+	struct cz_set *all[CZ_IDLE_SETS];
+	pthread_mutex_lock(&sets_mu);
+	memcpy(all, idle_sets, sizeof(all));
+	memset(idle_sets, 0, sizeof(idle_sets));
+	pthread_mutex_unlock(&sets_mu);
+	for (int k = 0; k < CZ_IDLE_SETS; k++)
+		if (all[k])
+			set_free(all[k]);
+}
+
 /* Runs p->process on each window of [a, b) in order; the slots' buffers stay in p->s. */
 static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 {
 	uint64_t next = a, w_read = 0, w_done = 0;
 	int r = 0;
 	while (!r && (next < b || w_done < w_read)) {
-		while (!r && next < b && w_read < w_done + CZ_DEPTH - 1) {
-			struct cz_slot *s = &p->s[w_read % CZ_DEPTH];
+		/* the next window always; more while the bytes outstanding are fewer than ahead */
+		while (!r && next < b && w_read < w_done + p->nslots - p->keep &&
+		       (w_read < w_done + 2 || p->t.inflight < p->z->ahead)) {
+			struct cz_slot *s = &p->s[w_read % p->nslots];
 			if (!(r = slot_retire(p, s)) && !(r = slot_start(p, s, next, b))) {
 				next += s->n;
 				w_read++;
@@ -793,7 +991,7 @@ static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 		}
 		if (r || w_done == w_read)
 			break;
-		struct cz_slot *s = &p->s[w_done % CZ_DEPTH];
+		struct cz_slot *s = &p->s[w_done % p->nslots];
 		double t = mono();
 		r = slot_wait(p, s);
 		double t2 = mono();
@@ -805,7 +1003,7 @@ static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 	}
 	/* what is still in flight, oldest first: reads, then queued work (errors after the first dropped) */
 	for (uint64_t w = w_done; w < w_read; w++) {
-		struct cz_slot *s = &p->s[w % CZ_DEPTH];
+		struct cz_slot *s = &p->s[w % p->nslots];
 		if (s->req) {
 			(void)ferry_req_wait(s->req, -1);
 			ferry_req_destroy(s->req);
@@ -816,8 +1014,8 @@ static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 			s->batch_running = false;
 		}
 	}
-	for (uint64_t k = 0; k < CZ_DEPTH; k++) {
-		struct cz_slot *s = &p->s[(w_done + k) % CZ_DEPTH];
+	for (uint64_t k = 0; k < p->nslots; k++) {
+		struct cz_slot *s = &p->s[(w_done + k) % p->nslots];
 		int q = slot_retire(p, s);
 		r = r ? r : q;
 	}
@@ -860,67 +1058,43 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 	uint64_t a, b;
 	cover(z, off, &len, &a, &b);
 	struct host_read h = {z, buf, off, len};
-	struct cz_slot s[CZ_DEPTH];
-	memset(s, 0, sizeof(s));
+	double t0 = mono();
+	struct cz_set *set = set_take(-1);
+	if (!set)
+		return ferry__error(-ENOMEM, "%s: read slots", z->path);
 	uint64_t max = window_chunks(z);
-	struct pipe p = {.z = z, .s = s, .dst = buf, .off = off, .len = len,
+	struct pipe p = {.z = z, .s = set->s, .nslots = set->n, .dst = buf, .off = off, .len = len,
 			 .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
 			 .process = host_window, .arg = &h};
 	int r = pipe_run(&p, a, b);
-	for (int k = 0; k < CZ_DEPTH; k++) {
-		free(s[k].buf);
-		ferry_batch_destroy(s[k].batch);
-	}
+	set_give(set);
 	if (!r)
 		set_info(z, "cpu (host memory)");
+	pthread_mutex_lock(&z->lock);
+	z->last = phases(&p, mono() - t0);
+	pthread_mutex_unlock(&z->lock);
 	return r ? r : (ssize_t)len;
 }
 
-/* Every device resource of z (slots and their rings, pool); the rings are drained first. Under
- * z->lock. */
+/* z's device set back to the idle ones (its rings drained first). Under z->lock. */
 static void device_release(ferry_cz *z)
 {
-	for (int k = 0; z->slots && k < CZ_DEPTH; k++)
-		if (z->slots[k].ring)
-			(void)ferry__ring_drain(z->slots[k].ring);
-	for (int k = 0; z->slots && k < CZ_DEPTH; k++) {
-		struct cz_slot *s = &z->slots[k];
-		ferry__ring_destroy(s->ring);
-		if (s->scratch)
-			ferry__gpu_release(z->dev, s->scratch);
-		ferry__nvc_close(s->nvc);
-		if (z->pool) {
-			ferry__pinned_free(z->pool, s->buf);
-			ferry__pinned_free(z->pool, s->ubuf);
-		}
-		free(s->gl), free(s->glen);
-		ferry_batch_destroy(s->batch);
-	}
-	free(z->slots);
-	z->slots = NULL;
-	ferry__pinned_pool_destroy(z->pool);
-	z->pool = NULL;
+	if (z->set)
+		set_give(z->set);
+	z->set = NULL, z->slots = NULL, z->pool = NULL;
 }
 
-/* The device path's resources on device dev; under z->lock. */
+/* The device path's resources on device dev: an idle set of dev's, or a new one. Under z->lock. */
 static int device_setup(ferry_cz *z, int dev)
 {
-	if (z->dev == dev && z->pool) /* made last */
+	if (z->dev == dev && z->set) /* made last */
 		return 0;
 	device_release(z);
 	z->dev = dev;
-	if (!(z->slots = calloc(CZ_DEPTH, sizeof(*z->slots))))
+	if (!(z->set = set_take(dev)))
 		return ferry__error(-ENOMEM, "%s: device read slots", z->path);
-	/* A stream per slot: the copies of one window run while the GPU decodes the window before
-	 * (one stream would run them one after the other), and the nvCOMP batches of two windows
-	 * overlap (a batch takes at least one chunk's decoding, its chunks running side by side:
-	 * docs/GPU.md). Windows write disjoint parts of the destination, so nothing orders them. */
-	int r = 0;
-	for (int k = 0; k < CZ_DEPTH && !r; k++)
-		r = ferry__ring_create(dev, 1, 0, &z->slots[k].ring);
-	if (!r)
-		r = ferry__pinned_pool_create(0, dev, &z->pool);
-	return r;
+	z->slots = z->set->s, z->pool = z->set->pool;
+	return 0;
 }
 
 /* The pieces' copies in few driver calls from pinned memory, one by one (synchronous) where the
@@ -1118,10 +1292,15 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		 * 256 KiB chunks); else each goes at a 256-byte boundary, one piece each. Where the
 		 * destination's chunks are not 16-byte aligned (a read from an unaligned offset) they
 		 * are decoded into the scratch and copied device to device. */
+		if (s->nvc && s->nvc_codec != m->codec) { /* the set's last reader's codec */
+			ferry__nvc_close(s->nvc);
+			s->nvc = NULL;
+		}
 		if (!s->nvc && (r = ferry__nvc_open(z->dev, m->codec, &s->nvc))) {
 			*refused = 1;
 			goto out;
 		}
+		s->nvc_codec = m->codec;
 		bool direct = (dptr - off) % 16 == 0, contig = true;
 		const size_t ia = ferry__nvc_input_align(s->nvc);
 		const uint64_t sbase = m->chunks[gl[0]].c_off + m->chunks[gl[0]].payload_off;
@@ -1302,31 +1481,33 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	 * (its chunks run side by side, each at about 100 MB/s: docs/GPU.md), so windows doubling from
 	 * a few chunks cost that time again for each small one; the CPU threads' windows double. */
 	uint64_t step = gpu ? max : z->knobs.threads < max ? z->knobs.threads : max;
-	struct pipe p = {.z = z, .pinned = true, .off = off, .len = len, .to_slot = true, .step = step,
-			 .max_step = max, .process = dev_window, .retire = dev_retire};
+	struct pipe p = {.z = z, .nslots = CZ_DEV_SLOTS, .keep = 1, .pinned = true, .off = off, .len = len,
+			 .to_slot = true, .step = step, .max_step = max, .process = dev_window, .retire = dev_retire};
 	int r = ferry__gpu_enter(dev, &prev);
 	double queue = 0;
 	uint64_t frame_copies = 0;
 	if (!r) {
 		r = device_setup(z, dev);
 		setup = mono() - t0;
-		for (int k = 0; !r && k < CZ_DEPTH; k++)
+		for (int k = 0; !r && k < CZ_DEV_SLOTS; k++)
 			z->slots[k].queue_s = 0, z->slots[k].frame_copies = 0;
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
 		if (!r)
 			r = pipe_run(&p, a, b);
 		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;
-		for (int k = 0; z->slots && k < CZ_DEPTH; k++)
+		for (int k = 0; z->slots && k < CZ_DEV_SLOTS; k++)
 			queue += z->slots[k].queue_s, frame_copies += z->slots[k].frame_copies;
 		if (d.why)
 			why = d.why;
 		ferry__gpu_leave(prev);
 	}
-	char times[160];
-	snprintf(times, sizeof(times), "; %.1f ms: setup %.1f, read wait %.1f, host %.1f (threads %.1f, queue %.1f), gpu wait %.1f",
+	char times[240];
+	z->last = phases(&p, mono() - t0); /* (under z->lock) */
+	snprintf(times, sizeof(times), "; %.1f ms: setup %.1f, read wait %.1f, host %.1f (threads %.1f, queue %.1f), gpu wait %.1f; "
+		 "%llu windows, at most %.0f MiB read at once",
 		 (mono() - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, (p.t.host - queue) * 1e3,
-		 queue * 1e3, p.t.gpu_wait * 1e3);
+		 queue * 1e3, p.t.gpu_wait * 1e3, (unsigned long long)p.t.windows, (double)p.t.max_inflight / 1048576);
 	if (!r && gpu)
 		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial; "
 			 "frames in %llu copies)%s", (unsigned long long)on_gpu, (unsigned long long)on_cpu,
