@@ -16,6 +16,7 @@
  */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -223,9 +224,167 @@ static int bench(const char *dir, size_t n, const char *warm)
 	return t_result();
 }
 
+/* ------------------------------------------------------------------------------------- tests */
+
+enum { CS = 64 << 10, NCHUNKS = 150, CZ_ALIGN_T = 4096 /* a window's read is rounded to it at both ends */ };
+
+/* Chunks alternating in runs: compressible tokens, then random bytes (stored chunks under LZ4 and
+ * zstd alike), so windows hold both kinds and some hold stored chunks only. */
+static void fill(uint8_t *d, size_t n)
+{
+	t_gen_tokens(d, n, 5);
+	uint64_t x = 99;
+	for (size_t c = 0; c * CS < n; c++)
+		if ((c / 9) % 3 == 2)
+			for (size_t i = c * CS; i < (c + 1) * CS && i < n; i++) {
+				x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+				d[i] = (uint8_t)(x >> 24);
+			}
+}
+
+static ferry_cz *open_cz(ferry_ctx *ctx, const char *path)
+{
+	ferry_cz *z;
+	T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
+	T_ASSERT(ferry_cz_set(z, "cz_threads", "2") == 0); /* windows of 2, 4, then 8 chunks */
+	return z;
+}
+
+/* [off, off + len) of z into a buffer, compared with data; cold: the file's pages dropped first. */
+static void check_range(ferry_cz *z, const char *path, const uint8_t *data, uint64_t off, size_t len, int cold,
+			const char *what)
+{
+	uint8_t *buf = malloc(len + 1);
+	T_ASSERT(buf);
+	memset(buf, 0xEE, len + 1);
+	if (cold)
+		drop(path);
+	ssize_t r = ferry_cz_pread(z, buf, len, off);
+	if (r != (ssize_t)len)
+		fprintf(stderr, "%s: %zd: %s\n", what, r, ferry_last_error());
+	T_CHECK(r == (ssize_t)len);
+	T_CHECK(memcmp(buf, data + off, len) == 0);
+	T_CHECK(buf[len] == 0xEE);
+	free(buf);
+}
+
+struct conc {
+	ferry_cz *z;
+	const uint8_t *data;
+	size_t n;
+	int ok;
+};
+
+static void *conc_read(void *arg)
+{
+	struct conc *c = arg;
+	uint8_t *buf = malloc(c->n);
+	c->ok = buf && ferry_cz_pread(c->z, buf, c->n, 0) == (ssize_t)c->n && !memcmp(buf, c->data, c->n);
+	free(buf);
+	return NULL;
+}
+
+/* A flipped byte in the frames 70% into the file: a whole read fails naming a chunk, and the
+ * reader's next read (of the chunks before the damage) still works. */
+static void damaged(ferry_ctx *ctx, const char *path, const uint8_t *data, size_t n)
+{
+	char bad[600];
+	snprintf(bad, sizeof(bad), "%s.damaged", path);
+	FILE *in = fopen(path, "rb"), *out = fopen(bad, "wb");
+	T_ASSERT(in && out);
+	ferry_cz *z = open_cz(ctx, path);
+	long at = (long)(ferry_cz_compressed_size(z) * 7 / 10);
+	ferry_cz_destroy(z);
+	int ch;
+	for (long k = 0; (ch = fgetc(in)) != EOF; k++)
+		fputc(k == at ? ch ^ 0x40 : ch, out);
+	fclose(in);
+	fclose(out);
+	z = open_cz(ctx, bad);
+	uint8_t *buf = malloc(n);
+	drop(bad);
+	ssize_t r = ferry_cz_pread(z, buf, n, 0);
+	printf("damaged at byte %ld: %zd: %s\n", at, r, ferry_last_error());
+	T_EQ_INT((int)r, FERRY_ECORRUPT);
+	T_CHECK(strstr(ferry_last_error(), "chunk ") != NULL);
+	T_CHECK(ferry_cz_pread(z, buf, 10 * CS, 0) == 10 * CS && !memcmp(buf, data, 10 * CS));
+	free(buf);
+	ferry_cz_destroy(z);
+	unlink(bad);
+}
+
+static int main_tests(void)
+{
+	ferry_ctx *ctx;
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	T_ASSERT(ferry_ctx_set(ctx, "threads", "2") == 0 && ferry_ctx_set(ctx, "queue_depth", "16") == 0 &&
+		 ferry_ctx_set(ctx, "chunk_size", "1m") == 0); /* the engine's queue: 32 MiB */
+	const size_t n = (size_t)NCHUNKS * CS - 1000;
+	uint8_t *data = malloc(n);
+	T_ASSERT(data);
+	fill(data, n);
+	for (int codec = 0; codec < 2; codec++) {
+		int c = codec ? FERRY_CZ_LZ4 : FERRY_CZ_ZSTD;
+		char path[512];
+		snprintf(path, sizeof(path), "%s/test_cz_read.%d.%s", t_tmpdir(), (int)getpid(), ferry_cz_codec_name(c));
+		compress(path, c, "64k", data, n);
+		ferry_cz *z = open_cz(ctx, path);
+		T_CHECK(ferry_cz_stored_chunks(z) > 0 && ferry_cz_stored_chunks(z) < ferry_cz_chunks(z));
+		/* whole, cold then warm; ranges with partial ends, starting in later windows */
+		for (int cold = 1; cold >= 0; cold--) {
+			check_range(z, path, data, 0, n, cold, "whole");
+			check_range(z, path, data, 1, n - 1, cold, "from byte 1");
+			check_range(z, path, data, 37 * CS + 5, 90 * CS + 17, cold, "partial ends");
+			check_range(z, path, data, 18 * CS, 9 * CS, cold, "stored chunks only");
+			check_range(z, path, data, n - 3, 3, cold, "the last bytes");
+		}
+		/* read ahead by bytes: a whole read started more than the next window at once (the
+		 * engine's queue, 32 MiB, is more than the file: the slots bound it) */
+		struct ferry__cz_phases ph;
+		check_range(z, path, data, 0, n, 1, "whole, cold");
+		ferry__cz_last_phases(z, &ph);
+		printf("%s: whole read: %llu windows, at most %llu bytes read at once (file %lld compressed)\n",
+		       ferry_cz_codec_name(c), (unsigned long long)ph.windows, (unsigned long long)ph.max_inflight,
+		       (long long)ferry_cz_compressed_size(z));
+		/* windows of 2, 4, then 8 chunks: 150 chunks in 20 windows; 16 slots hold the first 16
+		 * (2 + 4 + 14 x 8 = 118 chunks) at once, far past the 2 the pipeline read ahead before */
+		T_EQ_INT((long long)ph.windows, 20);
+		T_CHECK(ph.max_inflight > (uint64_t)ferry_cz_compressed_size(z) / 2);
+		T_CHECK(ph.max_inflight <= (uint64_t)ferry_cz_compressed_size(z) + 32 * CZ_ALIGN_T);
+		/* two reads at once on one reader: one takes the idle slots, the other its own */
+		struct conc cc[2] = {{z, data, n, 0}, {z, data, n, 0}};
+		pthread_t tid[2];
+		for (int k = 0; k < 2; k++)
+			T_ASSERT(pthread_create(&tid[k], NULL, conc_read, &cc[k]) == 0);
+		for (int k = 0; k < 2; k++)
+			pthread_join(tid[k], NULL);
+		T_CHECK(cc[0].ok && cc[1].ok);
+		ferry_cz_destroy(z);
+		damaged(ctx, path, data, n);
+		/* a context whose queue is one chunk: only the next window is read ahead */
+		ferry_ctx *small;
+		T_ASSERT(ferry_ctx_create(&small) == 0);
+		T_ASSERT(ferry_ctx_set(small, "threads", "1") == 0 && ferry_ctx_set(small, "queue_depth", "1") == 0 &&
+			 ferry_ctx_set(small, "chunk_size", "64k") == 0);
+		z = open_cz(small, path);
+		check_range(z, path, data, 0, n, 1, "whole, cold, a queue of 64 KiB");
+		ferry__cz_last_phases(z, &ph);
+		printf("%s: queue of 64 KiB: %llu windows, at most %llu bytes read at once\n", ferry_cz_codec_name(c),
+		       (unsigned long long)ph.windows, (unsigned long long)ph.max_inflight);
+		T_EQ_INT((long long)ph.windows, 20);
+		T_CHECK(ph.max_inflight <= 2 * (8 * (uint64_t)CS + 64 * 8 + 2 * CZ_ALIGN_T)); /* two windows at most */
+		ferry_cz_destroy(z);
+		ferry_ctx_destroy(small);
+		unlink(path);
+	}
+	free(data);
+	ferry_ctx_destroy(ctx);
+	return t_result();
+}
+
 int main(int argc, char **argv)
 {
 	if (argc >= 4 && !strcmp(argv[1], "bench"))
 		return bench(argv[2], (size_t)atol(argv[3]) << 20, argc > 4 ? argv[4] : "/dev/shm");
-	T_SKIP("no test yet");
+	return main_tests();
 }
