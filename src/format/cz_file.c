@@ -578,6 +578,7 @@ struct cz_slot {
 	uint64_t i, n, c_off; /* c_off: where the read starts, the first frame's offset rounded down */
 	size_t need;          /* the bytes from c_off to the last frame's end (span: those rounded up) */
 	size_t rbytes;        /* the bytes its read asked for (struct cz_times' in flight) */
+	size_t full, full_u;  /* the frames' and the data's bytes of the largest window from i */
 	ferry_req *req;
 	/* host reads: a window of whole stored chunks is read straight into the destination, their
 	 * payloads (LZ4: one piece a chunk; zstd: its raw blocks) one entry each of one batch (of
@@ -695,7 +696,7 @@ static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 		const struct ferry__cz_chunk *e0 = &m->chunks[s->i], *e1 = &m->chunks[s->i + s->n - 1];
 		size_t total = (size_t)(e1->u_off + e1->u_size - e0->u_off);
 		if (total > s->cap) {
-			size_t want = grown(total);
+			size_t want = grown(total > s->full_u ? total : s->full_u);
 			ferry__pinned_free(p->z->pool, s->buf);
 			s->buf = NULL, s->cap = 0;
 			int r = ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin);
@@ -785,6 +786,12 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 	s->c_off = m->chunks[i].c_off & ~(uint64_t)(CZ_ALIGN - 1);
 	s->need = (size_t)(m->chunks[i + s->n - 1].c_off + m->chunks[i + s->n - 1].c_size - s->c_off);
 	s->span = (s->need + CZ_ALIGN - 1) & ~(size_t)(CZ_ALIGN - 1);
+	/* Buffers are made for the largest window from here (the window cap, within the read), not
+	 * for this one: CPU windows double from a few chunks, and each larger buffer would be made
+	 * again (pinned memory: registered again, the smaller one kept in the pool) */
+	const struct ferry__cz_chunk *ef = &m->chunks[i + (b - i < p->max_step ? b - i : p->max_step) - 1];
+	s->full = (size_t)(ef->c_off + ef->c_size - s->c_off) + CZ_ALIGN;
+	s->full_u = (size_t)(ef->u_off + ef->u_size - m->chunks[i].u_off);
 	s->direct = false;
 	int d = slot_start_direct(p, s);
 	if (d) {
@@ -800,7 +807,7 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 		else
 			free(s->buf);
 		s->buf = NULL, s->cap = 0;
-		size_t want = grown(s->span);
+		size_t want = grown(s->span > s->full ? s->span : s->full);
 		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin) /* mmap'd: aligned */
 				  : -posix_memalign(&s->buf, CZ_ALIGN, want);
 		if (r)
@@ -1257,7 +1264,10 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		total = (size_t)(whi - wlo);
 	if (total > s->ucap) { /* kept: the pool reuses only a slot of the same size, and each new
 				* size is a new cuMemHostRegister, so a read's partial ends would pin anew */
-		size_t cs = m->chunk_size, want = (total + cs - 1) / cs * cs; /* <= 2 chunks with nvCOMP */
+		/* <= 2 chunks with nvCOMP; the CPU's, the largest window's from here (slot_start) */
+		size_t cs = m->chunk_size, want = (total + cs - 1) / cs * cs;
+		if (!gpu && s->full_u > want)
+			want = (s->full_u + cs - 1) / cs * cs;
 		ferry__pinned_free(z->pool, s->ubuf);
 		s->ubuf = NULL, s->ucap = 0;
 		if ((r = ferry__pinned_alloc(z->pool, want, &s->ubuf, &s->upin)))
