@@ -624,6 +624,7 @@ struct pipe {
 	uint64_t off, len;
 	bool to_slot; /* device reads: stored chunks' payloads into the slot's pinned buffer instead */
 	uint64_t step, max_step;
+	uint64_t taper; /* the read's last windows halve down to this many chunks (0: they do not) */
 	int (*process)(void *arg, struct cz_slot *s);
 	int (*retire)(void *arg, struct cz_slot *s); /* waits for s's queued work; NULL: none queued */
 	void *arg;
@@ -780,6 +781,12 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 	const struct ferry__cz_meta *m = &p->z->m;
 	s->i = i;
 	s->n = b - i < p->step ? b - i : p->step;
+	if (p->taper && b - i < 2 * s->n) {
+		/* the read's end, from storage: windows halve, so that what is left once the last
+		 * bytes come is a small window's checks, copy and decoding, not a whole one's */
+		uint64_t half = (b - i + 1) / 2;
+		s->n = half > p->taper ? half : b - i < p->taper ? b - i : p->taper;
+	}
 	/* The read in whole blocks of CZ_ALIGN at a buffer aligned as much, so that an O_DIRECT file
 	 * (a cold read) takes it straight: frames start anywhere, and a read at an unaligned offset
 	 * goes through the engine's bounce slots, one more copy of every byte. */
@@ -981,6 +988,21 @@ void ferry__cz_release_idle(void)
 			set_free(all[k]);
 }
 
+/* p->taper for a read of chunks [a, b): where their frames are not all in memory (a read from
+ * storage, whose last window's work would follow its last bytes), an eighth of the window cap,
+ * at least cz_threads chunks; 0 for a resident file (nothing waits for storage: fewer, larger
+ * windows are cheaper, nvCOMP's above all). */
+static uint64_t taper_for(const ferry_cz *z, uint64_t a, uint64_t b, uint64_t max_step)
+{
+	if (a >= b)
+		return 0;
+	const struct ferry__cz_chunk *e = &z->m.chunks[b - 1];
+	if (ferry__range_resident(z->f, z->m.chunks[a].c_off, e->c_off + e->c_size - z->m.chunks[a].c_off))
+		return 0;
+	uint64_t t = max_step / 8;
+	return t > z->knobs.threads ? t : z->knobs.threads;
+}
+
 /* Runs p->process on each window of [a, b) in order; the slots' buffers stay in p->s. */
 static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 {
@@ -1073,6 +1095,7 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 	struct pipe p = {.z = z, .s = set->s, .nslots = set->n, .dst = buf, .off = off, .len = len,
 			 .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
 			 .process = host_window, .arg = &h};
+	p.taper = taper_for(z, a, b, max);
 	int r = pipe_run(&p, a, b);
 	set_give(set);
 	if (!r)
@@ -1503,6 +1526,7 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 			z->slots[k].queue_s = 0, z->slots[k].frame_copies = 0;
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
+		p.taper = taper_for(z, a, b, max);
 		if (!r)
 			r = pipe_run(&p, a, b);
 		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;
