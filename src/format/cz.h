@@ -115,10 +115,12 @@ ssize_t ferry__cz_pread_cached(struct ferry_cz *z, struct ferry__cz_cache *c, vo
 /* The phases of the last ferry_cz_pread on z, in seconds of the calling thread: the whole read,
  * waiting for the storage, the host work (decoding or checking, queuing the GPU's work), waiting for
  * the GPU; the windows of the read pipeline and the most compressed bytes its reads had in flight
- * at once (the storage's queue: a plain ferry_pread keeps the workers' queues full). */
+ * at once (the storage's queue: a plain ferry_pread keeps the workers' queues full), and the slots
+ * it used. */
 struct ferry__cz_phases {
 	double total, read_wait, host, gpu_wait;
 	uint64_t windows, max_inflight;
+	unsigned slots; /* the slots (window buffers) the read used */
 };
 void ferry__cz_last_phases(struct ferry_cz *z, struct ferry__cz_phases *out);
 

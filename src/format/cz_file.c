@@ -634,7 +634,7 @@ struct pipe {
 static struct ferry__cz_phases phases(const struct pipe *p, double total)
 {
 	return (struct ferry__cz_phases){total, p->t.read_wait, p->t.host, p->t.gpu_wait, p->t.windows,
-					 p->t.max_inflight};
+					 p->t.max_inflight, p->nslots};
 }
 
 void ferry__cz_last_phases(struct ferry_cz *z, struct ferry__cz_phases *out)
@@ -1003,6 +1003,18 @@ static uint64_t taper_for(const ferry_cz *z, uint64_t a, uint64_t b, uint64_t ma
 	return t > z->knobs.threads ? t : z->knobs.threads;
 }
 
+/* The slots a read uses, of the have its set holds: enough for the engine's queue of bytes in
+ * windows of max_step chunks (their compressed size estimated by the file's ratio), the one being
+ * processed and keep, at least 3 + keep. Each slot used gets a buffer for a whole window, so a
+ * set of small windows does not get 16 of them. */
+static unsigned slots_for(const ferry_cz *z, uint64_t max_step, unsigned have, unsigned keep)
+{
+	uint64_t est = z->m.total ? (uint64_t)((double)max_step * z->m.chunk_size * ((double)z->m.compressed / (double)z->m.total)) : 0;
+	uint64_t n = (est ? (z->ahead + est - 1) / est : have) + 1 + keep;
+	n = n < 3 + keep ? 3 + keep : n;
+	return n < have ? (unsigned)n : have;
+}
+
 /* Runs p->process on each window of [a, b) in order; the slots' buffers stay in p->s. */
 static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 {
@@ -1096,6 +1108,7 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 			 .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
 			 .process = host_window, .arg = &h};
 	p.taper = taper_for(z, a, b, max);
+	p.nslots = slots_for(z, max, set->n, 0);
 	int r = pipe_run(&p, a, b);
 	set_give(set);
 	if (!r)
@@ -1527,6 +1540,7 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
 		p.taper = taper_for(z, a, b, max);
+		p.nslots = slots_for(z, max, CZ_DEV_SLOTS, 1);
 		if (!r)
 			r = pipe_run(&p, a, b);
 		gpu = d.gpu, on_gpu = d.on_gpu, on_cpu = d.on_cpu;

@@ -38,9 +38,9 @@ static void phases(ferry_cz *z, char *buf, size_t len)
 		return;
 	}
 	ferry__cz_last_phases(z, &ph);
-	snprintf(buf, len, "%.1f ms: read wait %.1f, host %.1f, gpu wait %.1f; %llu windows, at most %.1f MiB read at once",
+	snprintf(buf, len, "%.1f ms: read wait %.1f, host %.1f, gpu wait %.1f; %llu windows in %u slots, at most %.1f MiB read at once",
 		 ph.total * 1e3, ph.read_wait * 1e3, ph.host * 1e3, ph.gpu_wait * 1e3, (unsigned long long)ph.windows,
-		 (double)ph.max_inflight / 1048576);
+		 ph.slots, (double)ph.max_inflight / 1048576);
 }
 
 static double now(void)
@@ -383,6 +383,7 @@ static int main_tests(void)
 		 * pipeline read ahead before */
 		int on_disk = !resident(path);
 		T_EQ_INT((long long)ph.windows, on_disk ? 22 : 20);
+		T_EQ_INT((int)ph.slots, 16);
 		T_CHECK(ph.max_inflight > (uint64_t)ferry_cz_compressed_size(z) / 2);
 		T_CHECK(ph.max_inflight <= (uint64_t)ferry_cz_compressed_size(z) + 32 * CZ_ALIGN_T);
 		/* two reads at once on one reader: one takes the idle slots, the other its own */
@@ -407,6 +408,7 @@ static int main_tests(void)
 		       (unsigned long long)ph.windows, (unsigned long long)ph.max_inflight);
 		T_EQ_INT((long long)ph.windows, on_disk ? 22 : 20);
 		T_CHECK(ph.max_inflight <= 2 * (8 * (uint64_t)CS + 64 * 8 + 2 * CZ_ALIGN_T)); /* two windows at most */
+		T_EQ_INT((int)ph.slots, 3); /* and only three window buffers made */
 		/* the file in the page cache: nothing waits for storage, the windows do not halve */
 		load(path);
 		T_CHECK(resident(path));
