@@ -12,7 +12,9 @@
 #    times (setup, read wait, host work, GPU wait): where the time goes;
 #  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise): cz_gpu=auto's
 #    effective GB/s against the plain file read into GPU memory (the disk's ceiling through ferry)
-#    times the ratio; target: 0.9x;
+#    times the ratio; target: 0.9x. Best of 2 fresh opens that take the slots an earlier reader
+#    left (a process's reads after its first), then one as the process's first reader (its pinned
+#    windows registered on the way); each with its phases, windows and most bytes in flight;
 #  - small batches (tokens, zstd, 256 KiB and 1 MiB): reads of 1-128 chunks on nvCOMP and on the
 #    CPU, and the crossover that cz_gpu_min should be; for zstd, nvCOMP's warm rate at cz_window
 #    16m-512m.
