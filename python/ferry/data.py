@@ -474,7 +474,11 @@ class Loader:
     window (``chunk_window=-1``; docs/DATA.md, "Sample orders"): runs of 1 MiB of chunks permuted,
     taken about half of ``chunk_cache`` (bytes of decoded chunks a pipeline thread keeps, 64 MiB) at
     a time, their items shuffled together, so each chunk is decoded about once an epoch;
-    ``chunk_window=0`` gives the full shuffle, each sample decoding its chunk.
+    ``chunk_window=0`` gives the full shuffle, each sample decoding its chunk. On a CUDA device
+    (``cz_decode="auto"``) zstd chunks are decoded by nvCOMP into ``chunk_cache`` bytes of device
+    memory per pipeline thread and the samples copied out on the GPU, so the pipeline's CPU reads and
+    checks frames instead of decoding them; ``cz_decode="cpu"`` decodes on the pipeline threads,
+    ``"gpu"`` requires nvCOMP (LZ4 too). ``stats()["gpu_chunk_decodes"]`` says what ran.
 
     Memory: on the GPU each batch's tensor is the device memory the loader uploaded it into, no
     copy: the loader takes other memory for its next batches, and gets this memory back when the
@@ -492,7 +496,8 @@ class Loader:
                  drop_last_batch: bool = False, device=None, prefetch: int = 4, threads: int = 1,
                  dtype=None, merge_gap: int = 0, pin_memory: bool = False, epoch: int = 0,
                  documents: bool = False, copies: bool = False, shard_window: int | None = None,
-                 chunk_window: int | None = None, chunk_cache=None, context=None):
+                 chunk_window: int | None = None, chunk_cache=None, cz_decode: str | None = None,
+                 context=None):
         torch = _torch()
         self._torch = torch
         self.dataset = path if isinstance(path, IndexedDataset) else \
@@ -556,6 +561,8 @@ class Loader:
             self._knobs["chunk_window"] = int(chunk_window)
         if chunk_cache is not None:  # bytes (an int or "64m"); None: the C default or its variable
             self._knobs["chunk_cache"] = chunk_cache
+        if cz_decode is not None:  # "auto", "cpu", "gpu"; None: the C default or its variable
+            self._knobs["cz_decode"] = str(cz_decode)
         self._epoch, self._batch = int(epoch), 0
         self._cl = None          # the C loader, positioned at (_epoch, _batch)
         self._pending = []       # (batch, event): slots whose device copy is in flight
@@ -792,6 +799,7 @@ class Loader:
         ``device_buffers`` (on the GPU: batch-sized device buffers that exist, the loader's and
         those the returned tensors still hold), ``chunk_decodes`` and ``chunk_decoded_bytes``
         (compressed shards: chunks, or chunk heads, the pipeline threads decoded, and their bytes),
+        ``gpu_chunk_decodes`` (of those, the chunks nvCOMP decoded: ``cz_decode``),
         ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
         ``cpu_cores`` (pipeline CPU time / elapsed)."""
         m = self._ensure().metrics()

@@ -13,6 +13,7 @@
 
 #include <lz4.h>
 #include <lz4frame.h>
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_decompressBound */
 #include <zstd.h>
 
 #include "base/base.h"
@@ -208,6 +209,28 @@ int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint
 	return 0;
 }
 
+/*
+ * nvCOMP 6.0 does not bound its output by the room it is given (a chunk given half its size wrote
+ * the other half past it, H100, tests/nvcomp_check.h), so a damaged frame, or one that decodes to
+ * more than its index entry says, never reaches it: zstd, the checksum and the frame's own bound
+ * (its content size, else its blocks'); LZ4 (no bound of its own) goes to the GPU only where the
+ * user asked for it (cz_gpu=on, the loader's cz_decode=gpu).
+ */
+int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name)
+{
+	const struct ferry__cz_chunk *e = &m->chunks[i];
+	int r = ferry__cz_check_frame(m, i, frame, name);
+	if (!r && m->codec == FERRY__CZ_ZSTD && !(e->flags & FERRY__CZ_STORED)) {
+		unsigned long long bound = ZSTD_decompressBound(frame, e->c_size);
+		if (bound == ZSTD_CONTENTSIZE_ERROR || bound > e->u_size)
+			r = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): zstd frame decodes to %s, the index says %u bytes",
+					 name, (unsigned long long)i, (unsigned long long)e->c_off,
+					 bound == ZSTD_CONTENTSIZE_ERROR ? "an unknown size (malformed)" : "more than that",
+					 e->u_size);
+	}
+	return r;
+}
+
 static int decode_lz4(const struct ferry__cz_chunk *e, uint64_t i, const uint8_t *f, uint8_t *dst, const char *name)
 {
 	uint32_t word = get32(f + FERRY__CZ_LZ4_PAYLOAD - 4);
@@ -282,7 +305,7 @@ int ferry__cz_check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint
  * bytes' checksum fails, so a damaged frame is still named by its compressed checksum as when both
  * were checked every time. The CPU decoders are bounded by the room given (LZ4_decompress_safe,
  * ZSTD_decompressDCtx, the raw blocks' checks), so an unchecked frame cannot write past dst; a
- * frame bound for nvCOMP, which is not, is checked first (cz_file.c, check_one).
+ * frame bound for nvCOMP, which is not, is checked first (ferry__cz_check_gpu_frame).
  */
 static int decode_whole(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, uint8_t *dst, int verify,
 			ZSTD_DCtx *d, const char *name)

@@ -74,6 +74,9 @@ int ferry__cz_decode_with(struct ferry__cz_dctx *d, const struct ferry__cz_meta 
 			  uint8_t *dst, uint32_t want, int verify, uint32_t *have, const char *name);
 /* Checks only the frame's XXH3 (before the frame goes to a GPU decoder). */
 int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name);
+/* Checks a frame before it goes to nvCOMP, whatever cz_verify says: its XXH3 and, zstd, that it
+ * decodes to no more than its entry's u_size (nvCOMP 6 does not bound its output). 0 or FERRY_ECORRUPT. */
+int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name);
 /* Checks only chunk i's bytes (u_size at dst) against the index's XXH3 (a stored chunk read
  * straight into its destination). 0 or FERRY_ECORRUPT naming name, the chunk and its bytes. */
 int ferry__cz_check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *dst, const char *name);
@@ -111,6 +114,47 @@ int ferry__cz_cache_create(uint64_t budget, struct ferry__cz_cache **out);
 void ferry__cz_cache_destroy(struct ferry__cz_cache *c);
 void ferry__cz_cache_stats(const struct ferry__cz_cache *c, struct ferry__cz_cache_stats *out);
 ssize_t ferry__cz_pread_cached(struct ferry_cz *z, struct ferry__cz_cache *c, void *buf, size_t len, uint64_t off);
+
+/* A reader's parsed index, its path and its cz_verify: for the decoded-chunk caches outside
+ * cz_file.c (cz_dcache.c). */
+const struct ferry__cz_meta *ferry__cz_meta_of(const struct ferry_cz *z);
+const char *ferry__cz_name(const struct ferry_cz *z);
+int ferry__cz_verifies(const struct ferry_cz *z);
+/* n bytes of z's file at off into buf on the calling thread (one buffered pread where the file has
+ * a descriptor, no engine hand-off), chunk i named in errors. 0 or a negative code. */
+int ferry__cz_read_raw(struct ferry_cz *z, void *buf, size_t n, uint64_t off, uint64_t i);
+
+/*
+ * Decoded chunks kept in device memory, for one thread and one device (the loader's pipeline
+ * threads on a device, issue 26): the device counterpart of ferry__cz_cache. A batch is built in
+ * three steps:
+ *  - ferry__cz_dcache_add for each range [off, off + len) of a compressed file bound for the
+ *    batch at byte `at`: the chunks it covers that c does not hold get an entry (evicting the least
+ *    recently used outside this batch past budget bytes; a batch that needs more still gets them);
+ *  - ferry__cz_dcache_queue(ring, base): the frames of the chunks to decode are read (one pread
+ *    each, on this thread) into pinned memory and checked (ferry__cz_check_gpu_frame), copied in one
+ *    piece to device scratch and decoded by one nvCOMP batch per codec on the ring's stream (stored
+ *    chunks: checked on the CPU, copied), then every range is copied from its entries to base + at
+ *    (a gather: the scatter kernel where loaded). *pending: nvCOMP work to finish (1) or none (0);
+ *  - with *pending, after the ring's work is done (a ticket recorded after the queue, synchronised):
+ *    ferry__cz_dcache_finish, nvCOMP's statuses and sizes; a failure names the file and chunks.
+ * Until finish, the batch's entries may not be used by another batch. ferry__cz_dcache_reset drops
+ * a batch that failed before its queue (its entries are forgotten). Entries are keyed by the
+ * handle's address, as ferry__cz_cache's are. The calls make dev current on the calling thread.
+ */
+struct ferry__cz_dcache;
+struct ferry__ring_gpu;
+struct ferry__pinned_pool;
+struct ferry__cz_dcache_stats {
+	uint64_t gpu_decodes, cpu_decodes, decoded, hits; /* chunks decoded by nvCOMP, stored ones copied; bytes; ranges' chunk hits */
+};
+int ferry__cz_dcache_create(int dev, uint64_t budget, struct ferry__pinned_pool *pool, struct ferry__cz_dcache **out);
+void ferry__cz_dcache_destroy(struct ferry__cz_dcache *c); /* its ring's work done first (the caller's) */
+void ferry__cz_dcache_stats(const struct ferry__cz_dcache *c, struct ferry__cz_dcache_stats *out);
+int ferry__cz_dcache_add(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_t off, size_t len, uint64_t at);
+int ferry__cz_dcache_queue(struct ferry__cz_dcache *c, struct ferry__ring_gpu *ring, uint64_t base, int *pending);
+int ferry__cz_dcache_finish(struct ferry__cz_dcache *c);
+void ferry__cz_dcache_reset(struct ferry__cz_dcache *c);
 
 /* The phases of the last ferry_cz_pread on z, in seconds of the calling thread: the whole read,
  * waiting for the storage, the host work (decoding or checking, queuing the GPU's work), waiting for

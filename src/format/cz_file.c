@@ -13,8 +13,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_decompressBound */
-#include <zstd.h>
 
 #include "base/base.h"
 #include "base/durable.h"
@@ -1160,28 +1158,12 @@ struct check_job {
 	const uint64_t *list;
 };
 
-/*
- * A frame nvCOMP will decode, checked first whatever cz_verify says: nvCOMP 6.0 does not bound its
- * output by the room it is given (a chunk given half its size wrote the other half past it, H100,
- * tests/nvcomp_check.h), so a damaged frame, or one that decodes to more than its index entry says,
- * never reaches it. zstd: the checksum and the frame's own bound (its content size, else its
- * blocks'); LZ4 goes to the GPU only under cz_gpu=on (pread_device).
- */
+/* A frame nvCOMP will decode, checked first whatever cz_verify says (ferry__cz_check_gpu_frame). */
 static int check_one(void *arg, size_t k)
 {
 	struct check_job *j = arg;
 	const struct ferry__cz_chunk *e = &j->z->m.chunks[j->list[k]];
-	const uint8_t *f = j->cbuf + (e->c_off - j->cbase);
-	int r = ferry__cz_check_frame(&j->z->m, j->list[k], f, j->z->path);
-	if (!r && j->z->m.codec == FERRY__CZ_ZSTD && !(e->flags & FERRY__CZ_STORED)) {
-		unsigned long long bound = ZSTD_decompressBound(f, e->c_size);
-		if (bound == ZSTD_CONTENTSIZE_ERROR || bound > e->u_size)
-			r = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu (compressed offset %llu): zstd frame decodes to %s, the index says %u bytes",
-					 j->z->path, (unsigned long long)j->list[k], (unsigned long long)e->c_off,
-					 bound == ZSTD_CONTENTSIZE_ERROR ? "an unknown size (malformed)" : "more than that",
-					 e->u_size);
-	}
-	return r;
+	return ferry__cz_check_gpu_frame(&j->z->m, j->list[k], j->cbuf + (e->c_off - j->cbase), j->z->path);
 }
 
 /* Device memory of at least need bytes at *at (grown, kept). */
@@ -1640,6 +1622,32 @@ void ferry__cz_cache_stats(const struct ferry__cz_cache *c, struct ferry__cz_cac
 		memset(out, 0, sizeof(*out));
 }
 
+const struct ferry__cz_meta *ferry__cz_meta_of(const ferry_cz *z) { return &z->m; }
+const char *ferry__cz_name(const ferry_cz *z) { return z->path; }
+int ferry__cz_verifies(const ferry_cz *z) { return (int)z->knobs.verify; }
+
+int ferry__cz_read_raw(ferry_cz *z, void *buf, size_t n, uint64_t off, uint64_t i)
+{
+	int fd = ferry__file_fd(z->f);
+	if (fd < 0)
+		return read_exact(z->f, buf, n, off, z->path, "a chunk");
+	/* the buffered descriptor, no engine hand-off: a frame is one pread (the loader's reads of
+	 * resident plain shards go the same way, read_inline) */
+	for (size_t done = 0; done < n;) {
+		ssize_t k = pread(fd, (uint8_t *)buf + done, n - done, (off_t)(off + done));
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return ferry__error(-errno, "pread(%s, offset %llu, %zu bytes): chunk %llu: %s", z->path,
+					    (unsigned long long)(off + done), n, (unsigned long long)i, strerror(errno));
+		if (!k)
+			return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu at offset %llu: %zu of %zu bytes before the end of the file (truncated?)",
+					    z->path, (unsigned long long)i, (unsigned long long)off, done, n);
+		done += (size_t)k;
+	}
+	return 0;
+}
+
 /* Chunk i's frame into c->frame (grown, kept), read on this thread. */
 static int read_frame(ferry_cz *z, struct ferry__cz_cache *c, uint64_t i)
 {
@@ -1651,24 +1659,7 @@ static int read_frame(ferry_cz *z, struct ferry__cz_cache *c, uint64_t i)
 			return ferry__error(-ENOMEM, "%s: chunk %llu: %u bytes", z->path, (unsigned long long)i, e->c_size);
 		c->frame_cap = grown(e->c_size);
 	}
-	int fd = ferry__file_fd(z->f);
-	if (fd < 0)
-		return read_exact(z->f, c->frame, e->c_size, e->c_off, z->path, "a chunk");
-	/* the buffered descriptor, no engine hand-off: a frame is one pread (the loader's reads of
-	 * resident plain shards go the same way, read_inline) */
-	for (size_t done = 0; done < e->c_size;) {
-		ssize_t k = pread(fd, c->frame + done, e->c_size - done, (off_t)(e->c_off + done));
-		if (k < 0 && errno == EINTR)
-			continue;
-		if (k < 0)
-			return ferry__error(-errno, "pread(%s, offset %llu, %u bytes): chunk %llu: %s", z->path,
-					    (unsigned long long)(e->c_off + done), e->c_size, (unsigned long long)i, strerror(errno));
-		if (!k)
-			return ferry__error(FERRY_ECORRUPT, "%s: chunk %llu at offset %llu: %zu of %u bytes before the end of the file (truncated?)",
-					    z->path, (unsigned long long)i, (unsigned long long)e->c_off, done, e->c_size);
-		done += (size_t)k;
-	}
-	return 0;
+	return ferry__cz_read_raw(z, c->frame, e->c_size, e->c_off, i);
 }
 
 /* At least the first need bytes of chunk i of z at *out: an entry's, or decoded into the least

@@ -101,6 +101,18 @@ int ferry__gpu_mem_info(int dev, uint64_t *free_bytes, uint64_t *total_bytes);
  * everything before it; -ENOTSUP where the driver lacks cuMemcpyDtoDAsync (ferry__ring_can_d2d). */
 int ferry__ring_d2d(struct ferry__ring_gpu *r, int dev, uint64_t dst, uint64_t src, size_t n);
 bool ferry__ring_can_d2d(void);
+/* One device-to-device copy of a gather: len bytes from device address src to device address dst. */
+struct ferry__ring_dpiece {
+	uint64_t src, dst, len;
+};
+/*
+ * Queues the n pieces' copies on ring r's stream (dev: r's device): in launches of the scatter kernel
+ * (64 pieces each) where it is loaded on dev, else one cuMemcpyDtoDAsync a piece (the kernel's load
+ * is started in the background for the next call). *kernel (may be NULL): whether the kernel took
+ * them. 0 or a negative code.
+ */
+int ferry__ring_d2d_gather(struct ferry__ring_gpu *r, int dev, const struct ferry__ring_dpiece *p, size_t n,
+			   bool *kernel);
 
 /* Whether the process already uses device dev: the driver library was loaded by someone (ferry or
  * the application, e.g. torch) and dev's primary context is active. Asks without loading the

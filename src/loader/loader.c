@@ -25,6 +25,7 @@
 #include "ferry/data.h"
 #include "format/cz.h"
 #include "format/shards.h"
+#include "gpu/nvcomp.h"
 #include "gpu/ring.h"
 #include "engine/export.h"
 #include "loader/sampler.h"
@@ -150,6 +151,8 @@ struct worker {
 	uint64_t cpu_ns;
 	struct ferry__cz_cache *czc; /* compressed shards' decoded chunks (chunk_cache bytes) */
 	struct ferry__cz_cache_stats cz_seen; /* czc's counters already added to the loader's */
+	struct ferry__cz_dcache *dc; /* device loaders: chunks decoded on the GPU (chunk_cache bytes of device memory) */
+	struct ferry__cz_dcache_stats dc_seen;
 };
 
 struct ferry_loader {
@@ -164,6 +167,8 @@ struct ferry_loader {
 	uint64_t *wbound;     /* [wunits + 1] with window: each unit's first item */
 	int64_t chunk_window; /* the knob: -1 auto, 0 off, N units */
 	uint64_t chunk_cache; /* the knob: bytes of decoded chunks a pipeline thread keeps */
+	int cz_decode;        /* the knob: CZD_* */
+	unsigned cz_gpu_codecs; /* resolved at start: 1 << codec for the codecs decoded on the GPU */
 	int chunked;          /* the window's units are runs of compressed shards' chunks, not shards */
 	uint32_t wunits;      /* units of the window order (shards, or runs of chunks) */
 	int copies; /* epoch e from pre-shuffled copy e mod N (ferry.copies) */
@@ -198,6 +203,7 @@ struct ferry_loader {
 	uint64_t *waits, nwaits, waits_cap;
 	uint64_t t_start, bytes, samples, reads, merged, inline_reads, mapped_reads, mapped_faults;
 	uint64_t chunk_decodes, chunk_decoded; /* the workers' decoded chunk caches, added after each batch */
+	uint64_t gpu_chunk_decodes;            /* of chunk_decodes, those nvCOMP decoded */
 	struct ferry__activity *act; /* what `ferry top` shows of this loader (NULL: not publishing) */
 	int err;
 	char errmsg[768];
@@ -207,7 +213,7 @@ static const char *const metric_names[] = {
 	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
 	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
 	"merged", "cpu_ns", "inline_reads", "device_buffers", "mapped_reads", "mapped_faults",
-	"chunk_decodes", "chunk_decoded_bytes", NULL,
+	"chunk_decodes", "chunk_decoded_bytes", "gpu_chunk_decodes", NULL,
 };
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
@@ -233,6 +239,8 @@ static int parse_device(const char *text, uint64_t *out)
 }
 
 static const char *const order_choices[] = {"sequential", "shuffle", "block", NULL}; /* ferry_order */
+enum { CZD_AUTO, CZD_CPU, CZD_GPU };
+static const char *const cz_decode_choices[] = {"auto", "cpu", "gpu", NULL};
 
 /* A row of the loader's table: integers in C syntax (strtoull's base 0), as the loader has taken. */
 #define LOADER(n, t, d, lo, hi, ...)                                                                     \
@@ -266,6 +274,10 @@ static const struct ferry__knob loader_rows[] = {
 	{.name = "chunk_cache", .type = FERRY__KNOB_SIZE, FERRY__KNOB_AT(struct ferry_loader, chunk_cache),
 	 .def = 64u << 20, .min = 1u << 20, .max = 1ull << 40, .env = "FERRY_LOADER_CHUNK_CACHE",
 	 .doc = "bytes of decoded chunks of compressed shards each pipeline thread keeps"},
+	{.name = "cz_decode", .type = FERRY__KNOB_ENUM, FERRY__KNOB_AT(struct ferry_loader, cz_decode), .max = 2,
+	 .choices = cz_decode_choices, .env = "FERRY_LOADER_CZ_DECODE",
+	 .doc = "compressed shards on a device loader: auto (zstd by nvCOMP on the GPU where it is loaded, "
+		"else the CPU), cpu, gpu (required, LZ4 too)"},
 	LOADER(copies, BOOL, 0, 0, 1,
 	       .doc = "order shuffle: epoch e read sequentially from the dataset's pre-shuffled copy e mod N"),
 	LOADER(drop_last, BOOL, 0, 0, 1, .doc = "the sampler's drop_last"),
@@ -905,6 +917,33 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 					put_files(l, w, np);
 					return err;
 				}
+				if (cz && (l->cz_gpu_codecs >> ferry_cz_codec(cz) & 1)) {
+					/* decoded on the GPU into the thread's device cache and copied from it
+					 * into the batch's device buffer after its upload (worker_main) */
+					if (!w->dc && (err = ferry__cz_dcache_create(l->device, l->chunk_cache, l->pool, &w->dc))) {
+						put_files(l, w, np);
+						return err;
+					}
+					for (size_t k = g; k < h && !err; k++) {
+						const struct piece *p = &w->pieces[w->sorted[k]];
+						err = ferry__cz_dcache_add(w->dc, cz, p->off, p->len, p->dst);
+					}
+					if (err) {
+						ferry__error_append("loader: %s: bytes %llu..%llu", ferry_dataset_shard_path(l->ds, p0->file),
+								    (unsigned long long)p0->off, (unsigned long long)end);
+						put_files(l, w, np);
+						return err;
+					}
+					w->inl[g] = 2;
+					inlined++;
+					if (!inplace)
+						stage_pos += span;
+					reads++;
+					if (h - g > 1)
+						merged += h - g;
+					g = h;
+					continue;
+				}
 				if (cz) { /* a compressed shard: decoded here, on the worker's thread, each
 					   * chunk once while the thread's cache holds it */
 					ssize_t k = ferry__cz_pread_cached(cz, w->czc, dst, span, p0->off);
@@ -1034,7 +1073,7 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 		int inplace;
 		size_t h = group_end(l, w, g, np, &end, &inplace);
 		if (!inplace) {
-			for (size_t k = g; k < h; k++) {
+			for (size_t k = g; k < h && w->inl[g] != 2; k++) { /* 2: copied on the GPU */
 				const struct piece *p = &w->pieces[w->sorted[k]];
 				memcpy((uint8_t *)s->host + p->dst, w->stage + stage_pos + (p->off - p0->off), p->len);
 			}
@@ -1163,14 +1202,33 @@ static void *worker_main(void *arg)
 			if (!e && l->documents)
 				e = ferry__ring_h2d(w->ring, s->buf->dev + l->cu_off, s->cu,
 						    s->ncu * sizeof(int32_t), s->pinned);
+			int pending = 0;
+			if (!e && w->dc) /* after the upload: the samples of compressed shards over it */
+				e = ferry__cz_dcache_queue(w->dc, w->ring, s->buf->dev, &pending);
 			if (!e)
 				e = ferry__ring_record(w->ring, (unsigned)(s - l->slots));
+			if (!e && pending) {
+				/* nvCOMP's statuses before the batch is handed out, and the staging free for
+				 * the next: a wait in a window's first batch (the rest hit the cache) */
+				int q = ferry__ring_sync(w->ring, (unsigned)(s - l->slots));
+				e = q < 0 ? q : ferry__cz_dcache_finish(w->dc);
+			}
 			if (e)
 				ferry__error_append("loader: upload of batch %" PRIu64 " (%zu bytes)", s->step, s->bytes);
 			s->ring = w->ring;
+		} else if (e && w->dc) {
+			ferry__cz_dcache_reset(w->dc);
 		}
 		w->cpu_ns = thread_cpu_ns();
 		pthread_mutex_lock(&l->mu);
+		if (w->dc) { /* the chunks its finished batches decoded on the GPU (or copied: stored) */
+			struct ferry__cz_dcache_stats st;
+			ferry__cz_dcache_stats(w->dc, &st);
+			l->chunk_decodes += st.gpu_decodes + st.cpu_decodes - w->dc_seen.gpu_decodes - w->dc_seen.cpu_decodes;
+			l->gpu_chunk_decodes += st.gpu_decodes - w->dc_seen.gpu_decodes;
+			l->chunk_decoded += st.decoded - w->dc_seen.decoded;
+			w->dc_seen = st;
+		}
 		s->err = e;
 		s->state = SLOT_READY;
 		if (e && !l->failed) {
@@ -1332,6 +1390,40 @@ static int chunk_window_setup(struct ferry_loader *l)
 	}
 	l->window = want > (int64_t)nu ? (uint32_t)nu : (uint32_t)want;
 	return 1;
+}
+
+/*
+ * Where compressed shards decode (cz_decode): on a device loader, zstd on the GPU wherever nvCOMP is
+ * loaded (auto), LZ4 only when asked (gpu: nvCOMP 6.0's LZ4 does not bound its output, and a raw LZ4
+ * block cannot be checked for its size first; cz_gpu's reason, CONFIG.md); host loaders, and
+ * everything else, on the pipeline threads. gpu where nvCOMP cannot run is an error naming why.
+ */
+static int cz_decode_setup(struct ferry_loader *l)
+{
+	unsigned present = 0;
+	l->cz_gpu_codecs = 0;
+	for (uint32_t s = 0; s < l->ds->x.nfiles; s++) {
+		ferry_cz *cz = ferry__dataset_cz(l->ds, s);
+		if (cz)
+			present |= 1u << ferry_cz_codec(cz);
+	}
+	if (!present || l->cz_decode == CZD_CPU)
+		return 0;
+	if (l->device < 0)
+		return l->cz_decode == CZD_GPU
+			       ? ferry__error(FERRY_EBADOPT, "loader: cz_decode=gpu decodes into device memory: set device too")
+			       : 0;
+	for (int codec = FERRY_CZ_LZ4; codec <= FERRY_CZ_ZSTD; codec++) {
+		if (!(present >> codec & 1) || (codec == FERRY_CZ_LZ4 && l->cz_decode != CZD_GPU))
+			continue;
+		const char *why = NULL;
+		if (ferry__nvc_available(codec, &why) == 1)
+			l->cz_gpu_codecs |= 1u << codec;
+		else if (l->cz_decode == CZD_GPU)
+			return ferry__error(FERRY_EBACKEND, "loader: cz_decode=gpu, but nvCOMP cannot decode %s here: %s",
+					    ferry_cz_codec_name(codec), why ? why : "unknown");
+	}
+	return 0;
 }
 
 static int window_setup(struct ferry_loader *l)
@@ -1502,6 +1594,8 @@ int ferry_loader_start(ferry_loader *l)
 	}
 	if ((err = ferry__pinned_pool_create(0, l->device, &l->pool)))
 		goto out;
+	if ((err = cz_decode_setup(l)))
+		goto out;
 	for (uint32_t i = 0; i < l->nslots; i++) {
 		struct ferry_loader_batch *s = &l->slots[i];
 		s->l = l;
@@ -1599,6 +1693,7 @@ void ferry_loader_destroy(ferry_loader *l)
 		free(w->sorted);
 		free(w->skeys);
 		ferry__cz_cache_destroy(w->czc);
+		ferry__cz_dcache_destroy(w->dc); /* after its ring: nothing of its runs */
 		free(w->inl);
 		free(w->gf);
 		maps_free(w);
@@ -2030,6 +2125,8 @@ int ferry_loader_metric(ferry_loader *l, const char *name, double *out)
 		r = (double)(name[7] == 'r' ? l->mapped_reads : l->mapped_faults);
 	} else if (!strcmp(name, "chunk_decodes") || !strcmp(name, "chunk_decoded_bytes")) {
 		r = (double)(name[12] == 's' ? l->chunk_decodes : l->chunk_decoded);
+	} else if (!strcmp(name, "gpu_chunk_decodes")) {
+		r = (double)l->gpu_chunk_decodes;
 	} else if (!strcmp(name, "cpu_ns")) {
 		r = 0;
 		for (uint32_t t = 0; l->workers && t < l->threads; t++)

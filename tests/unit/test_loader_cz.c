@@ -4,131 +4,10 @@
  * damaged chunk fails the batch naming the chunk; the decoded chunk cache (ferry__cz_pread_cached)
  * gives ferry_cz_pread's bytes for any range, heads and evictions included. Run under ASan by
  * scripts/test.sh. */
-#include <fcntl.h>
-#include <sys/stat.h>
-
-#include "ferry/compress.h"
-#include "ferry/data.h"
-#include "ferry_test.h"
 #include "format/cz.h"
-#include "loader_test.h"
+#include "unit/loader_cz_data.h"
 
-static ferry_ctx *ctx;
 static char dir[512];
-static uint64_t N;
-static uint8_t *stream;
-static uint64_t *soff;
-
-static size_t slen(uint64_t i) { return 2 * (700 + (i * 389) % 1400); }
-
-/* Compressible bytes (small values with runs): zstd and LZ4 both compress them, so chunks are
- * real frames, not stored ones. */
-static void fill(uint8_t *p, uint64_t n)
-{
-	uint64_t s = 11;
-	for (uint64_t k = 0; k < n; k++)
-		p[k] = (k & 15) ? p[k - 1] + (uint8_t)(t_rand(&s) % 3) : (uint8_t)(t_rand(&s) % 40);
-}
-
-static void make_plain(const char *path)
-{
-	uint64_t total = 0;
-	for (N = 0; total < (9u << 20); N++)
-		total += slen(N);
-	T_ASSERT(write_samples(ctx, path, 3u << 20, N, slen, fill, &stream, &soff) >= 3);
-}
-
-static uint8_t *slurp(const char *p, size_t *len)
-{
-	int fd = open(p, O_RDONLY);
-	T_ASSERT(fd >= 0);
-	struct stat st;
-	T_ASSERT(fstat(fd, &st) == 0);
-	uint8_t *b = malloc((size_t)st.st_size + 1);
-	T_ASSERT(pread(fd, b, (size_t)st.st_size, 0) == st.st_size);
-	close(fd);
-	*len = (size_t)st.st_size;
-	return b;
-}
-
-static void spit(const char *p, const uint8_t *b, size_t len)
-{
-	int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-	T_ASSERT(fd >= 0);
-	T_ASSERT(write(fd, b, len) == (ssize_t)len);
-	close(fd);
-}
-
-/* dst: src's shards compressed (1 MiB chunks), its index copied. Returns the chunks written. */
-static uint64_t make_cz(const char *src, const char *dst, int codec)
-{
-	char a[700], b[700];
-	uint64_t chunks = 0;
-	T_ASSERT(mkdir(dst, 0755) == 0);
-	for (int s = 0;; s++) {
-		snprintf(a, sizeof(a), "%s/shard-%05d.fsh", src, s);
-		if (access(a, F_OK))
-			break;
-		snprintf(b, sizeof(b), "%s/shard-%05d.fsh", dst, s);
-		size_t len;
-		uint8_t *buf = slurp(a, &len);
-		ferry_cz_writer *w;
-		T_ASSERT(ferry_cz_writer_create(b, codec, 0, &w) == 0);
-		T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "1m") == 0);
-		T_ASSERT(ferry_cz_writer_write(w, buf, len) == 0);
-		T_ASSERT(ferry_cz_writer_commit(w) > 0);
-		ferry_cz_writer_destroy(w);
-		chunks += (len + (1u << 20) - 1) >> 20;
-		free(buf);
-	}
-	snprintf(a, sizeof(a), "%s/ferry.idx", src);
-	snprintf(b, sizeof(b), "%s/ferry.idx", dst);
-	size_t len;
-	uint8_t *buf = slurp(a, &len);
-	spit(b, buf, len);
-	free(buf);
-	return chunks;
-}
-
-/* Up to max batches (0: the epoch), each sample's bytes checked; indices appended to out. */
-static uint64_t drain(ferry_loader *l, int64_t *out, uint64_t max)
-{
-	uint64_t k = 0, b = 0;
-	ferry_loader_batch *bt;
-	int r = 1;
-	while ((!max || b < max) && (r = ferry_loader_next(l, &bt)) == 1) {
-		const uint8_t *d = ferry_loader_batch_data(bt);
-		const uint64_t *o = ferry_loader_batch_offsets(bt);
-		const int64_t *ix = ferry_loader_batch_indices(bt);
-		for (uint32_t s = 0; s < ferry_loader_batch_samples(bt); s++) {
-			size_t len = slen((uint64_t)ix[s]);
-			if (o[s + 1] - o[s] != len || memcmp(d + o[s], stream + soff[ix[s]], len)) {
-				fprintf(stderr, "batch %llu sample %u (index %lld): wrong bytes\n", (unsigned long long)b, s,
-					(long long)ix[s]);
-				t_failures++;
-			}
-			out[k++] = ix[s];
-		}
-		ferry_loader_batch_destroy(bt);
-		b++;
-	}
-	if (r < 0)
-		fprintf(stderr, "loader: %s\n", ferry_last_error());
-	T_CHECK(r >= 0);
-	return k;
-}
-
-static void check_once(const int64_t *got, uint64_t k)
-{
-	T_EQ_INT(k, N);
-	uint8_t *seen = calloc(N, 1);
-	for (uint64_t i = 0; i < k; i++) {
-		T_CHECK(got[i] >= 0 && (uint64_t)got[i] < N && !seen[got[i]]);
-		if (got[i] >= 0 && (uint64_t)got[i] < N)
-			seen[got[i]] = 1;
-	}
-	free(seen);
-}
 
 static void loader_checks(const char *cz_path, uint64_t chunks)
 {
@@ -216,17 +95,7 @@ static void cache_checks(const char *file)
 /* A damaged frame: the loader's batch fails naming the shard and the chunk. */
 static void damaged(const char *cz_path)
 {
-	char f[700];
-	snprintf(f, sizeof(f), "%s/shard-00001.fsh", cz_path);
-	size_t len;
-	uint8_t *b = slurp(f, &len);
-	uint64_t index = 0;
-	memcpy(&index, b + len - 80 + 32, 8);
-	uint64_t c1 = 0;
-	memcpy(&c1, b + index + 24 + 48, 8);
-	b[c1 + 100] ^= 0xff;
-	spit(f, b, len);
-	free(b);
+	uint64_t c1 = damage_chunk1(cz_path);
 	ferry_dataset *ds;
 	T_ASSERT(ferry_dataset_open(ctx, cz_path, &ds) == 0);
 	const char *kv[] = {"batch_size", "16", "order", "shuffle", "epochs", "1", NULL};
