@@ -6,7 +6,7 @@ decoding (and checking) of a sample's bytes of the same shards.
 
     PYTHONPATH=<ferry> python bench/loader-cz.py [--dir /dev/shm/ferry-loader-cz] [--samples 20000]
         [--sets zstd-1m,zstd-64k,lz4-1m,lz4-64k] [--orders shuffle,sequential] [--seconds 3]
-        [--rounds 2] [--full-shuffle] [--chunk-cache 32m,...]
+        [--rounds 2] [--full-shuffle] [--chunk-cache 32m,...] [--device cuda --decode cpu,gpu]
 
 Writes a dataset of --samples samples of 2,049 uint16 tokens (16 MiB shards), then copies of its
 shards compressed with ferry.compress_file(codec=C, chunk=K) for each --sets C-K; runs
@@ -17,6 +17,12 @@ ferry.CompressedFile(cz_threads=1).pread_into of every shard whole (the calling 
 sample's bytes. --full-shuffle adds the order shuffle with chunk_window=0 (every sample drawn from
 the whole dataset) where the loader has that knob; --chunk-cache runs the shuffle once per
 chunk_cache value given (the knob's default otherwise).
+
+--device cuda (the GPU machine, bench/gpu-loader-cz.sh): batches go to the GPU, and each compressed
+set runs once per --decode mode (the loader's cz_decode: cpu decodes on the pipeline thread, gpu with
+nvCOMP into its device cache, auto picks); each row adds what decompression costs the loader in
+cores: (its CPU per sample - plain's) x its samples/s, against issue 26's target of at most one
+core, and the chunks nvCOMP decoded (gpu_chunk_decodes).
 """
 import argparse
 import glob
@@ -75,8 +81,8 @@ def decode_floor(path):
     return best / total
 
 
-def run(prefix, order, seconds, **kw):
-    ld = ferry.Loader(prefix, batch_size=64, seq_len=SEQ, device="cpu", order=order, threads=1, **kw)
+def run(prefix, order, seconds, device="cpu", **kw):
+    ld = ferry.Loader(prefix, batch_size=64, seq_len=SEQ, device=device, order=order, threads=1, **kw)
     it = iter(ld)
     next(it)
     t0, k = time.perf_counter(), 0
@@ -93,6 +99,7 @@ def run(prefix, order, seconds, **kw):
     ld.close()
     # cpu_ns: the pipeline's CPU since the loader started (its counter); per sample delivered
     cpu = (s1.get("cpu_ns", 0) - s0.get("cpu_ns", 0)) / 1e9
+    run.gpu_decodes = s1.get("gpu_chunk_decodes", 0)
     return cpu / max(1, k) * 1e6, k / el
 
 
@@ -107,12 +114,17 @@ def main():
     a.add_argument("--full-shuffle", action="store_true")
     a.add_argument("--chunk-cache", default="")
     a.add_argument("--keep", action="store_true")
+    a.add_argument("--device", default="cpu")
+    a.add_argument("--decode", default="", help="cz_decode modes for the compressed sets (cpu,gpu,auto)")
     o = a.parse_args()
     os.makedirs(o.dir, exist_ok=True)
     plain = make(o.dir, o.samples)
-    sets = [("plain", plain)] + [(s, compressed(o.dir, plain, s)) for s in o.sets.split(",") if s]
+    sets = [("plain", plain, {})]
+    for s in (s for s in o.sets.split(",") if s):
+        path = compressed(o.dir, plain, s)
+        sets += [(f"{s} {d}", path, {"cz_decode": d}) for d in o.decode.split(",") if d] or [(s, path, {})]
     has_cw = "chunk_window" in inspect.signature(ferry.Loader).parameters
-    floor = {name: decode_floor(path) * SEQ * 2 * 1e6 for name, path in sets[1:]}  # us a sample
+    floor = {name: decode_floor(path) * SEQ * 2 * 1e6 for name, path, _ in sets[1:]}  # us a sample
     runs = []  # (label, order, extra knobs)
     for order in o.orders.split(","):
         if order == "shuffle" and o.chunk_cache and has_cw:
@@ -123,18 +135,25 @@ def main():
             runs.append(("shuffle, chunk_window=0", order, {"chunk_window": 0}))
     try:
         for label, order, kw in runs:
-            got = {name: [] for name, _ in sets}
+            got = {name: [] for name, _, _ in sets}
+            gdec = {}
             for _ in range(o.rounds):
-                for name, path in sets:
-                    got[name].append(run(path, order, o.seconds, **kw))
+                for name, path, dk in sets:
+                    got[name].append(run(path, order, o.seconds, device=o.device, **kw, **dk))
+                    gdec[name] = run.gpu_decodes
             base = statistics.median(us for us, _ in got["plain"])
-            for name, _ in sets:
+            for name, _, _ in sets:
                 us = statistics.median(u for u, _ in got[name])
                 sps = statistics.median(r for _, r in got[name])
                 fl = base + floor.get(name, 0)
-                print(f"TABLE loader-cz {label} | {name} | {us:.1f} us pipeline CPU a sample | "
+                extra = ""
+                if o.device != "cpu" and name != "plain":
+                    cores = max(0.0, us - base) * sps / 1e6
+                    extra = (f" | decompression {cores:.2f} cores ({'met' if cores <= 1 else 'not met'}: at most 1)"
+                             f" | {gdec[name]:.0f} chunks on the GPU")
+                print(f"TABLE loader-cz {o.device} {label} | {name} | {us:.1f} us pipeline CPU a sample | "
                       f"{us / base:.1f}x plain | floor {fl:.1f} us (plain + one core's decode {floor.get(name, 0):.1f}) | "
-                      f"{us / fl:.2f}x floor | {sps:.0f} samples/s (median of {o.rounds})", flush=True)
+                      f"{us / fl:.2f}x floor | {sps:.0f} samples/s (median of {o.rounds}){extra}", flush=True)
     finally:
         if not o.keep:
             shutil.rmtree(o.dir, ignore_errors=True)
