@@ -99,7 +99,7 @@ def run(prefix, order, seconds, device="cpu", **kw):
     ld.close()
     # cpu_ns: the pipeline's CPU since the loader started (its counter); per sample delivered
     cpu = (s1.get("cpu_ns", 0) - s0.get("cpu_ns", 0)) / 1e9
-    run.gpu_decodes = s1.get("gpu_chunk_decodes", 0)
+    run.gpu_decodes = (s1.get("gpu_chunk_decodes", 0), s1.get("gpu_decode_batches", 0))
     return cpu / max(1, k) * 1e6, k / el
 
 
@@ -150,7 +150,7 @@ def main():
                 if o.device != "cpu" and name != "plain":
                     cores = max(0.0, us - base) * sps / 1e6
                     extra = (f" | decompression {cores:.2f} cores ({'met' if cores <= 1 else 'not met'}: at most 1)"
-                             f" | {gdec[name]:.0f} chunks on the GPU")
+                             f" | {gdec[name][0]:.0f} chunks on the GPU in {gdec[name][1]:.0f} nvCOMP batches")
                 print(f"TABLE loader-cz {o.device} {label} | {name} | {us:.1f} us pipeline CPU a sample | "
                       f"{us / base:.1f}x plain | floor {fl:.1f} us (plain + one core's decode {floor.get(name, 0):.1f}) | "
                       f"{us / fl:.2f}x floor | {sps:.0f} samples/s (median of {o.rounds}){extra}", flush=True)

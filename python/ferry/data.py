@@ -799,7 +799,8 @@ class Loader:
         ``device_buffers`` (on the GPU: batch-sized device buffers that exist, the loader's and
         those the returned tensors still hold), ``chunk_decodes`` and ``chunk_decoded_bytes``
         (compressed shards: chunks, or chunk heads, the pipeline threads decoded, and their bytes),
-        ``gpu_chunk_decodes`` (of those, the chunks nvCOMP decoded: ``cz_decode``),
+        ``gpu_chunk_decodes`` and ``gpu_decode_batches`` (of those, the chunks nvCOMP decoded, in
+        how many batches: ``cz_decode``),
         ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
         ``cpu_cores`` (pipeline CPU time / elapsed)."""
         m = self._ensure().metrics()

@@ -147,11 +147,17 @@ struct ferry__ring_gpu;
 struct ferry__pinned_pool;
 struct ferry__cz_dcache_stats {
 	uint64_t gpu_decodes, cpu_decodes, decoded, hits; /* chunks decoded by nvCOMP, stored ones copied; bytes; ranges' chunk hits */
+	uint64_t batches; /* nvCOMP batches (one per codec of a loader batch that had chunks to decode) */
 };
 int ferry__cz_dcache_create(int dev, uint64_t budget, struct ferry__pinned_pool *pool, struct ferry__cz_dcache **out);
 void ferry__cz_dcache_destroy(struct ferry__cz_dcache *c); /* its ring's work done first (the caller's) */
 void ferry__cz_dcache_stats(const struct ferry__cz_dcache *c, struct ferry__cz_dcache_stats *out);
 int ferry__cz_dcache_add(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_t off, size_t len, uint64_t at);
+/* Chunks covering [off, off + len) of z that a later batch reads, decoded with this batch's
+ * (the loader's look-ahead): 0, 1 when the cache has no room left for them (stop), or a negative
+ * code. ferry__cz_dcache_pending: the chunks this batch decodes so far. */
+int ferry__cz_dcache_prefetch(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_t off, size_t len);
+size_t ferry__cz_dcache_pending(const struct ferry__cz_dcache *c);
 int ferry__cz_dcache_queue(struct ferry__cz_dcache *c, struct ferry__ring_gpu *ring, uint64_t base, int *pending);
 int ferry__cz_dcache_finish(struct ferry__cz_dcache *c);
 void ferry__cz_dcache_reset(struct ferry__cz_dcache *c);

@@ -192,6 +192,49 @@ int ferry__cz_dcache_add(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_
 	return 0;
 }
 
+/*
+ * Chunks a later batch will read, made pending for this batch's nvCOMP batch (the loader's
+ * look-ahead: one batch for a window's chunks instead of one for each batch that misses a few, each
+ * costing a chunk's decoding time). Held ones are kept for their batch. 0, 1 when the cache is full
+ * (no entry left that this batch does not use, and the budget reached: the caller stops), or a
+ * negative code.
+ */
+int ferry__cz_dcache_prefetch(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_t off, size_t len)
+{
+	const struct ferry__cz_meta *m = ferry__cz_meta_of(z);
+	if (!len || off >= m->total)
+		return 0;
+	if (len > m->total - off)
+		len = (size_t)(m->total - off);
+	uint64_t a = off / m->chunk_size, b = (off + len - 1) / m->chunk_size + 1;
+	for (uint64_t i = a; i < b; i++) {
+		size_t lru = SIZE_MAX, k;
+		bool held = false;
+		for (k = 0; k < c->n; k++) {
+			struct dentry *x = &c->e[k];
+			if (x->z == z && x->i == i) {
+				held = true;
+				break;
+			}
+			if (x->batch != c->batch && (lru == SIZE_MAX || x->used < c->e[lru].used))
+				lru = k;
+		}
+		if (held) {
+			c->e[k].used = ++c->tick;
+			c->e[k].batch = c->batch;
+			continue;
+		}
+		if (lru == SIZE_MAX && c->bytes + m->chunks[i].u_size > c->budget)
+			return 1;
+		int r = entry_for(c, z, i, &k);
+		if (r)
+			return r;
+	}
+	return 0;
+}
+
+size_t ferry__cz_dcache_pending(const struct ferry__cz_dcache *c) { return c ? c->np : 0; }
+
 /* The pending entries forgotten (a batch that failed): nothing of theirs is decoded. */
 static void forget(struct ferry__cz_dcache *c)
 {
@@ -275,13 +318,14 @@ static int stage_pending(struct ferry__cz_dcache *c, size_t *frames_end, size_t 
 	return 0;
 }
 
-/* The copies in from pinned (or, where the pool could not pin, pageable: synchronous) memory. */
+/* The copies in from pinned (or, where the pool could not pin, pageable: synchronous) memory, one
+ * call each: not ferry__ring_h2d_gather, which merges pieces whose sources and destinations follow
+ * on, and two entries' allocations can lie side by side (the H200 refused such a copy spanning
+ * two, CUDA_ERROR_INVALID_VALUE). A batch has one piece of frames and one per stored chunk. */
 static int copy_in(struct ferry__cz_dcache *c, struct ferry__ring_gpu *ring, const struct ferry__ring_piece *p, size_t n)
 {
-	if (c->stage_pin)
-		return n ? ferry__ring_h2d_gather(ring, p, n, NULL) : 0;
 	for (size_t k = 0; k < n; k++) {
-		int r = p[k].len ? ferry__ring_h2d(ring, p[k].dst, p[k].src, p[k].len, false) : 0;
+		int r = p[k].len ? ferry__ring_h2d(ring, p[k].dst, p[k].src, p[k].len, c->stage_pin) : 0;
 		if (r)
 			return r;
 	}
@@ -347,6 +391,7 @@ static int decode_pending(struct ferry__cz_dcache *c, struct ferry__ring_gpu *ri
 			goto out;
 		c->ng[codec] = ng;
 		c->queued = 1;
+		c->st.batches++;
 	}
 out:
 	free(in), free(src), free(len);

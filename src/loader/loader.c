@@ -203,7 +203,7 @@ struct ferry_loader {
 	uint64_t *waits, nwaits, waits_cap;
 	uint64_t t_start, bytes, samples, reads, merged, inline_reads, mapped_reads, mapped_faults;
 	uint64_t chunk_decodes, chunk_decoded; /* the workers' decoded chunk caches, added after each batch */
-	uint64_t gpu_chunk_decodes;            /* of chunk_decodes, those nvCOMP decoded */
+	uint64_t gpu_chunk_decodes, gpu_decode_batches; /* of chunk_decodes, those nvCOMP decoded; its batches */
 	struct ferry__activity *act; /* what `ferry top` shows of this loader (NULL: not publishing) */
 	int err;
 	char errmsg[768];
@@ -213,7 +213,7 @@ static const char *const metric_names[] = {
 	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
 	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
 	"merged", "cpu_ns", "inline_reads", "device_buffers", "mapped_reads", "mapped_faults",
-	"chunk_decodes", "chunk_decoded_bytes", "gpu_chunk_decodes", NULL,
+	"chunk_decodes", "chunk_decoded_bytes", "gpu_chunk_decodes", "gpu_decode_batches", NULL,
 };
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
@@ -763,6 +763,64 @@ static int cu_push(struct ferry_loader_batch *s, uint64_t at, uint64_t *seg)
 	return 0;
 }
 
+/* Where item's bytes start: its shard, the offset, and the bytes from there in that sample or run
+ * (the whole item unless it spans more than one). */
+static void item_first(const struct ferry_loader *l, uint64_t item, uint32_t *file, uint64_t *off, uint64_t *len)
+{
+	const struct ferry__index *x = &l->ds->x;
+	if (!l->seq_len) {
+		*file = ferry__index_shard_of(x, item), *off = x->off[item], *len = x->len[item];
+		return;
+	}
+	uint64_t want = l->seq_len * l->esize, at = item * want;
+	if (l->runs) {
+		const struct run *ru = &l->runs[run_at(l->runs, l->nruns, at)];
+		*file = ru->file, *off = ru->off + (at - ru->at);
+		*len = ru[1].at - at < want ? ru[1].at - at : want;
+		return;
+	}
+	uint64_t i = sample_at(l->cum, x->n, at), in = at - l->cum[i];
+	*file = ferry__index_shard_of(x, i), *off = x->off[i] + in;
+	*len = x->len[i] - in < want ? x->len[i] - in : want;
+}
+
+/*
+ * A device loader decoding on the GPU (cz_decode), when the batch being filled has chunks to
+ * decode: the chunks of this rank's next items, up to half of chunk_cache of their bytes, go in the
+ * same nvCOMP batch. An nvCOMP batch takes about one chunk's decoding however many it holds (a
+ * 1 MiB zstd chunk: about 10 ms, CONFIG.md cz_gpu_min), and the batch's pipeline thread waits for
+ * it, so that under the chunk window a window's chunks are decoded in one batch, by the first batch
+ * that reaches the window, instead of a batch for each of the window's first batches, which miss a
+ * few each. Only where the next items lie near: the chunk window, sequential and block orders (the
+ * full shuffle's lie anywhere, and their chunks would be evicted before use).
+ */
+static int lookahead(struct worker *w, uint64_t from)
+{
+	struct ferry_loader *l = w->l;
+	const struct ferry__index *x = &l->ds->x;
+	if ((l->order == FERRY_ORDER_SHUFFLE && !l->chunked) || l->copies || !x->n)
+		return 0;
+	uint64_t per = l->seq_len ? l->seq_len * l->esize : ferry_dataset_bytes(l->ds) / x->n;
+	uint64_t n = l->chunk_cache / 2 / (per ? per : 1) + 1, last_chunk = UINT64_MAX;
+	const ferry_cz *last = NULL;
+	for (uint64_t k = from; k < l->per_rank && k - from < n; k++) {
+		uint32_t file;
+		uint64_t off, len;
+		item_first(l, (uint64_t)w->epoch_idx[k], &file, &off, &len);
+		ferry_cz *cz = ferry__dataset_cz(l->ds, file);
+		if (!cz || !len || !(l->cz_gpu_codecs >> ferry_cz_codec(cz) & 1))
+			continue;
+		uint64_t cs = (uint64_t)ferry_cz_chunk_size(cz);
+		if (cz == last && off / cs == last_chunk && (off + len - 1) / cs == last_chunk)
+			continue; /* the chunk of the item before */
+		last = cz, last_chunk = (off + len - 1) / cs;
+		int r = ferry__cz_dcache_prefetch(w->dc, cz, off, len);
+		if (r)
+			return r < 0 ? r : 0;
+	}
+	return 0;
+}
+
 static int fill(struct worker *w, struct ferry_loader_batch *s)
 {
 	struct ferry_loader *l = w->l;
@@ -986,6 +1044,10 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 			}
 		}
 	}
+	if (w->dc && ferry__cz_dcache_pending(w->dc) && (err = lookahead(w, first + count))) {
+		put_files(l, w, np);
+		return err;
+	}
 	if (nmc) {
 		size_t done = ferry__copy_guarded(w->guard, w->mc, nmc);
 		/* A shard cut short under the copies faults past its last page, but its last page reads
@@ -1171,6 +1233,16 @@ static int slot_buffer(struct worker *w, struct ferry_loader_batch *s)
 	return err;
 }
 
+/* Waits for ticket t of a spinning ring without spinning: polls every 50 us (nvCOMP's batch takes
+ * milliseconds, which a spin would spend on a core). 0 or a negative code. */
+static int sync_sleeping(struct ferry__ring_gpu *ring, unsigned t)
+{
+	int q;
+	while ((q = ferry__ring_query(ring, t)) == 0)
+		nanosleep(&(struct timespec){0, 50000}, NULL);
+	return q < 0 ? q : 0;
+}
+
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
@@ -1210,8 +1282,8 @@ static void *worker_main(void *arg)
 			if (!e && pending) {
 				/* nvCOMP's statuses before the batch is handed out, and the staging free for
 				 * the next: a wait in a window's first batch (the rest hit the cache) */
-				int q = ferry__ring_sync(w->ring, (unsigned)(s - l->slots));
-				e = q < 0 ? q : ferry__cz_dcache_finish(w->dc);
+				e = sync_sleeping(w->ring, (unsigned)(s - l->slots));
+				e = e ? e : ferry__cz_dcache_finish(w->dc);
 			}
 			if (e)
 				ferry__error_append("loader: upload of batch %" PRIu64 " (%zu bytes)", s->step, s->bytes);
@@ -1226,6 +1298,7 @@ static void *worker_main(void *arg)
 			ferry__cz_dcache_stats(w->dc, &st);
 			l->chunk_decodes += st.gpu_decodes + st.cpu_decodes - w->dc_seen.gpu_decodes - w->dc_seen.cpu_decodes;
 			l->gpu_chunk_decodes += st.gpu_decodes - w->dc_seen.gpu_decodes;
+			l->gpu_decode_batches += st.batches - w->dc_seen.batches;
 			l->chunk_decoded += st.decoded - w->dc_seen.decoded;
 			w->dc_seen = st;
 		}
@@ -2125,8 +2198,8 @@ int ferry_loader_metric(ferry_loader *l, const char *name, double *out)
 		r = (double)(name[7] == 'r' ? l->mapped_reads : l->mapped_faults);
 	} else if (!strcmp(name, "chunk_decodes") || !strcmp(name, "chunk_decoded_bytes")) {
 		r = (double)(name[12] == 's' ? l->chunk_decodes : l->chunk_decoded);
-	} else if (!strcmp(name, "gpu_chunk_decodes")) {
-		r = (double)l->gpu_chunk_decodes;
+	} else if (!strcmp(name, "gpu_chunk_decodes") || !strcmp(name, "gpu_decode_batches")) {
+		r = (double)(name[4] == 'c' ? l->gpu_chunk_decodes : l->gpu_decode_batches);
 	} else if (!strcmp(name, "cpu_ns")) {
 		r = 0;
 		for (uint32_t t = 0; l->workers && t < l->threads; t++)

@@ -55,10 +55,13 @@ static void gpu_checks(const char *cz_path, uint64_t chunks, int codec, int stor
 	l = dev_loader(ds, gpu, win);
 	T_EQ_INT(drain(l, b, 0), N);
 	T_CHECK(!memcmp(a, b, N * 8));
-	double dec = metric(l, "chunk_decodes"), g = metric(l, "gpu_chunk_decodes");
-	printf("%s, cz_decode=%s: %.0f chunk decodes, %.0f on the GPU, for %llu chunks\n", ferry_cz_codec_name(codec), gpu,
-	       dec, g, (unsigned long long)chunks);
+	double dec = metric(l, "chunk_decodes"), g = metric(l, "gpu_chunk_decodes"), nb = metric(l, "gpu_decode_batches");
+	printf("%s, cz_decode=%s: %.0f chunk decodes, %.0f on the GPU in %.0f nvCOMP batches, for %llu chunks\n",
+	       ferry_cz_codec_name(codec), gpu, dec, g, nb, (unsigned long long)chunks);
 	T_CHECK(g > 0 && dec >= (double)chunks && dec <= 2.0 * (double)chunks);
+	/* the look-ahead: a window's chunks go in one nvCOMP batch, by the batch that reaches it first
+	 * (windows of 2 chunks here: at most about one batch for each) */
+	T_CHECK(nb >= 1 && nb <= (double)chunks / 2 + 2);
 	T_CHECK(stored ? dec > g : dec == g); /* stored chunks are copied, not sent to nvCOMP */
 	ferry_loader_destroy(l);
 
@@ -69,6 +72,18 @@ static void gpu_checks(const char *cz_path, uint64_t chunks, int codec, int stor
 		T_CHECK(metric(l, "gpu_chunk_decodes") == 0 && metric(l, "chunk_decodes") > 0);
 		ferry_loader_destroy(l);
 	}
+
+	/* a 4 MiB cache: the look-ahead (2 MiB of items) reaches a window or two at a time, so the
+	 * chunks go in several nvCOMP batches, each chunk still about once */
+	const char *small[] = {"batch_size", "16", "order", "shuffle", "seed", "5", "chunk_window", "2", "epochs", "1",
+			       "chunk_cache", "4m", NULL};
+	l = dev_loader(ds, gpu, small);
+	T_EQ_INT(drain(l, b, 0), N);
+	T_CHECK(!memcmp(a, b, N * 8));
+	dec = metric(l, "chunk_decodes"), nb = metric(l, "gpu_decode_batches");
+	printf("4 MiB cache: %.0f chunk decodes in %.0f nvCOMP batches\n", dec, nb);
+	T_CHECK(nb >= 2 && dec >= (double)chunks && dec <= 2.0 * (double)chunks);
+	ferry_loader_destroy(l);
 
 	/* resume after 37 batches: exactly the rest */
 	l = dev_loader(ds, gpu, win);
