@@ -174,7 +174,8 @@ def test_device_memory_is_reused_and_kept_tensors_stay_valid(data):
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
 def test_compressed_shards_decoded_on_the_gpu(data, tmp_path, codec):
     """cz_decode="gpu" (nvCOMP into the pipeline threads' device caches) gives the batches the host
-    loader gives over the plain shards; gpu_chunk_decodes counts."""
+    loader gives (its decoding on the CPU: the same order, the chunk window), and the samples of the
+    plain shards; gpu_chunk_decodes counts."""
     path, _ = data
     import glob
     import os
@@ -185,7 +186,10 @@ def test_compressed_shards_decoded_on_the_gpu(data, tmp_path, codec):
         ferry.compress_file(p, str(out / os.path.basename(p)), codec=codec, chunk="64k")
     shutil.copy(os.path.join(path, "ferry.idx"), out / "ferry.idx")
     kw = dict(batch_size=16, seq_len=512, seed=3, threads=2)
-    cpu = collect(ferry.Loader(path, device="cpu", **kw))
+    cpu = collect(ferry.Loader(str(out), device="cpu", **kw))
+    seq = collect(ferry.Loader(path, device="cpu", order="sequential", batch_size=16, seq_len=512))
+    rows = lambda bs: sorted(r.numpy().tobytes() for b in bs for r in b)  # noqa: E731
+    assert rows(cpu) == rows(seq)  # the plain shards' windows, each once
     ld = ferry.Loader(str(out), device="cuda", cz_decode="gpu", **kw)
     try:
         gpu = collect(ld)
