@@ -158,8 +158,6 @@ int ferry__cz_dcache_add(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_
  * code. ferry__cz_dcache_pending: the chunks this batch decodes so far. */
 int ferry__cz_dcache_prefetch(struct ferry__cz_dcache *c, struct ferry_cz *z, uint64_t off, size_t len);
 size_t ferry__cz_dcache_pending(const struct ferry__cz_dcache *c);
-/* Whether c holds chunk i of z (decoded, or pending in this batch). */
-int ferry__cz_dcache_holds(const struct ferry__cz_dcache *c, const struct ferry_cz *z, uint64_t i);
 int ferry__cz_dcache_queue(struct ferry__cz_dcache *c, struct ferry__ring_gpu *ring, uint64_t base, int *pending);
 int ferry__cz_dcache_finish(struct ferry__cz_dcache *c);
 void ferry__cz_dcache_reset(struct ferry__cz_dcache *c);

@@ -235,14 +235,6 @@ int ferry__cz_dcache_prefetch(struct ferry__cz_dcache *c, struct ferry_cz *z, ui
 
 size_t ferry__cz_dcache_pending(const struct ferry__cz_dcache *c) { return c ? c->np : 0; }
 
-int ferry__cz_dcache_holds(const struct ferry__cz_dcache *c, const struct ferry_cz *z, uint64_t i)
-{
-	for (size_t k = 0; c && k < c->n; k++)
-		if (c->e[k].z == z && c->e[k].i == i)
-			return 1;
-	return 0;
-}
-
 /* The pending entries forgotten (a batch that failed): nothing of theirs is decoded. */
 static void forget(struct ferry__cz_dcache *c)
 {

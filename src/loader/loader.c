@@ -811,12 +811,10 @@ static int lookahead(struct worker *w, uint64_t from)
 		if (!cz || !len || !(l->cz_gpu_codecs >> ferry_cz_codec(cz) & 1))
 			continue;
 		uint64_t cs = (uint64_t)ferry_cz_chunk_size(cz);
-		if (cz == last && off / cs == last_chunk)
+		if (cz == last && off / cs == last_chunk && (off + len - 1) / cs == last_chunk)
 			continue; /* the chunk of the item before */
-		last = cz, last_chunk = off / cs;
-		/* the chunk of its first byte only: an item crossing into the next chunk takes that
-		 * chunk's head on the CPU (fill), unless the chunk is held */
-		int r = ferry__cz_dcache_prefetch(w->dc, cz, off, 1);
+		last = cz, last_chunk = (off + len - 1) / cs;
+		int r = ferry__cz_dcache_prefetch(w->dc, cz, off, len);
 		if (r)
 			return r < 0 ? r : 0;
 	}
@@ -984,30 +982,9 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 						put_files(l, w, np);
 						return err;
 					}
-					const uint64_t cs = (uint64_t)ferry_cz_chunk_size(cz);
 					for (size_t k = g; k < h && !err; k++) {
 						const struct piece *p = &w->pieces[w->sorted[k]];
-						uint64_t last = (p->off + p->len - 1) / cs * cs, tail = p->off + p->len - last;
-						/* a sample crossing into a chunk that no batch has needed whole yet
-						 * (the next window's, under the chunk window) reads its head on the
-						 * CPU into the host batch, which the upload carries (decoding that
-						 * chunk whole on the GPU for a few KiB, then evicting it before its
-						 * window, doubled the chunks decoded: 1.7x, H200) */
-						if (last > p->off && tail < cs / 8 && !ferry__cz_dcache_holds(w->dc, cz, last / cs)) {
-							if (!w->czc && (err = ferry__cz_cache_create(l->chunk_cache, &w->czc)))
-								break;
-							ssize_t got = ferry__cz_pread_cached(cz, w->czc, (uint8_t *)s->host + p->dst + (last - p->off),
-											     tail, last);
-							if (got != (ssize_t)tail) {
-								err = got < 0 ? (int)got : ferry__error(FERRY_ECORRUPT, "loader: %s: bytes %llu..%llu past the end of the compressed shard",
-													  ferry_dataset_shard_path(l->ds, p->file), (unsigned long long)last,
-													  (unsigned long long)(last + tail));
-								break;
-							}
-							err = ferry__cz_dcache_add(w->dc, cz, p->off, last - p->off, p->dst);
-						} else {
-							err = ferry__cz_dcache_add(w->dc, cz, p->off, p->len, p->dst);
-						}
+						err = ferry__cz_dcache_add(w->dc, cz, p->off, p->len, p->dst);
 					}
 					if (err) {
 						ferry__error_append("loader: %s: bytes %llu..%llu", ferry_dataset_shard_path(l->ds, p0->file),

@@ -172,14 +172,18 @@ def test_device_memory_is_reused_and_kept_tensors_stay_valid(data):
 
 
 @pytest.mark.parametrize("codec", ["zstd", "lz4"])
-def test_compressed_shards_decoded_on_the_gpu(data, tmp_path, codec):
+def test_compressed_shards_decoded_on_the_gpu(tmp_path, codec):
     """cz_decode="gpu" (nvCOMP into the pipeline threads' device caches) gives the batches the host
     loader gives (its decoding on the CPU: the same order, the chunk window), and the samples of the
     plain shards; gpu_chunk_decodes counts."""
-    path, _ = data
     import glob
     import os
     import shutil
+    rng = np.random.default_rng(1)  # phrases of a small vocabulary: both codecs compress them
+    phrases = [rng.integers(0, 5000, size=50).astype(np.uint16) for _ in range(20)]
+    path = str(tmp_path / "plain")
+    ferry.write_dataset(path, [np.concatenate([phrases[j] for j in rng.integers(0, 20, size=int(rng.integers(1, 12)))])
+                               for _ in range(3001)], shard_size=256 << 10)
     out = tmp_path / codec
     out.mkdir()
     for p in sorted(glob.glob(os.path.join(path, "*.fsh"))):
