@@ -573,6 +573,7 @@ struct cz_slot {
 	void *buf; /* the window's frames: pinned (device reads, from z->pool) or malloc'd */
 	size_t cap, span;
 	int pin;
+	bool pin_later; /* buf is z->pool's, not locked yet (ferry__pinned_alloc_unpinned): lock before its copy */
 	uint64_t i, n, c_off; /* c_off: where the read starts, the first frame's offset rounded down */
 	size_t need;          /* the bytes from c_off to the last frame's end (span: those rounded up) */
 	size_t rbytes;        /* the bytes its read asked for (struct cz_times' in flight) */
@@ -702,6 +703,7 @@ static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 			if (r)
 				return ferry__error(r, "%s: %zu bytes for stored chunks", p->z->path, want);
 			s->cap = want;
+			s->pin_later = false;
 		}
 		base = s->buf, boff = e0->u_off;
 	}
@@ -813,8 +815,12 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 			free(s->buf);
 		s->buf = NULL, s->cap = 0;
 		size_t want = grown(s->span > s->full ? s->span : s->full);
-		int r = p->pinned ? ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin) /* mmap'd: aligned */
+		/* device reads: locked before the window's copy (device_enqueue), while later windows'
+		 * reads are in flight, so a process's first reader does not register its windows
+		 * before its first read starts */
+		int r = p->pinned ? ferry__pinned_alloc_unpinned(p->z->pool, want, &s->buf, &s->pin) /* mmap'd: aligned */
 				  : -posix_memalign(&s->buf, CZ_ALIGN, want);
+		s->pin_later = p->pinned && !s->pin;
 		if (r)
 			return ferry__error(r, "%s: %zu bytes for compressed chunks", p->z->path, want);
 		s->cap = want;
@@ -1199,6 +1205,11 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
 	int r;
 	s->ng = 0;
+	if (s->pin_later) { /* its read is over: locked now, other windows' reads in flight */
+		if ((r = ferry__pinned_pin(z->pool, s->buf, &s->pin)))
+			return r;
+		s->pin_later = false;
+	}
 	if (s->direct) { /* stored chunks' bytes in buf (slot_start_direct): checked, one copy */
 		struct check_bytes_job j = {z, i0, e0->u_off, s->buf};
 		struct ferry__ring_piece piece = {dptr + (e0->u_off - off), s->buf, (size_t)(whi - wlo)};

@@ -14,6 +14,7 @@ struct slot {
 	void *ptr;
 	size_t size;
 	int pinned;
+	int deferred; /* made by ferry__pinned_alloc_unpinned: not page-locked until ferry__pinned_pin */
 	int in_use;
 	struct slot *next;
 };
@@ -114,7 +115,46 @@ static int pin(struct ferry__pinned_pool *p, void *ptr, size_t size)
 	return 1;
 }
 
+static int alloc(struct ferry__pinned_pool *p, size_t size, void **out, int *is_pinned, int now);
+
 int ferry__pinned_alloc(struct ferry__pinned_pool *p, size_t size, void **out, int *is_pinned)
+{
+	return alloc(p, size, out, is_pinned, 1);
+}
+
+int ferry__pinned_alloc_unpinned(struct ferry__pinned_pool *p, size_t size, void **out, int *is_pinned)
+{
+	return alloc(p, size, out, is_pinned, 0);
+}
+
+int ferry__pinned_pin(struct ferry__pinned_pool *p, void *ptr, int *is_pinned)
+{
+	struct slot *s;
+	size_t size = 0;
+
+	pthread_mutex_lock(&p->lock);
+	for (s = p->slots; s && s->ptr != ptr; s = s->next)
+		;
+	if (!s) {
+		pthread_mutex_unlock(&p->lock);
+		return ferry__error(-EINVAL, "pinned slot pool: %p is not a slot of this pool", ptr);
+	}
+	if (s->deferred) {
+		s->deferred = 0; /* claimed: the slot is its caller's, in use */
+		size = s->size;
+	}
+	pthread_mutex_unlock(&p->lock);
+	if (size) {
+		int pinned = pin(p, ptr, size);
+		pthread_mutex_lock(&p->lock);
+		s->pinned = pinned;
+		pthread_mutex_unlock(&p->lock);
+	}
+	*is_pinned = s->pinned;
+	return 0;
+}
+
+static int alloc(struct ferry__pinned_pool *p, size_t size, void **out, int *is_pinned, int now)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
 	struct slot *s, **pp, *drop = NULL;
@@ -127,8 +167,16 @@ int ferry__pinned_alloc(struct ferry__pinned_pool *p, size_t size, void **out, i
 	pthread_mutex_lock(&p->lock);
 	for (s = p->slots; s; s = s->next) {
 		if (!s->in_use && s->size == size) {
+			int pin_now = now && s->deferred; /* a deferred slot, never locked, for a caller that needs it locked */
 			s->in_use = 1;
+			s->deferred &= !pin_now;
 			pthread_mutex_unlock(&p->lock);
+			if (pin_now) {
+				int pinned = pin(p, s->ptr, size);
+				pthread_mutex_lock(&p->lock);
+				s->pinned = pinned;
+				pthread_mutex_unlock(&p->lock);
+			}
 			*out = s->ptr;
 			if (is_pinned)
 				*is_pinned = s->pinned;
@@ -183,7 +231,8 @@ int ferry__pinned_alloc(struct ferry__pinned_pool *p, size_t size, void **out, i
 	s->ptr = ptr;
 	s->size = size;
 	s->in_use = 1;
-	s->pinned = pin(p, ptr, size);
+	s->pinned = now ? pin(p, ptr, size) : 0;
+	s->deferred = !now && p->device >= 0;
 	pthread_mutex_lock(&p->lock);
 	s->next = p->slots;
 	p->slots = s;

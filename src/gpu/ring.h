@@ -150,6 +150,16 @@ void ferry__pinned_pool_destroy(struct ferry__pinned_pool *pool);
 int ferry__pinned_alloc(struct ferry__pinned_pool *pool, size_t size, void **out, int *is_pinned);
 /* Gives a slot back to the pool (kept for reuse). NULL is accepted. */
 void ferry__pinned_free(struct ferry__pinned_pool *pool, void *ptr);
+/*
+ * Like ferry__pinned_alloc, except that a new slot is not page-locked yet (*is_pinned 0; a slot
+ * of the size kept in the pool comes as it is): ferry__pinned_pin locks it before its first copy.
+ * For a caller that reads storage into the memory first, so that the registration (milliseconds
+ * per 100 MiB) runs while other reads are in flight, not before the first one starts (a fresh
+ * process's first compressed read, cz_file.c). ferry__pinned_pin: 0 and *is_pinned (1 once
+ * locked; 0 where the pool cannot pin, as ferry__pinned_alloc says), or -EINVAL for a foreign ptr.
+ */
+int ferry__pinned_alloc_unpinned(struct ferry__pinned_pool *pool, size_t size, void **out, int *is_pinned);
+int ferry__pinned_pin(struct ferry__pinned_pool *pool, void *ptr, int *is_pinned);
 /* Bytes held by the pool (in use + cached). */
 uint64_t ferry__pinned_held(struct ferry__pinned_pool *pool);
 /* Why slots are not pinned ("" when they are or no slot was made yet). */

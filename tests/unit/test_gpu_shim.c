@@ -249,6 +249,31 @@ static void mem_kinds_and_copies(void)
 	T_EQ_INT(ferry__pinned_unpinned_reason(pool)[0], '\0');
 	ferry__pinned_pool_destroy(pool);
 	T_EQ_INT(fake_ranges(1), 0);
+	/* deferred locking (ferry__pinned_alloc_unpinned): not registered until ferry__pinned_pin,
+	 * once; a slot kept unlocked comes locked to ferry__pinned_alloc, and as it is (unlocked) to
+	 * another deferred caller */
+	T_ASSERT(ferry__pinned_pool_create(0, 0, &pool) == 0);
+	T_EQ_INT(ferry__pinned_alloc_unpinned(pool, page, &slot, &pinned), 0);
+	T_EQ_INT(pinned, 0);
+	T_EQ_INT(fake_ranges(1), 0);
+	T_EQ_INT(ferry__mem_kind(slot, NULL), FERRY__MEM_HOST);
+	T_EQ_INT(ferry__pinned_pin(pool, slot, &pinned), 0);
+	T_EQ_INT(pinned, 1);
+	T_EQ_INT(fake_ranges(1), 1);
+	T_EQ_INT(ferry__mem_kind(slot, NULL), FERRY__MEM_PINNED);
+	T_EQ_INT(ferry__pinned_pin(pool, slot, &pinned), 0); /* again: nothing more */
+	T_EQ_INT(pinned, 1);
+	T_EQ_INT(fake_ranges(1), 1);
+	T_EQ_INT(ferry__pinned_alloc_unpinned(pool, 2 * page, &slot2, &pinned), 0);
+	ferry__pinned_free(pool, slot2);
+	T_EQ_INT(ferry__pinned_alloc_unpinned(pool, 2 * page, &slot3, &pinned), 0);
+	T_CHECK(slot3 == slot2 && pinned == 0 && fake_ranges(1) == 1);
+	ferry__pinned_free(pool, slot3);
+	T_EQ_INT(ferry__pinned_alloc(pool, 2 * page, &slot3, &pinned), 0);
+	T_CHECK(slot3 == slot2 && pinned == 1 && fake_ranges(1) == 2);
+	T_EQ_INT(ferry__pinned_pin(pool, host, &pinned), -EINVAL);
+	ferry__pinned_pool_destroy(pool);
+	T_EQ_INT(fake_ranges(1), 0);
 	/* device -1: plain memory even with a GPU */
 	T_ASSERT(ferry__pinned_pool_create(0, -1, &pool) == 0);
 	T_EQ_INT(ferry__pinned_alloc(pool, 10, &slot, &pinned), 0);
