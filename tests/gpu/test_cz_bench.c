@@ -31,44 +31,8 @@
 #include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "format/cz.h"
+#include "cz_files.h"
 #include "nvcomp_check.h"
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-static void drop(const char *path)
-{
-	int fd = open(path, O_RDONLY);
-	if (fd >= 0) {
-		fdatasync(fd);
-		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-		close(fd);
-	}
-}
-
-static void put(const char *path, const void *data, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	T_ASSERT(f && fwrite(data, 1, n, f) == n);
-	fflush(f);
-	fsync(fileno(f));
-	fclose(f);
-}
-
-
-static void compress(const char *path, int codec, const char *chunk, const void *data, size_t n)
-{
-	ferry_cz_writer *w;
-	T_ASSERT(ferry_cz_writer_create(path, codec, 0, &w) == 0);
-	T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", chunk) == 0);
-	T_ASSERT(ferry_cz_writer_write(w, data, n) == 0);
-	T_ASSERT(ferry_cz_writer_commit(w) > 0);
-	ferry_cz_writer_destroy(w);
-}
 
 /* A reader with every core's threads and the GPU choice gpu ("on": nvCOMP for every read). */
 static ferry_cz *cz_open(ferry_ctx *ctx, const char *path, const char *gpu)

@@ -24,6 +24,7 @@
 
 #include "ferry/compress.h"
 #include "format/cz.h"
+#include "cz_files.h"
 #include "nvcomp_check.h"
 
 /* weak: the bench also builds against a library from before it (its phases then left out) */
@@ -41,43 +42,6 @@ static void phases(ferry_cz *z, char *buf, size_t len)
 	snprintf(buf, len, "%.1f ms: read wait %.1f, host %.1f, gpu wait %.1f; %llu windows in %u slots, at most %.1f MiB read at once",
 		 ph.total * 1e3, ph.read_wait * 1e3, ph.host * 1e3, ph.gpu_wait * 1e3, (unsigned long long)ph.windows,
 		 ph.slots, (double)ph.max_inflight / 1048576);
-}
-
-static double now(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
-}
-
-/* The file's pages out of the page cache (written back first). */
-static void drop(const char *path)
-{
-	int fd = open(path, O_RDONLY);
-	if (fd >= 0) {
-		fdatasync(fd);
-		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-		close(fd);
-	}
-}
-
-static void put(const char *path, const void *data, size_t n)
-{
-	FILE *f = fopen(path, "wb");
-	T_ASSERT(f && fwrite(data, 1, n, f) == n);
-	fflush(f);
-	fsync(fileno(f));
-	fclose(f);
-}
-
-static void compress(const char *path, int codec, const char *chunk, const void *data, size_t n)
-{
-	ferry_cz_writer *w;
-	T_ASSERT(ferry_cz_writer_create(path, codec, 0, &w) == 0);
-	T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", chunk) == 0);
-	T_ASSERT(ferry_cz_writer_write(w, data, n) == 0);
-	T_ASSERT(ferry_cz_writer_commit(w) > 0);
-	ferry_cz_writer_destroy(w);
 }
 
 /* ------------------------------------------------------------------------------------ bench */

@@ -1,0 +1,52 @@
+/* Helpers of the compressed-file tests and bench (tests/unit/test_cz_read.c, tests/gpu/test_cz_bench.c):
+ * a monotonic clock, a file's pages dropped from the page cache, a file written durably, and a
+ * file compressed by ferry's writer. */
+#ifndef FERRY_TEST_CZ_FILES_H
+#define FERRY_TEST_CZ_FILES_H
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ferry/compress.h"
+#include "ferry_test.h"
+
+static inline double now(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* The file's pages out of the page cache (written back first). */
+static inline void drop(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	if (fd >= 0) {
+		fdatasync(fd);
+		posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+		close(fd);
+	}
+}
+
+static inline void put(const char *path, const void *data, size_t n)
+{
+	FILE *f = fopen(path, "wb");
+	T_ASSERT(f && fwrite(data, 1, n, f) == n);
+	fflush(f);
+	fsync(fileno(f));
+	fclose(f);
+}
+
+static inline void compress(const char *path, int codec, const char *chunk, const void *data, size_t n)
+{
+	ferry_cz_writer *w;
+	T_ASSERT(ferry_cz_writer_create(path, codec, 0, &w) == 0);
+	T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", chunk) == 0);
+	T_ASSERT(ferry_cz_writer_write(w, data, n) == 0);
+	T_ASSERT(ferry_cz_writer_commit(w) > 0);
+	ferry_cz_writer_destroy(w);
+}
+
+#endif
