@@ -7,6 +7,7 @@
  * cz_gpu_min decodes on the CPU under auto and says so. */
 #include "ferry/compress.h"
 #include "ferry/gpu.h"
+#include "cz_files.h"
 #include "ferry_test.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
@@ -111,12 +112,7 @@ int main(void)
 	char path[512];
 	for (int codec = FERRY_CZ_LZ4; codec <= FERRY_CZ_ZSTD; codec++) {
 		snprintf(path, sizeof(path), "%s/test_cz_gpu.%d.%s", t_tmpdir(), (int)getpid(), ferry_cz_codec_name(codec));
-		ferry_cz_writer *w;
-		T_ASSERT(ferry_cz_writer_create(path, codec, 0, &w) == 0);
-		T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "256k") == 0);
-		T_ASSERT(ferry_cz_writer_write(w, data, n) == 0);
-		T_ASSERT(ferry_cz_writer_commit(w) > 0);
-		ferry_cz_writer_destroy(w);
+		compress(path, codec, "256k", data, n);
 		ferry_cz *z;
 		T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
 		T_CHECK(ferry_cz_stored_chunks(z) >= 1);

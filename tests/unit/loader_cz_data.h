@@ -12,6 +12,7 @@
 
 #include "ferry/compress.h"
 #include "ferry/data.h"
+#include "cz_files.h"
 #include "ferry/gpu.h"
 #include "ferry_test.h"
 #include "unit/loader_test.h"
@@ -80,12 +81,7 @@ static uint64_t make_cz(const char *src, const char *dst, int codec)
 		snprintf(b, sizeof(b), "%s/shard-%05d.fsh", dst, s);
 		size_t len;
 		uint8_t *buf = slurp(a, &len);
-		ferry_cz_writer *w;
-		T_ASSERT(ferry_cz_writer_create(b, codec, 0, &w) == 0);
-		T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "1m") == 0);
-		T_ASSERT(ferry_cz_writer_write(w, buf, len) == 0);
-		T_ASSERT(ferry_cz_writer_commit(w) > 0);
-		ferry_cz_writer_destroy(w);
+		compress(b, codec, "1m", buf, len);
 		chunks += (len + (1u << 20) - 1) >> 20;
 		free(buf);
 	}
@@ -113,6 +109,21 @@ static uint64_t damage_chunk1(const char *cz_path)
 	spit(f, b, len);
 	free(b);
 	return c1;
+}
+
+/* The loader over a dataset damaged by damage_chunk1 (c1: the frame's offset) fails with
+ * FERRY_ECORRUPT naming the shard and the chunk. */
+static void expect_damaged(ferry_loader *l, uint64_t c1)
+{
+	ferry_loader_batch *bt;
+	int r;
+	while ((r = ferry_loader_next(l, &bt)) == 1)
+		ferry_loader_batch_destroy(bt);
+	T_EQ_INT(r, FERRY_ECORRUPT);
+	char want[64];
+	snprintf(want, sizeof(want), "chunk 1 (compressed offset %llu", (unsigned long long)c1);
+	printf("damaged: %s\n", ferry_last_error());
+	T_CHECK(strstr(ferry_last_error(), want) && strstr(ferry_last_error(), "shard-00001.fsh"));
 }
 
 /* Up to max batches (0: the epoch), each sample's bytes checked (copied out of device memory
