@@ -591,6 +591,7 @@ struct cz_slot {
 	void *ubuf; /* bytes decoded on the CPU, bound for the GPU (ucap bytes, kept between reads) */
 	size_t ucap;
 	int upin;
+	bool upin_later; /* ubuf not locked yet: the CPU threads fault its pages in as they decode, then it is locked */
 	uint64_t scratch; /* device: the frames nvCOMP reads, then outputs when not aligned */
 	size_t scratch_len;
 	struct ferry__nvc *nvc; /* one decoder per slot: a batch's arrays live until it is retired */
@@ -1299,9 +1300,10 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 			want = (s->full_u + cs - 1) / cs * cs;
 		ferry__pinned_free(z->pool, s->ubuf);
 		s->ubuf = NULL, s->ucap = 0;
-		if ((r = ferry__pinned_alloc(z->pool, want, &s->ubuf, &s->upin)))
+		if ((r = ferry__pinned_alloc_unpinned(z->pool, want, &s->ubuf, &s->upin)))
 			goto out;
 		s->ucap = want;
+		s->upin_later = !s->upin;
 	}
 	if (nc && gpu) {
 		size_t at = 0;
@@ -1320,6 +1322,11 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		if ((r = ferry__cz_parallel(nc, (unsigned)z->knobs.threads, decode_one, &w)))
 			goto out;
 		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), s->ubuf, (size_t)(whi - wlo)};
+	}
+	if (total && s->upin_later) { /* decoded into (its pages faulted in by the threads): locked now */
+		if ((r = ferry__pinned_pin(z->pool, s->ubuf, &s->upin)))
+			goto out;
+		s->upin_later = false;
 	}
 	bool upinned = s->pin && (s->upin || !total);
 	double tq = mono();
