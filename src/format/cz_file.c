@@ -700,11 +700,12 @@ static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 			size_t want = grown(total > s->full_u ? total : s->full_u);
 			ferry__pinned_free(p->z->pool, s->buf);
 			s->buf = NULL, s->cap = 0;
-			int r = ferry__pinned_alloc(p->z->pool, want, &s->buf, &s->pin);
+			/* locked before its copy, as slot_start's */
+			int r = ferry__pinned_alloc_unpinned(p->z->pool, want, &s->buf, &s->pin);
 			if (r)
 				return ferry__error(r, "%s: %zu bytes for stored chunks", p->z->path, want);
 			s->cap = want;
-			s->pin_later = false;
+			s->pin_later = !s->pin;
 		}
 		base = s->buf, boff = e0->u_off;
 	}
