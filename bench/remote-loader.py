@@ -73,6 +73,36 @@ class Run:
             self.loader.close()
 
 
+def fetch_ceiling(ds_dir, jobs=4):
+    """The rate at which jobs threads (a cache's cache_jobs) fetch the dataset's shards whole with
+    ferry.read from the server, each thread one shard at a time: what the stagers could reach."""
+    import threading
+    import ferry
+    shards = sorted(f for f in os.listdir(ds_dir) if not f.endswith(".json") and not f.startswith("."))
+    nxt, lock, moved = [0], threading.Lock(), [0]
+    ferry.read("s3://bucket/ds/" + shards[0])  # untimed: the first read's imports and connections
+
+    def one():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(shards):
+                return
+            buf = ferry.read("s3://bucket/ds/" + shards[i])
+            with lock:
+                moved[0] += (buf.numpy() if hasattr(buf, "numpy") else buf).nbytes
+    t0 = time.perf_counter()
+    ts = [threading.Thread(target=one) for _ in range(jobs)]
+    [t.start() for t in ts]
+    [t.join() for t in ts]
+    rate = moved[0] / (time.perf_counter() - t0)
+    row("fetch ceiling", "%.2f GB/s" % (rate / 1e9),
+        "%d threads each reading whole shards with ferry.read (%d shards, %.2f GB): the most the stagers can fetch"
+        % (jobs, len(shards), moved[0] / 1e9))
+    return rate
+
+
 def contend(a, runs, ds_dir):
     """The local loader's epochs alone and beside a fetch at the rate the smallest cache's stagers
     fetched (its later epochs' mean), alternating: whether the fetch's work on the shared cores
@@ -181,6 +211,9 @@ def main():
                          "fetch of the dataset's objects (ferry.read, then written to a file and removed, as a "
                          "stager does) at the smallest cache's mean fetch rate: does the fetch alone slow it? "
                          "Then N epochs of a new local loader each (new mappings each epoch)")
+    ap.add_argument("--server-workers", type=int, default=int(os.environ.get("REMOTE_SERVER_PROCS", "8")),
+                    help="nginx worker processes (bench/remote-read.py's default; this bench had 2 until the "
+                         "fetch ceiling row showed them to be the evicting cache's bound)")
     ap.add_argument("--dir", default=os.path.join(os.environ.get("SHM_DIR", "/dev/shm"), "ferry-remote-loader"))
     a = ap.parse_args()
     import ferry
@@ -194,11 +227,13 @@ def main():
         os.makedirs(os.path.dirname(ds_dir), exist_ok=True)
         ferry.write_dataset(ds_dir, samples, shard_size=shard)
     size = sum(os.path.getsize(os.path.join(ds_dir, f)) for f in os.listdir(ds_dir))
-    srv = _nginx.Nginx(www, os.path.join(a.dir, "nginx"), workers=2)
+    srv = _nginx.Nginx(www, os.path.join(a.dir, "nginx"), workers=a.server_workers)
     os.environ.update(AWS_ENDPOINT_URL=srv.url, AWS_ACCESS_KEY_ID="x", AWS_SECRET_ACCESS_KEY="x", AWS_REGION="us-east-1")
     try:
         row("setup", "%.2f GB in %d shards" % (size / 1e9, len(os.listdir(ds_dir)) - 1),
-            "nginx %s; batch %d x %d tokens, shuffled, %d epochs" % (srv.url, a.batch, a.seq_len, a.epochs))
+            "nginx %s, %d workers; batch %d x %d tokens, shuffled, %d epochs" % (srv.url, a.server_workers, a.batch,
+                                                                                a.seq_len, a.epochs))
+        ceiling = fetch_ceiling(ds_dir)
         runs = [Run("local files", ds_dir, a, ferry.Context())]
         for frac in [float(x) for x in a.fractions.split(",")]:
             cache = os.path.join(a.dir, "cache-%g" % frac)
@@ -231,6 +266,14 @@ def main():
             row(name + " fetched", ", ".join("%.0f MB (%.2f GB/s)" % (b / 1e6, b / 1e9 / e["seconds"])
                                              for b, e in zip(fb, got)),
                 "per epoch: bytes fetched from the object and their rate over the epoch")
+            if len(got) > 1 and ceiling:
+                # an epoch that fetches B bytes takes at least B / ceiling: the most it can be
+                # against local files' same epoch, whatever the loader does
+                bound = [min(1.0, (l["samples"] / l["samples_per_s"]) / (b / ceiling)) if b else 1.0
+                         for b, l in zip(fb[1:], local[1:])]
+                row(name + " fetch bound", "later epochs at most %s local" % ", ".join("%.2fx" % x for x in bound),
+                    "each epoch's fetched bytes at the fetch ceiling (%.2f GB/s) against local files' epoch time"
+                    % (ceiling / 1e9))
             first = got[0]["samples_per_s"]
             if len(got) > 1:
                 # each later epoch against local files' same epoch (run beside it), and the

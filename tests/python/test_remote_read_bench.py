@@ -55,6 +55,10 @@ def test_remote_loader_bench_runs(tmp_path, window):
     for name in ("local files", "s3:// cache unbounded", "s3:// cache 50% of the dataset"):
         assert any(r.startswith("TABLE remote-loader %s | " % name) and "samples/s" in r for r in rows), rows
     assert any("later epochs vs local" in r for r in rows), rows
+    # the server's fetch rate, and what it allows an evicting cache's epochs against local files'
+    assert any(r.startswith("TABLE remote-loader fetch ceiling | ") and "GB/s" in r for r in rows), rows
+    assert any(r.startswith("TABLE remote-loader s3:// cache 50% of the dataset fetch bound | later epochs at most ")
+               for r in rows), rows
     if window is None:
         assert any(r.startswith("TABLE remote-loader local files beside a fetch | ") and "samples/s alone" in r
                    for r in rows), rows
