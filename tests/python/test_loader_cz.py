@@ -182,3 +182,16 @@ def test_damaged_chunk_is_named(tmp_path):
     for kw in ({}, {"chunk_window": 0}, {"shuffle": False}):
         with pytest.raises(ferry.Error, match=r"shard-00001.fsh: chunk 1 \(compressed offset %d" % c1):
             run(cz, **kw)
+
+
+def test_cz_decode_knob(sets):
+    """cz_decode: cpu and auto decode on the pipeline threads of a host loader (the same batches);
+    gpu asks for nvCOMP on a device, so a host loader refuses it when it starts, naming the knob;
+    a value outside auto/cpu/gpu is refused naming the choices."""
+    _, cz = sets
+    a, b = run(cz, cz_decode="cpu"), run(cz, cz_decode="auto")
+    assert a == b and len(a) == N
+    with pytest.raises(ferry.Error, match="cz_decode=gpu"):
+        run(cz, cz_decode="gpu")
+    with pytest.raises(ferry.Error, match="cz_decode"):
+        run(cz, cz_decode="nvcomp")
