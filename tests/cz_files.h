@@ -1,6 +1,6 @@
 /* Helpers of the compressed-file tests and bench (tests/unit/test_cz_read.c, tests/gpu/test_cz_bench.c):
- * a monotonic clock, a file's pages dropped from the page cache, a file written durably, and a
- * file compressed by ferry's writer. */
+ * a monotonic clock, a file's pages dropped from the page cache, a file written durably, a file
+ * compressed by ferry's writer, and a plain file's timed read. */
 #ifndef FERRY_TEST_CZ_FILES_H
 #define FERRY_TEST_CZ_FILES_H
 
@@ -47,6 +47,21 @@ static inline void compress(const char *path, int codec, const char *chunk, cons
 	T_ASSERT(ferry_cz_writer_write(w, data, n) == 0);
 	T_ASSERT(ferry_cz_writer_commit(w) > 0);
 	ferry_cz_writer_destroy(w);
+}
+
+/* Seconds of one ferry_pread of n bytes of path into buf (host or device memory), pages dropped
+ * first when cold; -1 when it came back short. */
+static inline double plain_read(ferry_ctx *ctx, const char *path, void *buf, size_t n, int cold)
+{
+	ferry_file *f;
+	if (cold)
+		drop(path);
+	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
+	double t = now();
+	ssize_t r = ferry_pread(f, buf, n, 0);
+	t = now() - t;
+	ferry_file_destroy(f);
+	return r == (ssize_t)n ? t : -1;
 }
 
 #endif

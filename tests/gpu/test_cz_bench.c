@@ -82,19 +82,6 @@ static double steady(ferry_ctx *ctx, const char *path, void *dev, const char *gp
 	return best < 1e98 ? best : -1;
 }
 
-static double plain_read(ferry_ctx *ctx, const char *path, void *dev, size_t n, int cold)
-{
-	ferry_file *f;
-	if (cold)
-		drop(path);
-	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
-	double t = now();
-	ssize_t r = ferry_pread(f, dev, n, 0);
-	t = now() - t;
-	ferry_file_destroy(f);
-	return r == (ssize_t)n ? t : -1;
-}
-
 /* Reads of k chunks (k = 1, 2, 4, ... 128) of path, nvCOMP against the CPU threads, best of 5
  * each: the smallest k from which nvCOMP is faster (cz_gpu_min's measurement). */
 static void small_batches(ferry_ctx *ctx, const char *path, const char *name, void *dev)

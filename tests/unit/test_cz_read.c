@@ -46,19 +46,6 @@ static void phases(ferry_cz *z, char *buf, size_t len)
 
 /* ------------------------------------------------------------------------------------ bench */
 
-static double plain_read(ferry_ctx *ctx, const char *path, void *buf, size_t n, int cold)
-{
-	ferry_file *f;
-	if (cold)
-		drop(path);
-	T_ASSERT(ferry_file_open(ctx, path, FERRY_O_RDONLY, &f) == 0);
-	double t = now();
-	ssize_t r = ferry_pread(f, buf, n, 0);
-	t = now() - t;
-	ferry_file_destroy(f);
-	return r == (ssize_t)n ? t : -1;
-}
-
 /* One whole read of a compressed file on a fresh open (open included); info: its path info. */
 static double cz_read(ferry_ctx *ctx, const char *path, void *buf, size_t n, int cold, char *info, size_t ilen)
 {
