@@ -572,8 +572,7 @@ static void cover(const ferry_cz *z, uint64_t off, size_t *len, uint64_t *a, uin
 struct cz_slot {
 	void *buf; /* the window's frames: pinned (device reads, from z->pool) or malloc'd */
 	size_t cap, span;
-	int pin;
-	bool pin_later; /* buf is z->pool's, not locked yet (ferry__pinned_alloc_unpinned): lock before its copy */
+	int pin; /* device reads: 0 until buf (from ferry__pinned_alloc_unpinned) is locked before its copy */
 	uint64_t i, n, c_off; /* c_off: where the read starts, the first frame's offset rounded down */
 	size_t need;          /* the bytes from c_off to the last frame's end (span: those rounded up) */
 	size_t rbytes;        /* the bytes its read asked for (struct cz_times' in flight) */
@@ -590,8 +589,7 @@ struct cz_slot {
 	struct ferry__ring_gpu *ring; /* the slot's own stream: its copies, nvCOMP batch and ticket 0 */
 	void *ubuf; /* bytes decoded on the CPU, bound for the GPU (ucap bytes, kept between reads) */
 	size_t ucap;
-	int upin;
-	bool upin_later; /* ubuf not locked yet: the CPU threads fault its pages in as they decode, then it is locked */
+	int upin; /* 0 until ubuf is locked: after the CPU threads have faulted its pages in by decoding */
 	uint64_t scratch; /* device: the frames nvCOMP reads, then outputs when not aligned */
 	size_t scratch_len;
 	struct ferry__nvc *nvc; /* one decoder per slot: a batch's arrays live until it is retired */
@@ -705,7 +703,6 @@ static int slot_start_direct(struct pipe *p, struct cz_slot *s)
 			if (r)
 				return ferry__error(r, "%s: %zu bytes for stored chunks", p->z->path, want);
 			s->cap = want;
-			s->pin_later = !s->pin;
 		}
 		base = s->buf, boff = e0->u_off;
 	}
@@ -822,7 +819,6 @@ static int slot_start(struct pipe *p, struct cz_slot *s, uint64_t i, uint64_t b)
 		 * before its first read starts */
 		int r = p->pinned ? ferry__pinned_alloc_unpinned(p->z->pool, want, &s->buf, &s->pin) /* mmap'd: aligned */
 				  : -posix_memalign(&s->buf, CZ_ALIGN, want);
-		s->pin_later = p->pinned && !s->pin;
 		if (r)
 			return ferry__error(r, "%s: %zu bytes for compressed chunks", p->z->path, want);
 		s->cap = want;
@@ -1207,11 +1203,10 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 	uint64_t whi = e1->u_off + e1->u_size < off + len ? e1->u_off + e1->u_size : off + len;
 	int r;
 	s->ng = 0;
-	if (s->pin_later) { /* its read is over: locked now, other windows' reads in flight */
-		if ((r = ferry__pinned_pin(z->pool, s->buf, &s->pin)))
-			return r;
-		s->pin_later = false;
-	}
+	/* its read is over: locked now, other windows' reads in flight (a no-op where the pool could not
+	 * lock it: ferry__pinned_pin tries a slot once) */
+	if (!s->pin && (r = ferry__pinned_pin(z->pool, s->buf, &s->pin)))
+		return r;
 	if (s->direct) { /* stored chunks' bytes in buf (slot_start_direct): checked, one copy */
 		struct check_bytes_job j = {z, i0, e0->u_off, s->buf};
 		struct ferry__ring_piece piece = {dptr + (e0->u_off - off), s->buf, (size_t)(whi - wlo)};
@@ -1304,7 +1299,6 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 		if ((r = ferry__pinned_alloc_unpinned(z->pool, want, &s->ubuf, &s->upin)))
 			goto out;
 		s->ucap = want;
-		s->upin_later = !s->upin;
 	}
 	if (nc && gpu) {
 		size_t at = 0;
@@ -1324,11 +1318,9 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 			goto out;
 		pieces[np++] = (struct ferry__ring_piece){dptr + (wlo - off), s->ubuf, (size_t)(whi - wlo)};
 	}
-	if (total && s->upin_later) { /* decoded into (its pages faulted in by the threads): locked now */
-		if ((r = ferry__pinned_pin(z->pool, s->ubuf, &s->upin)))
-			goto out;
-		s->upin_later = false;
-	}
+	/* decoded into (its pages faulted in by the threads): locked now */
+	if (total && !s->upin && (r = ferry__pinned_pin(z->pool, s->ubuf, &s->upin)))
+		goto out;
 	bool upinned = s->pin && (s->upin || !total);
 	double tq = mono();
 	if (ng) {
