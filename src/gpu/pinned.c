@@ -117,6 +117,15 @@ static int pin(struct ferry__pinned_pool *p, void *ptr, size_t size)
 
 static int alloc(struct ferry__pinned_pool *p, size_t size, void **out, int *is_pinned, int now);
 
+/* Locks a deferred slot its caller has claimed (deferred cleared under the lock), outside the lock. */
+static void pin_claimed(struct ferry__pinned_pool *p, struct slot *s)
+{
+	int pinned = pin(p, s->ptr, s->size);
+	pthread_mutex_lock(&p->lock);
+	s->pinned = pinned;
+	pthread_mutex_unlock(&p->lock);
+}
+
 int ferry__pinned_alloc(struct ferry__pinned_pool *p, size_t size, void **out, int *is_pinned)
 {
 	return alloc(p, size, out, is_pinned, 1);
@@ -130,7 +139,7 @@ int ferry__pinned_alloc_unpinned(struct ferry__pinned_pool *p, size_t size, void
 int ferry__pinned_pin(struct ferry__pinned_pool *p, void *ptr, int *is_pinned)
 {
 	struct slot *s;
-	size_t size = 0;
+	int claimed = 0;
 
 	pthread_mutex_lock(&p->lock);
 	for (s = p->slots; s && s->ptr != ptr; s = s->next)
@@ -141,15 +150,11 @@ int ferry__pinned_pin(struct ferry__pinned_pool *p, void *ptr, int *is_pinned)
 	}
 	if (s->deferred) {
 		s->deferred = 0; /* claimed: the slot is its caller's, in use */
-		size = s->size;
+		claimed = 1;
 	}
 	pthread_mutex_unlock(&p->lock);
-	if (size) {
-		int pinned = pin(p, ptr, size);
-		pthread_mutex_lock(&p->lock);
-		s->pinned = pinned;
-		pthread_mutex_unlock(&p->lock);
-	}
+	if (claimed)
+		pin_claimed(p, s);
 	*is_pinned = s->pinned;
 	return 0;
 }
@@ -171,12 +176,8 @@ static int alloc(struct ferry__pinned_pool *p, size_t size, void **out, int *is_
 			s->in_use = 1;
 			s->deferred &= !pin_now;
 			pthread_mutex_unlock(&p->lock);
-			if (pin_now) {
-				int pinned = pin(p, s->ptr, size);
-				pthread_mutex_lock(&p->lock);
-				s->pinned = pinned;
-				pthread_mutex_unlock(&p->lock);
-			}
+			if (pin_now)
+				pin_claimed(p, s);
 			*out = s->ptr;
 			if (is_pinned)
 				*is_pinned = s->pinned;
