@@ -10,7 +10,9 @@
 #  - warm, from /dev/shm: nvCOMP (cz_gpu=on) against the CPU path on every core (cz_gpu=off),
 #    effective GB/s on one open reader; target: 3x. Each row's path info has the pipeline's phase
 #    times (setup, read wait, host work, GPU wait): where the time goes;
-#  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise): cz_gpu=auto's
+#  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise; CZ_COLD_MIB of the
+#    data set repeated, default 2048: a read's fixed costs at its two ends are not what a
+#    read of a few hundred MiB would make them look; CZ_BENCH_COLD_ONLY=1: these rows alone): cz_gpu=auto's
 #    effective GB/s against the plain file read into GPU memory (the disk's ceiling through ferry)
 #    times the ratio; target: 0.9x. Best of 2 fresh opens that take the slots an earlier reader
 #    left (a process's reads after its first), then one as the process's first reader (its pinned

@@ -327,7 +327,7 @@ struct ferry_cz {
 	struct cz_knobs knobs;
 	uint64_t stored;
 	pthread_mutex_t lock; /* the device path's state and info */
-	char info[400];
+	char info[640];
 	int dev; /* the device of pool and slots; -1 none yet */
 	struct ferry__pinned_pool *pool;
 	struct cz_set *set;    /* the device path's slots (CZ_DEV_SLOTS) and pool, kept between reads */
@@ -604,6 +604,10 @@ struct cz_slot {
 struct cz_times {
 	double read_wait, host, gpu_wait; /* seconds the caller's thread spent on each */
 	uint64_t windows, inflight, max_inflight; /* windows read; compressed bytes being read (most at once) */
+	uint64_t read_bytes; /* compressed bytes read from storage (direct windows' included) */
+	double t0, first_read, last_read; /* the pipeline's start; when its first and last window's reads
+					   * were found done (seconds from t0): the reads' span and the
+					   * work after the last byte came (cold reads' fixed costs) */
 };
 
 static double mono(void)
@@ -771,6 +775,7 @@ static void read_started(struct pipe *p, struct cz_slot *s, size_t bytes)
 	s->rbytes = bytes;
 	p->t.windows++;
 	p->t.inflight += bytes;
+	p->t.read_bytes += bytes;
 	if (p->t.inflight > p->t.max_inflight)
 		p->t.max_inflight = p->t.inflight;
 }
@@ -1022,6 +1027,7 @@ static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 {
 	uint64_t next = a, w_read = 0, w_done = 0;
 	int r = 0;
+	p->t.t0 = mono();
 	while (!r && (next < b || w_done < w_read)) {
 		/* the next window always; more while the bytes outstanding are fewer than ahead */
 		while (!r && next < b && w_read < w_done + p->nslots - p->keep &&
@@ -1039,6 +1045,9 @@ static int pipe_run(struct pipe *p, uint64_t a, uint64_t b)
 		r = slot_wait(p, s);
 		double t2 = mono();
 		p->t.read_wait += t2 - t;
+		if (!w_done)
+			p->t.first_read = t2 - p->t.t0;
+		p->t.last_read = t2 - p->t.t0;
 		if (!r)
 			r = p->process(p->arg, s);
 		p->t.host += mono() - t2;
@@ -1543,12 +1552,17 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 			why = d.why;
 		ferry__gpu_leave(prev);
 	}
-	char times[240];
-	z->last = phases(&p, mono() - t0); /* (under z->lock) */
+	char times[360];
+	double t_end = mono();
+	z->last = phases(&p, t_end - t0); /* (under z->lock) */
 	snprintf(times, sizeof(times), "; %.1f ms: setup %.1f, read wait %.1f, host %.1f (threads %.1f, queue %.1f), gpu wait %.1f; "
-		 "%llu windows, at most %.0f MiB read at once",
-		 (mono() - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, (p.t.host - queue) * 1e3,
-		 queue * 1e3, p.t.gpu_wait * 1e3, (unsigned long long)p.t.windows, (double)p.t.max_inflight / 1048576);
+		 "%llu windows, at most %.0f MiB read at once; reads: the first window's done at %.1f ms, the last's at %.1f "
+		 "(%.0f MiB, %.2f GB/s), then %.1f ms",
+		 (t_end - t0) * 1e3, setup * 1e3, p.t.read_wait * 1e3, p.t.host * 1e3, (p.t.host - queue) * 1e3,
+		 queue * 1e3, p.t.gpu_wait * 1e3, (unsigned long long)p.t.windows, (double)p.t.max_inflight / 1048576,
+		 p.t.first_read * 1e3, p.t.last_read * 1e3, (double)p.t.read_bytes / 1048576,
+		 p.t.last_read > 0 ? (double)p.t.read_bytes / p.t.last_read / 1e9 : 0.0,
+		 p.t.t0 > 0 ? (t_end - p.t.t0 - p.t.last_read) * 1e3 : 0.0);
 	if (!r && gpu)
 		snprintf(z->info, sizeof(z->info), "nvcomp (%llu chunks on the GPU, %llu copied or decoded on the CPU: stored or partial; "
 			 "frames in %llu copies)%s", (unsigned long long)on_gpu, (unsigned long long)on_cpu,

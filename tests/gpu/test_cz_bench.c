@@ -9,11 +9,13 @@
  *    core), best of 3 reads on one open reader after an untimed first (whose rate, open and set-up
  *    included, is printed too); target: the GPU path at least 3x the CPU path; both results are
  *    compared with the data; the path info gives the pipeline's phase times;
- *  - cold (COLD_DIR, a disk; pages dropped with posix_fadvise after an fsync): the plain file read
- *    into GPU memory (the disk's rate through ferry: the ceiling) and the compressed file with
- *    cz_gpu=auto, open included; target: effective rate at least 0.9 x ceiling x ratio; best of
- *    2 on the slots an earlier reader left, then once as the process's first reader
- *    (ferry__cz_release_idle: its pinned buffers registered on the way);
+ *  - cold (COLD_DIR, a disk; pages dropped with posix_fadvise after an fsync): CZ_COLD_MIB
+ *    (default 2048) of the data set, repeated; the plain file read into GPU memory (the disk's
+ *    rate through ferry: the ceiling) and the compressed file with cz_gpu=auto, open included;
+ *    target: effective rate at least 0.9 x ceiling x ratio; best of 2 on the slots an earlier
+ *    reader left, then once as the process's first reader (ferry__cz_release_idle: its pinned
+ *    buffers registered on the way); the bytes compared with the data; the path info says when
+ *    the first and the last window's reads were done and what followed the last;
  *  - tokens, zstd, 256 KiB and 1 MiB: reads of 1-128 chunks on nvCOMP and on the CPU, the
  *    crossover (cz_gpu_min's measurement); zstd: nvCOMP's warm rate at cz_window 16m-512m (its
  *    measurement).
@@ -22,7 +24,7 @@
  * the longest so far; a row left out prints a `skipped` TABLE row. Each row prints its seconds.
  * First (outside the budget, ~10 s): every chunk stored (bf16 LZ4) against a plain read of the
  * same bytes, into GPU and host memory: what the host side costs where nothing is decoded.
- * Prints "TABLE name | figure | note" rows.
+ * CZ_BENCH_COLD_ONLY=1: the cold rows alone. Prints "TABLE name | figure | note" rows.
  */
 #pragma GCC diagnostic ignored "-Wunused-function"
 #include <fcntl.h>
@@ -89,7 +91,7 @@ static void small_batches(ferry_ctx *ctx, const char *path, const char *name, vo
 	ferry_cz *g = cz_open(ctx, path, "on"), *c = cz_open(ctx, path, "off");
 	T_ASSERT(g && c);
 	size_t cs = (size_t)ferry_cz_chunk_size(g), n = (size_t)ferry_cz_size(g);
-	char info[480];
+	char info[640];
 	(void)cz_time(g, dev, n, 0, info, sizeof(info)); /* set-up, untimed */
 	(void)cz_time(c, dev, n, 0, info, sizeof(info));
 	long cross = -1;
@@ -120,7 +122,7 @@ static void small_batches(ferry_ctx *ctx, const char *path, const char *name, vo
 static void window_sweep(ferry_ctx *ctx, const char *path, const char *name, void *dev)
 {
 	static const char *const windows[] = {"16m", "64m", "128m", "512m"};
-	char row[512] = "", info[480];
+	char row[512] = "", info[640];
 	size_t at = 0;
 	for (int w = 0; w < 4; w++) {
 		ferry_cz *z = cz_open(ctx, path, "on");
@@ -161,7 +163,7 @@ static double plain_best(ferry_ctx *ctx, const char *path, void *buf, size_t n)
 static void stored_row(ferry_ctx *ctx, const char *warm, void *dev, uint8_t *data, uint8_t *back, size_t n)
 {
 	double t0 = now();
-	char plain[1024], czp[1024], gi[480], ci[480], hi[480];
+	char plain[1024], czp[1024], gi[640], ci[640], hi[640];
 	snprintf(plain, sizeof(plain), "%s/cz-bench-stored.bin", warm);
 	snprintf(czp, sizeof(czp), "%s/cz-bench-stored.lz4", warm);
 	t_gen_bf16(data, n, 27);
@@ -198,6 +200,35 @@ static void stored_row(ferry_ctx *ctx, const char *warm, void *dev, uint8_t *dat
 	unlink(czp);
 }
 
+/* Warm, from WARM_DIR: nvCOMP for every chunk (cz_gpu=on: LZ4 too) against the CPU threads, best
+ * of 3 on one open reader; both paths' bytes compared with the data. */
+static void warm_row(ferry_ctx *ctx, const char *wpath, const char *name, void *dev, const uint8_t *data, uint8_t *back,
+		     size_t n, double ratio)
+{
+	char ginfo[640], cinfo[640], kinfo[640];
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+	ferry_cz *z;
+	double fg, fc, tg = steady(ctx, wpath, dev, "on", 3, &fg, ginfo, sizeof(ginfo));
+	double tc = steady(ctx, wpath, dev, "off", 3, &fc, cinfo, sizeof(cinfo));
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* the CPU path's bytes */
+	T_CHECK(memcmp(back, data, n) == 0);
+	memset(back, 0xEE, n); /* poisoned, so the CPU path's bytes cannot pass for nvCOMP's */
+	T_EQ_INT(ferry_gpu_memcpy_htod(dev, back, n), 0);
+	z = cz_open(ctx, wpath, "on");
+	T_ASSERT(z && cz_time(z, dev, n, 0, kinfo, sizeof(kinfo)) > 0);
+	ferry_cz_destroy(z);
+	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* nvCOMP's bytes */
+	T_CHECK(memcmp(back, data, n) == 0);
+	double g = (double)n / tg / 1e9, c = (double)n / tc / 1e9;
+	printf("TABLE cz warm %s | nvcomp %.2f GB/s, cpu %.2f GB/s (%ld threads): %.2fx | target 3x %s; ratio %.2f; "
+	       "first read of a fresh open: nvcomp %.2f, cpu %.2f GB/s\n",
+	       name, g, c, cores, g / c, tg > 0 && tc > 0 && g >= 3 * c ? "met" : "not met", ratio,
+	       (double)n / fg / 1e9, (double)n / fc / 1e9);
+	const char *gp = strstr(ginfo, "); "), *cp = strstr(cinfo, "); ");
+	printf("TABLE cz warm phases %s | nvcomp%s | cpu%s\n", name, gp ? gp + 1 : ginfo, cp ? cp + 1 : cinfo);
+	printf("  nvcomp: %s\n  cpu: %s\n", ginfo, cinfo);
+}
+
 static int load_tokens(const char *path, uint8_t *data, size_t n)
 {
 	FILE *f = fopen(path, "rb");
@@ -219,11 +250,19 @@ int main(int argc, char **argv)
 		T_SKIP("no GPU: %s", why);
 	const char *warm = argv[2], *cold = argv[3], *tokens = argc > 5 ? argv[5] : NULL;
 	size_t n = (size_t)atol(argv[4]) << 20;
+	/* Cold reads of CZ_COLD_MIB (default 2048): the data set repeated. A read of the disk has
+	 * costs of its own at each end (its first window waits for a whole queue's bytes; the work
+	 * after its last bytes), which a read of a few hundred MiB does not hide; a checkpoint's
+	 * shard or a model's weights are gigabytes. CZ_BENCH_COLD_ONLY=1: the cold rows alone. */
+	const char *cm = getenv("CZ_COLD_MIB"), *co = getenv("CZ_BENCH_COLD_ONLY");
+	size_t nc = (size_t)(cm && *cm ? atol(cm) : 2048) << 20;
+	int cold_only = co && *co == '1';
+	nc = nc < n ? n : nc;
 	ferry_ctx *ctx;
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	uint8_t *data = malloc(n), *back = malloc(n);
+	uint8_t *data = malloc(n), *back = malloc(n), *cdata = malloc(nc);
 	void *dev;
-	T_ASSERT(data && back && ferry_gpu_malloc(0, n, &dev) == 0);
+	T_ASSERT(data && back && cdata && ferry_gpu_malloc(0, nc, &dev) == 0);
 	/* The rows in the order of what they decide (zstd is what cz_gpu=auto sends to nvCOMP; 256 KiB
 	 * against 1 MiB is cz_chunk's question), each run only while the time budget
 	 * (CZ_BENCH_BUDGET_S, default 100 s) has room for it: a row left out says so. */
@@ -235,12 +274,12 @@ int main(int argc, char **argv)
 	};
 	const char *sets[] = {"tokens", "bf16"};
 	const char *chunks[] = {"256k", "1m"};
-	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	const char *budget_env = getenv("CZ_BENCH_BUDGET_S");
 	double t_start = now(), budget = budget_env && *budget_env ? atof(budget_env) : 100, row_cost = 0;
 	double ceil_gbs = 0;
 	int loaded = -1;
-	stored_row(ctx, warm, dev, data, back, n);
+	if (!cold_only)
+		stored_row(ctx, warm, dev, data, back, n);
 	t_start = now(); /* the rows' budget is theirs */
 	for (size_t ri = 0; ri < sizeof(rows) / sizeof(rows[0]); ri++) {
 		int s = rows[ri].set, codec = rows[ri].codec, ch = rows[ri].ch;
@@ -263,54 +302,39 @@ int main(int argc, char **argv)
 			} else
 				t_gen_bf16(data, n, 26);
 			loaded = s;
+			for (size_t at = 0; at < nc; at += n)
+				memcpy(cdata + at, data, nc - at < n ? nc - at : n);
 			char plain_cold[1024];
 			snprintf(plain_cold, sizeof(plain_cold), "%s/cz-bench-%s.bin", cold, sets[s]);
-			put(plain_cold, data, n);
+			put(plain_cold, cdata, nc);
 			double ceiling = 1e99;
 			for (int k = 0; k < 2; k++) { /* the disk's rate through ferry, best of 2 */
-				double t = plain_read(ctx, plain_cold, dev, n, 1);
+				double t = plain_read(ctx, plain_cold, dev, nc, 1);
 				if (t > 0 && t < ceiling)
 					ceiling = t;
 			}
-			ceil_gbs = (double)n / ceiling / 1e9;
-			printf("TABLE cz cold %s plain | %.2f GB/s | the disk into GPU memory (ferry_pread, cold): the ceiling\n",
-			       sets[s], ceil_gbs);
+			ceil_gbs = (double)nc / ceiling / 1e9;
+			printf("TABLE cz cold %s plain | %.2f GB/s | the disk into GPU memory (ferry_pread, cold, %zu MiB): the ceiling\n",
+			       sets[s], ceil_gbs, nc >> 20);
 			unlink(plain_cold);
 		}
-		char wpath[1024], cpath[1024], ginfo[480], cinfo[480], kinfo[480];
+		char wpath[1024], cpath[1024], ginfo[640], kinfo[640];
 		snprintf(wpath, sizeof(wpath), "%s/cz-bench-%s.%s.%s", warm, sets[s], cn, chunks[ch]);
 		snprintf(cpath, sizeof(cpath), "%s/cz-bench-%s.%s.%s", cold, sets[s], cn, chunks[ch]);
-		compress(wpath, codec, chunks[ch], data, n);
-		compress(cpath, codec, chunks[ch], data, n);
-		ferry_cz *z = cz_open(ctx, wpath, "off");
+		if (!cold_only)
+			compress(wpath, codec, chunks[ch], data, n);
+		compress(cpath, codec, chunks[ch], cdata, nc);
+		ferry_cz *z = cz_open(ctx, cpath, "off");
 		T_ASSERT(z);
-		double ratio = (double)n / (double)ferry_cz_compressed_size(z);
+		double ratio = (double)nc / (double)ferry_cz_compressed_size(z);
 		ferry_cz_destroy(z);
-		/* warm: nvCOMP for every chunk (cz_gpu=on: LZ4 too) against the CPU threads */
-		double fg, fc, tg = steady(ctx, wpath, dev, "on", 3, &fg, ginfo, sizeof(ginfo));
-		double tc = steady(ctx, wpath, dev, "off", 3, &fc, cinfo, sizeof(cinfo));
-		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* the CPU path's bytes */
-		T_CHECK(memcmp(back, data, n) == 0);
-		memset(back, 0xEE, n); /* poisoned, so the CPU path's bytes cannot pass for nvCOMP's */
-		T_EQ_INT(ferry_gpu_memcpy_htod(dev, back, n), 0);
-		z = cz_open(ctx, wpath, "on");
-		T_ASSERT(z && cz_time(z, dev, n, 0, kinfo, sizeof(kinfo)) > 0);
-		ferry_cz_destroy(z);
-		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* nvCOMP's bytes */
-		T_CHECK(memcmp(back, data, n) == 0);
-		double g = (double)n / tg / 1e9, c = (double)n / tc / 1e9;
-		printf("TABLE cz warm %s | nvcomp %.2f GB/s, cpu %.2f GB/s (%ld threads): %.2fx | target 3x %s; ratio %.2f; "
-		       "first read of a fresh open: nvcomp %.2f, cpu %.2f GB/s\n",
-		       name, g, c, cores, g / c, tg > 0 && tc > 0 && g >= 3 * c ? "met" : "not met", ratio,
-		       (double)n / fg / 1e9, (double)n / fc / 1e9);
-		const char *gp = strstr(ginfo, "); "), *cp = strstr(cinfo, "); ");
-		printf("TABLE cz warm phases %s | nvcomp%s | cpu%s\n", name, gp ? gp + 1 : ginfo, cp ? cp + 1 : cinfo);
-		printf("  nvcomp: %s\n  cpu: %s\n", ginfo, cinfo);
+		if (!cold_only)
+			warm_row(ctx, wpath, name, dev, data, back, n, ratio);
 		/* cold, what cz_gpu=auto picks, a fresh open each time: best of 2 taking the slots an
 		 * earlier reader left (a process's reads after its first), then once with none left (the
 		 * first reader of a process: it registers its windows' pinned buffers on the way) */
 		double tk = 1e99, tf = -1;
-		char finfo[480];
+		char finfo[640];
 		for (int rep = 0; rep < 3; rep++) {
 			drop(cpath);
 			if (rep == 2)
@@ -324,18 +348,24 @@ int main(int argc, char **argv)
 				memcpy(kinfo, ginfo, sizeof(kinfo));
 			}
 		}
-		double k = (double)n / tk / 1e9, kf = tf > 0 ? (double)n / tf / 1e9 : 0;
+		for (size_t at = 0; at < nc; at += n) { /* the cold reads' bytes (the last read's) */
+			size_t m = nc - at < n ? nc - at : n;
+			T_EQ_INT(ferry_gpu_memcpy_dtoh(back, (uint8_t *)dev + at, m), 0);
+			T_CHECK(memcmp(back, cdata + at, m) == 0);
+		}
+		double k = (double)nc / tk / 1e9, kf = tf > 0 ? (double)nc / tf / 1e9 : 0;
 		printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s; "
 		       "the process's first reader %.2f GB/s (%.2fx)\n",
 		       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
 		       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met", kf, kf / (ceil_gbs * ratio));
 		printf("  auto, cold: %s\n  auto, cold, first reader: %s\n", kinfo, finfo);
-		if (s == 0 && codec == FERRY_CZ_ZSTD)
+		if (s == 0 && codec == FERRY_CZ_ZSTD && !cold_only)
 			small_batches(ctx, wpath, name, dev);
-		if (codec == FERRY_CZ_ZSTD)
+		if (codec == FERRY_CZ_ZSTD && !cold_only)
 			window_sweep(ctx, wpath, name, dev);
 		fflush(stdout);
-		unlink(wpath);
+		if (!cold_only)
+			unlink(wpath);
 		unlink(cpath);
 		double took = now() - t_row;
 		row_cost = took > row_cost ? took : row_cost;
@@ -343,7 +373,7 @@ int main(int argc, char **argv)
 		fflush(stdout);
 	}
 	T_EQ_INT(ferry_gpu_free(dev), 0);
-	free(data), free(back);
+	free(data), free(back), free(cdata);
 	ferry_ctx_destroy(ctx);
 	return t_result();
 }
