@@ -1,10 +1,14 @@
-/* Helpers of the compressed-file tests and bench (tests/unit/test_cz_read.c, tests/gpu/test_cz_bench.c):
- * a monotonic clock, a file's pages dropped from the page cache, a file written durably, a file
- * compressed by ferry's writer, and a plain file's timed read. */
+/* Helpers of the compressed-file tests and bench (tests/unit/test_cz_read.c, tests/gpu/test_cz_bench.c,
+ * tests/unit/test_compress_device.c): a monotonic clock, whether a file is in the page cache, a
+ * file read into it and dropped from it, a file written durably, a file compressed by ferry's
+ * writer, and a plain file's timed read. */
 #ifndef FERRY_TEST_CZ_FILES_H
 #define FERRY_TEST_CZ_FILES_H
 
 #include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,6 +21,36 @@ static inline double now(void)
 	struct timespec t;
 	clock_gettime(CLOCK_MONOTONIC, &t);
 	return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Whether every page of the file is in the page cache (mincore). */
+static inline int resident(const char *path)
+{
+	int fd = open(path, O_RDONLY);
+	struct stat st;
+	T_ASSERT(fd >= 0 && fstat(fd, &st) == 0);
+	size_t pg = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)st.st_size + pg - 1) / pg;
+	void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	unsigned char *v = malloc(np);
+	T_ASSERT(m != MAP_FAILED && v && mincore(m, (size_t)st.st_size, v) == 0);
+	size_t in = 0;
+	for (size_t k = 0; k < np; k++)
+		in += v[k] & 1;
+	munmap(m, (size_t)st.st_size);
+	free(v);
+	close(fd);
+	return in == np;
+}
+
+/* The file read through the page cache (it stays there). */
+static inline void load(const char *path)
+{
+	char buf[1 << 16];
+	int fd = open(path, O_RDONLY);
+	T_ASSERT(fd >= 0);
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	close(fd);
 }
 
 /* The file's pages out of the page cache (written back first). */

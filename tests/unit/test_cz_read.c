@@ -220,36 +220,6 @@ static void check_range(ferry_cz *z, const char *path, const uint8_t *data, uint
 	free(buf);
 }
 
-/* Whether every page of the file is in the page cache (mincore). */
-static int resident(const char *path)
-{
-	int fd = open(path, O_RDONLY);
-	struct stat st;
-	T_ASSERT(fd >= 0 && fstat(fd, &st) == 0);
-	size_t pg = (size_t)sysconf(_SC_PAGESIZE), np = ((size_t)st.st_size + pg - 1) / pg;
-	void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-	unsigned char *v = malloc(np);
-	T_ASSERT(m != MAP_FAILED && v && mincore(m, (size_t)st.st_size, v) == 0);
-	size_t in = 0;
-	for (size_t k = 0; k < np; k++)
-		in += v[k] & 1;
-	munmap(m, (size_t)st.st_size);
-	free(v);
-	close(fd);
-	return in == np;
-}
-
-/* The file read through the page cache (it stays there). */
-static void load(const char *path)
-{
-	char buf[1 << 16];
-	int fd = open(path, O_RDONLY);
-	T_ASSERT(fd >= 0);
-	while (read(fd, buf, sizeof(buf)) > 0)
-		;
-	close(fd);
-}
-
 struct conc {
 	ferry_cz *z;
 	const uint8_t *data;
