@@ -33,8 +33,9 @@ class Run:
     """One loader (local directory or s3:// through a cache), its epochs run one at a time so that
     every configuration's epoch e runs beside the others' (the VM's noise drifts over minutes)."""
 
-    def __init__(self, name, path, a, ctx, cached=False):
+    def __init__(self, name, path, a, ctx, cached=False, window=None):
         self.name, self.path, self.a, self.ctx, self.cached = name, path, a, ctx, cached
+        self.window = a.shard_window if window is None else window
         self.loader = None
         self.out = []
         self.prev = {}
@@ -47,7 +48,7 @@ class Run:
             a = self.a
             self.loader = ferry.Loader(self.path, batch_size=a.batch, seq_len=a.seq_len, shuffle=True, seed=1,
                                        context=self.ctx, prefetch=4, threads=a.threads,
-                                       **({} if a.shard_window is None else {"shard_window": a.shard_window}))
+                                       **({} if self.window is None else {"shard_window": self.window}))
             self.ds = self.loader.dataset if self.cached else None
         self.loader.set_epoch(e)
         n, b, t0 = 0, 0, time.perf_counter()
@@ -206,6 +207,10 @@ def main():
     ap.add_argument("--threads", type=int, default=1, help="the loader's threads")
     ap.add_argument("--shard-window", type=int, default=None,
                     help="the loader's shard_window (left out: its default, windows from the cache's budget)")
+    ap.add_argument("--windows", default="",
+                    help="shard_window values (comma-separated) each evicting cache (a fraction below 1) is also "
+                         "run with, beside its default: a smaller window keeps more of the cache from one epoch to "
+                         "the next (fewer fetches) and mixes fewer shards at once")
     ap.add_argument("--contend", type=int, default=0,
                     help="N: after the runs, N more epoch pairs of the local loader, each alone then beside a "
                          "fetch of the dataset's objects (ferry.read, then written to a file and removed, as a "
@@ -240,8 +245,14 @@ def main():
             shutil.rmtree(cache, ignore_errors=True)
             os.makedirs(cache)
             budget = int(size * frac) if frac < 1 else 0
-            runs.append(Run("s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac)),
-                            "s3://bucket/ds", a, ferry.Context(cache_dir=cache, cache_bytes=budget), cached=True))
+            name = "s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac))
+            runs.append(Run(name, "s3://bucket/ds", a, ferry.Context(cache_dir=cache, cache_bytes=budget), cached=True))
+            for w in [int(x) for x in a.windows.split(",") if x] if budget else []:
+                cw = cache + "-w%d" % w
+                shutil.rmtree(cw, ignore_errors=True)
+                os.makedirs(cw)
+                runs.append(Run("%s, shard_window %d" % (name, w), "s3://bucket/ds", a,
+                                ferry.Context(cache_dir=cw, cache_bytes=budget), cached=True, window=w))
         for e in range(a.epochs):
             for r in runs:
                 r.epoch(e)

@@ -48,7 +48,9 @@ def test_remote_loader_bench_runs(tmp_path, window):
     if window is not None:
         args += ["--shard-window", str(window)]
     else:
-        args += ["--contend", "1"]  # the local loader beside a paced fetch (GPU_BENCHES=remote-read passes 3)
+        # the local loader beside a paced fetch (GPU_BENCHES=remote-read passes 3); the evicting
+        # cache also with shard_window 1
+        args += ["--contend", "1", "--windows", "1"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = [l for l in p.stdout.splitlines() if l.startswith("TABLE remote-loader ")]
@@ -60,6 +62,11 @@ def test_remote_loader_bench_runs(tmp_path, window):
     assert any(r.startswith("TABLE remote-loader s3:// cache 50% of the dataset fetch bound | later epochs at most ")
                for r in rows), rows
     if window is None:
+        assert any(r.startswith("TABLE remote-loader s3:// cache 50% of the dataset, shard_window 1 | ") and
+                   "samples/s" in r for r in rows), rows
+        assert any(r.startswith("TABLE remote-loader s3:// cache 50% of the dataset, shard_window 1 later epochs vs local")
+                   for r in rows), rows
+        assert not any(r.startswith("TABLE remote-loader s3:// cache unbounded, shard_window") for r in rows), rows
         assert any(r.startswith("TABLE remote-loader local files beside a fetch | ") and "samples/s alone" in r
                    for r in rows), rows
         assert any(r.startswith("TABLE remote-loader local files, a new loader each epoch | ") and "us/batch" in r
