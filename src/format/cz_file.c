@@ -30,7 +30,7 @@ enum { GPU_AUTO, GPU_ON, GPU_OFF };
 static const char *const gpu_choices[] = {"auto", "on", "off", NULL};
 
 struct cz_knobs {
-	uint64_t chunk, level, threads, verify, gpu, window, gpu_min, ramp;
+	uint64_t chunk, level, threads, verify, gpu, window, gpu_min;
 };
 
 static uint64_t default_threads(void)
@@ -56,8 +56,6 @@ static const struct ferry__knob cz_rows[] = {
 	    .doc = "largest batch of a read into device memory (uncompressed bytes): one nvCOMP call, one window of the pipeline"),
 	ROW("cz_gpu_min", gpu_min, UINT, 64, 1, 1u << 20, .env = "FERRY_CZ_GPU_MIN",
 	    .doc = "cz_gpu=auto: fewest chunks a read into device memory must cover for nvCOMP (fewer decode on the CPU)"),
-	ROW("cz_ramp", ramp, BOOL, 1, 0, 1, .env = "FERRY_CZ_RAMP",
-	    .doc = "nvCOMP reads from storage start with windows of an eighth of cz_window, doubling (0: cz_window from the first)"),
 };
 #undef ROW
 static const char *cz_keys[sizeof(cz_rows) / sizeof(cz_rows[0]) + 1];
@@ -1527,10 +1525,11 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	void *prev = NULL; /* the caller's thread keeps its own current context */
 	double t0 = mono(), setup = 0;
 	uint64_t max = z->knobs.window / z->m.chunk_size ? z->knobs.window / z->m.chunk_size : 1;
-	/* nvCOMP's windows are cz_window from the first where the file is in memory: a batch takes
-	 * at least one chunk's decoding (its chunks run side by side, each at about 100 MB/s:
-	 * docs/GPU.md), so windows doubling from a few chunks cost that time again for each small
-	 * one; the CPU threads' windows double. From storage (below) they double too (cz_ramp). */
+	/* nvCOMP's windows are cz_window from the first: a batch takes at least one chunk's decoding
+	 * (its chunks run side by side, each at about 100 MB/s: docs/GPU.md), so windows doubling from
+	 * a few chunks cost that time again for each small one; the CPU threads' windows double.
+	 * From storage too: smaller first windows were done sooner, but the read took as long
+	 * (CONFIG.md, cz_window). */
 	uint64_t step = gpu ? max : z->knobs.threads < max ? z->knobs.threads : max;
 	struct pipe p = {.z = z, .nslots = CZ_DEV_SLOTS, .keep = 1, .pinned = true, .off = off, .len = len,
 			 .to_slot = true, .step = step, .max_step = max, .process = dev_window, .retire = dev_retire};
@@ -1545,13 +1544,6 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
 		p.taper = taper_for(z, a, b, max);
-		/* From storage, the first window's processing waits for its last frame, which comes
-		 * with the whole queue in flight: 45-90 ms at cz_window's 128 MiB on the H200's disk,
-		 * 11-60 ms for the CPU path's doubling windows (CONFIG.md, cz_ramp). The GPU waits for
-		 * the disk anyway, so smaller first batches cost it nothing: they start at the taper's
-		 * size, as the read's last windows end. */
-		if (gpu && p.taper && z->knobs.ramp)
-			p.step = p.taper;
 		p.nslots = slots_for(z, max, CZ_DEV_SLOTS, 1);
 		if (!r)
 			r = pipe_run(&p, a, b);

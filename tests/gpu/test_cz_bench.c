@@ -333,21 +333,15 @@ int main(int argc, char **argv)
 		/* cold, what cz_gpu=auto picks, a fresh open each time: best of 2 taking the slots an
 		 * earlier reader left (a process's reads after its first), then once with none left (the
 		 * first reader of a process: it registers its windows' pinned buffers on the way) */
-		double tk = 1e99, tf = -1, tr = -1;
-		char finfo[640], rinfo[640];
-		for (int rep = 0; rep < 4; rep++) {
+		double tk = 1e99, tf = -1;
+		char finfo[640];
+		for (int rep = 0; rep < 3; rep++) {
 			drop(cpath);
 			if (rep == 2)
 				ferry__cz_release_idle();
-			if (rep == 3) /* and once more (slots kept) with nvCOMP's windows at cz_window from the first */
-				setenv("FERRY_CZ_RAMP", "0", 1);
-			double f, t = steady(ctx, cpath, dev, "auto", 0, &f, rep == 2 ? finfo : rep == 3 ? rinfo : ginfo,
-					     sizeof(ginfo));
+			double f, t = steady(ctx, cpath, dev, "auto", 0, &f, rep == 2 ? finfo : ginfo, sizeof(ginfo));
 			(void)t;
-			unsetenv("FERRY_CZ_RAMP");
-			if (rep == 3)
-				tr = f;
-			else if (rep == 2)
+			if (rep == 2)
 				tf = f;
 			else if (f > 0 && f < tk) {
 				tk = f;
@@ -359,12 +353,12 @@ int main(int argc, char **argv)
 			T_EQ_INT(ferry_gpu_memcpy_dtoh(back, (uint8_t *)dev + at, m), 0);
 			T_CHECK(memcmp(back, cdata + at, m) == 0);
 		}
-		double k = (double)nc / tk / 1e9, kf = tf > 0 ? (double)nc / tf / 1e9 : 0, kr = tr > 0 ? (double)nc / tr / 1e9 : 0;
+		double k = (double)nc / tk / 1e9, kf = tf > 0 ? (double)nc / tf / 1e9 : 0;
 		printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s; "
-		       "the process's first reader %.2f GB/s (%.2fx); cz_ramp=0 %.2f GB/s (%.2fx)\n",
+		       "the process's first reader %.2f GB/s (%.2fx)\n",
 		       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
-		       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met", kf, kf / (ceil_gbs * ratio), kr, kr / (ceil_gbs * ratio));
-		printf("  auto, cold: %s\n  auto, cold, first reader: %s\n  auto, cold, cz_ramp=0: %s\n", kinfo, finfo, rinfo);
+		       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met", kf, kf / (ceil_gbs * ratio));
+		printf("  auto, cold: %s\n  auto, cold, first reader: %s\n", kinfo, finfo);
 		if (s == 0 && codec == FERRY_CZ_ZSTD && !cold_only)
 			small_batches(ctx, wpath, name, dev);
 		if (codec == FERRY_CZ_ZSTD && !cold_only)

@@ -233,14 +233,13 @@ static void stored_reads(void)
 }
 
 /*
- * A read into device memory from storage (its pages dropped) starts with small nvCOMP windows and
- * doubles (cz_ramp=1), so that the first window's work does not wait for a whole cz_window's
- * frames; cz_ramp=0 takes cz_window from the first. 12 chunks of 64 KiB, cz_window 512k (8
- * chunks), cz_threads 2 (the taper's least, 2 chunks): ramped 2, 4, then 6 halving to 3, 2, 1
- * (5 windows); not ramped 6, 3, 2, 1 (4). In the page cache both take 8 then 4. The bytes are
- * compared each time.
+ * A read into device memory from storage (its pages dropped) takes nvCOMP windows of cz_window
+ * from the first, and its last ones halve (the taper), so that what is left once its last frame
+ * comes is a small window's work; in the page cache they do not. 12 chunks of 64 KiB, cz_window
+ * 512k (8 chunks), cz_threads 2 (the taper's least, 2 chunks): from storage 6, 3, 2, 1 (4
+ * windows), cached 8 then 4. The bytes are compared each time.
  */
-static void cold_ramp(void)
+static void cold_taper(void)
 {
 	ferry_ctx *ctx;
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
@@ -250,7 +249,7 @@ static void cold_ramp(void)
 	for (size_t i = 0; i < n; i++)
 		data[i] = (uint8_t)((i / 5) % 53 + (i % 11 == 0 ? i >> 10 : 0));
 	char path[512];
-	snprintf(path, sizeof(path), "%s/test_compress_device.%d.ramp", t_tmpdir(), (int)getpid());
+	snprintf(path, sizeof(path), "%s/test_compress_device.%d.taper", t_tmpdir(), (int)getpid());
 	compress(path, FERRY_CZ_ZSTD, "64k", data, n);
 	ferry_cz *z;
 	void *dev;
@@ -260,25 +259,21 @@ static void cold_ramp(void)
 	T_EQ_INT(ferry_cz_set(z, "cz_window", "512k"), 0);
 	T_EQ_INT(ferry_cz_stored_chunks(z), 0);
 	int on_disk = 0;
-	for (int ramp = 1; ramp >= 0; ramp--) {
-		T_EQ_INT(ferry_cz_set(z, "cz_ramp", ramp ? "1" : "0"), 0);
-		for (int cold = 1; cold >= 0; cold--) { /* dropped, then read into the page cache */
-			if (cold)
-				drop(path);
-			else
-				load(path);
-			int out = !resident(path);
-			on_disk |= out;
-			check(z, dev, data, n, 0, n, cold ? "ramp: cold" : "ramp: cached");
-			struct ferry__cz_phases ph;
-			ferry__cz_last_phases(z, &ph);
-			printf("cz_ramp=%d, %s: %llu windows\n", ramp, out ? "from storage" : "in memory",
-			       (unsigned long long)ph.windows);
-			T_EQ_INT((long long)ph.windows, out ? (ramp ? 5 : 4) : 2);
-		}
+	for (int cold = 1; cold >= 0; cold--) { /* dropped, then read into the page cache */
+		if (cold)
+			drop(path);
+		else
+			load(path);
+		int out = !resident(path);
+		on_disk |= out;
+		check(z, dev, data, n, 0, n, cold ? "taper: cold" : "taper: cached");
+		struct ferry__cz_phases ph;
+		ferry__cz_last_phases(z, &ph);
+		printf("%s: %llu windows\n", out ? "from storage" : "in memory", (unsigned long long)ph.windows);
+		T_EQ_INT((long long)ph.windows, out ? 4 : 2);
 	}
 	if (!on_disk)
-		printf("ramp: %s stays in memory when its pages are dropped (tmpfs): only the in-memory windows were checked\n",
+		printf("taper: %s stays in memory when its pages are dropped (tmpfs): only the in-memory windows were checked\n",
 		       t_tmpdir());
 	ferry_cz_destroy(z);
 	T_EQ_INT(ferry_gpu_free(dev), 0);
@@ -296,7 +291,7 @@ int main(void)
 	setenv("FAKE_NVCOMP_ALIGN", "1", 1);
 	stored_reads();
 	unsetenv("FAKE_NVCOMP_ALIGN");
-	cold_ramp();
+	cold_taper();
 	r = r ? r : t_result();
 	fake_gpu_env_done(&e);
 	return r;
