@@ -40,6 +40,29 @@ static struct counts counts_now(void)
 	return c;
 }
 
+/* 12 chunks of 64 KiB of zstd-compressible bytes (*data, *n) in a file of the test's named for
+ * what (path), and a reader of it into device memory (*dev, n bytes): nvCOMP from one chunk
+ * (cz_gpu_min 1), 2 threads, nvCOMP windows of window. */
+static ferry_cz *zstd_reader(ferry_ctx *ctx, const char *what, const char *window, uint8_t **data, size_t *n,
+			     void **dev, char *path, size_t plen)
+{
+	const size_t cs = 64 << 10;
+	*n = 12 * cs;
+	uint8_t *d = *data = malloc(*n);
+	T_ASSERT(d);
+	for (size_t i = 0; i < *n; i++)
+		d[i] = (uint8_t)((i / 7) % 61 + (i % 13 == 0 ? i >> 9 : 0));
+	snprintf(path, plen, "%s/test_compress_device.%d.%s", t_tmpdir(), (int)getpid(), what);
+	compress(path, FERRY_CZ_ZSTD, "64k", d, *n);
+	ferry_cz *z;
+	T_ASSERT(ferry_cz_open(ctx, path, &z) == 0 && ferry_gpu_malloc(0, *n, dev) == 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_threads", "2"), 0);
+	T_EQ_INT(ferry_cz_set(z, "cz_window", window), 0);
+	T_EQ_INT(ferry_cz_stored_chunks(z), 0);
+	return z;
+}
+
 /*
  * The device path's set-up is the reader's, not each read's: the first reads into device memory
  * (the whole file, then a range with partial chunks at its ends, decoded on the CPU) make the
@@ -54,24 +77,12 @@ static void steady_reads(void)
 {
 	ferry_ctx *ctx;
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	const size_t cs = 64 << 10, n = 12 * cs;
-	uint8_t *data = malloc(n);
-	for (size_t i = 0; i < n; i++)
-		data[i] = (uint8_t)((i / 7) % 61 + (i % 13 == 0 ? i >> 9 : 0));
-	char path[512];
-	snprintf(path, sizeof(path), "%s/test_compress_device.%d.steady", t_tmpdir(), (int)getpid());
-	ferry_cz_writer *w;
-	T_ASSERT(ferry_cz_writer_create(path, FERRY_CZ_ZSTD, 0, &w) == 0);
-	T_ASSERT(ferry_cz_writer_set(w, "cz_chunk", "64k") == 0);
-	T_ASSERT(ferry_cz_writer_write(w, data, n) == 0 && ferry_cz_writer_commit(w) > 0);
-	ferry_cz_writer_destroy(w);
-	ferry_cz *z;
+	const size_t cs = 64 << 10;
+	uint8_t *data;
+	size_t n;
 	void *dev;
-	T_ASSERT(ferry_cz_open(ctx, path, &z) == 0 && ferry_gpu_malloc(0, n, &dev) == 0);
-	T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
-	T_EQ_INT(ferry_cz_set(z, "cz_threads", "2"), 0);
-	T_EQ_INT(ferry_cz_set(z, "cz_window", "128k"), 0);
-	T_EQ_INT(ferry_cz_stored_chunks(z), 0);
+	char path[512];
+	ferry_cz *z = zstd_reader(ctx, "steady", "128k", &data, &n, &dev, path, sizeof(path));
 	struct counts c0 = counts_now();
 	check(z, dev, data, n, 0, n, "steady: first read, whole");
 	check(z, dev, data, n, cs / 2, n - cs, "steady: second read, partial ends");
@@ -243,21 +254,11 @@ static void cold_taper(void)
 {
 	ferry_ctx *ctx;
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	const size_t cs = 64 << 10, n = 12 * cs;
-	uint8_t *data = malloc(n);
-	T_ASSERT(data);
-	for (size_t i = 0; i < n; i++)
-		data[i] = (uint8_t)((i / 5) % 53 + (i % 11 == 0 ? i >> 10 : 0));
-	char path[512];
-	snprintf(path, sizeof(path), "%s/test_compress_device.%d.taper", t_tmpdir(), (int)getpid());
-	compress(path, FERRY_CZ_ZSTD, "64k", data, n);
-	ferry_cz *z;
+	uint8_t *data;
+	size_t n;
 	void *dev;
-	T_ASSERT(ferry_cz_open(ctx, path, &z) == 0 && ferry_gpu_malloc(0, n, &dev) == 0);
-	T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
-	T_EQ_INT(ferry_cz_set(z, "cz_threads", "2"), 0);
-	T_EQ_INT(ferry_cz_set(z, "cz_window", "512k"), 0);
-	T_EQ_INT(ferry_cz_stored_chunks(z), 0);
+	char path[512];
+	ferry_cz *z = zstd_reader(ctx, "taper", "512k", &data, &n, &dev, path, sizeof(path));
 	int on_disk = 0;
 	for (int cold = 1; cold >= 0; cold--) { /* dropped, then read into the page cache */
 		if (cold)
