@@ -68,8 +68,9 @@ static void spit(const char *p, const uint8_t *b, size_t len)
 	close(fd);
 }
 
-/* dst: src's shards compressed (1 MiB chunks), its index copied. Returns the chunks written. */
-static uint64_t make_cz(const char *src, const char *dst, int codec)
+/* dst: src's shards compressed in chunks of chunk ("1m", "64k": kib KiB), its index copied.
+ * Returns the chunks written. */
+static uint64_t make_cz_chunks(const char *src, const char *dst, int codec, const char *chunk, uint64_t kib)
 {
 	char a[700], b[700];
 	uint64_t chunks = 0;
@@ -81,8 +82,8 @@ static uint64_t make_cz(const char *src, const char *dst, int codec)
 		snprintf(b, sizeof(b), "%s/shard-%05d.fsh", dst, s);
 		size_t len;
 		uint8_t *buf = slurp(a, &len);
-		compress(b, codec, "1m", buf, len);
-		chunks += (len + (1u << 20) - 1) >> 20;
+		compress(b, codec, chunk, buf, len);
+		chunks += (len + (kib << 10) - 1) / (kib << 10);
 		free(buf);
 	}
 	snprintf(a, sizeof(a), "%s/ferry.idx", src);
@@ -93,6 +94,9 @@ static uint64_t make_cz(const char *src, const char *dst, int codec)
 	free(buf);
 	return chunks;
 }
+
+/* dst: src's shards compressed (1 MiB chunks), its index copied. Returns the chunks written. */
+static uint64_t make_cz(const char *src, const char *dst, int codec) { return make_cz_chunks(src, dst, codec, "1m", 1024); }
 
 /* Flips a byte inside chunk 1's frame of cz_path's shard 1; returns the frame's offset. */
 static uint64_t damage_chunk1(const char *cz_path)
