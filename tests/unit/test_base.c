@@ -20,6 +20,11 @@
 #include "ferry/safetensors.h"
 #include "ferry_tools.h"
 
+/* xxhash's portable code, the reference for ferry's (xxh.c dispatches to AVX2 where it can) */
+#define XXH_INLINE_ALL
+#define XXH_VECTOR XXH_SCALAR
+#include <xxhash.h>
+
 /* ---------------------------------------------------------------------------------- sbuf, JSON */
 
 static void json_is(const char *in, const char *want)
@@ -186,6 +191,38 @@ static void test_xxh3(void)
 		}
 		T_CHECK(ferry__xxh3_digest(h) == ferry__xxh3_64(buf, lens[k]));
 	}
+	/* against xxhash's portable code: lengths around every path's edges (16, 128, 240, a 1,024-byte
+	 * block, a stripe of 64), odd offsets, and 1 MiB + 3 in pieces of random sizes, so that the
+	 * AVX2 code (where the CPU has it) and the streaming state's hand-over are both covered */
+	size_t big = (1u << 20) + 3;
+	uint8_t *b = malloc(big + 8);
+	T_ASSERT(b);
+	for (size_t i = 0; i < big + 8; i++)
+		b[i] = (uint8_t)t_rand(&seed);
+	int bad = 0;
+	for (size_t off = 0; off < 8; off += 3)
+		for (size_t n = 0; n <= 4200; n += n < 300 ? 1 : 61)
+			bad += ferry__xxh3_64(b + off, n) != XXH3_64bits(b + off, n);
+	T_EQ_INT(bad, 0);
+	uint64_t want = XXH3_64bits(b + 1, big);
+	T_CHECK(ferry__xxh3_64(b + 1, big) == want);
+	for (int rep = 0; rep < 3; rep++) {
+		ferry__xxh3_reset(h);
+		for (size_t done = 0; done < big;) {
+			size_t n = (size_t)(t_rand(&seed) % (rep == 0 ? 100 : rep == 1 ? 5000 : 300000)) + 1;
+			n = n < big - done ? n : big - done;
+			ferry__xxh3_update(h, b + 1 + done, n);
+			done += n;
+		}
+		T_CHECK(ferry__xxh3_digest(h) == want);
+	}
+#if FERRY__XXH_AVX2
+	if (__builtin_cpu_supports("avx2"))
+		printf("xxh3: the AVX2 code checked against the portable one\n");
+	else
+		printf("xxh3: skipped the AVX2 code's check: this CPU has no AVX2 (the portable code ran)\n");
+#endif
+	free(b);
 	ferry__xxh3_destroy(h);
 	ferry__xxh3_destroy(NULL);
 	uint64_t pub = 0;
