@@ -33,14 +33,24 @@ class Run:
     """One loader (local directory or s3:// through a cache), its epochs run one at a time so that
     every configuration's epoch e runs beside the others' (the VM's noise drifts over minutes)."""
 
-    def __init__(self, name, path, a, ctx, cached=False, window=None):
+    def __init__(self, name, path, a, ctx, cached=False, window=None, mapped=True):
         self.name, self.path, self.a, self.ctx, self.cached = name, path, a, ctx, cached
         self.window = a.shard_window if window is None else window
+        self.mapped = mapped
         self.loader = None
         self.out = []
         self.prev = {}
 
     def epoch(self, e):
+        # the loader's mapped knob is read from the environment when its pipeline is made
+        if not self.mapped:
+            os.environ["FERRY_LOADER_MAPPED"] = "0"
+        try:
+            self._epoch(e)
+        finally:
+            os.environ.pop("FERRY_LOADER_MAPPED", None)
+
+    def _epoch(self, e):
         if self.loader is None:
             # opened just before its first epoch: a cache's stagers start with the dataset, and
             # would otherwise fetch while the runs before it read
@@ -211,6 +221,9 @@ def main():
                     help="shard_window values (comma-separated) each evicting cache (a fraction below 1) is also "
                          "run with, beside its default: a smaller window keeps more of the cache from one epoch to "
                          "the next (fewer fetches) and mixes fewer shards at once")
+    ap.add_argument("--unmapped", action="store_true",
+                    help="each evicting cache's runs (its default window and --windows) also with the loader's "
+                         "mapped=0: its staged shards are new files each epoch, whose mapping faults every page in")
     ap.add_argument("--contend", type=int, default=0,
                     help="N: after the runs, N more epoch pairs of the local loader, each alone then beside a "
                          "fetch of the dataset's objects (ferry.read, then written to a file and removed, as a "
@@ -247,12 +260,15 @@ def main():
             budget = int(size * frac) if frac < 1 else 0
             name = "s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac))
             runs.append(Run(name, "s3://bucket/ds", a, ferry.Context(cache_dir=cache, cache_bytes=budget), cached=True))
-            for w in [int(x) for x in a.windows.split(",") if x] if budget else []:
-                cw = cache + "-w%d" % w
+            variants = [(w, m) for m in ([True, False] if a.unmapped else [True])
+                        for w in [None] + [int(x) for x in a.windows.split(",") if x]] if budget else []
+            for w, m in variants[1:]:
+                cw = cache + "-w%s-m%d" % (w, m)
                 shutil.rmtree(cw, ignore_errors=True)
                 os.makedirs(cw)
-                runs.append(Run("%s, shard_window %d" % (name, w), "s3://bucket/ds", a,
-                                ferry.Context(cache_dir=cw, cache_bytes=budget), cached=True, window=w))
+                runs.append(Run(name + (", shard_window %d" % w if w is not None else "") + ("" if m else ", mapped=0"),
+                                "s3://bucket/ds", a, ferry.Context(cache_dir=cw, cache_bytes=budget), cached=True,
+                                window=w, mapped=m))
         for e in range(a.epochs):
             for r in runs:
                 r.epoch(e)
