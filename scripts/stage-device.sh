@@ -74,6 +74,8 @@ if has wheels; then
 	# bench/gpu-cz-read.sh; 30 MB: .whl is then over the 64 MiB a device call carries, so a call
 	# carries the wheels it needs by name)
 	pyget instanttensor==0.2.2 nvidia-libnvcomp-cu13==6.0.0.12
+	# nvCOMP's Python API: bench/gpu-nvcomp-codecs.sh (its own formats against zstd and LZ4)
+	pyget nvidia-nvcomp-cu13==6.0.0.12
 	pyget mosaicml-streaming brotli python-snappy cramjam zstd xxhash tqdm pillow catalogue torchvision==0.26.0
 	# bench/remote-read.sh's peers: runai's S3 reader and tensorizer, boto3 (and what the three import
 	# that the GPU machine's image lacks: tensorizer imports redis and libnacl at import time)

@@ -132,3 +132,19 @@ def test_vsfio_variant_rows_limit_variants_and_runs_note_latency(tmp_path):
     env["VARIANT_ROWS"] = "read seq 1MiB QD32 direct"
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert p.returncode != 0 and "VARIANT_ROWS names rows not run" in p.stderr, p.stdout + p.stderr
+
+
+def test_nvcomp_codecs_bench_skips_without_a_gpu(tmp_path):
+    """bench/gpu-nvcomp-codecs.sh and bench/nvcomp-codecs.py (issue 26's comparison of nvCOMP's own
+    formats, run on the GPU machine) say skipped, with the reason, and exit 77 where there is no CUDA
+    device, no nvCOMP Python module or no staged wheel, as every GPU bench here does."""
+    env = dict(os.environ, FERRY_LOG_DIR=str(tmp_path), FERRY_BUILD_DIR=str(tmp_path / "b"),
+               CUDA_VISIBLE_DEVICES="", PYTHON=sys.executable)
+    p = subprocess.run([sys.executable, str(ROOT / "bench" / "nvcomp-codecs.py"), "--mib", "1"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 77, p.stdout + p.stderr
+    assert "skipped: " in p.stdout and "TABLE nvcomp-codecs setup | skipped | " in p.stdout, p.stdout
+    p = subprocess.run(["bash", str(ROOT / "bench" / "gpu-nvcomp-codecs.sh")], cwd=ROOT,
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 77, p.stdout + p.stderr
+    assert "skipped" in p.stdout, p.stdout
