@@ -16,6 +16,7 @@
 #else
 #pragma GCC target("avx2")
 #endif
+#include <immintrin.h> /* xxhash.h includes it only where __AVX2__ is defined, as GCC's pragma does and clang's does not */
 #define XXH_INLINE_ALL
 #define XXH_VECTOR XXH_AVX2
 #include <xxhash.h>
