@@ -8,15 +8,16 @@
 #    /dev/shm through ferry_cz_pread (CPU and nvCOMP paths, GPU and host memory) beside ferry_pread
 #    of the plain file (`TABLE cz stored ...`, ratios to the plain read; about 10 s);
 #  - warm, from /dev/shm: nvCOMP (cz_gpu=on) against the CPU path on every core (cz_gpu=off),
-#    effective GB/s on one open reader; target: 3x. Each row's path info has the pipeline's phase
-#    times (setup, read wait, host work, GPU wait): where the time goes;
-#  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise; CZ_COLD_MIB of the
-#    data set repeated, default 2048: a read's fixed costs at its two ends are not what a
-#    read of a few hundred MiB would make them look; CZ_BENCH_COLD_ONLY=1: these rows alone): cz_gpu=auto's
-#    effective GB/s against the plain file read into GPU memory (the disk's ceiling through ferry)
-#    times the ratio; target: 0.9x. Best of 2 fresh opens that take the slots an earlier reader
-#    left (a process's reads after its first), then one as the process's first reader (its pinned
-#    windows registered on the way); each with its phases, windows and most bytes in flight;
+#    effective GB/s on one open reader, medians of 3; target: 3x. Each row's path info has the
+#    pipeline's phase times (setup, read wait, host work, GPU wait): where the time goes;
+#  - cold, from the disk (build-bench-disk/cz; pages dropped with posix_fadvise): CZ_COLD_MIB of
+#    the data set repeated (default 2048: a read's fixed costs at its two ends are not what a read
+#    of a few hundred MiB would make them look; CZ_BENCH_COLD_ONLY=1: these rows alone);
+#    cz_gpu=auto's effective GB/s against the plain file read into GPU memory (the disk's ceiling
+#    through ferry) times the ratio, each the median of 3; target: 0.9x. Fresh opens that take the
+#    slots an earlier reader left (a process's reads after its first), then one as the process's
+#    first reader (its pinned windows registered on the way); each with its phases, windows, most
+#    bytes in flight and its reads' timings;
 #  - small batches (tokens, zstd, 256 KiB and 1 MiB): reads of 1-128 chunks on nvCOMP and on the
 #    CPU, and the crossover that cz_gpu_min should be; for zstd, nvCOMP's warm rate at cz_window
 #    16m-512m.

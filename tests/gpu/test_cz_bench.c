@@ -6,14 +6,14 @@
  * tests/nvcomp_check.h's synthetic ones) and bf16 weights, each codec, chunks of 256 KiB and 1 MiB:
  *  - warm (WARM_DIR, tmpfs): effective GB/s (uncompressed bytes per second into GPU memory) with
  *    cz_gpu=on (nvCOMP for every chunk, LZ4 too) and cz_gpu=off (the CPU, cz_threads = every
- *    core), best of 3 reads on one open reader after an untimed first (whose rate, open and set-up
+ *    core), the median of 3 reads on one open reader after an untimed first (whose rate, open and set-up
  *    included, is printed too); target: the GPU path at least 3x the CPU path; both results are
  *    compared with the data; the path info gives the pipeline's phase times;
  *  - cold (COLD_DIR, a disk; pages dropped with posix_fadvise after an fsync): CZ_COLD_MIB
  *    (default 2048) of the data set, repeated; the plain file read into GPU memory (the disk's
- *    rate through ferry: the ceiling) and the compressed file with cz_gpu=auto, open included;
- *    target: effective rate at least 0.9 x ceiling x ratio; best of 2 on the slots an earlier
- *    reader left, then once as the process's first reader (ferry__cz_release_idle: its pinned
+ *    rate through ferry: the ceiling, median of 3) and the compressed file with cz_gpu=auto, open
+ *    included; target: effective rate at least 0.9 x ceiling x ratio; the median of 3 on the
+ *    slots an earlier reader left, then once as the process's first reader (ferry__cz_release_idle: its pinned
  *    buffers registered on the way); the bytes compared with the data; the path info says when
  *    the first and the last window's reads were done and what followed the last;
  *  - tokens, zstd, 256 KiB and 1 MiB: reads of 1-128 chunks on nvCOMP and on the CPU, the
@@ -64,24 +64,37 @@ static double cz_time(ferry_cz *z, void *dev, size_t len, uint64_t off, char *in
 	return r == (ssize_t)len ? t : -1;
 }
 
-/* Best of reps whole reads on one open reader, after one untimed read (its setup: pinned slots,
- * device scratch, nvCOMP's decoders); *first gets that first read's time (open included). */
+/* The median of n times, -1 when one failed (-1). The targets are judged on medians of rounds. */
+static double median(double *v, int n)
+{
+	for (int i = 0; i < n; i++) {
+		if (v[i] < 0)
+			return -1;
+		for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+			double x = v[j];
+			v[j] = v[j - 1], v[j - 1] = x;
+		}
+	}
+	return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : -1;
+}
+
+/* The median of reps (at most 8) whole reads on one open reader, after one untimed read (its
+ * setup: pinned slots, device scratch, nvCOMP's decoders); *first gets that first read's time
+ * (open included). */
 static double steady(ferry_ctx *ctx, const char *path, void *dev, const char *gpu, int reps, double *first,
 		     char *info, size_t ilen)
 {
-	double t0 = now(), best = 1e99;
+	double t0 = now(), v[8];
 	ferry_cz *z = cz_open(ctx, path, gpu);
 	if (!z)
 		return -1;
 	size_t n = (size_t)ferry_cz_size(z);
 	*first = cz_time(z, dev, n, 0, info, ilen) < 0 ? -1 : now() - t0;
-	for (int k = 0; k < reps; k++) {
-		double t = cz_time(z, dev, n, 0, info, ilen);
-		if (t > 0 && t < best)
-			best = t;
-	}
+	reps = reps < 8 ? reps : 8;
+	for (int k = 0; k < reps; k++)
+		v[k] = cz_time(z, dev, n, 0, info, ilen);
 	ferry_cz_destroy(z);
-	return best < 1e98 ? best : -1;
+	return median(v, reps);
 }
 
 /* Reads of k chunks (k = 1, 2, 4, ... 128) of path, nvCOMP against the CPU threads, best of 5
@@ -307,18 +320,16 @@ int main(int argc, char **argv)
 			char plain_cold[1024];
 			snprintf(plain_cold, sizeof(plain_cold), "%s/cz-bench-%s.bin", cold, sets[s]);
 			put(plain_cold, cdata, nc);
-			double ceiling = 1e99;
-			for (int k = 0; k < 2; k++) { /* the disk's rate through ferry, best of 2 */
-				double t = plain_read(ctx, plain_cold, dev, nc, 1);
-				if (t > 0 && t < ceiling)
-					ceiling = t;
-			}
-			ceil_gbs = (double)nc / ceiling / 1e9;
+			double pt[3]; /* the disk's rate through ferry, median of 3 */
+			for (int k = 0; k < 3; k++)
+				pt[k] = plain_read(ctx, plain_cold, dev, nc, 1);
+			double ceiling = median(pt, 3);
+			ceil_gbs = ceiling > 0 ? (double)nc / ceiling / 1e9 : 0;
 			printf("TABLE cz cold %s plain | %.2f GB/s | the disk into GPU memory (ferry_pread, cold, %zu MiB): the ceiling\n",
 			       sets[s], ceil_gbs, nc >> 20);
 			unlink(plain_cold);
 		}
-		char wpath[1024], cpath[1024], ginfo[640], kinfo[640];
+		char wpath[1024], cpath[1024], kinfo[640];
 		snprintf(wpath, sizeof(wpath), "%s/cz-bench-%s.%s.%s", warm, sets[s], cn, chunks[ch]);
 		snprintf(cpath, sizeof(cpath), "%s/cz-bench-%s.%s.%s", cold, sets[s], cn, chunks[ch]);
 		if (!cold_only)
@@ -333,27 +344,26 @@ int main(int argc, char **argv)
 		/* cold, what cz_gpu=auto picks, a fresh open each time: best of 2 taking the slots an
 		 * earlier reader left (a process's reads after its first), then once with none left (the
 		 * first reader of a process: it registers its windows' pinned buffers on the way) */
-		double tk = 1e99, tf = -1;
+		double tf = -1, kt[3];
 		char finfo[640];
-		for (int rep = 0; rep < 3; rep++) {
+		for (int rep = 0; rep < 4; rep++) { /* 3 on kept slots (the path info: the last's), then a first reader */
 			drop(cpath);
-			if (rep == 2)
+			if (rep == 3)
 				ferry__cz_release_idle();
-			double f, t = steady(ctx, cpath, dev, "auto", 0, &f, rep == 2 ? finfo : ginfo, sizeof(ginfo));
+			double f, t = steady(ctx, cpath, dev, "auto", 0, &f, rep == 3 ? finfo : kinfo, sizeof(kinfo));
 			(void)t;
-			if (rep == 2)
+			if (rep == 3)
 				tf = f;
-			else if (f > 0 && f < tk) {
-				tk = f;
-				memcpy(kinfo, ginfo, sizeof(kinfo));
-			}
+			else
+				kt[rep] = f;
 		}
+		double tk = median(kt, 3);
 		for (size_t at = 0; at < nc; at += n) { /* the cold reads' bytes (the last read's) */
 			size_t m = nc - at < n ? nc - at : n;
 			T_EQ_INT(ferry_gpu_memcpy_dtoh(back, (uint8_t *)dev + at, m), 0);
 			T_CHECK(memcmp(back, cdata + at, m) == 0);
 		}
-		double k = (double)nc / tk / 1e9, kf = tf > 0 ? (double)nc / tf / 1e9 : 0;
+		double k = tk > 0 ? (double)nc / tk / 1e9 : 0, kf = tf > 0 ? (double)nc / tf / 1e9 : 0;
 		printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s; "
 		       "the process's first reader %.2f GB/s (%.2fx)\n",
 		       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
