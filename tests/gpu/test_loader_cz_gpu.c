@@ -9,7 +9,6 @@
  * test says skipped. Run over the fake driver and nvCOMP in CI (tests/unit/test_loader_cz_device.c). */
 #include "unit/loader_cz_data.h"
 
-static char dir[512];
 
 /* A device loader: kv (up to 16 pairs) with device 0 and cz_decode. */
 static ferry_loader *dev_loader(ferry_dataset *ds, const char *decode, const char *const *kv)
@@ -159,9 +158,7 @@ int main(void)
 	char why[256];
 	if (!ferry_gpu_available(why, sizeof(why)))
 		T_SKIP("no GPU: %s", why);
-	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	snprintf(dir, sizeof(dir), "%s/test_loader_cz_gpu.%d", t_tmpdir(), (int)getpid());
-	T_ASSERT(mkdir(dir, 0755) == 0);
+	lcz_begin("test_loader_cz_gpu");
 	char plain[600], cz[600];
 	int have = -1;
 	for (int noise = 0; noise < 2; noise++) {
@@ -184,11 +181,7 @@ int main(void)
 				damaged(cz, codec);
 		}
 	}
-	ferry_ctx_destroy(ctx);
-	char cmd[600];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd))
-		fprintf(stderr, "could not remove %s\n", dir);
+	lcz_end();
 	if (!have && !t_failures)
 		T_SKIP("nvCOMP cannot decode here (cz_decode=gpu refused, as it must)");
 	return t_result();

@@ -18,6 +18,7 @@
 #include "unit/loader_test.h"
 
 static ferry_ctx *ctx;
+static char dir[512]; /* the test's own directory (lcz_begin) */
 static uint64_t N;
 static uint8_t *stream;
 static uint64_t *soff;
@@ -66,6 +67,24 @@ static void spit(const char *p, const uint8_t *b, size_t len)
 	T_ASSERT(fd >= 0);
 	T_ASSERT(write(fd, b, len) == (ssize_t)len);
 	close(fd);
+}
+
+/* The test's context and its directory, t_tmpdir()/name.pid, made; lcz_end removes both. */
+static void lcz_begin(const char *name)
+{
+	T_ASSERT(ferry_ctx_create(&ctx) == 0);
+	snprintf(dir, sizeof(dir), "%s/%s.%d", t_tmpdir(), name, (int)getpid());
+	T_ASSERT(mkdir(dir, 0755) == 0);
+}
+
+static void lcz_end(void)
+{
+	ferry_ctx_destroy(ctx);
+	ctx = NULL;
+	char cmd[600];
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	if (system(cmd))
+		fprintf(stderr, "could not remove %s\n", dir);
 }
 
 /* dst: src's shards compressed in chunks of chunk ("1m", "64k": kib KiB), its index copied.

@@ -7,7 +7,6 @@
 #include "format/cz.h"
 #include "unit/loader_cz_data.h"
 
-static char dir[512];
 
 static void loader_checks(const char *cz_path, uint64_t chunks)
 {
@@ -107,9 +106,7 @@ static void damaged(const char *cz_path)
 
 int main(void)
 {
-	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	snprintf(dir, sizeof(dir), "%s/test_loader_cz.%d", t_tmpdir(), (int)getpid());
-	T_ASSERT(mkdir(dir, 0755) == 0);
+	lcz_begin("test_loader_cz");
 	char plain[600], cz[600], shard[700];
 	snprintf(plain, sizeof(plain), "%s/plain", dir);
 	make_plain(plain);
@@ -122,10 +119,6 @@ int main(void)
 		cache_checks(shard);
 		damaged(cz);
 	}
-	ferry_ctx_destroy(ctx);
-	char cmd[600];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd))
-		fprintf(stderr, "could not remove %s\n", dir);
+	lcz_end();
 	return t_result();
 }

@@ -14,9 +14,7 @@
  * each chunk decoded on the GPU about once, with the default cache and with a 4 MiB one */
 static void small_chunks(void)
 {
-	T_ASSERT(ferry_ctx_create(&ctx) == 0);
-	snprintf(dir, sizeof(dir), "%s/test_loader_cz_device.%d", t_tmpdir(), (int)getpid());
-	T_ASSERT(mkdir(dir, 0755) == 0);
+	lcz_begin("test_loader_cz_device");
 	char plain[600], cz[600];
 	lcz_noise = 0;
 	snprintf(plain, sizeof(plain), "%s/plain", dir);
@@ -45,11 +43,7 @@ static void small_chunks(void)
 	free(a);
 	free(b);
 	ferry_dataset_destroy(ds);
-	ferry_ctx_destroy(ctx);
-	char cmd[600];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd))
-		fprintf(stderr, "could not remove %s\n", dir);
+	lcz_end();
 }
 
 int main(void)
