@@ -213,8 +213,8 @@ static void stored_row(ferry_ctx *ctx, const char *warm, void *dev, uint8_t *dat
 	unlink(czp);
 }
 
-/* Warm, from WARM_DIR: nvCOMP for every chunk (cz_gpu=on: LZ4 too) against the CPU threads, best
- * of 3 on one open reader; both paths' bytes compared with the data. */
+/* Warm, from WARM_DIR: nvCOMP for every chunk (cz_gpu=on: LZ4 too) against the CPU threads, the
+ * median of 3 on one open reader; both paths' bytes compared with the data. */
 static void warm_row(ferry_ctx *ctx, const char *wpath, const char *name, void *dev, const uint8_t *data, uint8_t *back,
 		     size_t n, double ratio)
 {
@@ -341,7 +341,7 @@ int main(int argc, char **argv)
 		ferry_cz_destroy(z);
 		if (!cold_only)
 			warm_row(ctx, wpath, name, dev, data, back, n, ratio);
-		/* cold, what cz_gpu=auto picks, a fresh open each time: best of 2 taking the slots an
+		/* cold, what cz_gpu=auto picks, a fresh open each time: the median of 3 taking the slots an
 		 * earlier reader left (a process's reads after its first), then once with none left (the
 		 * first reader of a process: it registers its windows' pinned buffers on the way) */
 		double tf = -1, kt[3];
