@@ -84,12 +84,17 @@ class Run:
             self.loader.close()
 
 
+def shard_names(ds_dir):
+    """The dataset's shard files (its objects under s3://bucket/ds/), without the index's JSON."""
+    return sorted(f for f in os.listdir(ds_dir) if not f.endswith(".json") and not f.startswith("."))
+
+
 def fetch_ceiling(ds_dir, jobs=4):
     """The rate at which jobs threads (a cache's cache_jobs) fetch the dataset's shards whole with
     ferry.read from the server, each thread one shard at a time: what the stagers could reach."""
     import threading
     import ferry
-    shards = sorted(f for f in os.listdir(ds_dir) if not f.endswith(".json") and not f.startswith("."))
+    shards = shard_names(ds_dir)
     nxt, lock, moved = [0], threading.Lock(), [0]
     ferry.read("s3://bucket/ds/" + shards[0])  # untimed: the first read's imports and connections
 
@@ -124,7 +129,7 @@ def contend(a, runs, ds_dir):
     fb = [g.get("fetched_bytes", 0) - p.get("fetched_bytes", 0) for p, g in zip(got, got[1:])]
     secs = [g["seconds"] for g in got[1:]]
     rate = sum(fb) / max(sum(secs), 1e-9)
-    shards = sorted(f for f in os.listdir(ds_dir) if not f.endswith(".json") and not f.startswith("."))
+    shards = shard_names(ds_dir)
     scratch = os.path.join(a.dir, "contend")
     os.makedirs(scratch, exist_ok=True)
     stop = threading.Event()
@@ -260,9 +265,11 @@ def main():
             budget = int(size * frac) if frac < 1 else 0
             name = "s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac))
             runs.append(Run(name, "s3://bucket/ds", a, ferry.Context(cache_dir=cache, cache_bytes=budget), cached=True))
-            variants = [(w, m) for m in ([True, False] if a.unmapped else [True])
-                        for w in [None] + [int(x) for x in a.windows.split(",") if x]] if budget else []
-            for w, m in variants[1:]:
+            windows = [None] + [int(x) for x in a.windows.split(",") if x]  # None: the loader's default
+            variants = [(w, m) for m in ([True, False] if a.unmapped else [True]) for w in windows] if budget else []
+            for w, m in variants:
+                if w is None and m:
+                    continue  # the run just made
                 cw = cache + "-w%s-m%d" % (w, m)
                 shutil.rmtree(cw, ignore_errors=True)
                 os.makedirs(cw)
