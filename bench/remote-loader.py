@@ -113,7 +113,7 @@ def fetch_ceiling(ds_dir, jobs=4):
     [t.start() for t in ts]
     [t.join() for t in ts]
     rate = moved[0] / (time.perf_counter() - t0)
-    row("fetch ceiling", "%.2f GB/s" % (rate / 1e9),
+    row("fetch ceiling" + ("" if jobs == 4 else ", %d threads" % jobs), "%.2f GB/s" % (rate / 1e9),
         "%d threads each reading whole shards with ferry.read (%d shards, %.2f GB): the most the stagers can fetch"
         % (jobs, len(shards), moved[0] / 1e9))
     return rate
@@ -226,6 +226,10 @@ def main():
                     help="shard_window values (comma-separated) each evicting cache (a fraction below 1) is also "
                          "run with, beside its default: a smaller window keeps more of the cache from one epoch to "
                          "the next (fewer fetches) and mixes fewer shards at once")
+    ap.add_argument("--jobs", default="",
+                    help="cache_jobs values (comma-separated) each evicting cache's runs (its default window and "
+                         "--windows) are also made with, beside the default 4: more stagers fetch more shards at "
+                         "once; the fetch ceiling is also measured with that many threads")
     ap.add_argument("--unmapped", action="store_true",
                     help="each evicting cache's runs (its default window and --windows) also with the loader's "
                          "mapped=0: its staged shards are new files each epoch, whose mapping faults every page in")
@@ -256,7 +260,10 @@ def main():
         row("setup", "%.2f GB in %d shards" % (size / 1e9, len(os.listdir(ds_dir)) - 1),
             "nginx %s, %d workers; batch %d x %d tokens, shuffled, %d epochs" % (srv.url, a.server_workers, a.batch,
                                                                                 a.seq_len, a.epochs))
+        jobs = [int(x) for x in a.jobs.split(",") if x]
         ceiling = fetch_ceiling(ds_dir)
+        for j in jobs:  # the bound for the runs with more stagers (the table's bound stays the default's)
+            fetch_ceiling(ds_dir, j)
         runs = [Run("local files", ds_dir, a, ferry.Context())]
         for frac in [float(x) for x in a.fractions.split(",")]:
             cache = os.path.join(a.dir, "cache-%g" % frac)
@@ -266,16 +273,18 @@ def main():
             name = "s3:// cache %s" % ("unbounded" if not budget else "%.0f%% of the dataset" % (100 * frac))
             runs.append(Run(name, "s3://bucket/ds", a, ferry.Context(cache_dir=cache, cache_bytes=budget), cached=True))
             windows = [None] + [int(x) for x in a.windows.split(",") if x]  # None: the loader's default
-            variants = [(w, m) for m in ([True, False] if a.unmapped else [True]) for w in windows] if budget else []
-            for w, m in variants:
-                if w is None and m:
+            variants = [(w, m, j) for j in [None] + jobs for m in ([True, False] if a.unmapped else [True])
+                        for w in windows] if budget else []
+            for w, m, j in variants:
+                if w is None and m and j is None:
                     continue  # the run just made
-                cw = cache + "-w%s-m%d" % (w, m)
+                cw = cache + "-w%s-m%d-j%s" % (w, m, j)
                 shutil.rmtree(cw, ignore_errors=True)
                 os.makedirs(cw)
-                runs.append(Run(name + (", shard_window %d" % w if w is not None else "") + ("" if m else ", mapped=0"),
-                                "s3://bucket/ds", a, ferry.Context(cache_dir=cw, cache_bytes=budget), cached=True,
-                                window=w, mapped=m))
+                runs.append(Run(name + (", shard_window %d" % w if w is not None else "") + ("" if m else ", mapped=0")
+                                + ("" if j is None else ", cache_jobs %d" % j), "s3://bucket/ds", a,
+                                ferry.Context(cache_dir=cw, cache_bytes=budget, **({} if j is None else {"cache_jobs": j})),
+                                cached=True, window=w, mapped=m))
         for e in range(a.epochs):
             for r in runs:
                 r.epoch(e)

@@ -49,8 +49,8 @@ def test_remote_loader_bench_runs(tmp_path, window):
         args += ["--shard-window", str(window)]
     else:
         # the local loader beside a paced fetch (GPU_BENCHES=remote-read passes 3); the evicting
-        # cache also with shard_window 1
-        args += ["--contend", "1", "--windows", "1", "--unmapped"]
+        # cache also with shard_window 1, mapped=0 and 8 stagers
+        args += ["--contend", "1", "--windows", "1", "--unmapped", "--jobs", "8"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     rows = [l for l in p.stdout.splitlines() if l.startswith("TABLE remote-loader ")]
@@ -68,6 +68,10 @@ def test_remote_loader_bench_runs(tmp_path, window):
                    for r in rows), rows
         for name in ("s3:// cache 50% of the dataset, mapped=0", "s3:// cache 50% of the dataset, shard_window 1, mapped=0"):
             assert any(r.startswith("TABLE remote-loader %s | " % name) and "samples/s" in r for r in rows), rows
+        for name in ("s3:// cache 50% of the dataset, cache_jobs 8",
+                     "s3:// cache 50% of the dataset, shard_window 1, mapped=0, cache_jobs 8"):
+            assert any(r.startswith("TABLE remote-loader %s | " % name) and "samples/s" in r for r in rows), rows
+        assert any(r.startswith("TABLE remote-loader fetch ceiling, 8 threads | ") and "GB/s" in r for r in rows), rows
         assert not any(r.startswith("TABLE remote-loader s3:// cache unbounded,") for r in rows), rows
         assert any(r.startswith("TABLE remote-loader local files beside a fetch | ") and "samples/s alone" in r
                    for r in rows), rows
