@@ -92,7 +92,7 @@ static double pct(double a, double b)
 static void run_xfer(const struct suite_gpu_in *in, double htod)
 {
 	struct gsection *s = &gs[G_XFER];
-	static const struct {
+	const struct {
 		int x;
 		const char *label;
 	} modes[] = {{BENCH_X(0), row_labels[G_XFER][0]}, {BENCH_X(2), row_labels[G_XFER][1]},
