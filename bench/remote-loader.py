@@ -70,11 +70,12 @@ class Run:
         ls = self.loader.stats()
         # the pipeline's counters (cumulative while it runs; a restarted pipeline starts from 0)
         d = {k: ls.get(k, 0) - (self.prev.get(k, 0) if ls.get(k, 0) >= self.prev.get(k, 0) else 0)
-             for k in ("cpu_ns", "reads", "inline_reads", "mapped_reads")}
+             for k in ("cpu_ns", "reads", "inline_reads", "mapped_reads", "lent_maps")}
         self.prev = ls
         self.out.append({"epoch": e, "samples": n, "seconds": dt, "samples_per_s": n / dt,
                          "pipeline_us_per_batch": d["cpu_ns"] / 1e3 / max(b, 1),
                          "reads": d["reads"], "inline_reads": d["inline_reads"], "mapped_reads": d["mapped_reads"],
+                         "lent_maps": d["lent_maps"],
                          **{k: st[k] for k in ("budget", "fetched", "fetched_bytes", "evicted", "remote_reads", "reused",
                                                       "waits", "wait_s") if k in st}})
         print(json.dumps({"run": self.name, "path": self.path, **self.out[-1]}), flush=True)
@@ -292,7 +293,8 @@ def main():
 
         def cpu(out):
             return "pipeline CPU " + ", ".join("%.0f" % e["pipeline_us_per_batch"] for e in out) + \
-                " us/batch, mapped reads " + ", ".join("%.0f%%" % (100.0 * e["mapped_reads"] / max(e["reads"], 1)) for e in out)
+                " us/batch, mapped reads " + ", ".join("%.0f%%" % (100.0 * e["mapped_reads"] / max(e["reads"], 1)) for e in out) + \
+                ", shards read through the cache's mappings " + ", ".join("%d" % e["lent_maps"] for e in out)
         row("local files", ", ".join("%.0f" % e["samples_per_s"] for e in local) + " samples/s", "per epoch; " + cpu(local))
         for r in runs[1:]:
             got, name = r.out, r.name

@@ -800,7 +800,8 @@ class Loader:
         those the returned tensors still hold), ``chunk_decodes`` and ``chunk_decoded_bytes``
         (compressed shards: chunks, or chunk heads, the pipeline threads decoded, and their bytes),
         ``gpu_chunk_decodes`` and ``gpu_decode_batches`` (of those, the chunks nvCOMP decoded, in
-        how many batches: ``cz_decode``),
+        how many batches: ``cz_decode``), ``lent_maps`` (shards of an ``s3://`` dataset read through
+        the mapping the cache's stager made of the staged file, every page in),
         ``cpu_ns`` (the pipeline threads' CPU time), and derived ``wait_fraction`` (waited / elapsed) and
         ``cpu_cores`` (pipeline CPU time / elapsed)."""
         m = self._ensure().metrics()

@@ -133,6 +133,15 @@ void ferry__dataset_file_put(struct ferry_dataset *ds, uint32_t s, ferry_file *f
 uint64_t ferry__dataset_file_gen(const struct ferry_dataset *ds, uint32_t s, const ferry_file *f);
 int ferry__dataset_file_current(struct ferry_dataset *ds, uint32_t s, const ferry_file *f, uint64_t gen);
 uint64_t ferry__dataset_cache_drops(struct ferry_dataset *ds);
+/*
+ * After ferry__dataset_cache_lend (a loader that reads mapped), the stagers map each shard they
+ * stage read-only with every page in, on their own threads; ferry__dataset_file_map lends that
+ * mapping (*len bytes) for f, shard s's staged file held through ferry__dataset_file_get, or
+ * gives NULL (the reader maps f itself). The pointer stays valid while f's gen is current: an
+ * entry is unmapped only when evicted, and never while a read holds it.
+ */
+void ferry__dataset_cache_lend(struct ferry_dataset *ds);
+const uint8_t *ferry__dataset_file_map(const struct ferry_dataset *ds, uint32_t s, const ferry_file *f, uint64_t *len);
 /* The cache's byte budget (0: none, or no limit). */
 uint64_t ferry__dataset_cache_budget(const struct ferry_dataset *ds);
 /*

@@ -113,6 +113,7 @@ struct shard_map {
 	uint64_t mgen;       /* ferry__dataset_file_gen of mf (0: the shard's own file) */
 	uint64_t used_end;   /* the batch being filled: the end of its copies from here */
 	uint64_t used_gen;   /* the batch (worker's gen) used_end belongs to */
+	bool lent;           /* base is the dataset cache's mapping of mf (ferry__dataset_file_map), not ours */
 };
 
 struct skey { /* sort_pieces */
@@ -147,6 +148,7 @@ struct worker {
 	uint32_t nused;
 	uint64_t gen;   /* batches filled */
 	uint64_t mapped_reads; /* not yet added to the loader's */
+	uint64_t lent_maps;    /* the same: mappings lent by the dataset's cache (map_lent) */
 	struct ferry__bus_guard *guard; /* claimed by the thread itself */
 	uint64_t cpu_ns;
 	struct ferry__cz_cache *czc; /* compressed shards' decoded chunks (chunk_cache bytes) */
@@ -201,7 +203,7 @@ struct ferry_loader {
 	int gpu; /* started on a device: its buffers and rings exist */
 	/* metrics */
 	uint64_t *waits, nwaits, waits_cap;
-	uint64_t t_start, bytes, samples, reads, merged, inline_reads, mapped_reads, mapped_faults;
+	uint64_t t_start, bytes, samples, reads, merged, inline_reads, mapped_reads, mapped_faults, lent_maps;
 	uint64_t chunk_decodes, chunk_decoded; /* the workers' decoded chunk caches, added after each batch */
 	uint64_t gpu_chunk_decodes, gpu_decode_batches; /* of chunk_decodes, those nvCOMP decoded; its batches */
 	struct ferry__activity *act; /* what `ferry top` shows of this loader (NULL: not publishing) */
@@ -213,7 +215,7 @@ static const char *const metric_names[] = {
 	"steps", "wait_total_ns", "wait_mean_ns", "wait_p50_ns", "wait_p90_ns", "wait_p99_ns",
 	"wait_max_ns", "bytes", "samples", "elapsed_ns", "samples_per_s", "bytes_per_s", "reads",
 	"merged", "cpu_ns", "inline_reads", "device_buffers", "mapped_reads", "mapped_faults",
-	"chunk_decodes", "chunk_decoded_bytes", "gpu_chunk_decodes", "gpu_decode_batches", NULL,
+	"chunk_decodes", "chunk_decoded_bytes", "gpu_chunk_decodes", "gpu_decode_batches", "lent_maps", NULL,
 };
 
 const char *const *ferry_loader_metric_names(void) { return metric_names; }
@@ -520,9 +522,10 @@ static size_t group_end(const struct ferry_loader *l, const struct worker *w, si
 
 static void map_drop(struct shard_map *m)
 {
-	if (m->base)
+	if (m->base && !m->lent)
 		munmap(m->base, m->size);
 	free(m->seg);
+	m->lent = false;
 	m->base = NULL;
 	m->seg = NULL;
 	m->size = 0;
@@ -562,6 +565,31 @@ static int map_stat(struct shard_map *m, int fd, uint64_t now)
 	m->base = p;
 	m->size = (uint64_t)st.st_size;
 	return 0;
+}
+
+/*
+ * m as the dataset cache's mapping of f (shard file's staged copy), when it lends one: its pages
+ * were all brought in by the stager that staged it, so they count as resident until the first
+ * check is due, and the size is f's (a staged file never changes; another staging has another
+ * gen). The reader's copies from it fault nothing. Else m stays unmapped (map_stat maps it).
+ */
+static void map_lent(const struct ferry_loader *l, struct worker *w, struct shard_map *m, uint32_t file,
+		     const ferry_file *f, uint64_t now)
+{
+	uint64_t len = 0;
+	const uint8_t *p = ferry__dataset_file_map(l->ds, file, f, &len);
+	if (!p || !len)
+		return;
+	uint64_t nseg = ((len - 1) >> SEG_SHIFT) + 1;
+	if (!(m->seg = malloc(nseg * sizeof(*m->seg))))
+		return;
+	for (uint64_t k = 0; k < nseg; k++)
+		m->seg[k] = ((now + 5000000000ull) & ~1ull) | 1;
+	m->base = (uint8_t *)p;
+	m->size = len;
+	m->lent = true;
+	m->next_stat = now + 1000000000ull;
+	w->lent_maps++;
 }
 
 /* 1 when segment k of m was resident at its last check (checked again now when that is due). */
@@ -608,6 +636,8 @@ static const uint8_t *mapped_at(const struct ferry_loader *l, struct worker *w, 
 	int fd = ferry__file_fd(f);
 	if (fd < 0)
 		return NULL;
+	if (!m->base && gen)
+		map_lent(l, w, m, file, f, now);
 	if (now >= m->next_stat && map_stat(m, fd, now))
 		return NULL;
 	if (!m->base || off > m->size || len > m->size - off)
@@ -1148,7 +1178,8 @@ static int fill(struct worker *w, struct ferry_loader_batch *s)
 	l->merged += merged;
 	l->inline_reads += inlined;
 	l->mapped_reads += w->mapped_reads;
-	w->mapped_reads = 0;
+	l->lent_maps += w->lent_maps;
+	w->mapped_reads = w->lent_maps = 0;
 	if (w->czc) {
 		struct ferry__cz_cache_stats st;
 		ferry__cz_cache_stats(w->czc, &st);
@@ -1706,6 +1737,8 @@ int ferry_loader_start(ferry_loader *l)
 		if ((err = ferry_batch_create(l->ds->ctx, &w->batch)))
 			goto out;
 		if (l->mapped && l->inline_cached) {
+			/* a dataset cache's stagers map what they stage, every page in, for the reads */
+			ferry__dataset_cache_lend(l->ds);
 			w->nmaps = l->ds->x.nfiles + l->ds->copies.nfiles;
 			w->gen = 1;
 			w->used = malloc((w->nmaps ? w->nmaps : 1) * sizeof(*w->used));
@@ -2196,6 +2229,8 @@ int ferry_loader_metric(ferry_loader *l, const char *name, double *out)
 		r = (double)l->nbufs;
 	else if (!strcmp(name, "mapped_reads") || !strcmp(name, "mapped_faults")) {
 		r = (double)(name[7] == 'r' ? l->mapped_reads : l->mapped_faults);
+	} else if (!strcmp(name, "lent_maps")) {
+		r = (double)l->lent_maps;
 	} else if (!strcmp(name, "chunk_decodes") || !strcmp(name, "chunk_decoded_bytes")) {
 		r = (double)(name[12] == 's' ? l->chunk_decodes : l->chunk_decoded);
 	} else if (!strcmp(name, "gpu_chunk_decodes") || !strcmp(name, "gpu_decode_batches")) {

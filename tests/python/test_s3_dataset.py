@@ -182,6 +182,9 @@ def test_cache_second_epoch_no_gets(s3_server, env, proxy, tmp_path):
     reads = after["reads"] - (before["reads"] if after["reads"] >= before["reads"] else 0)
     mapped = after["mapped_reads"] - (before["mapped_reads"] if after["reads"] >= before["reads"] else 0)
     assert reads > 0 and mapped >= 0.9 * reads, (before, after)
+    # through the mappings the stagers made (every page in): those staged once the loader existed
+    # (its first epoch's, at the latest; the pipeline restarted for epoch 1)
+    assert after["lent_maps"] >= 1, (before, after)
     loader.close()
 
     # a new process's view: the dataset opened again reuses what is staged, its index too (HEADs only)
@@ -271,6 +274,8 @@ def test_loader_shuffle_under_a_smaller_cache(s3_server, env, proxy, tmp_path):
         # (the entries evicted since the pipeline's last batch at most; 15 shards a epoch were
         # evicted and would all stay mapped otherwise)
         assert _stale_mapped(cache) <= 4, (e, _stale_mapped(cache))
+        # the shards the stagers staged anew were read through their mappings, every page in
+        assert e == 0 or loader.stats()["lent_maps"] > 0, (e, loader.stats())
     # No read of the object in any epoch: the loader tells the cache where its reads are (the
     # window of each batch), a shard of that window or the next not staged yet is staged while the
     # read waits (it evicts the farthest next use outside the window being read: a budget of 6
