@@ -246,7 +246,8 @@ def _stale_mapped(cache):
 
 def test_loader_shuffle_under_a_smaller_cache(s3_server, env, proxy, tmp_path):
     """A shuffled loader over a cache smaller than the dataset visits the shards a window at a
-    time (shard_window's default: what half the budget holds), the stagers fetch in the loader's
+    time (shard_window's default: a sixteenth of what the budget holds, at least 1; 2 here, given),
+    the stagers fetch in the loader's
     order ahead of it and evict the shard used farthest ahead: no read goes to the object in any
     epoch (before, with the order over all shards, half of every epoch's reads did and the cache
     stopped evicting), every
@@ -258,8 +259,15 @@ def test_loader_shuffle_under_a_smaller_cache(s3_server, env, proxy, tmp_path):
     sizes = [s["Size"] for s in s3_server.s3.list_objects_v2(Bucket=_moto.BUCKET, Prefix="window/shard-")["Contents"]]
     assert len(sizes) >= 6, len(sizes)
     budget = max(sizes) * 6 + 1  # 6 shards: windows of 2 (and room for the index's entry)
+    # the default for this budget: windows of one shard (the window being read and the next in an
+    # eighth of the budget, the rest kept from one epoch to the next)
+    (tmp_path / "cache-default").mkdir()
+    dl = ferry.Loader(url, batch_size=2, seed=5, device="cpu", context=_ctx(tmp_path / "cache-default", budget))
+    assert "order=shuffle-window-1" in dl.state_dict()["state"], dl.state_dict()
+    dl.close()
+    dl.dataset.close()
     # (a shard holds ~4 samples here: the batches the pipeline fills ahead stay within a window)
-    loader = ferry.Loader(url, batch_size=2, seed=5, device="cpu", threads=1, prefetch=1,
+    loader = ferry.Loader(url, batch_size=2, seed=5, device="cpu", threads=1, prefetch=1, shard_window=2,
                           context=_ctx(cache, budget, cache_jobs=2))
     assert "order=shuffle-window-2" in loader.state_dict()["state"], loader.state_dict()
     remote = []
