@@ -224,14 +224,18 @@ static int evict_file(int dirfd, const char *name)
  * as its copies first touch them, about 2.6 ms a 16 MiB shard on the development VM, more than
  * the copies (a loader new each epoch over resident shards ran 0.73x the kept one's samples/s on
  * the H200 VM at 1.33x its CPU a batch); populated here, on a stager's thread, the reader's
- * copies fault nothing. NULL (the reader maps it itself) when the mapping fails.
+ * copies fault nothing. NULL (the reader maps it itself) when the mapping fails or the file is
+ * not all in memory.
  */
 static void *lend_map(struct ferry__dscache *c, ferry_file *f, size_t *len, bool *tried)
 {
 	int64_t size = ferry_file_size(f);
 	*len = 0;
 	*tried = atomic_load(&c->lend);
-	if (!*tried || size <= 0 || c->pid != self_pid())
+	/* only an entry wholly in the page cache (one just staged; one found staged may not be):
+	 * bringing in pages from the disk would read the whole cache at a loader's start, and the
+	 * loader's reads of a shard not resident go to its I/O threads, not its pipeline thread */
+	if (!*tried || size <= 0 || c->pid != self_pid() || !ferry__range_resident(f, 0, (uint64_t)size))
 		return NULL;
 	void *m = mmap(NULL, (size_t)size, PROT_READ, MAP_SHARED, ferry__file_fd(f), 0);
 	if (m == MAP_FAILED)
