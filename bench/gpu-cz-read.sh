@@ -26,7 +26,8 @@
 # and the measurement together; a row left out prints `skipped`). Each row prints its seconds.
 # The measurement is tests/gpu/test_cz_bench.c's bench mode (built with -DFERRY_GPU_TESTS=ON).
 # Prints "TABLE name | figure | note" rows; the full output goes to $FERRY_LOG_DIR.
-#   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=512 (bytes per data set)
+#   FERRY_BUILD_DIR=build-gpu-check bash bench/gpu-cz-read.sh     CZ_BENCH_MIB=512 (bytes per data set:
+#   the warm reads' size; CZ_BENCH_MIB=2048 CZ_TOKENS_MIB=512 CZ_BENCH_TOTAL_S=400 reads 2 GiB warm too)
 set -u
 source bench/nvcomp-env.sh test_cz_bench
 if [ ! -e /dev/nvidiactl ] && [ -z "${FERRY_CUDA_LIBRARY:-}" ]; then # (FERRY_CUDA_LIBRARY: a fake driver's run)
@@ -43,7 +44,8 @@ TOTAL=${CZ_BENCH_TOTAL_S:-110}
 PY=${PYTHON:-python3}
 tokens=$WARM/tokens.u16
 SECONDS=0
-if ! (set -o pipefail; timeout 60 "$PY" bench/cz-tokens.py "$tokens" "$MIB" 2>&1 | tee "$LOG/gpu-cz-tokens.txt"); then
+# (CZ_TOKENS_MIB: fewer tokens than MIB, repeated to it: a 2 GiB read's tokens in the tokenizer's time)
+if ! (set -o pipefail; timeout 60 "$PY" bench/cz-tokens.py "$tokens" "${CZ_TOKENS_MIB:-$MIB}" 2>&1 | tee "$LOG/gpu-cz-tokens.txt"); then
 	echo "TABLE cz tokens | synthetic | bench/cz-tokens.py failed (see above): the token rows use tests/nvcomp_check.h's ids"
 	tokens=
 fi
