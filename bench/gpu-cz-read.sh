@@ -20,7 +20,8 @@
 #    bytes in flight and its reads' timings;
 #  - small batches (tokens, zstd, 256 KiB and 1 MiB): reads of 1-128 chunks on nvCOMP and on the
 #    CPU, and the crossover that cz_gpu_min should be; for zstd, nvCOMP's warm rate at cz_window
-#    16m-512m.
+#    16m-512m, and the CPU path's at 128m-512m (their ratio, the 3x target's at that window).
+#    CZ_BENCH_WARM_ONLY=1: the warm rows and window sweeps alone.
 # Rows go in the order of what they decide (tokens zstd, then tokens LZ4, then bf16), each only
 # while the time budget has room for it (CZ_BENCH_TOTAL_S, default 110 s for the tokenizer's step
 # and the measurement together; a row left out prints `skipped`). Each row prints its seconds.

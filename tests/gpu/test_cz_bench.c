@@ -132,25 +132,39 @@ static void small_batches(ferry_ctx *ctx, const char *path, const char *name, vo
 
 /* nvCOMP's warm rate on one open reader against the pipeline's window (the batch size): cz_window's
  * measurement. */
+static double window_rate(ferry_ctx *ctx, const char *path, void *dev, const char *gpu, const char *window)
+{
+	char info[640];
+	double v[3];
+	ferry_cz *z = cz_open(ctx, path, gpu);
+	T_ASSERT(z && ferry_cz_set(z, "cz_window", window) == 0);
+	size_t n = (size_t)ferry_cz_size(z);
+	(void)cz_time(z, dev, n, 0, info, sizeof(info)); /* the first sets up: not counted */
+	for (int rep = 0; rep < 3; rep++)
+		v[rep] = cz_time(z, dev, n, 0, info, sizeof(info));
+	ferry_cz_destroy(z);
+	double t = median(v, 3);
+	return t > 0 ? (double)n / t / 1e9 : 0;
+}
+
+/* cz_window's question: each window size read warm whole by nvCOMP and by the CPU threads (whose
+ * windows double up to it), medians of 3, and the two paths' ratio (the 3x target's at that size) */
 static void window_sweep(ferry_ctx *ctx, const char *path, const char *name, void *dev)
 {
-	static const char *const windows[] = {"16m", "64m", "128m", "512m"};
-	char row[512] = "", info[640];
+	static const char *const windows[] = {"16m", "64m", "128m", "256m", "512m"};
+	char row[768] = "";
 	size_t at = 0;
-	for (int w = 0; w < 4; w++) {
-		ferry_cz *z = cz_open(ctx, path, "on");
-		T_ASSERT(z && ferry_cz_set(z, "cz_window", windows[w]) == 0);
-		size_t n = (size_t)ferry_cz_size(z);
-		double best = 1e99;
-		for (int rep = 0; rep < 4; rep++) { /* the first sets up: not counted */
-			double t = cz_time(z, dev, n, 0, info, sizeof(info));
-			if (rep && t > 0 && t < best)
-				best = t;
-		}
-		ferry_cz_destroy(z);
-		at += (size_t)snprintf(row + at, sizeof(row) - at, "%s%s %.2f GB/s", w ? ", " : "", windows[w], (double)n / best / 1e9);
+	for (int w = 0; w < 5; w++) {
+		double g = window_rate(ctx, path, dev, "on", windows[w]);
+		double c = w < 2 ? 0 : window_rate(ctx, path, dev, "off", windows[w]); /* (small windows: nvCOMP's alone) */
+		if (c > 0)
+			at += (size_t)snprintf(row + at, sizeof(row) - at, "%s%s %.2f GB/s (cpu %.2f, %.2fx)", w ? ", " : "",
+					       windows[w], g, c, g / c);
+		else
+			at += (size_t)snprintf(row + at, sizeof(row) - at, "%s%s %.2f GB/s", w ? ", " : "", windows[w], g);
 	}
-	printf("TABLE cz window %s | %s | nvcomp warm rate by cz_window (default 128m)\n", name, row);
+	printf("TABLE cz window %s | %s | warm rate by cz_window, nvCOMP (and the CPU path), medians of 3 (default 128m)\n",
+	       name, row);
 }
 
 /* Best of 3 timed reads (after an untimed one) of n bytes of a plain file into buf: ferry_pread. */
@@ -267,9 +281,9 @@ int main(int argc, char **argv)
 	 * costs of its own at each end (its first window waits for a whole queue's bytes; the work
 	 * after its last bytes), which a read of a few hundred MiB does not hide; a checkpoint's
 	 * shard or a model's weights are gigabytes. CZ_BENCH_COLD_ONLY=1: the cold rows alone. */
-	const char *cm = getenv("CZ_COLD_MIB"), *co = getenv("CZ_BENCH_COLD_ONLY");
+	const char *cm = getenv("CZ_COLD_MIB"), *co = getenv("CZ_BENCH_COLD_ONLY"), *wo = getenv("CZ_BENCH_WARM_ONLY");
 	size_t nc = (size_t)(cm && *cm ? atol(cm) : 2048) << 20;
-	int cold_only = co && *co == '1';
+	int cold_only = co && *co == '1', warm_only = !cold_only && wo && *wo == '1';
 	nc = nc < n ? n : nc;
 	ferry_ctx *ctx;
 	T_ASSERT(ferry_ctx_create(&ctx) == 0);
@@ -290,7 +304,7 @@ int main(int argc, char **argv)
 	const char *budget_env = getenv("CZ_BENCH_BUDGET_S");
 	double t_start = now(), budget = budget_env && *budget_env ? atof(budget_env) : 100, row_cost = 0;
 	double ceil_gbs = 0;
-	int loaded = -1;
+	int loaded = -1, ceil_set = -1;
 	if (!cold_only)
 		stored_row(ctx, warm, dev, data, back, n);
 	t_start = now(); /* the rows' budget is theirs */
@@ -317,6 +331,9 @@ int main(int argc, char **argv)
 			loaded = s;
 			for (size_t at = 0; at < nc; at += n)
 				memcpy(cdata + at, data, nc - at < n ? nc - at : n);
+		}
+		if (!warm_only && ceil_set != s) { /* the disk's ceiling, once a data set */
+			ceil_set = s;
 			char plain_cold[1024];
 			snprintf(plain_cold, sizeof(plain_cold), "%s/cz-bench-%s.bin", cold, sets[s]);
 			put(plain_cold, cdata, nc);
@@ -334,13 +351,24 @@ int main(int argc, char **argv)
 		snprintf(cpath, sizeof(cpath), "%s/cz-bench-%s.%s.%s", cold, sets[s], cn, chunks[ch]);
 		if (!cold_only)
 			compress(wpath, codec, chunks[ch], data, n);
-		compress(cpath, codec, chunks[ch], cdata, nc);
-		ferry_cz *z = cz_open(ctx, cpath, "off");
+		if (!warm_only)
+			compress(cpath, codec, chunks[ch], cdata, nc);
+		ferry_cz *z = cz_open(ctx, warm_only ? wpath : cpath, "off");
 		T_ASSERT(z);
-		double ratio = (double)nc / (double)ferry_cz_compressed_size(z);
+		double ratio = (double)(warm_only ? n : nc) / (double)ferry_cz_compressed_size(z);
 		ferry_cz_destroy(z);
 		if (!cold_only)
 			warm_row(ctx, wpath, name, dev, data, back, n, ratio);
+		if (warm_only) { /* CZ_BENCH_WARM_ONLY=1: the warm row and its window sweep alone */
+			if (codec == FERRY_CZ_ZSTD)
+				window_sweep(ctx, wpath, name, dev);
+			unlink(wpath);
+			double took = now() - t_row;
+			row_cost = took > row_cost ? took : row_cost;
+			printf("  row %s: %.1f s (%.1f s since the start)\n", name, took, now() - t_start);
+			fflush(stdout);
+			continue;
+		}
 		/* cold, what cz_gpu=auto picks, a fresh open each time: the median of 3 taking the slots an
 		 * earlier reader left (a process's reads after its first), then once with none left (the
 		 * first reader of a process: it registers its windows' pinned buffers on the way) */
