@@ -52,8 +52,9 @@ static const struct ferry__knob cz_rows[] = {
 	ROW("cz_verify", verify, BOOL, 1, 0, 1, .doc = "check each chunk's checksums when it is read"),
 	ROW("cz_gpu", gpu, ENUM, GPU_AUTO, 0, 2, .choices = gpu_choices, .env = "FERRY_CZ_GPU",
 	    .doc = "decode into device memory with nvCOMP: auto (zstd where loaded; LZ4 on the CPU), on (required, LZ4 too), off"),
-	ROW("cz_window", window, SIZE, 128u << 20, FERRY__CZ_CHUNK_MIN, 1ull << 30, .env = "FERRY_CZ_WINDOW",
-	    .doc = "largest batch of a read into device memory (uncompressed bytes): one nvCOMP call, one window of the pipeline"),
+	ROW("cz_window", window, SIZE, 0, 0, 1ull << 30, .env = "FERRY_CZ_WINDOW",
+	    .doc = "largest batch of a read into device memory (uncompressed bytes): one nvCOMP call, one window of the pipeline; "
+		   "0: 128 MiB, or an eighth of a larger read up to 256 MiB"),
 	ROW("cz_gpu_min", gpu_min, UINT, 64, 1, 1u << 20, .env = "FERRY_CZ_GPU_MIN",
 	    .doc = "cz_gpu=auto: fewest chunks a read into device memory must cover for nvCOMP (fewer decode on the CPU)"),
 };
@@ -529,6 +530,26 @@ static uint64_t window_chunks(const ferry_cz *z)
 	uint64_t n = z->knobs.threads * 4;
 	uint64_t cap = (256u << 20) / z->m.chunk_size;
 	return n > cap ? cap : n < 1 ? 1 : n;
+}
+
+/*
+ * The largest window of a read of len bytes into device memory: cz_window, or with cz_window 0
+ * (the default) 128 MiB, or an eighth of a read larger than 1 GiB, up to 256 MiB. nvCOMP decodes a
+ * window's chunks side by side, so a larger window is faster until the GPU is full, but the
+ * pipeline overlaps a window's checks and copies with the one before's decoding only across
+ * windows, and each slot holds a window's frames in pinned and device memory. Warm on the H200
+ * (bench/gpu-cz-read.sh, zstd, nvCOMP against 16 CPU threads): reads of 512 MiB ran as fast at
+ * 128 MiB as at 256 and 512 (tokens at 256 KiB chunks 19.71 GB/s at 128, 16.64 at 256); reads of
+ * 2 GiB ran 12.65-19.31 GB/s at 128 MiB and 16.97-28.73 at 256 (docs/CONFIG.md, cz_window).
+ */
+#define CZ_WINDOW_AUTO_MIN (128ull << 20)
+#define CZ_WINDOW_AUTO_MAX (256ull << 20)
+uint64_t ferry__cz_window_bytes(const ferry_cz *z, uint64_t len)
+{
+	if (z->knobs.window)
+		return z->knobs.window;
+	uint64_t w = len / 8;
+	return w < CZ_WINDOW_AUTO_MIN ? CZ_WINDOW_AUTO_MIN : w > CZ_WINDOW_AUTO_MAX ? CZ_WINDOW_AUTO_MAX : w;
 }
 
 /* The chunks [a, b) that [off, off + len) covers; len is clipped to the data. */
@@ -1524,7 +1545,8 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	pthread_mutex_lock(&z->lock);
 	void *prev = NULL; /* the caller's thread keeps its own current context */
 	double t0 = mono(), setup = 0;
-	uint64_t max = z->knobs.window / z->m.chunk_size ? z->knobs.window / z->m.chunk_size : 1;
+	uint64_t max = ferry__cz_window_bytes(z, len) / z->m.chunk_size;
+	max = max ? max : 1;
 	/* nvCOMP's windows are cz_window from the first: a batch takes at least one chunk's decoding
 	 * (its chunks run side by side, each at about 100 MB/s: docs/GPU.md), so windows doubling from
 	 * a few chunks cost that time again for each small one; the CPU threads' windows double.
