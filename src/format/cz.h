@@ -175,9 +175,9 @@ struct ferry__cz_phases {
 void ferry__cz_last_phases(struct ferry_cz *z, struct ferry__cz_phases *out);
 
 /* The largest window (uncompressed bytes) of a read of len bytes into device memory: cz_window,
- * or with cz_window 0 (the default) 128 MiB, or an eighth of a read larger than 1 GiB, up to 256
- * MiB (cz_file.c says why). */
-uint64_t ferry__cz_window_bytes(const struct ferry_cz *z, uint64_t len);
+ * or with cz_window 0 (the default) 128 MiB, or for a read whose frames are all in memory
+ * (resident) an eighth of it past 1 GiB, up to 256 MiB (cz_file.c says why). */
+uint64_t ferry__cz_window_bytes(const struct ferry_cz *z, uint64_t len, int resident);
 
 /* Frees the read pipeline's idle slot sets (cz_file.c: a reader's slots, pinned buffers, streams,
  * device scratch and decoders, kept for the process's next reader of the same device), so that

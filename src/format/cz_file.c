@@ -54,7 +54,7 @@ static const struct ferry__knob cz_rows[] = {
 	    .doc = "decode into device memory with nvCOMP: auto (zstd where loaded; LZ4 on the CPU), on (required, LZ4 too), off"),
 	ROW("cz_window", window, SIZE, 0, 0, 1ull << 30, .env = "FERRY_CZ_WINDOW",
 	    .doc = "largest batch of a read into device memory (uncompressed bytes): one nvCOMP call, one window of the pipeline; "
-		   "0: 128 MiB, or an eighth of a larger read up to 256 MiB"),
+		   "0: 128 MiB, or for a read from memory an eighth of it past 1 GiB, up to 256 MiB"),
 	ROW("cz_gpu_min", gpu_min, UINT, 64, 1, 1u << 20, .env = "FERRY_CZ_GPU_MIN",
 	    .doc = "cz_gpu=auto: fewest chunks a read into device memory must cover for nvCOMP (fewer decode on the CPU)"),
 };
@@ -534,20 +534,25 @@ static uint64_t window_chunks(const ferry_cz *z)
 
 /*
  * The largest window of a read of len bytes into device memory: cz_window, or with cz_window 0
- * (the default) 128 MiB, or an eighth of a read larger than 1 GiB, up to 256 MiB. nvCOMP decodes a
- * window's chunks side by side, so a larger window is faster until the GPU is full, but the
- * pipeline overlaps a window's checks and copies with the one before's decoding only across
- * windows, and each slot holds a window's frames in pinned and device memory. Warm on the H200
- * (bench/gpu-cz-read.sh, zstd, nvCOMP against 16 CPU threads): reads of 512 MiB ran as fast at
- * 128 MiB as at 256 and 512 (tokens at 256 KiB chunks 19.71 GB/s at 128, 16.64 at 256); reads of
- * 2 GiB ran 12.65-19.31 GB/s at 128 MiB and 16.97-28.73 at 256 (docs/CONFIG.md, cz_window).
+ * (the default) 128 MiB, or for a read whose frames are all in memory (resident) an eighth of it
+ * past 1 GiB, up to 256 MiB. nvCOMP decodes a window's chunks side by side, so a larger window is
+ * faster until the GPU is full, but the pipeline overlaps a window's checks and copies with the
+ * one before's decoding only across windows, and each slot holds a window's frames in pinned and
+ * device memory. Warm on the H200 (bench/gpu-cz-read.sh, zstd, nvCOMP against 16 CPU threads):
+ * reads of 512 MiB ran as fast at 128 MiB as at 256 and 512 (tokens at 256 KiB chunks 19.71 GB/s
+ * at 128, 16.64 at 256); reads of 2 GiB ran 12.65-19.31 GB/s at 128 MiB and 16.97-28.73 at 256.
+ * From storage the disk sets the rate: cold 2 GiB reads at 256 MiB met 0.9x the disk times the
+ * ratio in 6 of 8 rows (0.86-0.98x, the frames of tokens zstd 256 KiB arriving at 1.56 GB/s against
+ * the plain read's 1.78), at 128 MiB in 8 of 8 (docs/CONFIG.md, cz_window).
  */
 #define CZ_WINDOW_AUTO_MIN (128ull << 20)
 #define CZ_WINDOW_AUTO_MAX (256ull << 20)
-uint64_t ferry__cz_window_bytes(const ferry_cz *z, uint64_t len)
+uint64_t ferry__cz_window_bytes(const ferry_cz *z, uint64_t len, int resident)
 {
 	if (z->knobs.window)
 		return z->knobs.window;
+	if (!resident)
+		return CZ_WINDOW_AUTO_MIN;
 	uint64_t w = len / 8;
 	return w < CZ_WINDOW_AUTO_MIN ? CZ_WINDOW_AUTO_MIN : w > CZ_WINDOW_AUTO_MAX ? CZ_WINDOW_AUTO_MAX : w;
 }
@@ -1016,16 +1021,22 @@ void ferry__cz_release_idle(void)
 			set_free(all[k]);
 }
 
+/* 1 when the frames of chunks [a, b) are all in memory (a warm read: nothing waits for storage) */
+static int frames_resident(const ferry_cz *z, uint64_t a, uint64_t b)
+{
+	if (a >= b)
+		return 1;
+	const struct ferry__cz_chunk *e = &z->m.chunks[b - 1];
+	return ferry__range_resident(z->f, z->m.chunks[a].c_off, e->c_off + e->c_size - z->m.chunks[a].c_off);
+}
+
 /* p->taper for a read of chunks [a, b): where their frames are not all in memory (a read from
  * storage, whose last window's work would follow its last bytes), an eighth of the window cap,
  * at least cz_threads chunks; 0 for a resident file (nothing waits for storage: fewer, larger
  * windows are cheaper, nvCOMP's above all). */
-static uint64_t taper_for(const ferry_cz *z, uint64_t a, uint64_t b, uint64_t max_step)
+static uint64_t taper_for(const ferry_cz *z, int resident, uint64_t max_step)
 {
-	if (a >= b)
-		return 0;
-	const struct ferry__cz_chunk *e = &z->m.chunks[b - 1];
-	if (ferry__range_resident(z->f, z->m.chunks[a].c_off, e->c_off + e->c_size - z->m.chunks[a].c_off))
+	if (resident)
 		return 0;
 	uint64_t t = max_step / 8;
 	return t > z->knobs.threads ? t : z->knobs.threads;
@@ -1139,7 +1150,7 @@ static ssize_t pread_host(ferry_cz *z, uint8_t *buf, size_t len, uint64_t off)
 	struct pipe p = {.z = z, .s = set->s, .nslots = set->n, .dst = buf, .off = off, .len = len,
 			 .step = z->knobs.threads < max ? z->knobs.threads : max, .max_step = max,
 			 .process = host_window, .arg = &h};
-	p.taper = taper_for(z, a, b, max);
+	p.taper = taper_for(z, frames_resident(z, a, b), max);
 	p.nslots = slots_for(z, max, set->n, 0);
 	int r = pipe_run(&p, a, b);
 	set_give(set);
@@ -1545,7 +1556,8 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	pthread_mutex_lock(&z->lock);
 	void *prev = NULL; /* the caller's thread keeps its own current context */
 	double t0 = mono(), setup = 0;
-	uint64_t max = ferry__cz_window_bytes(z, len) / z->m.chunk_size;
+	const int resident = frames_resident(z, a, b);
+	uint64_t max = ferry__cz_window_bytes(z, len, resident) / z->m.chunk_size;
 	max = max ? max : 1;
 	/* nvCOMP's windows are cz_window from the first: a batch takes at least one chunk's decoding
 	 * (its chunks run side by side, each at about 100 MB/s: docs/GPU.md), so windows doubling from
@@ -1565,7 +1577,7 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 			z->slots[k].queue_s = 0, z->slots[k].frame_copies = 0;
 		struct dev_read d = {z, dptr, off, len, gpu, 0, 0, whybuf, sizeof(whybuf), NULL};
 		p.s = z->slots, p.arg = &d;
-		p.taper = taper_for(z, a, b, max);
+		p.taper = taper_for(z, resident, max);
 		p.nslots = slots_for(z, max, CZ_DEV_SLOTS, 1);
 		if (!r)
 			r = pipe_run(&p, a, b);

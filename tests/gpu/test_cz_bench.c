@@ -163,7 +163,7 @@ static void window_sweep(ferry_ctx *ctx, const char *path, const char *name, voi
 		else
 			at += (size_t)snprintf(row + at, sizeof(row) - at, "%s%s %.2f GB/s", w ? ", " : "", windows[w], g);
 	}
-	printf("TABLE cz window %s | %s | warm rate by cz_window, nvCOMP (and the CPU path), medians of 3 (default: 128m, or an eighth of a larger read up to 256m)\n",
+	printf("TABLE cz window %s | %s | warm rate by cz_window, nvCOMP (and the CPU path), medians of 3 (default: 128m, or an eighth of a larger read in memory up to 256m)\n",
 	       name, row);
 }
 

@@ -304,16 +304,18 @@ static int main_tests(void)
 		 * pipeline read ahead before */
 		int on_disk = !resident(path);
 		T_EQ_INT((long long)ph.windows, on_disk ? 22 : 20);
-		/* a read into device memory: 128 MiB windows, or an eighth of a read past 1 GiB up to
-		 * 256 MiB, unless cz_window names one */
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 512ull << 20), 128ll << 20);
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 1ull << 30), 128ll << 20);
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 3ull << 29), 192ll << 20);
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 2ull << 30), 256ll << 20);
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 64ull << 30), 256ll << 20);
+		/* a read into device memory: 128 MiB windows, or for one in memory an eighth of a read
+		 * past 1 GiB up to 256 MiB, unless cz_window names one */
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 512ull << 20, 1), 128ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 1ull << 30, 1), 128ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 3ull << 29, 1), 192ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 2ull << 30, 1), 256ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 64ull << 30, 1), 256ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 2ull << 30, 0), 128ll << 20); /* from storage */
 		T_EQ_INT(ferry_cz_set(z, "cz_window", "512m"), 0);
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 2ull << 30), 512ll << 20);
-		T_EQ_INT((long long)ferry__cz_window_bytes(z, 1ull << 20), 512ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 2ull << 30, 1), 512ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 2ull << 30, 0), 512ll << 20);
+		T_EQ_INT((long long)ferry__cz_window_bytes(z, 1ull << 20, 1), 512ll << 20);
 		T_EQ_INT(ferry_cz_set(z, "cz_window", "0"), 0);
 		T_EQ_INT((int)ph.slots, 16);
 		T_CHECK(ph.max_inflight > (uint64_t)ferry_cz_compressed_size(z) / 2);
