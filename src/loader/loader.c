@@ -1405,8 +1405,8 @@ static int build_runs(struct ferry_loader *l)
  * The shard-window shuffle (docs/DATA.md): shard_window -1 turns it on for order shuffle over a
  * dataset whose cache budget is smaller than the dataset, with windows of a sixteenth of what the
  * budget holds, at least one shard (the window read and the next one staged ahead in an eighth of
- * it, the rest kept from one epoch to the next); the default order is unchanged otherwise. wbound: each shard's first item (a token window belongs to the shard of its first
- * byte).
+ * it, the rest kept from one epoch to the next); the default order is unchanged otherwise.
+ * wbound: each shard's first item (a token window belongs to the shard of its first byte).
  */
 #define CZ_UNIT (1u << 20) /* the chunk window's unit: a compressed shard's chunks, 1 MiB of them or one */
 
