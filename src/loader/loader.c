@@ -2128,6 +2128,17 @@ static int set_state(struct ferry_loader *l, const char *v)
 	int err = setup(l, 0); /* first: it resolves shard_window, part of the order's name */
 	if (err)
 		return err;
+	unsigned w = 0;
+	char tail;
+	if (strcmp(order, state_order(l, on, sizeof(on))) && l->shard_window < 0 && l->order == FERRY_ORDER_SHUFFLE &&
+	    !l->copies && (!strcmp(order, "shuffle") || sscanf(order, "shuffle-window-%u%c", &w, &tail) == 1)) {
+		/* shard_window left to its default: the state's windows (or none), so that a run resumes
+		 * the order it began with when the default's choice moved (cache_bytes changed, or the
+		 * default itself did: half the budget before f650f11) */
+		l->shard_window = w;
+		if ((err = setup(l, 0)))
+			return err;
+	}
 	if (strcmp(order, state_order(l, on, sizeof(on))))
 		return ferry__error(FERRY_EBADOPT, "loader state: order was %s, the loader has %s", order,
 				    state_order(l, on, sizeof(on)));

@@ -264,6 +264,17 @@ def test_loader_shuffle_under_a_smaller_cache(s3_server, env, proxy, tmp_path):
     (tmp_path / "cache-default").mkdir()
     dl = ferry.Loader(url, batch_size=2, seed=5, device="cpu", context=_ctx(tmp_path / "cache-default", budget))
     assert "order=shuffle-window-1" in dl.state_dict()["state"], dl.state_dict()
+    # a state saved with another order (here a plain shuffle of the local copy) resumes that order:
+    # a loader left at the default takes the state's windows, or none
+    p = ferry.Loader(d, batch_size=2, seed=5, device="cpu", shard_window=0)
+    plain = [p.last_indices.tolist() for _ in p]
+    p.close()
+    p = ferry.Loader(d, batch_size=2, seed=5, device="cpu", shard_window=0)
+    for _ in zip(range(3), p):
+        pass
+    dl.load_state_dict(p.state_dict())
+    assert [dl.last_indices.tolist() for _ in dl] == plain[3:]
+    p.close()
     dl.close()
     dl.dataset.close()
     # (a shard holds ~4 samples here: the batches the pipeline fills ahead stay within a window)
