@@ -93,6 +93,26 @@ static inline void t_fill_pattern(unsigned char *buf, size_t len, uint64_t offse
 }
 
 /* Simple xorshift PRNG for property tests. */
+/* qsort's comparison of doubles */
+static inline int t_cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* The median of v[0..n) (sorted in place); -1 when n is 0 or a value is negative (a run that
+ * failed). The benchmarks' targets are judged on medians of rounds. */
+static inline double t_median(double *v, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (v[i] < 0)
+			return -1;
+	if (n <= 0)
+		return -1;
+	qsort(v, (size_t)n, sizeof(*v), t_cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static inline uint64_t t_rand(uint64_t *s)
 {
 	uint64_t x = *s;

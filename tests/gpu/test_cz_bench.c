@@ -64,37 +64,24 @@ static double cz_time(ferry_cz *z, void *dev, size_t len, uint64_t off, char *in
 	return r == (ssize_t)len ? t : -1;
 }
 
-/* The median of n times, -1 when one failed (-1). The targets are judged on medians of rounds. */
-static double median(double *v, int n)
-{
-	for (int i = 0; i < n; i++) {
-		if (v[i] < 0)
-			return -1;
-		for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-			double x = v[j];
-			v[j] = v[j - 1], v[j - 1] = x;
-		}
-	}
-	return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : -1;
-}
-
 /* The median of reps (at most 8) whole reads on one open reader, after one untimed read (its
  * setup: pinned slots, device scratch, nvCOMP's decoders); *first gets that first read's time
- * (open included). */
-static double steady(ferry_ctx *ctx, const char *path, void *dev, const char *gpu, int reps, double *first,
-		     char *info, size_t ilen)
+ * (open included). window: its cz_window (NULL: the default). */
+static double steady(ferry_ctx *ctx, const char *path, void *dev, const char *gpu, const char *window, int reps,
+		     double *first, char *info, size_t ilen)
 {
 	double t0 = now(), v[8];
 	ferry_cz *z = cz_open(ctx, path, gpu);
 	if (!z)
 		return -1;
+	T_ASSERT(!window || ferry_cz_set(z, "cz_window", window) == 0);
 	size_t n = (size_t)ferry_cz_size(z);
 	*first = cz_time(z, dev, n, 0, info, ilen) < 0 ? -1 : now() - t0;
 	reps = reps < 8 ? reps : 8;
 	for (int k = 0; k < reps; k++)
 		v[k] = cz_time(z, dev, n, 0, info, ilen);
 	ferry_cz_destroy(z);
-	return median(v, reps);
+	return t_median(v, reps);
 }
 
 /* Reads of k chunks (k = 1, 2, 4, ... 128) of path, nvCOMP against the CPU threads, best of 5
@@ -130,33 +117,24 @@ static void small_batches(ferry_ctx *ctx, const char *path, const char *name, vo
 	ferry_cz_destroy(c);
 }
 
-/* nvCOMP's warm rate on one open reader against the pipeline's window (the batch size): cz_window's
- * measurement. */
-static double window_rate(ferry_ctx *ctx, const char *path, void *dev, const char *gpu, const char *window)
+/* A path's warm rate, GB/s of the file's n bytes, at cz_window window: steady's median of 3. */
+static double window_rate(ferry_ctx *ctx, const char *path, void *dev, const char *gpu, const char *window, size_t n)
 {
 	char info[640];
-	double v[3];
-	ferry_cz *z = cz_open(ctx, path, gpu);
-	T_ASSERT(z && ferry_cz_set(z, "cz_window", window) == 0);
-	size_t n = (size_t)ferry_cz_size(z);
-	(void)cz_time(z, dev, n, 0, info, sizeof(info)); /* the first sets up: not counted */
-	for (int rep = 0; rep < 3; rep++)
-		v[rep] = cz_time(z, dev, n, 0, info, sizeof(info));
-	ferry_cz_destroy(z);
-	double t = median(v, 3);
+	double first, t = steady(ctx, path, dev, gpu, window, 3, &first, info, sizeof(info));
 	return t > 0 ? (double)n / t / 1e9 : 0;
 }
 
 /* cz_window's question: each window size read warm whole by nvCOMP and by the CPU threads (whose
  * windows double up to it), medians of 3, and the two paths' ratio (the 3x target's at that size) */
-static void window_sweep(ferry_ctx *ctx, const char *path, const char *name, void *dev)
+static void window_sweep(ferry_ctx *ctx, const char *path, const char *name, void *dev, size_t n)
 {
 	static const char *const windows[] = {"16m", "64m", "128m", "256m", "512m"};
 	char row[768] = "";
 	size_t at = 0;
 	for (int w = 0; w < 5; w++) {
-		double g = window_rate(ctx, path, dev, "on", windows[w]);
-		double c = w < 2 ? 0 : window_rate(ctx, path, dev, "off", windows[w]); /* (small windows: nvCOMP's alone) */
+		double g = window_rate(ctx, path, dev, "on", windows[w], n);
+		double c = w < 2 ? 0 : window_rate(ctx, path, dev, "off", windows[w], n); /* (small windows: nvCOMP's alone) */
 		if (c > 0)
 			at += (size_t)snprintf(row + at, sizeof(row) - at, "%s%s %.2f GB/s (cpu %.2f, %.2fx)", w ? ", " : "",
 					       windows[w], g, c, g / c);
@@ -204,13 +182,13 @@ static void stored_row(ferry_ctx *ctx, const char *warm, void *dev, uint8_t *dat
 	uint8_t *host = malloc(cn > n ? cn : n);
 	T_ASSERT(host);
 	double pd = plain_best(ctx, plain, dev, n), pr = plain_best(ctx, czp, dev, n), ph = plain_best(ctx, plain, host, n);
-	double f, tc = steady(ctx, czp, dev, "off", 3, &f, ci, sizeof(ci));
+	double f, tc = steady(ctx, czp, dev, "off", NULL, 3, &f, ci, sizeof(ci));
 	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0);
 	T_CHECK(memcmp(back, data, n) == 0);
-	double tg = steady(ctx, czp, dev, "on", 3, &f, gi, sizeof(gi));
+	double tg = steady(ctx, czp, dev, "on", NULL, 3, &f, gi, sizeof(gi));
 	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0);
 	T_CHECK(memcmp(back, data, n) == 0);
-	double th = steady(ctx, czp, host, "off", 3, &f, hi, sizeof(hi));
+	double th = steady(ctx, czp, host, "off", NULL, 3, &f, hi, sizeof(hi));
 	T_CHECK(memcmp(host, data, n) == 0);
 	double gb = (double)n / 1e9;
 	printf("TABLE cz stored warm into GPU | plain %.2f GB/s; the cz file's first bytes %.2f; cz_pread cpu path %.2f (%.2fx plain), "
@@ -235,8 +213,8 @@ static void warm_row(ferry_ctx *ctx, const char *wpath, const char *name, void *
 	char ginfo[640], cinfo[640], kinfo[640];
 	long cores = sysconf(_SC_NPROCESSORS_ONLN);
 	ferry_cz *z;
-	double fg, fc, tg = steady(ctx, wpath, dev, "on", 3, &fg, ginfo, sizeof(ginfo));
-	double tc = steady(ctx, wpath, dev, "off", 3, &fc, cinfo, sizeof(cinfo));
+	double fg, fc, tg = steady(ctx, wpath, dev, "on", NULL, 3, &fg, ginfo, sizeof(ginfo));
+	double tc = steady(ctx, wpath, dev, "off", NULL, 3, &fc, cinfo, sizeof(cinfo));
 	T_EQ_INT(ferry_gpu_memcpy_dtoh(back, dev, n), 0); /* the CPU path's bytes */
 	T_CHECK(memcmp(back, data, n) == 0);
 	memset(back, 0xEE, n); /* poisoned, so the CPU path's bytes cannot pass for nvCOMP's */
@@ -254,6 +232,42 @@ static void warm_row(ferry_ctx *ctx, const char *wpath, const char *name, void *
 	const char *gp = strstr(ginfo, "); "), *cp = strstr(cinfo, "); ");
 	printf("TABLE cz warm phases %s | nvcomp%s | cpu%s\n", name, gp ? gp + 1 : ginfo, cp ? cp + 1 : cinfo);
 	printf("  nvcomp: %s\n  cpu: %s\n", ginfo, cinfo);
+}
+
+/*
+ * Cold, from cpath (nc bytes) on the disk, what cz_gpu=auto picks, a fresh open each time: the
+ * median of 3 taking the slots an earlier reader left (a process's reads after its first), then
+ * once with none left (the first reader of a process: it registers its windows' pinned buffers on
+ * the way), against the plain read's ceiling times the ratio; the bytes compared with cdata.
+ */
+static void cold_row(ferry_ctx *ctx, const char *cpath, const char *name, void *dev, const uint8_t *cdata,
+		     uint8_t *back, size_t n, size_t nc, double ceil_gbs, double ratio)
+{
+	double tf = -1, kt[3];
+	char kinfo[640], finfo[640];
+	for (int rep = 0; rep < 4; rep++) { /* 3 on kept slots (the path info: the last's), then a first reader */
+		drop(cpath);
+		if (rep == 3)
+			ferry__cz_release_idle();
+		double f;
+		(void)steady(ctx, cpath, dev, "auto", NULL, 0, &f, rep == 3 ? finfo : kinfo, sizeof(kinfo));
+		if (rep == 3)
+			tf = f;
+		else
+			kt[rep] = f;
+	}
+	double tk = t_median(kt, 3);
+	for (size_t at = 0; at < nc; at += n) { /* the cold reads' bytes (the last read's) */
+		size_t m = nc - at < n ? nc - at : n;
+		T_EQ_INT(ferry_gpu_memcpy_dtoh(back, (uint8_t *)dev + at, m), 0);
+		T_CHECK(memcmp(back, cdata + at, m) == 0);
+	}
+	double k = tk > 0 ? (double)nc / tk / 1e9 : 0, kf = tf > 0 ? (double)nc / tf / 1e9 : 0;
+	printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s; "
+	       "the process's first reader %.2f GB/s (%.2fx)\n",
+	       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
+	       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met", kf, kf / (ceil_gbs * ratio));
+	printf("  auto, cold: %s\n  auto, cold, first reader: %s\n", kinfo, finfo);
 }
 
 static int load_tokens(const char *path, uint8_t *data, size_t n)
@@ -340,13 +354,13 @@ int main(int argc, char **argv)
 			double pt[3]; /* the disk's rate through ferry, median of 3 */
 			for (int k = 0; k < 3; k++)
 				pt[k] = plain_read(ctx, plain_cold, dev, nc, 1);
-			double ceiling = median(pt, 3);
+			double ceiling = t_median(pt, 3);
 			ceil_gbs = ceiling > 0 ? (double)nc / ceiling / 1e9 : 0;
 			printf("TABLE cz cold %s plain | %.2f GB/s | the disk into GPU memory (ferry_pread, cold, %zu MiB): the ceiling\n",
 			       sets[s], ceil_gbs, nc >> 20);
 			unlink(plain_cold);
 		}
-		char wpath[1024], cpath[1024], kinfo[640];
+		char wpath[1024], cpath[1024];
 		snprintf(wpath, sizeof(wpath), "%s/cz-bench-%s.%s.%s", warm, sets[s], cn, chunks[ch]);
 		snprintf(cpath, sizeof(cpath), "%s/cz-bench-%s.%s.%s", cold, sets[s], cn, chunks[ch]);
 		if (!cold_only)
@@ -359,52 +373,17 @@ int main(int argc, char **argv)
 		ferry_cz_destroy(z);
 		if (!cold_only)
 			warm_row(ctx, wpath, name, dev, data, back, n, ratio);
-		if (warm_only) { /* CZ_BENCH_WARM_ONLY=1: the warm row and its window sweep alone */
-			if (codec == FERRY_CZ_ZSTD)
-				window_sweep(ctx, wpath, name, dev);
-			unlink(wpath);
-			double took = now() - t_row;
-			row_cost = took > row_cost ? took : row_cost;
-			printf("  row %s: %.1f s (%.1f s since the start)\n", name, took, now() - t_start);
-			fflush(stdout);
-			continue;
-		}
-		/* cold, what cz_gpu=auto picks, a fresh open each time: the median of 3 taking the slots an
-		 * earlier reader left (a process's reads after its first), then once with none left (the
-		 * first reader of a process: it registers its windows' pinned buffers on the way) */
-		double tf = -1, kt[3];
-		char finfo[640];
-		for (int rep = 0; rep < 4; rep++) { /* 3 on kept slots (the path info: the last's), then a first reader */
-			drop(cpath);
-			if (rep == 3)
-				ferry__cz_release_idle();
-			double f, t = steady(ctx, cpath, dev, "auto", 0, &f, rep == 3 ? finfo : kinfo, sizeof(kinfo));
-			(void)t;
-			if (rep == 3)
-				tf = f;
-			else
-				kt[rep] = f;
-		}
-		double tk = median(kt, 3);
-		for (size_t at = 0; at < nc; at += n) { /* the cold reads' bytes (the last read's) */
-			size_t m = nc - at < n ? nc - at : n;
-			T_EQ_INT(ferry_gpu_memcpy_dtoh(back, (uint8_t *)dev + at, m), 0);
-			T_CHECK(memcmp(back, cdata + at, m) == 0);
-		}
-		double k = tk > 0 ? (double)nc / tk / 1e9 : 0, kf = tf > 0 ? (double)nc / tf / 1e9 : 0;
-		printf("TABLE cz cold %s | %.2f GB/s effective | ceiling %.2f x ratio %.2f = %.2f GB/s: %.2fx of it, target 0.9x %s; "
-		       "the process's first reader %.2f GB/s (%.2fx)\n",
-		       name, k, ceil_gbs, ratio, ceil_gbs * ratio, k / (ceil_gbs * ratio),
-		       k >= 0.9 * ceil_gbs * ratio ? "met" : "not met", kf, kf / (ceil_gbs * ratio));
-		printf("  auto, cold: %s\n  auto, cold, first reader: %s\n", kinfo, finfo);
-		if (s == 0 && codec == FERRY_CZ_ZSTD && !cold_only)
+		if (!warm_only) /* (CZ_BENCH_WARM_ONLY=1: the warm rows and window sweeps alone) */
+			cold_row(ctx, cpath, name, dev, cdata, back, n, nc, ceil_gbs, ratio);
+		if (s == 0 && codec == FERRY_CZ_ZSTD && !cold_only && !warm_only)
 			small_batches(ctx, wpath, name, dev);
 		if (codec == FERRY_CZ_ZSTD && !cold_only)
-			window_sweep(ctx, wpath, name, dev);
+			window_sweep(ctx, wpath, name, dev, n);
 		fflush(stdout);
 		if (!cold_only)
 			unlink(wpath);
-		unlink(cpath);
+		if (!warm_only)
+			unlink(cpath);
 		double took = now() - t_row;
 		row_cost = took > row_cost ? took : row_cost;
 		printf("  row %s: %.1f s (%.1f s since the start)\n", name, took, now() - t_start);

@@ -110,19 +110,7 @@ static double parallel(struct set *s, int nt, int compress)
 	return bad ? -1 : now() - t0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 #define REPS 5
-
-static double median(double *v, int n)
-{
-	qsort(v, (size_t)n, sizeof(*v), cmp_double);
-	return v[n / 2];
-}
 
 /* GPU figures for one set: seconds per batch from device memory and from pinned host memory. */
 static int gpu_run(struct set *s, const struct ferry__cuda_api *cu, double *dev_s, double *pinned_s, char *err,
@@ -167,7 +155,7 @@ static int gpu_run(struct set *s, const struct ferry__cuda_api *cu, double *dev_
 			if (k >= 0)
 				t[k] = now() - t0;
 		}
-		*(pinned ? pinned_s : dev_s) = median(t, REPS);
+		*(pinned ? pinned_s : dev_s) = t_median(t, REPS);
 	}
 	/* the bytes, once */
 	unsigned char *back = malloc(s->size);
@@ -276,7 +264,7 @@ static int bench(void)
 						failed++;
 						break;
 					}
-				double cpu_s = median(cpu, 3);
+				double cpu_s = t_median(cpu, 3);
 				T_CHECK(memcmp(out, plain, size) == 0);
 				char gerr[512] = "";
 				int g = gpu[c] && gpu_run(&s, cu, &dev, &pin, gerr, sizeof(gerr)) == 0;

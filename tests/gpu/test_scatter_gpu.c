@@ -191,12 +191,6 @@ static double now_us(void)
 	return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-	double x = *(const double *)a, y = *(const double *)b;
-	return x < y ? -1 : x > y;
-}
-
 /* One gather of 16 pieces of `size` from slots 1 MiB apart (as the engine's) three ways. */
 static void bench_gather(size_t size)
 {
@@ -239,8 +233,8 @@ static void bench_gather(size_t size)
 				wall[k][i] = now_us() - t0;
 			}
 		}
-		qsort(call[k], ROUNDS, sizeof(double), cmp_double);
-		qsort(wall[k], ROUNDS, sizeof(double), cmp_double);
+		qsort(call[k], ROUNDS, sizeof(double), t_cmp_double);
+		qsort(wall[k], ROUNDS, sizeof(double), t_cmp_double);
 	}
 	for (int k = 0; k < 3; k++)
 		printf("TABLE scatter gather 16 x %zuk %s | %.1f us CPU | %.1f us to the end of the copies%s\n",
