@@ -104,6 +104,10 @@ struct run {
  * page, only sooner (the first batch after 237 ms instead of 126).
  */
 #define SEG_SHIFT 21 /* 2 MiB: a check costs ~30 us here (cachestat ~65 ns a page, loaded VM) */
+#define SEG_RECHECK_NS 5000000000ull /* a segment's residency is checked again after 5 s at least */
+#define STAT_EVERY_NS 1000000000ull  /* a mapped shard's size is checked again after 1 s */
+/* shard_map.seg's entries: the time of the next check, | 1 while resident */
+static inline uint64_t seg_entry(uint64_t next, int res) { return (next & ~1ull) | (uint64_t)!!res; }
 struct shard_map {
 	uint8_t *base;       /* NULL: not mapped */
 	uint64_t size;       /* mapped bytes: the file's size when checked */
@@ -539,7 +543,7 @@ static int map_stat(struct shard_map *m, int fd, uint64_t now)
 	int ok = !fstat(fd, &st) && S_ISREG(st.st_mode) && st.st_size > 0;
 	if (!ok || (uint64_t)st.st_size != m->size)
 		map_drop(m);
-	m->next_stat = now + 1000000000ull;
+	m->next_stat = now + STAT_EVERY_NS;
 	if (m->base || !ok)
 		return m->base ? 0 : -1;
 	uint64_t nseg = (((uint64_t)st.st_size - 1) >> SEG_SHIFT) + 1;
@@ -584,11 +588,11 @@ static void map_lent(const struct ferry_loader *l, struct worker *w, struct shar
 	if (!(m->seg = malloc(nseg * sizeof(*m->seg))))
 		return;
 	for (uint64_t k = 0; k < nseg; k++)
-		m->seg[k] = ((now + 5000000000ull) & ~1ull) | 1;
+		m->seg[k] = seg_entry(now + SEG_RECHECK_NS, 1);
 	m->base = (uint8_t *)p;
 	m->size = len;
 	m->lent = true;
-	m->next_stat = now + 1000000000ull;
+	m->next_stat = now + STAT_EVERY_NS;
 	w->lent_maps++;
 }
 
@@ -609,7 +613,7 @@ static int seg_resident(struct shard_map *m, int fd, uint64_t k, uint64_t now)
 	uint64_t t0 = ferry__now_ns();
 	int res = syscall(__NR_cachestat, fd, &r, &cs, 0) == 0 && cs.nr_cache >= (r.len + 4095) / 4096;
 	uint64_t cost = ferry__now_ns() - t0;
-	m->seg[k] = ((now + (cost * 200 > 5000000000ull ? cost * 200 : 5000000000ull)) & ~1ull) | (uint64_t)res;
+	m->seg[k] = seg_entry(now + (cost * 200 > SEG_RECHECK_NS ? cost * 200 : SEG_RECHECK_NS), res);
 	return res;
 }
 
