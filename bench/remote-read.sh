@@ -35,10 +35,9 @@ if [ "${REMOTE_READ_ROWS:-1}" != 0 ]; then # REMOTE_READ_ROWS=0: the loader's ro
 fi
 # the loader over a cached s3:// dataset, the cache unbounded and at half the dataset (full and
 # evicting; the evicting cache also at shard_window 14 and 3, its default being 1 at this budget:
-# REMOTE_LOADER_WINDOWS; more of
-# remote-loader.py's options in REMOTE_LOADER_ARGS, e.g. --unmapped or --jobs 16), per epoch, then 3 epoch
-# pairs of the local loader alone and beside a fetch at the evicting cache's rate
-# (REMOTE_LOADER_GB=0 leaves it out; about 40 s at 1 GB)
+# REMOTE_LOADER_WINDOWS; more of remote-loader.py's options in REMOTE_LOADER_ARGS, e.g. --unmapped
+# or --jobs 16), per epoch, then 3 epoch pairs of the local loader alone and beside a fetch at the
+# evicting cache's rate (REMOTE_LOADER_GB=0 leaves it out; about 40 s at 1 GB)
 if [ "${REMOTE_LOADER_GB:-1}" != 0 ]; then
 	timeout 300 "$PY" bench/remote-loader.py --gb "${REMOTE_LOADER_GB:-1}" --epochs 3 --fractions 1,0.5 --contend 3 \
 		--windows "${REMOTE_LOADER_WINDOWS-14,3}" ${REMOTE_LOADER_ARGS:-} |
