@@ -134,6 +134,7 @@ static int tmp_init(int dirfd, const char *final, struct ferry__tmpfile *t)
 	t->dirfd = dirfd;
 	t->fd = -1;
 	t->name[0] = '\0';
+	t->created = false;
 	if (!*final || strchr(final, '/'))
 		return ferry__error(-EINVAL, "\"%s\": not a single name", final);
 	if (strlen(final) + 5 + 16 > NAME_MAX)
@@ -162,6 +163,7 @@ int ferry__tmp_create(int dirfd, const char *final, mode_t mode, int extra, stru
 		int fd = ferry__create_excl(dirfd, t->name, extra, mode);
 		if (fd >= 0) {
 			t->fd = fd;
+			t->created = true;
 			return 0;
 		}
 		r = fd == -EEXIST ? 0 : fd;
@@ -236,9 +238,17 @@ int ferry__tmp_commit(struct ferry__tmpfile *t, int flags)
 	return r;
 }
 
+/*
+ * A temporary this process created is emptied before its name goes: the unlink frees its blocks
+ * only with the file's last reference, which the kernel may hold a moment after the caller's
+ * writes completed (see drop_prefixed in src/ckpt/ckpt.c). An adopted one (a recycled shard that
+ * was refused: another link, another process reading it) is only unlinked.
+ */
 void ferry__tmp_abort(struct ferry__tmpfile *t)
 {
 	if (t->fd >= 0) {
+		if (t->name[0] && t->created)
+			(void)!ftruncate(t->fd, 0);
 		close(t->fd);
 		t->fd = -1;
 	}

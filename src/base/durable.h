@@ -9,7 +9,7 @@
  *   struct ferry__tmpfile t;
  *   r = ferry__tmp_create(dfd, "model.safetensors", 0644, 0, &t);   // t.fd: write, fallocate, O_DIRECT ...
  *   r = r ? r : ferry__tmp_commit(&t, 0);                     // fsync, renameat, fsync(dfd)
- *   if (r) ferry__tmp_abort(&t);                               // unlinks t.name only
+ *   if (r) ferry__tmp_abort(&t);                               // empties (if created) and unlinks t.name only
  *   close(dfd);
  *
  * Every function returns 0 (or a descriptor) or a negative code with ferry__error's detail.
@@ -17,6 +17,7 @@
 #ifndef FERRY_BASE_DURABLE_H
 #define FERRY_BASE_DURABLE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
 
@@ -53,6 +54,7 @@ struct ferry__tmpfile {
 	int fd;    /* -1 once closed */
 	char name[256];       /* "<final>.tmp-<16 hex digits>", at most NAME_MAX bytes */
 	char final[256 - 21]; /* room for ".tmp-" and the 16 digits */
+	bool created; /* made by ferry__tmp_create (not adopted): ferry__tmp_abort may empty it */
 };
 
 /*

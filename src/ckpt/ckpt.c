@@ -589,16 +589,31 @@ static void drop_prefixed(int dfd, const char *step_name, const char *prefix)
 	}
 	size_t n = strlen(prefix);
 	struct dirent *e;
-	while ((e = readdir(d)))
-		if (!strncmp(e->d_name, prefix, n))
-			(void)unlinkat(fd, e->d_name, 0);
+	while ((e = readdir(d))) {
+		if (strncmp(e->d_name, prefix, n))
+			continue;
+		/* emptied first: the unlink alone frees the blocks only with the file's last
+		 * reference, which the kernel may still hold after the save's writes completed (an
+		 * io_uring request that went through io-wq is freed by its submitting worker's task
+		 * work, which an idle worker runs at its next I/O); the failed save's space would
+		 * stay in use until then */
+		int f = openat(fd, e->d_name, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+		struct stat sb;
+		if (f >= 0) {
+			if (!fstat(f, &sb) && S_ISREG(sb.st_mode) && sb.st_nlink == 1) /* no copy kept */
+				(void)!ftruncate(f, 0);
+			close(f);
+		}
+		(void)unlinkat(fd, e->d_name, 0);
+	}
 	closedir(d);
 }
 
 /*
  * A save of this rank that failed gives its space back: its shard, temporaries and marker in the
- * step's directory go (the rank's lock says they are this process's). A full disk after the shard's rename (at the marker) no longer leaves the whole
- * shard behind for later saves to fail on.
+ * step's directory are emptied and go (the rank's lock says they are this process's, and the step
+ * never committed: no reader holds them). A full disk after the shard's rename (at the marker) no
+ * longer leaves the whole shard behind for later saves to fail on.
  */
 static void drop_own(ferry_ckpt *ck, int64_t step)
 {
@@ -778,6 +793,7 @@ static int commit(ferry_ckpt *ck, int64_t step)
 	 * not find the disk full of it. After a timeout other ranks may still be writing: only this
 	 * rank's files go (after_shard's caller). */
 	if (r && r != -ETIMEDOUT && !ck->url && !latest_is(ck->dir, step)) {
+		drop_own(ck, step); /* this rank's files emptied first, as after any failed save */
 		int dfd = ferry__dir_open(ck->dir, FERRY__DIR_FOLLOW);
 		char name[64];
 		snprintf(name, sizeof(name), "step-%012lld", (long long)step);
