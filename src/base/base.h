@@ -16,6 +16,9 @@
  * The message is prefixed with nothing: callers name the call, the file, the offset and the backend.
  */
 int ferry__error(int err, const char *fmt, ...) FERRY__PRINTF(2, 3);
+/* Records msg and returns err: a message another thread's ferry__error made, raised again on the
+ * thread that reports it; the code's text is added only where msg does not hold it already. */
+int ferry__error_raise(int err, const char *msg);
 /* Appends ": <more>" to the current detail string (context added by an outer layer). */
 void ferry__error_append(const char *fmt, ...) FERRY__PRINTF(1, 2);
 void ferry__error_clear(void);

@@ -59,6 +59,18 @@ int ferry__error(int err, const char *fmt, ...)
 	return err;
 }
 
+int ferry__error_raise(int err, const char *msg)
+{
+	const char *why = err < 0 ? ferry_strerror(err) : NULL;
+	char tail[200];
+	snprintf(tail, sizeof(tail), ": %s", why ? why : "");
+	if (!why || strstr(msg, tail)) /* its code's text is there already (ferry__error put it) */
+		snprintf(detail, sizeof(detail), "%s", msg);
+	else
+		snprintf(detail, sizeof(detail), "%s%s", msg, tail);
+	return err;
+}
+
 void ferry__error_append(const char *fmt, ...)
 {
 	size_t n = strlen(detail);

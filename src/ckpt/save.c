@@ -1558,6 +1558,6 @@ int64_t ferry_st_writer_wait(ferry_st_writer *w, int64_t timeout_ns)
 	pthread_mutex_unlock(&w->mu);
 	job_free(j);
 	if (res < 0)
-		return ferry__error((int)res, "%s", w->errmsg);
+		return ferry__error_raise((int)res, w->errmsg);
 	return res;
 }

@@ -429,13 +429,8 @@ static int worker_setup(struct ferry__worker *w)
 
 	pthread_mutex_lock(&g->mu);
 	if (ret && !g->err) {
-		/* the message without its ": <strerror>" tail, which the starting thread's error adds again */
-		const char *m = ferry_last_error(), *why = ferry_strerror(ret);
-		size_t len = strlen(m), wl = strlen(why);
-		if (len >= wl + 2 && !strcmp(m + len - wl, why) && !strncmp(m + len - wl - 2, ": ", 2))
-			len -= wl + 2;
 		g->err = ret;
-		snprintf(g->msg, sizeof(g->msg), "worker %u: %.*s", w->index, (int)len, m);
+		snprintf(g->msg, sizeof(g->msg), "worker %u: %s", w->index, ferry_last_error());
 	}
 	g->arrived++;
 	pthread_cond_broadcast(&g->cv);
@@ -498,7 +493,7 @@ int ferry__ctx_start(ferry_ctx *ctx)
 		while (g->arrived < made)
 			pthread_cond_wait(&g->cv, &g->mu);
 		if (!ret && g->err)
-			ret = ferry__error(g->err, "%s", g->msg);
+			ret = ferry__error_raise(g->err, g->msg);
 		pthread_mutex_unlock(&g->mu);
 	}
 	pthread_mutex_lock(&ctx->mu);

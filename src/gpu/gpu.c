@@ -446,7 +446,7 @@ int ferry_gpu_copy_ceiling_all(const int *devs, unsigned n, size_t bytes, unsign
 		pthread_join(tid[i], NULL);
 	pthread_barrier_destroy(&a.bar);
 	if (!err && a.err)
-		err = ferry__error(a.err, "%s", a.msg);
+		err = ferry__error_raise(a.err, a.msg);
 	else if (!err) {
 		qsort(a.t, reps, sizeof(*a.t), cmp_double);
 		qsort(a.t + reps, reps, sizeof(*a.t), cmp_double);
