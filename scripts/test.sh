@@ -105,9 +105,13 @@ if command -v clang >/dev/null; then
 		-max_len=8192 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/shard_index 2>&1 |
 		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
 	# --- compressed files (issue 26): the trailer and index parsers and the chunk decoders, likewise
-	run "compile fuzz cz" cmake --build build-fuzz -j"$J" --target fuzz_cz_index
+	run "compile fuzz cz" cmake --build build-fuzz -j"$J" --target fuzz_cz_index fuzz_lz4_block
 	run "fuzz cz index 20s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_cz_index -max_total_time=20 \
 		-max_len=8192 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/cz_index 2>&1 |
+		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
+	# the walk that bounds an LZ4 block before nvCOMP: whatever it takes, liblz4 decodes to its size
+	run "fuzz lz4 block 20s" bash -c 'd=$(mktemp -d) && build-fuzz/fuzz_lz4_block -max_total_time=20 \
+		-max_len=4096 -rss_limit_mb=2048 -artifact_prefix=build-fuzz/ "$d" tests/fuzz/corpus/lz4_block 2>&1 |
 		tail -3; r=${PIPESTATUS[0]}; rm -rf "$d"; exit $r'
 else
 	echo "=== fuzz safetensors: skipped: clang not installed"

@@ -210,16 +210,76 @@ int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint
 }
 
 /*
+ * 0 when the raw LZ4 block p[0, n) decodes to exactly want bytes under the reference decoder's
+ * rules (liblz4 1.9.4, LZ4_decompress_generic on a whole block), else -1: every match inside the
+ * bytes decoded before it and ending at least 5 bytes (LASTLITERALS) before the output's end; a
+ * sequence whose literals come within 12 bytes (MFLIMIT) of the output's end or 8 of the input's
+ * is the last, its literals ending exactly at the input's end; a length's extra bytes stop 15
+ * (literals) or 4 (matches) bytes before the input's end. A walk of the sequences that copies
+ * nothing: what lets a block go to nvCOMP's LZ4, which does not bound its output (below). What it
+ * accepts, LZ4_decompress_safe decodes to want bytes (tests/fuzz/fuzz_lz4_block.c); offset 0,
+ * which liblz4 never writes and the reference takes, is refused as well.
+ */
+int ferry__cz_lz4_bounded(const uint8_t *p, size_t n, size_t want)
+{
+	const uint8_t *const end = p + n;
+	size_t out = 0;
+	if (!n || !want)
+		return -1;
+	for (;;) {
+		const unsigned tok = *p++;
+		size_t lit = tok >> 4;
+		if (lit == 15) {
+			unsigned b;
+			if (end - p <= 15)
+				return -1;
+			do {
+				b = *p++;
+				lit += b;
+				if (end - p < 15)
+					return -1;
+			} while (b == 255);
+		}
+		if (out + lit + 12 > want || lit + 8 > (size_t)(end - p)) /* the last sequence */
+			return lit == (size_t)(end - p) && out + lit == want ? 0 : -1;
+		p += lit;
+		out += lit;
+		const size_t off = (size_t)p[0] | (size_t)p[1] << 8;
+		p += 2;
+		if (!off || off > out)
+			return -1;
+		size_t ml = (tok & 15u) + 4;
+		if ((tok & 15u) == 15) {
+			unsigned b;
+			do {
+				b = *p++;
+				ml += b;
+				if (end - p < 4)
+					return -1;
+			} while (b == 255);
+		}
+		if (ml + 5 > want - out)
+			return -1;
+		out += ml;
+	}
+}
+
+/*
  * nvCOMP 6.0 does not bound its output by the room it is given (a chunk given half its size wrote
  * the other half past it, H100, tests/nvcomp_check.h), so a damaged frame, or one that decodes to
  * more than its index entry says, never reaches it: zstd, the checksum and the frame's own bound
- * (its content size, else its blocks'); LZ4 (no bound of its own) goes to the GPU only where the
- * user asked for it (cz_gpu=on, the loader's cz_decode=gpu).
+ * (its content size, else its blocks'); LZ4, the checksum and a walk of the block's sequences
+ * (ferry__cz_lz4_bounded: a raw LZ4 block has no size of its own).
  */
 int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name)
 {
 	const struct ferry__cz_chunk *e = &m->chunks[i];
 	int r = ferry__cz_check_frame(m, i, frame, name);
+	if (!r && m->codec == FERRY__CZ_LZ4 && !(e->flags & FERRY__CZ_STORED) &&
+	    ferry__cz_lz4_bounded(frame + FERRY__CZ_LZ4_PAYLOAD, e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4, e->u_size))
+		r = ferry__error(FERRY_ECORRUPT,
+				 "%s: chunk %llu (compressed offset %llu): LZ4 block: malformed or does not decode to the index's %u bytes",
+				 name, (unsigned long long)i, (unsigned long long)e->c_off, e->u_size);
 	if (!r && m->codec == FERRY__CZ_ZSTD && !(e->flags & FERRY__CZ_STORED)) {
 		unsigned long long bound = ZSTD_decompressBound(frame, e->c_size);
 		if (bound == ZSTD_CONTENTSIZE_ERROR || bound > e->u_size)
@@ -640,6 +700,6 @@ int ferry__cz_parallel(size_t n, unsigned threads, int (*fn)(void *arg, size_t i
 		pthread_join(tid[k], NULL);
 	pthread_mutex_destroy(&w.lock);
 	if (w.err_i < n)
-		return ferry__error(w.err, "%s", w.detail);
+		return ferry__error_raise(w.err, w.detail);
 	return 0;
 }

@@ -1536,10 +1536,9 @@ static ssize_t pread_device(ferry_cz *z, uint64_t dptr, int dev, size_t len, uin
 	if (z->knobs.gpu == GPU_OFF)
 		why = "cz_gpu=off";
 	else if (z->m.codec == FERRY__CZ_LZ4 && z->knobs.gpu == GPU_AUTO)
-		/* nvCOMP 6.0's LZ4 writes past the room it is given when a block decodes to more (and
-		 * a raw LZ4 block has no size of its own to check first); the CPU path was also the
-		 * faster one (7.4 against 4.5 GB/s, tokens, H100, bench/gpu-cz-read.sh) */
-		why = "LZ4 decodes on the CPU unless cz_gpu=on (nvCOMP's LZ4 does not bound its output)";
+		/* each LZ4 block bound for nvCOMP, which does not bound its output, is walked on the
+		 * host first (ferry__cz_lz4_bounded), at nearly the cost of decoding it there */
+		why = "LZ4 decodes on the CPU unless cz_gpu=on (bounding an LZ4 block for nvCOMP costs the host nearly what decoding it does)";
 	else
 		gpu = ferry__nvc_available(z->m.codec, &why) == 1; /* the same numbers */
 	if (!gpu && z->knobs.gpu == GPU_ON)

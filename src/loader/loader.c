@@ -1501,9 +1501,10 @@ static int chunk_window_setup(struct ferry_loader *l)
 
 /*
  * Where compressed shards decode (cz_decode): on a device loader, zstd on the GPU wherever nvCOMP is
- * loaded (auto), LZ4 only when asked (gpu: nvCOMP 6.0's LZ4 does not bound its output, and a raw LZ4
- * block cannot be checked for its size first; cz_gpu's reason, CONFIG.md); host loaders, and
- * everything else, on the pipeline threads. gpu where nvCOMP cannot run is an error naming why.
+ * loaded (auto), LZ4 only when asked (gpu: each block is walked first, since nvCOMP 6.0's LZ4
+ * does not bound its output, at nearly the CPU cost of decoding it; cz_gpu's reason, CONFIG.md);
+ * host loaders, and everything else, on the pipeline threads. gpu where nvCOMP cannot run is an
+ * error naming why.
  */
 static int cz_decode_setup(struct ferry_loader *l)
 {
@@ -1911,11 +1912,7 @@ int ferry_loader_next(ferry_loader *l, ferry_loader_batch **out)
 		char msg[sizeof(l->errmsg)];
 		snprintf(msg, sizeof(msg), "%s", l->errmsg);
 		pthread_mutex_unlock(&l->mu);
-		/* ferry__error appends the code's text again: drop the copy already in the detail */
-		size_t ml = strlen(msg), tl = strlen(ferry_strerror(err));
-		if (ml > tl + 2 && !strcmp(msg + ml - tl, ferry_strerror(err)) && msg[ml - tl - 2] == ':')
-			msg[ml - tl - 2] = 0;
-		return ferry__error(err, "%s", msg);
+		return ferry__error_raise(err, msg);
 	}
 	pthread_mutex_unlock(&l->mu);
 	if (l->device >= 0) {

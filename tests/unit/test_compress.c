@@ -2,10 +2,14 @@
  * chunk size on random, zero, text, uint16 token and bf16-like data; ranges across chunk
  * boundaries and to the end; the stock zstd and lz4 tools decoding the file; damaged files
  * (a corrupted chunk, a truncated file, an index pointing past the end, a wrong checksum) giving
- * errors that name the chunk; an aborted writer leaving nothing. */
+ * errors that name the chunk; an aborted writer leaving nothing; the walk that bounds an LZ4 block
+ * before nvCOMP. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <lz4.h>
+#include <lz4hc.h>
 #include <math.h>
+#include <time.h>
 
 #include "ferry/compress.h"
 #include "ferry_test.h"
@@ -530,6 +534,85 @@ static void aligned_reads(void)
 	free(data);
 }
 
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/*
+ * The walk that bounds an LZ4 block before nvCOMP decodes it (ferry__cz_lz4_bounded): every block
+ * liblz4 writes (fast and HC, each data kind, sizes from 1 byte to 1 MiB) is taken at its size and
+ * refused at one byte less or more and cut short; of a text block's single-byte changes, whatever
+ * it takes liblz4 decodes to the size (the fuzz target, fuzz_lz4_block, goes further), and some
+ * are refused. Prints the walk's rate beside the decoder's on token chunks.
+ */
+static void lz4_walk(void)
+{
+	static const size_t sizes[] = {1, 15, 100, 4096, 65536, 1u << 20};
+	size_t cap = (size_t)LZ4_compressBound(1 << 20);
+	uint8_t *src = malloc(1u << 20), *blk = malloc(cap), *dst = malloc((1u << 20) + 1);
+	T_ASSERT(src && blk && dst);
+	int taken = 0;
+	for (int kind = 0; kind < 5; kind++)
+		for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++)
+			for (int hc = 0; hc < 2; hc++) {
+				size_t n = sizes[si];
+				fill(kind, src, n);
+				int c = hc ? LZ4_compress_HC((char *)src, (char *)blk, (int)n, (int)cap, 9)
+					   : LZ4_compress_default((char *)src, (char *)blk, (int)n, (int)cap);
+				T_ASSERT(c > 0);
+				int ok = ferry__cz_lz4_bounded(blk, (size_t)c, n) == 0;
+				T_CHECK(ok);
+				if (!ok)
+					printf("lz4 walk: %s %zu bytes (%s) refused\n", dnames[kind], n, hc ? "HC" : "fast");
+				taken += ok;
+				T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c, n + 1), -1);
+				if (n > 1)
+					T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c, n - 1), -1);
+				if (c > 1)
+					T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c - 1, n), -1);
+			}
+	T_EQ_INT(taken, 60);
+	/* single-byte changes of a 4 KiB text block */
+	fill(D_TEXT, src, 4096);
+	int c = LZ4_compress_default((char *)src, (char *)blk, 4096, (int)cap), accepted = 0, refused = 0;
+	T_ASSERT(c > 0);
+	for (int at = 0; at < c; at++)
+		for (int x = 1; x < 256; x <<= 1) {
+			blk[at] ^= (uint8_t)x;
+			if (ferry__cz_lz4_bounded(blk, (size_t)c, 4096) == 0) {
+				accepted++;
+				T_EQ_INT(LZ4_decompress_safe((char *)blk, (char *)dst, c, 4096), 4096);
+			} else {
+				refused++;
+			}
+			blk[at] ^= (uint8_t)x;
+		}
+	printf("lz4 walk: of %d single-bit changes of a 4 KiB text block, %d taken (liblz4 decodes each to 4096 bytes), %d refused\n",
+	       accepted + refused, accepted, refused);
+	T_CHECK(accepted > 0 && refused > 0);
+	/* the walk's cost beside the decoder's: tokens, 1 MiB chunks */
+	fill(D_TOKENS, src, 1u << 20);
+	c = LZ4_compress_default((char *)src, (char *)blk, 1 << 20, (int)cap);
+	double tw = 1e9, td = 1e9;
+	for (int r = 0; r < 5; r++) {
+		double t0 = now_s();
+		T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c, 1u << 20), 0);
+		double t1 = now_s();
+		T_EQ_INT(LZ4_decompress_safe((char *)blk, (char *)dst, c, 1 << 20), 1 << 20);
+		double t2 = now_s();
+		tw = t1 - t0 < tw ? t1 - t0 : tw;
+		td = t2 - t1 < td ? t2 - t1 : td;
+	}
+	printf("lz4 walk: tokens, 1 MiB (ratio %.2f): the walk %.2f GB/s, LZ4_decompress_safe %.2f GB/s (of output, one core)\n",
+	       (double)(1 << 20) / c, (1 << 20) / tw / 1e9, (1 << 20) / td / 1e9);
+	free(src);
+	free(blk);
+	free(dst);
+}
+
 int main(void)
 {
 	snprintf(dir, sizeof(dir), "%s/test_compress.%d", t_tmpdir(), (int)getpid());
@@ -542,6 +625,7 @@ int main(void)
 	stored_direct();
 	aligned_reads();
 	writer_lifecycle();
+	lz4_walk();
 	ferry_ctx_destroy(ctx);
 	rmdir(dir);
 	if (t_failures || tools)
