@@ -352,6 +352,57 @@ static int t_nvc_check(int codec, int dev, char *why, size_t whylen)
 		cu->MemFree(dout3);
 	}
 
+	/* 6. LZ4: a block made to decode to one byte more than its room (chunk 2's, its first sequence's
+	 * match one longer) never reaches nvCOMP. Walked on the GPU (ferry's kernels loaded): a batch of
+	 * it and chunk 4 runs, the crafted one is named by finish and ferry__nvc_failed, the 4 KiB
+	 * canary past its room is untouched and chunk 4 decodes. Without the kernel the callers walk on
+	 * the host (test_compress). */
+	if (codec == FERRY__NVC_LZ4 && !ferry__nvc_walks_lz4(dev)) {
+		printf("%s: the walk on the GPU: ferry's kernels are not loaded here; callers walk on the host\n", cname);
+	} else if (codec == FERRY__NVC_LZ4) {
+		enum { CANARY = 4096 };
+		unsigned char *blk = malloc(clen[2]), *p, *tok, *canary = malloc(CANARY), *back = malloc(sizes[4]);
+		ferry__CUdeviceptr craft = 0;
+		T_ASSERT(blk && canary && back);
+		memcpy(blk, comp[2], clen[2]);
+		p = blk, tok = p++;
+		size_t lit = *tok >> 4;
+		if (lit == 15)
+			for (unsigned char x = 255; x == 255; lit += (x = *p++))
+				;
+		p += lit + 2;
+		if ((*tok & 15) < 15)
+			*tok += 1;
+		else
+			*p += 1;
+		T_ASSERT(cu->MemAlloc(&craft, T_ALIGN_UP(clen[2], 256) + cap[2] + CANARY) == FERRY__CUDA_SUCCESS);
+		const uint64_t cin = craft, cout = craft + T_ALIGN_UP(clen[2], 256);
+		T_ASSERT(cu->MemcpyHtoD(cin, blk, clen[2]) == FERRY__CUDA_SUCCESS);
+		T_ASSERT(cu->MemsetD8(cout + cap[2], 0xCD, CANARY) == FERRY__CUDA_SUCCESS);
+		uint64_t s2[2] = {cin, src[4]}, d2[2] = {cout, dst[4]};
+		size_t l2[2] = {clen[2], clen[4]}, c2[2] = {cap[2], cap[4]}, o2[2];
+		T_EQ_INT(ferry__nvc_decompress(d, stream, 2, s2, l2, d2, c2), 0);
+		T_ASSERT(cu->StreamSynchronize(stream) == FERRY__CUDA_SUCCESS);
+		r = ferry__nvc_finish(d, o2);
+		T_EQ_INT(r, FERRY_ECORRUPT);
+		if (!strstr(ferry_last_error(), "chunk 0 of 2") || !strstr(ferry_last_error(), "refused before nvCOMP ran"))
+			fprintf(stderr, "%s: crafted block: %s\n", cname, ferry_last_error()), t_failures++;
+		T_EQ_INT(ferry__nvc_failed(d), 0);
+		size_t changed = 0;
+		T_ASSERT(cu->MemcpyDtoH(canary, cout + cap[2], CANARY) == FERRY__CUDA_SUCCESS);
+		for (size_t k = 0; k < CANARY; k++)
+			changed += canary[k] != 0xCD;
+		T_EQ_INT(changed, 0);
+		T_ASSERT(cu->MemcpyDtoH(back, dst[4], sizes[4]) == FERRY__CUDA_SUCCESS);
+		T_CHECK(o2[1] == sizes[4] && memcmp(back, plain[4], sizes[4]) == 0);
+		printf("%s: crafted block (one byte more than its room): refused by the walk on the GPU, %zu bytes past its room written; %s\n",
+		       cname, changed, ferry_last_error());
+		cu->MemFree(craft);
+		free(canary);
+		free(back);
+		free(blk);
+	}
+
 	ferry__nvc_close(d);
 	ferry__nvc_close(NULL);
 	cu->StreamDestroy(stream);

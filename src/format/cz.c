@@ -3,6 +3,7 @@
  * and decoding on the CPU, and the small parallel loop the reader and writer share.
  */
 #include "format/cz.h"
+#include "format/lz4_walk.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -209,59 +210,10 @@ int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint
 	return 0;
 }
 
-/*
- * 0 when the raw LZ4 block p[0, n) decodes to exactly want bytes under the reference decoder's
- * rules (liblz4 1.9.4, LZ4_decompress_generic on a whole block), else -1: every match inside the
- * bytes decoded before it and ending at least 5 bytes (LASTLITERALS) before the output's end; a
- * sequence whose literals come within 12 bytes (MFLIMIT) of the output's end or 8 of the input's
- * is the last, its literals ending exactly at the input's end; a length's extra bytes stop 15
- * (literals) or 4 (matches) bytes before the input's end. A walk of the sequences that copies
- * nothing: what lets a block go to nvCOMP's LZ4, which does not bound its output (below). What it
- * accepts, LZ4_decompress_safe decodes to want bytes (tests/fuzz/fuzz_lz4_block.c); offset 0,
- * which liblz4 never writes and the reference takes, is refused as well.
- */
+/* The walk is lz4_walk.h's, which the GPU kernel (src/gpu/scatter.cu) and the fake driver share. */
 int ferry__cz_lz4_bounded(const uint8_t *p, size_t n, size_t want)
 {
-	const uint8_t *const end = p + n;
-	size_t out = 0;
-	if (!n || !want)
-		return -1;
-	for (;;) {
-		const unsigned tok = *p++;
-		size_t lit = tok >> 4;
-		if (lit == 15) {
-			unsigned b;
-			if (end - p <= 15)
-				return -1;
-			do {
-				b = *p++;
-				lit += b;
-				if (end - p < 15)
-					return -1;
-			} while (b == 255);
-		}
-		if (out + lit + 12 > want || lit + 8 > (size_t)(end - p)) /* the last sequence */
-			return lit == (size_t)(end - p) && out + lit == want ? 0 : -1;
-		p += lit;
-		out += lit;
-		const size_t off = (size_t)p[0] | (size_t)p[1] << 8;
-		p += 2;
-		if (!off || off > out)
-			return -1;
-		size_t ml = (tok & 15u) + 4;
-		if ((tok & 15u) == 15) {
-			unsigned b;
-			do {
-				b = *p++;
-				ml += b;
-				if (end - p < 4)
-					return -1;
-			} while (b == 255);
-		}
-		if (ml + 5 > want - out)
-			return -1;
-		out += ml;
-	}
+	return ferry__lz4_walk(p, n, want);
 }
 
 /*
@@ -269,13 +221,15 @@ int ferry__cz_lz4_bounded(const uint8_t *p, size_t n, size_t want)
  * the other half past it, H100, tests/nvcomp_check.h), so a damaged frame, or one that decodes to
  * more than its index entry says, never reaches it: zstd, the checksum and the frame's own bound
  * (its content size, else its blocks'); LZ4, the checksum and a walk of the block's sequences
- * (ferry__cz_lz4_bounded: a raw LZ4 block has no size of its own).
+ * (ferry__cz_lz4_bounded: a raw LZ4 block has no size of its own), here unless nvCOMP's decoder
+ * walks the batch on the GPU (lz4_walked_on_gpu: ferry__lz4_walk_ready, src/gpu/nvcomp.c).
  */
-int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name)
+int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name,
+			       bool lz4_walked_on_gpu)
 {
 	const struct ferry__cz_chunk *e = &m->chunks[i];
 	int r = ferry__cz_check_frame(m, i, frame, name);
-	if (!r && m->codec == FERRY__CZ_LZ4 && !(e->flags & FERRY__CZ_STORED) &&
+	if (!r && m->codec == FERRY__CZ_LZ4 && !(e->flags & FERRY__CZ_STORED) && !lz4_walked_on_gpu &&
 	    ferry__cz_lz4_bounded(frame + FERRY__CZ_LZ4_PAYLOAD, e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4, e->u_size))
 		r = ferry__error(FERRY_ECORRUPT,
 				 "%s: chunk %llu (compressed offset %llu): LZ4 block: malformed or does not decode to the index's %u bytes",

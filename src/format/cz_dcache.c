@@ -372,7 +372,8 @@ static int stage_pending(struct ferry__cz_dcache *c, size_t *frames_end, size_t 
 		if (p->codec) {
 			r = ferry__cz_read_raw(p->z, st + p->at, e->c_size, e->c_off, p->i);
 			if (!r)
-				r = ferry__cz_check_gpu_frame(m, p->i, st + p->at, name);
+				r = ferry__cz_check_gpu_frame(m, p->i, st + p->at, name,
+							      p->codec == FERRY__CZ_LZ4 && ferry__nvc_walks_lz4(c->dev));
 		} else {
 			if (c->frame_cap < e->c_size) {
 				free(c->frame);
@@ -523,6 +524,7 @@ int ferry__cz_dcache_finish(struct ferry__cz_dcache *c)
 		}
 		got = g;
 		int q = ferry__nvc_finish(c->nvc[codec], got);
+		const size_t bad = ferry__nvc_failed(c->nvc[codec]);
 		/* the pending chunks of this codec, in the order they went to nvCOMP */
 		for (size_t k = 0, j = 0; k < c->np && j < ng; k++) {
 			const struct dpend *p = &c->p[k];
@@ -532,7 +534,10 @@ int ferry__cz_dcache_finish(struct ferry__cz_dcache *c)
 			if (!q && got[j] != e->u_size)
 				q = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu: nvCOMP decoded %zu bytes, the index says %u",
 						 ferry__cz_name(p->z), (unsigned long long)p->i, got[j], e->u_size);
-			else if (q && j == 0)
+			else if (q && j == bad) /* nvCOMP's status or the walk's verdict names it */
+				ferry__error_append("%s: chunk %llu (compressed offset %llu)", ferry__cz_name(p->z),
+						    (unsigned long long)p->i, (unsigned long long)e->c_off);
+			else if (q && j == 0 && bad >= ng)
 				ferry__error_append("%s: %zu chunks decoded on the GPU, from chunk %llu", ferry__cz_name(p->z), ng,
 						    (unsigned long long)p->i);
 			j++;

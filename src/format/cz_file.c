@@ -1201,6 +1201,7 @@ struct check_job {
 	const uint8_t *cbuf;
 	uint64_t cbase;
 	const uint64_t *list;
+	bool walked_on_gpu; /* LZ4: nvCOMP's decoder walks the blocks on the GPU (ferry__nvc_walks_lz4) */
 };
 
 /* A frame nvCOMP will decode, checked first whatever cz_verify says (ferry__cz_check_gpu_frame). */
@@ -1208,7 +1209,8 @@ static int check_one(void *arg, size_t k)
 {
 	struct check_job *j = arg;
 	const struct ferry__cz_chunk *e = &j->z->m.chunks[j->list[k]];
-	return ferry__cz_check_gpu_frame(&j->z->m, j->list[k], j->cbuf + (e->c_off - j->cbase), j->z->path);
+	return ferry__cz_check_gpu_frame(&j->z->m, j->list[k], j->cbuf + (e->c_off - j->cbase), j->z->path,
+					 j->walked_on_gpu);
 }
 
 /* Device memory of at least need bytes at *at (grown, kept). */
@@ -1313,7 +1315,7 @@ static int device_enqueue(ferry_cz *z, struct cz_slot *s, uint64_t dptr, uint64_
 				cl[k++] = cl[q];
 		}
 		nc = k;
-		struct check_job cj = {z, cbuf, e0->c_off, gl};
+		struct check_job cj = {z, cbuf, e0->c_off, gl, m->codec == FERRY__CZ_LZ4 && ferry__nvc_walks_lz4(z->dev)};
 		if ((r = ferry__cz_parallel(nchk, (unsigned)z->knobs.threads, check_one, &cj)))
 			goto out;
 	}
@@ -1480,13 +1482,19 @@ static int device_retire(ferry_cz *z, struct cz_slot *s)
 	if (s->ng) {
 		size_t ng = s->ng, *slen = s->glen, *cap = s->glen + ng;
 		int q = ferry__nvc_finish(s->nvc, slen);
+		const size_t bad = ferry__nvc_failed(s->nvc);
 		for (size_t k = 0; k < ng && !q && !r; k++)
 			if (slen[k] != cap[k])
 				q = ferry__error(FERRY_ECORRUPT, "%s: chunk %llu: nvCOMP decoded %zu bytes, the index says %zu",
 						 z->path, (unsigned long long)s->gl[k], slen[k], cap[k]);
 		if (q && !r) {
-			ferry__error_append("%s: chunks %llu to %llu on the GPU", z->path, (unsigned long long)s->gl[0],
-					    (unsigned long long)s->gl[ng - 1]);
+			if (bad < ng) /* nvCOMP's status or the walk's verdict, by its index in the batch */
+				ferry__error_append("%s: chunk %llu (compressed offset %llu)", z->path,
+						    (unsigned long long)s->gl[bad],
+						    (unsigned long long)z->m.chunks[s->gl[bad]].c_off);
+			else
+				ferry__error_append("%s: chunks %llu to %llu on the GPU", z->path,
+						    (unsigned long long)s->gl[0], (unsigned long long)s->gl[ng - 1]);
 			r = q;
 		}
 		s->ng = 0;

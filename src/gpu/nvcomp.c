@@ -25,6 +25,7 @@
 
 #include "base/base.h"
 #include "gpu/nvcomp.h"
+#include "gpu/scatter.h"
 #include "gpu/shim.h"
 
 /* ------------------------------------------------------------------ nvCOMP's ABI, by hand */
@@ -268,9 +269,11 @@ struct ferry__nvc {
 	const char *name; /* "LZ4", "Zstd" */
 	const struct codec_api *c;
 	nvc_align align;
+	bool walk;                    /* LZ4: each batch walked on the GPU first (ferry__lz4_walk_ready) */
 	size_t cap;                   /* chunks the arrays hold */
-	ferry__CUdeviceptr arrays;    /* 5 * cap * 8 + cap * 4 bytes */
+	ferry__CUdeviceptr arrays;    /* ARRAYS_BYTES(cap): the dummy block, then the arrays */
 	unsigned char *host;          /* pinned mirror */
+	size_t failed;                /* the last finish's first failed chunk (SIZE_MAX: none) */
 	ferry__CUdeviceptr temp;
 	size_t temp_cap;
 	size_t n;    /* chunks of the batch in flight (0: none) */
@@ -279,7 +282,13 @@ struct ferry__nvc {
 			      * (the next batch of a pipeline) before finish is called */
 };
 
-#define ARRAYS_BYTES(cap) ((cap) * (5 * sizeof(uint64_t) + sizeof(nvc_status)))
+/*
+ * The device arrays, mirrored in pinned host memory: ARRAYS_AT bytes for the walk's dummy block (a
+ * literal byte: 0x10 0x00, in the first two), then, for a batch of n, src ptrs | src sizes | dst
+ * ptrs | dst rooms | out sizes (8 bytes each) | statuses | the walk's verdicts (4 bytes each).
+ */
+#define ARRAYS_AT 256
+#define ARRAYS_BYTES(cap) (ARRAYS_AT + (cap) * (5 * sizeof(uint64_t) + sizeof(nvc_status) + sizeof(int)))
 
 int ferry__nvc_open(int dev, int codec, struct ferry__nvc **out)
 {
@@ -304,6 +313,10 @@ int ferry__nvc_open(int dev, int codec, struct ferry__nvc **out)
 	d->dev = dev;
 	d->codec = codec;
 	d->name = name;
+	d->failed = SIZE_MAX;
+	/* nvCOMP's LZ4 does not bound its output: each block is walked before it runs, on the GPU
+	 * where ferry's kernels load, else by the callers on the host (ferry__cz_check_gpu_frame) */
+	d->walk = codec == FERRY__NVC_LZ4 && ferry__nvc_walks_lz4(dev);
 	d->c = codec_of(codec, &name);
 	memset(&opts, 0, sizeof(opts));
 	s = d->c->GetRequiredAlignments(opts, &d->align);
@@ -331,6 +344,16 @@ int ferry__nvc_open(int dev, int codec, struct ferry__nvc **out)
 size_t ferry__nvc_input_align(const struct ferry__nvc *d)
 {
 	return d->align.input;
+}
+
+bool ferry__nvc_walks_lz4(int dev)
+{
+	return ferry__lz4_walk_ready(dev);
+}
+
+size_t ferry__nvc_failed(const struct ferry__nvc *d)
+{
+	return d ? d->failed : SIZE_MAX;
 }
 
 static void free_arrays(const struct ferry__cuda_api *cu, struct ferry__nvc *d)
@@ -381,6 +404,7 @@ static int grow(const struct ferry__cuda_api *cu, struct ferry__nvc *d, size_t n
 			return ferry__cuda_fail(r, "nvcomp: cuMemHostAlloc(%zu bytes of chunk arrays)", ARRAYS_BYTES(cap));
 		}
 		d->cap = cap;
+		d->host[0] = 0x10, d->host[1] = 0x00; /* the dummy block: one literal, a zero byte */
 	}
 	if (temp_bytes > d->temp_cap) {
 		if (d->temp)
@@ -453,19 +477,23 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 	if ((r = grow(cu, d, n, temp_bytes)) < 0)
 		goto out;
 
-	/* host mirror: src ptrs | src sizes | dst ptrs | dst caps | out sizes | statuses */
-	uint64_t *h = (uint64_t *)d->host;
+	/* host mirror (ARRAYS_BYTES): the dummy block, src ptrs | src sizes | dst ptrs | dst caps | out
+	 * sizes | statuses | verdicts; the first four go up, with the dummy */
+	uint64_t *h = (uint64_t *)(d->host + ARRAYS_AT);
 	memcpy(h, src, n * sizeof(uint64_t));
 	for (size_t i = 0; i < n; i++) {
 		h[n + i] = src_len[i];
 		h[3 * n + i] = dst_cap[i];
 	}
 	memcpy(h + 2 * n, dst, n * sizeof(uint64_t));
-	ferry__CUdeviceptr a = d->arrays;
-	if ((cr = cu->MemcpyHtoDAsync(a, h, 4 * n * sizeof(uint64_t), (ferry__CUstream)stream)) != FERRY__CUDA_SUCCESS) {
+	ferry__CUdeviceptr a = d->arrays + ARRAYS_AT;
+	if ((cr = cu->MemcpyHtoDAsync(d->arrays, d->host, ARRAYS_AT + 4 * n * sizeof(uint64_t), (ferry__CUstream)stream)) !=
+	    FERRY__CUDA_SUCCESS) {
 		r = ferry__cuda_fail(cr, "nvcomp: cuMemcpyHtoDAsync(chunk arrays of %zu chunks)", n);
 		goto out;
 	}
+	if (d->walk && (r = ferry__lz4_walk_launch(d->dev, stream, n, a, a + 8 * n, a + 24 * n, a + 44 * n, d->arrays)))
+		goto out; /* nothing went to nvCOMP */
 	s = d->c->DecompressAsync((const void *const *)(uintptr_t)a, (const size_t *)(uintptr_t)(a + 8 * n),
 				  (const size_t *)(uintptr_t)(a + 24 * n), (size_t *)(uintptr_t)(a + 32 * n), n,
 				  (void *)(uintptr_t)d->temp, temp_bytes, (void *const *)(uintptr_t)(a + 16 * n), opts,
@@ -476,7 +504,8 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 		goto out;
 	}
 	/* The outputs come back in the same stream order: finish reads them after the caller's sync. */
-	if ((cr = cu->MemcpyDtoHAsync(h + 4 * n, a + 32 * n, n * (sizeof(uint64_t) + sizeof(nvc_status)),
+	if ((cr = cu->MemcpyDtoHAsync(h + 4 * n, a + 32 * n,
+				      n * (sizeof(uint64_t) + sizeof(nvc_status) + (d->walk ? sizeof(int) : 0)),
 				      (ferry__CUstream)stream)) != FERRY__CUDA_SUCCESS) {
 		r = ferry__cuda_fail(cr, "nvcomp: cuMemcpyDtoHAsync(statuses of %zu chunks)", n);
 		goto out;
@@ -519,15 +548,27 @@ int ferry__nvc_finish(struct ferry__nvc *d, size_t *out_len)
 	d->n = 0;
 	if (cr != FERRY__CUDA_SUCCESS)
 		return ferry__cuda_fail(cr, "nvcomp: cuEventQuery (the batch of %zu chunks)", n);
-	const uint64_t *len = (const uint64_t *)d->host + 4 * n;
+	const uint64_t *h = (const uint64_t *)(d->host + ARRAYS_AT);
+	const uint64_t *len = h + 4 * n;
 	const nvc_status *st = (const nvc_status *)(len + n);
+	const int *verdict = (const int *)(st + n);
+	d->failed = SIZE_MAX;
 	for (size_t i = 0; i < n; i++) {
 		if (out_len)
 			out_len[i] = (size_t)len[i];
-		if (st[i] != 0 && r == 0)
+		if (r)
+			continue;
+		if (d->walk && verdict[i]) {
+			r = ferry__error(FERRY_ECORRUPT, "nvcomp: chunk %zu of %zu: %s block refused before nvCOMP ran: it does not "
+					 "decode to exactly its %llu bytes (the walk on the GPU)", i, n, d->name,
+					 (unsigned long long)h[3 * n + i]);
+			d->failed = i;
+		} else if (st[i] != 0) {
 			r = ferry__error(FERRY_ECORRUPT, "nvcomp: chunk %zu of %zu: %s decompression failed: %s (%d)%s%s", i, n,
 					 d->name, status_name(st[i]), st[i], *status_text(st[i]) ? ": " : "",
 					 status_text(st[i]));
+			d->failed = i;
+		}
 	}
 	return r;
 }

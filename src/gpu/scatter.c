@@ -1,4 +1,5 @@
-/* The scatter kernel: its module per device, loaded in the background, and its launches (gpu/scatter.h). */
+/* ferry's kernels: their module per device, loaded in the background, and their launches
+ * (gpu/scatter.h): the scatter kernel and the LZ4 walk. */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -28,6 +29,7 @@ static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 static struct {
 	_Atomic int state;
 	ferry__CUfunction fn;
+	ferry__CUfunction walk; /* set with fn, never cleared: a refused scatter launch leaves it */
 	char why[320];
 } mods[MAX_DEVICES];
 
@@ -37,10 +39,11 @@ static bool turned_off(void)
 	return e && (!strcmp(e, "0") || !strcmp(e, "off"));
 }
 
-static void publish(int dev, int state, ferry__CUfunction fn, const char *why)
+static void publish(int dev, int state, ferry__CUfunction fn, ferry__CUfunction walk, const char *why)
 {
 	pthread_mutex_lock(&mu);
 	mods[dev].fn = fn;
+	mods[dev].walk = walk;
 	snprintf(mods[dev].why, sizeof(mods[dev].why), "%s", why);
 	atomic_store_explicit(&mods[dev].state, state, memory_order_release);
 	pthread_cond_broadcast(&cv);
@@ -51,13 +54,13 @@ static void load(int dev)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
 	ferry__CUmodule m = NULL;
-	ferry__CUfunction fn = NULL;
+	ferry__CUfunction fn = NULL, walk = NULL;
 	ferry__CUresult r;
 	char why[320] = "";
 	uint64_t t0 = ferry__now_ns();
 
 	if (turned_off()) {
-		publish(dev, S_OFF, NULL, "turned off by FERRY_SCATTER=0");
+		publish(dev, S_OFF, NULL, NULL, "turned off by FERRY_SCATTER=0");
 		return;
 	}
 	if (!cu) {
@@ -75,15 +78,19 @@ static void load(int dev)
 		snprintf(why, sizeof(why), "cuModuleGetFunction(%s) on device %d: %s (%d)", FERRY__SCATTER_ENTRY, dev,
 			 ferry__cuda_err_name(r), (int)r);
 		fn = NULL;
+	} else if ((r = cu->ModuleGetFunction(&walk, m, FERRY__LZ4_WALK_ENTRY)) != FERRY__CUDA_SUCCESS) {
+		snprintf(why, sizeof(why), "cuModuleGetFunction(%s) on device %d: %s (%d)", FERRY__LZ4_WALK_ENTRY, dev,
+			 ferry__cuda_err_name(r), (int)r);
+		fn = NULL, walk = NULL;
 	}
 	/* the module stays loaded for the process, like the primary context it lives in */
 	if (fn)
-		FERRY__LOG(FERRY__LOG_INFO, "scatter kernel loaded on device %d in %.1f ms", dev,
+		FERRY__LOG(FERRY__LOG_INFO, "ferry's kernels loaded on device %d in %.1f ms", dev,
 			   (double)(ferry__now_ns() - t0) / 1e6);
 	else
-		FERRY__LOG(FERRY__LOG_INFO, "scatter kernel unavailable on device %d: %s; gathers copy "
-			   "piece by piece", dev, why);
-	publish(dev, fn ? S_READY : S_NONE, fn, why);
+		FERRY__LOG(FERRY__LOG_INFO, "ferry's kernels unavailable on device %d: %s; gathers copy "
+			   "piece by piece, LZ4 blocks for nvCOMP are walked on the host", dev, why);
+	publish(dev, fn ? S_READY : S_NONE, fn, walk, why);
 }
 
 static void *load_thread(void *arg)
@@ -233,5 +240,39 @@ int ferry__scatter_host_ptr(int dev, void *host, uint64_t *out)
 	if (r != FERRY__CUDA_SUCCESS)
 		return ferry__cuda_fail(r, "cuMemHostGetDevicePointer(%p) on device %d", host, dev);
 	*out = (uint64_t)d;
+	return 0;
+}
+
+bool ferry__lz4_walk_ready(int dev)
+{
+	if (dev < 0 || dev >= MAX_DEVICES)
+		return false;
+	(void)ferry__scatter_state(dev, true);
+	pthread_mutex_lock(&mu);
+	bool ready = mods[dev].walk != NULL;
+	pthread_mutex_unlock(&mu);
+	return ready;
+}
+
+int ferry__lz4_walk_launch(int dev, void *stream, uint64_t n, uint64_t src, uint64_t len, uint64_t cap,
+			   uint64_t verdict, uint64_t dummy)
+{
+	const struct ferry__cuda_api *cu = ferry__cuda();
+	enum { WALK_THREADS = 64 }; /* the kernel's __launch_bounds__ */
+	if (!ferry__lz4_walk_ready(dev))
+		return ferry__error(-ENOTSUP, "the LZ4 walk kernel is not loaded on device %d: %s", dev,
+				    ferry__scatter_reason(dev));
+	if (!n)
+		return 0;
+	pthread_mutex_lock(&mu);
+	ferry__CUfunction fn = mods[dev].walk;
+	pthread_mutex_unlock(&mu);
+	void *params[] = {&n, &src, &len, &cap, &verdict, &dummy};
+	uint64_t blocks = (n + WALK_THREADS - 1) / WALK_THREADS;
+	ferry__CUresult r = cu->LaunchKernel(fn, (unsigned)blocks, 1, 1, WALK_THREADS, 1, 1, 0,
+					     (ferry__CUstream)stream, params, NULL);
+	if (r != FERRY__CUDA_SUCCESS)
+		return ferry__cuda_fail(r, "cuLaunchKernel(%s, %llu chunks) on device %d", FERRY__LZ4_WALK_ENTRY,
+					(unsigned long long)n, dev);
 	return 0;
 }

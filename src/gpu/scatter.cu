@@ -1,5 +1,6 @@
 /*
- * The scatter kernel (src/gpu/scatter.c): n pieces, each len bytes from src to dst, in one launch.
+ * ferry's kernels (src/gpu/scatter.c loads them, one module per device): the scatter kernel, n
+ * pieces, each len bytes from src to dst, in one launch; and the LZ4 walk, below.
  * The engine's gather (src/engine/gpu_io.c) passes pinned host slots, mapped into the device's
  * address space, as the sources and the caller's device memory as the destinations, so a gather
  * of small reads costs one launch whatever its piece count.
@@ -11,6 +12,8 @@
  * The argument layout is struct ferry__scatter_args in src/gpu/scatter.h: keep them the same.
  * Grid: blockIdx.y is the piece, blockIdx.x and threadIdx.x stride over its bytes; 256 threads.
  */
+#include "../format/lz4_walk.h"
+
 struct ferry_scatter_piece {
 	unsigned long long src, dst, len;
 };
@@ -78,4 +81,27 @@ extern "C" __global__ void __launch_bounds__(256) ferry_scatter(const __grid_con
 		words<unsigned short>(s, d, len, i, step);
 	else
 		words<unsigned char>(s, d, len, i, step);
+}
+
+/*
+ * The LZ4 walk (src/format/lz4_walk.h) over a batch before nvCOMP decodes it (src/gpu/nvcomp.c),
+ * one thread a chunk, on the batch's stream between the upload of its arrays and nvCOMP's launch:
+ * src, len and cap are nvCOMP's arrays of compressed pointers, compressed sizes and output rooms.
+ * A block that does not decode to exactly its room is replaced in the arrays by dummy, a 2-byte
+ * block of one literal, and its verdict set: nvCOMP, which does not bound its output, never sees
+ * it, and the batch's finish names it. 64 threads a block: the walks diverge, each its own chunk.
+ */
+extern "C" __global__ void __launch_bounds__(64)
+	ferry_lz4_walk(unsigned long long n, unsigned long long *src, unsigned long long *len,
+		       const unsigned long long *cap, int *verdict, unsigned long long dummy)
+{
+	unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+	if (i >= n)
+		return;
+	int bad = ferry__lz4_walk((const unsigned char *)src[i], len[i], cap[i]) != 0;
+	verdict[i] = bad;
+	if (bad) {
+		src[i] = dummy;
+		len[i] = 2;
+	}
 }

@@ -1,4 +1,6 @@
 /*
+ * ferry's kernels, in one module per device: the scatter kernel and the LZ4 walk (at the end).
+ *
  * The scatter kernel: many small copies in one launch (issue 22). A gather of small reads into
  * device memory cost one cuMemcpyBatchAsync of 80-110 us for 16 pieces on the H100, 5-7 us a
  * piece that reads into host memory do not pay; one launch of this kernel copies every piece,
@@ -33,6 +35,7 @@ struct ferry__scatter_args {
 /* The PTX of ferry_scatter(struct ferry__scatter_args) (src/gpu/scatter_ptx.c, generated). */
 extern const char ferry__scatter_ptx[];
 #define FERRY__SCATTER_ENTRY "ferry_scatter"
+#define FERRY__LZ4_WALK_ENTRY "ferry_lz4_walk"
 
 /* ferry__scatter_state's answers */
 #define FERRY__SCATTER_READY 1
@@ -60,5 +63,20 @@ uint64_t ferry__scatter_pieces(void);
 /* The address through which dev's kernels reach pinned host memory host (cuMemHostGetDevicePointer,
  * dev made current). 0, or a negative code with the reason recorded. */
 int ferry__scatter_host_ptr(int dev, void *host, uint64_t *out);
+
+/*
+ * The LZ4 walk (src/format/lz4_walk.h) on the GPU, over nvCOMP's batch before it runs
+ * (src/gpu/nvcomp.c): so that the host need not walk each block itself, which costs it nearly a
+ * decode. ferry__lz4_walk_ready: whether dev has the kernel (waiting for the module's load); once
+ * true it stays true (a refused scatter launch does not take it away), so a caller that left the
+ * walk to the GPU can count on nvCOMP's decoder running it.
+ */
+bool ferry__lz4_walk_ready(int dev);
+/* Queues the walk of n chunks on stream: the device arrays src (compressed pointers), len
+ * (compressed sizes) and cap (output rooms) of nvCOMP's batch; a chunk whose block does not
+ * decode to exactly its room gets verdict[i] = 1 (else 0) and is pointed at dummy, a 2-byte block
+ * decoding to one byte. 0, or a negative code naming the failed launch. */
+int ferry__lz4_walk_launch(int dev, void *stream, uint64_t n, uint64_t src, uint64_t len, uint64_t cap,
+			   uint64_t verdict, uint64_t dummy);
 
 #endif

@@ -4,9 +4,14 @@
  * file mixes compressible chunks with a stored (random) one. Prints the path each read took. With
  * cz_gpu=on, a machine without nvCOMP must refuse (FERRY_EBACKEND) rather than fall back. Reads go
  * through the pipeline in windows of 1-2 chunks (several in flight); a read of fewer chunks than
- * cz_gpu_min decodes on the CPU under auto and says so. */
+ * cz_gpu_min decodes on the CPU under auto and says so. A crafted LZ4 block (it decodes past its
+ * chunk, every checksum made to match) is refused by name, never handed to nvCOMP (lz4_crafted). */
 #include "ferry/compress.h"
 #include "ferry/gpu.h"
+#include "base/byteorder.h"
+#include "base/xxh.h"
+#include "format/cz.h"
+#include "gpu/nvcomp.h"
 #include "cz_files.h"
 #include "ferry_test.h"
 
@@ -90,6 +95,84 @@ static void damaged(ferry_ctx *ctx, const char *path, void *dev, const uint8_t *
 	unlink(bad);
 }
 
+/*
+ * An LZ4 block made to decode to more than its chunk, its frame's checksum, the index's and the
+ * trailer's made to match (a crafted file): nvCOMP, which does not bound its output, never decodes
+ * it. With cz_gpu=on the walk refuses it, naming the chunk: on the GPU before nvCOMP runs where
+ * ferry's kernels load (the GPU machine), else on the host before the batch (the fakes without
+ * kernels, test_compress_device); with cz_gpu=off the CPU decoder does.
+ */
+static void lz4_crafted(ferry_ctx *ctx)
+{
+	const size_t cs = 64 << 10, n = 12 * cs;
+	uint8_t *data = malloc(n);
+	T_ASSERT(data);
+	for (size_t i = 0; i < n; i++)
+		data[i] = (uint8_t)((i / 7) % 61 + (i % 13 == 0 ? i >> 9 : 0));
+	char path[512];
+	snprintf(path, sizeof(path), "%s/test_compress_device.%d.crafted", t_tmpdir(), (int)getpid());
+	compress(path, FERRY_CZ_LZ4, "64k", data, n);
+	FILE *f = fopen(path, "rb");
+	T_ASSERT(f);
+	fseek(f, 0, SEEK_END);
+	size_t len = (size_t)ftell(f);
+	fseek(f, 0, SEEK_SET);
+	uint8_t *b = malloc(len);
+	T_ASSERT(b && fread(b, 1, len, f) == len);
+	fclose(f);
+	uint8_t *t = b + len - FERRY__CZ_TRAILER_LEN;
+	uint8_t *idx = b + ferry__rd64(t + 32), *e5 = idx + FERRY__CZ_INDEX_HEAD + 5 * FERRY__CZ_ENTRY_LEN;
+	uint64_t c5 = ferry__rd64(e5);
+	uint32_t c5_size = ferry__rd32(e5 + 32);
+	T_EQ_INT(ferry__rd32(e5 + 44), 0); /* compressed, not stored */
+	/* the first sequence's match one byte longer: every byte after it moves, and the block decodes
+	 * to one more than its chunk */
+	uint8_t *p = b + c5 + FERRY__CZ_LZ4_PAYLOAD, *tok = p++;
+	size_t lit = *tok >> 4;
+	if (lit == 15)
+		for (uint8_t x = 255; x == 255; lit += (x = *p++))
+			;
+	p += lit + 2;
+	if ((*tok & 15) < 15)
+		*tok += 1;
+	else
+		*p += 1; /* the match length's first extra byte */
+	T_EQ_INT(ferry__cz_lz4_bounded(b + c5 + FERRY__CZ_LZ4_PAYLOAD, c5_size - FERRY__CZ_LZ4_PAYLOAD - 4, cs), -1);
+	ferry__wr64(e5 + 24, ferry__xxh3_64(b + c5, c5_size));
+	ferry__wr64(t + 64, ferry__xxh3_64(idx, ferry__rd64(t + 40)));
+	ferry__wr64(t + 72, ferry__xxh3_64(t, 72));
+	f = fopen(path, "wb");
+	T_ASSERT(f && fwrite(b, 1, len, f) == len);
+	fclose(f);
+	void *dev;
+	T_ASSERT(ferry_gpu_malloc(0, n, &dev) == 0);
+	for (int on = 0; on < 2; on++) {
+		ferry_cz *z;
+		T_ASSERT(ferry_cz_open(ctx, path, &z) == 0);
+		T_EQ_INT(ferry_cz_set(z, "cz_gpu", on ? "on" : "off"), 0);
+		T_EQ_INT(ferry_cz_set(z, "cz_gpu_min", "1"), 0);
+		T_EQ_INT(ferry_cz_set(z, "cz_window", "128k"), 0); /* chunk 5 in a window of its own pair */
+		ssize_t r = ferry_cz_pread(z, dev, n, 0);
+		if (on && r == FERRY_EBACKEND) { /* no nvCOMP here: cz_gpu=on refuses, saying why */
+			printf("crafted LZ4 block, cz_gpu=on: refused: %s\n", ferry_last_error());
+			ferry_cz_destroy(z);
+			continue;
+		}
+		T_EQ_INT(r, FERRY_ECORRUPT);
+		if (!strstr(ferry_last_error(), "chunk 5 (compressed offset") || (on && !strstr(ferry_last_error(), "LZ4 block"))) {
+			fprintf(stderr, "crafted LZ4 block, cz_gpu=%s: %s\n", on ? "on" : "off", ferry_last_error());
+			t_failures++;
+		}
+		printf("crafted LZ4 block, cz_gpu=%s (%s): %s\n", on ? "on" : "off",
+		       on && ferry__nvc_walks_lz4(0) ? "walked on the GPU" : "walked on the host", ferry_last_error());
+		ferry_cz_destroy(z);
+	}
+	T_EQ_INT(ferry_gpu_free(dev), 0);
+	unlink(path);
+	free(b);
+	free(data);
+}
+
 int main(void)
 {
 	char why[256];
@@ -171,6 +254,7 @@ int main(void)
 	}
 	T_EQ_INT(ferry_gpu_free(dev), 0);
 	free(data);
+	lz4_crafted(ctx);
 	ferry_ctx_destroy(ctx);
 	return t_result();
 }

@@ -148,6 +148,27 @@ static int batch(void)
 	return t_result();
 }
 
+/* The same batches where ferry's kernels load (the fake runs the LZ4 walk on the CPU): LZ4 batches
+ * are walked before nvCOMP, a crafted block refused by index (t_nvc_check's part 6). */
+static int batch_walk(void)
+{
+	char why[512];
+	int (*walks)(void), (*refused)(void);
+	T_EQ_INT(ferry__nvc_walks_lz4(0), 1);
+	for (int codec = FERRY__NVC_LZ4; codec <= FERRY__NVC_ZSTD; codec++)
+		if (t_nvc_check(codec, 0, why, sizeof(why)) < 0)
+			T_SKIP("%s", why);
+	void *h = dlopen(getenv("FERRY_CUDA_LIBRARY"), RTLD_NOW | RTLD_NOLOAD);
+	T_ASSERT(h);
+	*(void **)&walks = dlsym(h, "fake_walk_launches");
+	*(void **)&refused = dlsym(h, "fake_walk_refused");
+	T_ASSERT(walks && refused);
+	printf("walk launches %d, blocks refused %d\n", walks(), refused());
+	T_CHECK(walks() >= 4); /* LZ4's batches: 1, 2 (half room), 4 (misaligned: refused first, or run), 5, 6 */
+	T_EQ_INT(refused(), 2);  /* chunk 5 given half its room, and part 6's crafted chunk 2 */
+	return t_result();
+}
+
 static const struct scenario {
 	const char *name;
 	int (*run)(void);
@@ -158,6 +179,7 @@ static const struct scenario {
 	{"no_zstd", no_zstd, "nvcomp_nozstd.so", "cuda.so"},
 	{"old_major", old_major, "nvcomp_v5.so", "cuda.so"},
 	{"batch", batch, "nvcomp.so", "cuda.so"},
+	{"batch_walk", batch_walk, "nvcomp.so", "cuda_kernel.so"},
 };
 #define NSCEN (sizeof(scenarios) / sizeof(scenarios[0]))
 
@@ -167,6 +189,7 @@ static int build(char *why, size_t len)
 		const char *out, *src, *defs, *libs;
 	} fakes[] = {
 		{"cuda.so", "fake_libcuda.c", "", "-lpthread"},
+		{"cuda_kernel.so", "fake_libcuda.c", "-DFAKE_KERNEL", "-lpthread"},
 		{"nvcomp.so", "fake_libnvcomp.c", "", "-l:libzstd.so.1 -l:liblz4.so.1"},
 		{"nvcomp_nozstd.so", "fake_libnvcomp.c", "-DFAKE_NO_ZSTD", "-l:libzstd.so.1 -l:liblz4.so.1"},
 		{"nvcomp_v5.so", "fake_libnvcomp.c", "-DFAKE_VERSION=5100", "-l:libzstd.so.1 -l:liblz4.so.1"},

@@ -495,8 +495,9 @@ API CUresult cuCheckpointProcessUnlock(int pid, void *args)
 #ifdef FAKE_KERNEL
 /*
  * -DFAKE_KERNEL: cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel and cuMemHostGetDevicePointer_v2
- * for the one kernel ferry launches, ferry_scatter (src/gpu/scatter.cu); -DFAKE_LAUNCH_REFUSE as
- * well: every launch returns CUDA_ERROR_NOT_SUPPORTED. The module is accepted only when its PTX
+ * for the kernels ferry launches, ferry_scatter and ferry_lz4_walk (src/gpu/scatter.cu; the walk
+ * is src/format/lz4_walk.h's, run here on the CPU); -DFAKE_LAUNCH_REFUSE as well: every launch
+ * returns CUDA_ERROR_NOT_SUPPORTED. The module is accepted only when its PTX
  * text declares that entry with the argument size the library passes (1544 bytes: struct
  * ferry__scatter_args, 64 pieces), and a launch does the kernel's copies at once. Mapped host
  * memory has device addresses of its own here (MAPPED + the host address), so a launch whose
@@ -505,8 +506,11 @@ API CUresult cuCheckpointProcessUnlock(int pid, void *args)
 #define MAPPED 0x100000000000ull
 struct scatter_piece { unsigned long long src, dst, len; };
 struct scatter_args { unsigned n, pad; struct scatter_piece p[64]; };
-static char module_token, function_token;
-static int module_loads, launches, launch_pieces, launch_attempts;
+#include "../../../src/format/lz4_walk.h"
+static char module_token, function_token, walk_token;
+static int module_loads, launches, launch_pieces, launch_attempts, walk_launches, walk_refused, module_walk;
+API int fake_walk_launches(void) { return __atomic_load_n(&walk_launches, __ATOMIC_SEQ_CST); }
+API int fake_walk_refused(void) { return __atomic_load_n(&walk_refused, __ATOMIC_SEQ_CST); }
 API int fake_module_loads(void) { return __atomic_load_n(&module_loads, __ATOMIC_SEQ_CST); }
 API int fake_launches(void) { return __atomic_load_n(&launches, __ATOMIC_SEQ_CST); }
 API int fake_launch_pieces(void) { return __atomic_load_n(&launch_pieces, __ATOMIC_SEQ_CST); }
@@ -520,6 +524,7 @@ API CUresult cuModuleLoadData(void **m, const void *image)
 	if (!strstr(ptx, ".version ") || !strstr(ptx, ".entry ferry_scatter(") ||
 	    !strstr(ptx, ".param .align 8 .b8 ferry_scatter_param_0[1544]"))
 		return 218; /* CUDA_ERROR_INVALID_PTX */
+	module_walk = strstr(ptx, ".entry ferry_lz4_walk(") != NULL;
 	*m = &module_token;
 	return 0;
 }
@@ -527,8 +532,12 @@ API CUresult cuModuleGetFunction(void **f, void *m, const char *name)
 {
 	if (m != &module_token)
 		return 400; /* CUDA_ERROR_INVALID_HANDLE */
+	if (!strcmp(name, "ferry_lz4_walk") && module_walk) {
+		*f = &walk_token;
+		return 0;
+	}
 	if (strcmp(name, "ferry_scatter"))
-		return 500;
+		return 500; /* CUDA_ERROR_NOT_FOUND */
 	*f = &function_token;
 	return 0;
 }
@@ -551,6 +560,32 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
 #ifdef FAKE_LAUNCH_REFUSE
 	return 801;
 #endif
+	if (f == &walk_token) { /* ferry_lz4_walk(n, src, len, cap, verdict, dummy): one thread a chunk */
+		if (!params || extra || shm || gy != 1 || gz != 1 || bx != 64 || by != 1 || bz != 1)
+			return 1;
+		unsigned long long n = *(unsigned long long *)params[0];
+		unsigned long long *src = (unsigned long long *)(uintptr_t)*(unsigned long long *)params[1];
+		unsigned long long *len = (unsigned long long *)(uintptr_t)*(unsigned long long *)params[2];
+		const unsigned long long *cap = (const unsigned long long *)(uintptr_t)*(unsigned long long *)params[3];
+		int *verdict = (int *)(uintptr_t)*(unsigned long long *)params[4];
+		unsigned long long dummy = *(unsigned long long *)params[5];
+		if ((unsigned long long)gx * 64 < n || check((uintptr_t)src, n * 8, DEVMEM) ||
+		    check((uintptr_t)len, n * 8, DEVMEM) || check((uintptr_t)cap, n * 8, DEVMEM) ||
+		    check((uintptr_t)verdict, n * 4, DEVMEM) || check((uintptr_t)dummy, 2, DEVMEM))
+			return 700;
+		for (unsigned long long i = 0; i < n; i++) {
+			if (check((uintptr_t)src[i], len[i], DEVMEM))
+				return 700;
+			verdict[i] = ferry__lz4_walk((const unsigned char *)(uintptr_t)src[i], len[i], cap[i]) != 0;
+			if (verdict[i]) {
+				src[i] = dummy;
+				len[i] = 2;
+				__atomic_add_fetch(&walk_refused, 1, __ATOMIC_SEQ_CST);
+			}
+		}
+		__atomic_add_fetch(&walk_launches, 1, __ATOMIC_SEQ_CST);
+		return 0;
+	}
 	if (f != &function_token || !params || extra || shm || !gx || gz != 1 || bx != 256 || by != 1 || bz != 1)
 		return 1;
 	const struct scatter_args *a = params[0];
