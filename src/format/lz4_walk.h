@@ -5,7 +5,7 @@
  * ferry_lz4_walk) and the fake driver that stands in for that kernel in CI
  * (tests/unit/fakes/fake_libcuda.c). Plain C that nvcc compiles too: no headers, no size_t.
  *
- * 0 when the block p[0, n) decodes to exactly want bytes under the reference decoder's rules
+ * 0 when the block of n bytes decodes to exactly want bytes under the reference decoder's rules
  * (liblz4 1.9.4, LZ4_decompress_generic on a whole block), else -1: every match inside the bytes
  * decoded before it and ending at least 5 bytes (LASTLITERALS) before the output's end; a sequence
  * whose literals come within 12 bytes (MFLIMIT) of the output's end or 8 of the input's is the
@@ -13,6 +13,12 @@
  * or 4 (matches) bytes before the input's end. The sequences are followed, nothing is copied. What
  * it accepts, LZ4_decompress_safe decodes to want bytes (tests/fuzz/fuzz_lz4_block.c); offset 0,
  * which liblz4 never writes and the reference takes, is refused as well.
+ *
+ * The block's bytes are read through FERRY__LZ4_GET(src, i) (0 <= i < n) on a src of type
+ * FERRY__LZ4_SRC, both defined before the include where the bytes are not plain memory (the
+ * kernel reads them from a tile in shared memory); by default src is a pointer to them. In the
+ * common sequence (short literals and match) the next token's position depends on one byte read,
+ * the token's.
  */
 #ifndef FERRY_FORMAT_LZ4_WALK_H
 #define FERRY_FORMAT_LZ4_WALK_H
@@ -22,42 +28,48 @@
 #else
 #define FERRY__LZ4_WALK_FN static inline
 #endif
+#ifndef FERRY__LZ4_GET
+#define FERRY__LZ4_SRC const unsigned char *
+#define FERRY__LZ4_GET(src, i) ((unsigned)(src)[i])
+#endif
 
-FERRY__LZ4_WALK_FN int ferry__lz4_walk(const unsigned char *p, unsigned long long n, unsigned long long want)
+FERRY__LZ4_WALK_FN int ferry__lz4_walk(FERRY__LZ4_SRC src, unsigned long long n, unsigned long long want)
 {
-	const unsigned char *const end = p + n;
-	unsigned long long out = 0;
+	unsigned long long i = 0, out = 0; /* i < n at each token */
 	if (!n || !want)
 		return -1;
 	for (;;) {
-		const unsigned tok = *p++;
+		const unsigned tok = FERRY__LZ4_GET(src, i);
 		unsigned long long lit = tok >> 4;
+		i++;
 		if (lit == 15) {
 			unsigned b;
-			if (end - p <= 15)
+			if (n - i <= 15)
 				return -1;
 			do {
-				b = *p++;
+				b = FERRY__LZ4_GET(src, i);
+				i++;
 				lit += b;
-				if (end - p < 15)
+				if (n - i < 15)
 					return -1;
 			} while (b == 255);
 		}
-		if (out + lit + 12 > want || lit + 8 > (unsigned long long)(end - p)) /* the last sequence */
-			return lit == (unsigned long long)(end - p) && out + lit == want ? 0 : -1;
-		p += lit;
+		if (out + lit + 12 > want || lit + 8 > n - i) /* the last sequence */
+			return lit == n - i && out + lit == want ? 0 : -1;
+		i += lit;
 		out += lit;
-		const unsigned long long off = (unsigned long long)p[0] | (unsigned long long)p[1] << 8;
-		p += 2;
+		const unsigned long long off = FERRY__LZ4_GET(src, i) | FERRY__LZ4_GET(src, i + 1) << 8;
+		i += 2;
 		if (!off || off > out)
 			return -1;
 		unsigned long long ml = (tok & 15u) + 4;
 		if ((tok & 15u) == 15) {
 			unsigned b;
 			do {
-				b = *p++;
+				b = FERRY__LZ4_GET(src, i);
+				i++;
 				ml += b;
-				if (end - p < 4)
+				if (n - i < 4)
 					return -1;
 			} while (b == 255);
 		}

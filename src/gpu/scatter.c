@@ -258,7 +258,7 @@ int ferry__lz4_walk_launch(int dev, void *stream, uint64_t n, uint64_t src, uint
 			   uint64_t verdict, uint64_t dummy)
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
-	enum { WALK_THREADS = 64 }; /* the kernel's __launch_bounds__ */
+	enum { WALK_WARPS = 4 }; /* chunks a block: a warp each (the kernel's __launch_bounds__ / 32) */
 	if (!ferry__lz4_walk_ready(dev))
 		return ferry__error(-ENOTSUP, "the LZ4 walk kernel is not loaded on device %d: %s", dev,
 				    ferry__scatter_reason(dev));
@@ -268,8 +268,8 @@ int ferry__lz4_walk_launch(int dev, void *stream, uint64_t n, uint64_t src, uint
 	ferry__CUfunction fn = mods[dev].walk;
 	pthread_mutex_unlock(&mu);
 	void *params[] = {&n, &src, &len, &cap, &verdict, &dummy};
-	uint64_t blocks = (n + WALK_THREADS - 1) / WALK_THREADS;
-	ferry__CUresult r = cu->LaunchKernel(fn, (unsigned)blocks, 1, 1, WALK_THREADS, 1, 1, 0,
+	uint64_t blocks = (n + WALK_WARPS - 1) / WALK_WARPS;
+	ferry__CUresult r = cu->LaunchKernel(fn, (unsigned)blocks, 1, 1, 32 * WALK_WARPS, 1, 1, 0,
 					     (ferry__CUstream)stream, params, NULL);
 	if (r != FERRY__CUDA_SUCCESS)
 		return ferry__cuda_fail(r, "cuLaunchKernel(%s, %llu chunks) on device %d", FERRY__LZ4_WALK_ENTRY,

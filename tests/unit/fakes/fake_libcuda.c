@@ -560,8 +560,8 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
 #ifdef FAKE_LAUNCH_REFUSE
 	return 801;
 #endif
-	if (f == &walk_token) { /* ferry_lz4_walk(n, src, len, cap, verdict, dummy): one thread a chunk */
-		if (!params || extra || shm || gy != 1 || gz != 1 || bx != 64 || by != 1 || bz != 1)
+	if (f == &walk_token) { /* ferry_lz4_walk(n, src, len, cap, verdict, dummy): a warp a chunk, 4 a block */
+		if (!params || extra || shm || gy != 1 || gz != 1 || bx != 128 || by != 1 || bz != 1)
 			return 1;
 		unsigned long long n = *(unsigned long long *)params[0];
 		unsigned long long *src = (unsigned long long *)(uintptr_t)*(unsigned long long *)params[1];
@@ -569,7 +569,7 @@ API CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsi
 		const unsigned long long *cap = (const unsigned long long *)(uintptr_t)*(unsigned long long *)params[3];
 		int *verdict = (int *)(uintptr_t)*(unsigned long long *)params[4];
 		unsigned long long dummy = *(unsigned long long *)params[5];
-		if ((unsigned long long)gx * 64 < n || check((uintptr_t)src, n * 8, DEVMEM) ||
+		if ((unsigned long long)gx * 4 < n || check((uintptr_t)src, n * 8, DEVMEM) ||
 		    check((uintptr_t)len, n * 8, DEVMEM) || check((uintptr_t)cap, n * 8, DEVMEM) ||
 		    check((uintptr_t)verdict, n * 4, DEVMEM) || check((uintptr_t)dummy, 2, DEVMEM))
 			return 700;
