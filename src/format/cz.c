@@ -3,7 +3,7 @@
  * and decoding on the CPU, and the small parallel loop the reader and writer share.
  */
 #include "format/cz.h"
-#include "format/lz4_walk.h"
+#include "base/lz4_walk.h"
 
 #include <errno.h>
 #include <pthread.h>

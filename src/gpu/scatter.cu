@@ -83,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(256) ferry_scatter(const __grid_con
 }
 
 /*
- * The LZ4 walk (src/format/lz4_walk.h) over a batch before nvCOMP decodes it (src/gpu/nvcomp.c),
+ * The LZ4 walk (src/base/lz4_walk.h) over a batch before nvCOMP decodes it (src/gpu/nvcomp.c),
  * on the batch's stream between the upload of its arrays and nvCOMP's launch: src, len and cap are
  * nvCOMP's arrays of compressed pointers, compressed sizes and output rooms. A block that does not
  * decode to exactly its room is replaced in the arrays by dummy, a 2-byte block of one literal, and
@@ -138,7 +138,7 @@ __device__ __forceinline__ unsigned ferry_walk_byte(ferry_walk_src *s, unsigned 
 
 #define FERRY__LZ4_SRC ferry_walk_src *
 #define FERRY__LZ4_GET(s, i) ferry_walk_byte((s), (i))
-#include "../format/lz4_walk.h"
+#include "../base/lz4_walk.h"
 
 extern "C" __global__ void __launch_bounds__(32 * FERRY_WALK_WARPS)
 	ferry_lz4_walk(unsigned long long n, unsigned long long *src, unsigned long long *len,

@@ -65,7 +65,7 @@ uint64_t ferry__scatter_pieces(void);
 int ferry__scatter_host_ptr(int dev, void *host, uint64_t *out);
 
 /*
- * The LZ4 walk (src/format/lz4_walk.h) on the GPU, over nvCOMP's batch before it runs
+ * The LZ4 walk (src/base/lz4_walk.h) on the GPU, over nvCOMP's batch before it runs
  * (src/gpu/nvcomp.c): so that the host need not walk each block itself, which costs it nearly a
  * decode. ferry__lz4_walk_ready: whether dev has the kernel (waiting for the module's load); once
  * true it stays true (a refused scatter launch does not take it away), so a caller that left the

@@ -496,7 +496,7 @@ API CUresult cuCheckpointProcessUnlock(int pid, void *args)
 /*
  * -DFAKE_KERNEL: cuModuleLoadData, cuModuleGetFunction, cuLaunchKernel and cuMemHostGetDevicePointer_v2
  * for the kernels ferry launches, ferry_scatter and ferry_lz4_walk (src/gpu/scatter.cu; the walk
- * is src/format/lz4_walk.h's, run here on the CPU); -DFAKE_LAUNCH_REFUSE as well: every launch
+ * is src/base/lz4_walk.h's, run here on the CPU); -DFAKE_LAUNCH_REFUSE as well: every launch
  * returns CUDA_ERROR_NOT_SUPPORTED. The module is accepted only when its PTX
  * text declares that entry with the argument size the library passes (1544 bytes: struct
  * ferry__scatter_args, 64 pieces), and a launch does the kernel's copies at once. Mapped host
@@ -506,7 +506,7 @@ API CUresult cuCheckpointProcessUnlock(int pid, void *args)
 #define MAPPED 0x100000000000ull
 struct scatter_piece { unsigned long long src, dst, len; };
 struct scatter_args { unsigned n, pad; struct scatter_piece p[64]; };
-#include "../../../src/format/lz4_walk.h"
+#include "../../../src/base/lz4_walk.h"
 static char module_token, function_token, walk_token;
 static int module_loads, launches, launch_pieces, launch_attempts, walk_launches, walk_refused, module_walk;
 API int fake_walk_launches(void) { return __atomic_load_n(&walk_launches, __ATOMIC_SEQ_CST); }

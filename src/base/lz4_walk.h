@@ -20,8 +20,8 @@
  * common sequence (short literals and match) the next token's position depends on one byte read,
  * the token's.
  */
-#ifndef FERRY_FORMAT_LZ4_WALK_H
-#define FERRY_FORMAT_LZ4_WALK_H
+#ifndef FERRY_BASE_LZ4_WALK_H
+#define FERRY_BASE_LZ4_WALK_H
 
 #ifdef __CUDACC__
 #define FERRY__LZ4_WALK_FN static __device__ __forceinline__
