@@ -6,6 +6,7 @@
 #define FERRY_TEST_H
 
 #include <errno.h>
+#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,22 @@
 #define T_EXIT_SKIP 77
 
 static int t_failures;
+
+static inline int t_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+	(void)sb, (void)flag, (void)ftw;
+	return remove(p) && errno != ENOENT ? -1 : 0;
+}
+
+/* Removes path and everything under it, never following a symlink: rm -rf without a shell. 0
+ * (a missing path too), or -1 with errno. */
+static inline int t_rmtree(const char *path)
+{
+	struct stat st;
+	if (lstat(path, &st))
+		return errno == ENOENT ? 0 : -1;
+	return nftw(path, t_rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 #define T_CHECK(cond)                                                                  \
 	do {                                                                           \

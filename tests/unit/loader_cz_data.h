@@ -81,9 +81,7 @@ static void lcz_end(void)
 {
 	ferry_ctx_destroy(ctx);
 	ctx = NULL;
-	char cmd[600];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (system(cmd))
+	if (t_rmtree(dir))
 		fprintf(stderr, "could not remove %s\n", dir);
 }
 

@@ -478,9 +478,7 @@ static void test_durable(void)
 	snprintf(p, sizeof(p), "%s/nonexistent/f", dir);
 	T_EQ_INT(ferry__write_durable(p, "x", 1), -ENOENT);
 
-	char cmd[9000];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", dir, q);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(dir) == 0 && t_rmtree(q) == 0);
 }
 
 /* 1 if directory d holds exactly the names in want (NULL-terminated), in any order. */
@@ -547,9 +545,7 @@ static void test_dataset_writer_files(void)
 		ferry_dataset_destroy(ds);
 	}
 	ferry_ctx_destroy(ctx);
-	char cmd[2200];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(d) == 0);
 }
 
 /* A run id is text (the knob refuses '"', '\\' and newlines, not other control characters): the
@@ -583,9 +579,7 @@ static void test_ckpt_run_escaped(void)
 	T_CHECK(strstr(text, "\"run\":\"job\\t7 \\u0001 \xc3\xa9\"") != NULL);
 	ferry_ckpt_destroy(ck);
 	ferry_ctx_destroy(ctx);
-	char cmd[2200];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", d);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(d) == 0);
 }
 
 /*

@@ -263,9 +263,7 @@ static void test_recycle(void)
 	T_EQ_INT(ferry_ckpt_latest(dir), 11);
 	T_EQ_INT(check_content(dir, 11, 1), 0);
 	/* the directory removed under the open handle: the next save makes it again */
-	char cmd[700];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	T_ASSERT(system(cmd) == 0);
+	T_ASSERT(t_rmtree(dir) == 0);
 	save_step(ck, 1, 0);
 	T_EQ_INT(ferry_ckpt_latest(dir), 1);
 	T_EQ_INT(check_content(dir, 1, 1), 0);
@@ -813,8 +811,7 @@ static void test_enospc(void)
 		T_EQ_INT(ferry_ckpt_save(ck, 3), 0);
 		T_EQ_INT(check_content(ck_dir, 3, 1), 0);
 		ferry_ckpt_destroy(ck);
-		snprintf(p, sizeof(p), "rm -rf '%s'", ck_dir);
-		T_ASSERT(system(p) == 0);
+		T_ASSERT(t_rmtree(ck_dir) == 0);
 	}
 	T_ASSERT(umount(dir) == 0);
 }
@@ -850,9 +847,7 @@ int main(int argc, char **argv)
 		free(bufs0[i]);
 	ferry_ctx_destroy(ctx);
 	if (!t_failures) {
-		char cmd[700];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", root);
-		if (system(cmd))
+		if (t_rmtree(root))
 			fprintf(stderr, "could not remove %s\n", root);
 	}
 	return t_result();

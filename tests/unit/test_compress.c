@@ -399,9 +399,7 @@ static void writer_lifecycle(void)
 	T_CHECK(strstr(ferry_last_error(), "not a ferry compressed file") != NULL);
 	T_EQ_INT(ferry_cz_codec_from_name("gzip"), FERRY_EBADOPT);
 	T_EQ_INT(ferry_cz_writer_create(path, 7, 0, &w), FERRY_EBADOPT);
-	char cmd[700];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", sub);
-	T_EQ_INT(system(cmd), 0);
+	T_EQ_INT(t_rmtree(sub), 0);
 }
 
 /* Reads of many windows (cz_threads=1: 4 chunks each), the next window's bytes read ahead while

@@ -140,7 +140,6 @@ int main(void)
 	ferry_durable_destroy(NULL);
 
 	ferry_ctx_destroy(ctx);
-	snprintf(buf, sizeof(buf), "rm -rf '%s'", dir);
-	T_CHECK(system(buf) == 0);
+	T_CHECK(t_rmtree(dir) == 0);
 	return t_failures ? T_EXIT_FAIL : T_EXIT_PASS;
 }

@@ -2001,9 +2001,7 @@ static int sc_snapshot_criu(void)
 	/* a directory without a manifest is not a snapshot */
 	T_EQ_INT(ferry_snapshot_restore(base, &o, t), -ENOENT);
 	HAS(ferry_last_error(), "ferry-snapshot.json: cannot open it");
-	char cmd[4400];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", base);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(base) == 0);
 	return t_result();
 }
 

@@ -545,9 +545,7 @@ int main(int argc, char **argv)
 	ferry_ctx_destroy(ctx);
 	free(stream);
 	free(soff);
-	char cmd[600];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	if (!t_failures && system(cmd)) {
-	}
+	if (!t_failures && t_rmtree(dir))
+		fprintf(stderr, "could not remove %s\n", dir);
 	return t_result();
 }

@@ -163,8 +163,6 @@ int main(void)
 	ferry_sampler_destroy(s);
 	ferry_ctx_destroy(ctx);
 	unlink(st_path);
-	char cmd[1300];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s' '%s'", path, rundir);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(path) == 0 && t_rmtree(rundir) == 0);
 	return t_result();
 }

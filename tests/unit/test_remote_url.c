@@ -167,9 +167,7 @@ static void test_config(const char *tmp)
 	T_EQ_INT(ferry__aws_load(&a), -EINVAL);
 	T_CHECK(strstr(ferry_last_error(), "[half]: aws_access_key_id without aws_secret_access_key") != NULL);
 	clear_env();
-	char cmd[700];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(dir) == 0);
 }
 
 int main(void)

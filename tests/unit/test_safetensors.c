@@ -601,9 +601,7 @@ int main(void)
 	test_durable_save();
 	ferry_ctx_destroy(ctx);
 	if (!t_failures) {
-		char cmd[700];
-		snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-		if (system(cmd))
+		if (t_rmtree(dir))
 			fprintf(stderr, "could not remove %s\n", dir);
 	}
 	return t_result();

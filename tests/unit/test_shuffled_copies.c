@@ -307,8 +307,6 @@ int main(void)
 	free(cb);
 	T_EQ_INT(ferry_dataset_writer_set_copies(NULL, 1, 0), -EINVAL);
 	ferry_ctx_destroy(ctx);
-	char cmd[700];
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-	T_CHECK(system(cmd) == 0);
+	T_CHECK(t_rmtree(dir) == 0);
 	return t_result();
 }
