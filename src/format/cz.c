@@ -222,7 +222,7 @@ int ferry__cz_lz4_bounded(const uint8_t *p, size_t n, size_t want)
  * more than its index entry says, never reaches it: zstd, the checksum and the frame's own bound
  * (its content size, else its blocks'); LZ4, the checksum and a walk of the block's sequences
  * (ferry__cz_lz4_bounded: a raw LZ4 block has no size of its own), here unless nvCOMP's decoder
- * walks the batch on the GPU (lz4_walked_on_gpu: ferry__lz4_walk_ready, src/gpu/nvcomp.c).
+ * walks the batch on the GPU (lz4_walked_on_gpu: ferry__nvc_walks_lz4, src/gpu/nvcomp.c).
  */
 int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name,
 			       bool lz4_walked_on_gpu)

@@ -458,6 +458,8 @@ int ferry__nvc_decompress(struct ferry__nvc *d, void *stream, size_t n, const ui
 					    "needs input aligned to %zu bytes and output to %zu", i, n,
 					    src[i] % d->align.input ? "input" : "output", (unsigned long long)src[i],
 					    (unsigned long long)dst[i], d->name, d->align.input, d->align.output);
+		if (d->walk && !dst_cap[i]) /* the walk points a refused block at one that decodes to a byte */
+			return ferry__error(-EINVAL, "nvcomp: chunk %zu of %zu: no room for its output", i, n);
 		if (dst_cap[i] > limit || src_len[i] > limit)
 			return ferry__error(-EINVAL, "nvcomp: chunk %zu of %zu: %zu bytes (%zu compressed) exceed nvCOMP's "
 					    "%s chunk limit of %zu bytes", i, n, dst_cap[i], src_len[i], d->name, limit);
