@@ -3,7 +3,10 @@
  * on the CPU) of tests/unit/fakes/, both built here with cc, so the device read path (pinned
  * windows, aligned inputs, the device-to-device copy of unaligned outputs, stored and partial
  * chunks through the copy ring, cz_gpu=off/auto/on and the path reported) runs in every CI build.
- * On the GPU machine the same checks run on the real driver and nvCOMP (ctest -L gpu). */
+ * On the GPU machine the same checks run on the real driver and nvCOMP (ctest -L gpu).
+ * FERRY_TEST_FAKE_KERNELS: CMake runs it again with the fake driver running ferry's kernels (the
+ * scatter kernel's gathers, the LZ4 walk before nvCOMP), as the GPU machine does.
+ */
 #define main cz_gpu_main
 #include "gpu/test_cz_gpu.c"
 #undef main

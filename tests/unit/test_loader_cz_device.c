@@ -4,7 +4,10 @@
  * stored chunks' copies and the device-to-device gather into the batch run in every CI build. On
  * the GPU machine the same checks run on the real driver and nvCOMP (ctest -L gpu). Here also
  * 64 KiB chunks: more chunks than the device cache's first 64 entries (its index of held chunks
- * grows, cz_dcache.c), and a 4 MiB cache that evicts them. */
+ * grows, cz_dcache.c), and a 4 MiB cache that evicts them.
+ * FERRY_TEST_FAKE_KERNELS: CMake runs it again with the fake driver running ferry's kernels (the
+ * scatter kernel's gathers, the LZ4 walk before nvCOMP), as the GPU machine does.
+ */
 #define main loader_cz_gpu_main
 #include "gpu/test_loader_cz_gpu.c"
 #undef main

@@ -2,13 +2,15 @@
  * For tests that run GPU code paths without a GPU: builds the fake CUDA driver (with pointer
  * attributes) and the fake nvCOMP of this folder with $CC (cc) into the test's temporary
  * directory and points FERRY_CUDA_LIBRARY and FERRY_NVCOMP_LIB at them (each read when the library
- * first loads it), with FERRY_CZ_EXPECT_NVCOMP=1. Skips the test (exit 77, saying why) where they
+ * first loads it), with FERRY_CZ_EXPECT_NVCOMP=1; with FERRY_FAKE_KERNELS=1 the driver runs ferry's
+ * kernels too (-DFAKE_KERNEL). Skips the test (exit 77, saying why) where they
  * do not build. `file` is the calling test's __FILE__ (the fakes sit in fakes/ beside it); `name`
  * names the libraries. fake_gpu_env_done() removes them.
  */
 #ifndef FERRY_FAKE_GPU_ENV_H
 #define FERRY_FAKE_GPU_ENV_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,7 +47,11 @@ static void fake_gpu_env_setup(struct fake_gpu_env *e, const char *file, const c
 		cc = "cc";
 	snprintf(e->cuda, sizeof(e->cuda), "%s/%s.%d.cuda.so", t_tmpdir(), name, (int)getpid());
 	snprintf(e->nvcomp, sizeof(e->nvcomp), "%s/%s.%d.nvcomp.so", t_tmpdir(), name, (int)getpid());
-	if (fake_gpu_build(cc, src_dir, e->cuda, "fake_libcuda.c", "-DFAKE_ATTRIBUTES") ||
+	/* FERRY_FAKE_KERNELS=1: the driver runs ferry's kernels too (the scatter kernel's copies, the
+	 * LZ4 walk on the CPU), so the paths that launch them run */
+	const char *k = getenv("FERRY_FAKE_KERNELS");
+	const bool kernels = k && !strcmp(k, "1");
+	if (fake_gpu_build(cc, src_dir, e->cuda, "fake_libcuda.c", kernels ? "-DFAKE_ATTRIBUTES -DFAKE_KERNEL" : "-DFAKE_ATTRIBUTES") ||
 	    fake_gpu_build(cc, src_dir, e->nvcomp, "fake_libnvcomp.c", "-l:libzstd.so.1 -l:liblz4.so.1")) {
 		fake_gpu_env_done(e);
 		T_SKIP("the fake CUDA driver or nvCOMP did not build with %s from %s", cc, src_dir);

@@ -503,7 +503,7 @@ API CUresult cuCheckpointProcessUnlock(int pid, void *args)
  * memory has device addresses of its own here (MAPPED + the host address), so a launch whose
  * sources are plain host pointers, not the mapping, fails like a kernel reading a wild address.
  */
-#define MAPPED 0x100000000000ull
+#define MAPPED 0x8000000000000000ull /* above any user address: mmap can place device memory past 2^44 */
 struct scatter_piece { unsigned long long src, dst, len; };
 struct scatter_args { unsigned n, pad; struct scatter_piece p[64]; };
 #include "../../../src/base/lz4_walk.h"
