@@ -1,7 +1,7 @@
 /*
  * The walk that bounds a raw LZ4 block before nvCOMP decodes it (nvCOMP 6 does not bound its
- * output: docs/GPU.md). One source for three builds: the host (src/format/cz.c,
- * ferry__cz_lz4_bounded), the GPU kernel that runs it over nvCOMP's batch (src/gpu/scatter.cu,
+ * output: docs/GPU.md). One source for three builds: the host (src/format/cz.c's
+ * ferry__cz_check_gpu_frame, the tests), the GPU kernel that runs it over nvCOMP's batch (src/gpu/scatter.cu,
  * ferry_lz4_walk) and the fake driver that stands in for that kernel in CI
  * (tests/unit/fakes/fake_libcuda.c). Plain C that nvcc compiles too: no headers, no size_t.
  *

@@ -210,18 +210,12 @@ int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint
 	return 0;
 }
 
-/* The walk is lz4_walk.h's, which the GPU kernel (src/gpu/scatter.cu) and the fake driver share. */
-int ferry__cz_lz4_bounded(const uint8_t *p, size_t n, size_t want)
-{
-	return ferry__lz4_walk(p, n, want);
-}
-
 /*
  * nvCOMP 6.0 does not bound its output by the room it is given (a chunk given half its size wrote
  * the other half past it, H100, tests/nvcomp_check.h), so a damaged frame, or one that decodes to
  * more than its index entry says, never reaches it: zstd, the checksum and the frame's own bound
  * (its content size, else its blocks'); LZ4, the checksum and a walk of the block's sequences
- * (ferry__cz_lz4_bounded: a raw LZ4 block has no size of its own), here unless nvCOMP's decoder
+ * (ferry__lz4_walk, base/lz4_walk.h: a raw LZ4 block has no size of its own), here unless nvCOMP's decoder
  * walks the batch on the GPU (lz4_walked_on_gpu: ferry__nvc_walks_lz4, src/gpu/nvcomp.c).
  */
 int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name,
@@ -230,7 +224,7 @@ int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const 
 	const struct ferry__cz_chunk *e = &m->chunks[i];
 	int r = ferry__cz_check_frame(m, i, frame, name);
 	if (!r && m->codec == FERRY__CZ_LZ4 && !(e->flags & FERRY__CZ_STORED) && !lz4_walked_on_gpu &&
-	    ferry__cz_lz4_bounded(frame + FERRY__CZ_LZ4_PAYLOAD, e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4, e->u_size))
+	    ferry__lz4_walk(frame + FERRY__CZ_LZ4_PAYLOAD, e->c_size - FERRY__CZ_LZ4_PAYLOAD - 4, e->u_size))
 		r = ferry__error(FERRY_ECORRUPT,
 				 "%s: chunk %llu (compressed offset %llu): LZ4 block: malformed or does not decode to the index's %u bytes",
 				 name, (unsigned long long)i, (unsigned long long)e->c_off, e->u_size);

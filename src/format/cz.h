@@ -76,14 +76,11 @@ int ferry__cz_decode_with(struct ferry__cz_dctx *d, const struct ferry__cz_meta 
 /* Checks only the frame's XXH3 (before the frame goes to a GPU decoder). */
 int ferry__cz_check_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name);
 /* Checks a frame before it goes to nvCOMP, whatever cz_verify says: its XXH3 and that it decodes to
- * no more than its entry's u_size (zstd: the frame's bound; LZ4: ferry__cz_lz4_bounded, unless
+ * no more than its entry's u_size (zstd: the frame's bound; LZ4: ferry__lz4_walk, unless
  * lz4_walked_on_gpu: nvCOMP's decoder walks it there), since nvCOMP 6 does not bound its output.
  * 0 or FERRY_ECORRUPT. */
 int ferry__cz_check_gpu_frame(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *frame, const char *name,
 			       bool lz4_walked_on_gpu);
-/* 0 when the raw LZ4 block p[0, n) decodes to exactly want bytes under liblz4's rules, else -1
- * (a walk of its sequences, nothing decoded). */
-int ferry__cz_lz4_bounded(const uint8_t *p, size_t n, size_t want);
 /* Checks only chunk i's bytes (u_size at dst) against the index's XXH3 (a stored chunk read
  * straight into its destination). 0 or FERRY_ECORRUPT naming name, the chunk and its bytes. */
 int ferry__cz_check_bytes(const struct ferry__cz_meta *m, uint64_t i, const uint8_t *dst, const char *name);

@@ -10,7 +10,7 @@
  * (standard zstd frames). nvCOMP does not bound its output by the room it is given, so an LZ4
  * decoder walks each batch's blocks on the GPU before nvCOMP runs (ferry__lz4_walk_launch) where
  * ferry's kernels load on its device; where they do not, the caller must have walked each block
- * on the host (ferry__cz_check_gpu_frame decides by the same ferry__lz4_walk_ready).
+ * on the host (ferry__cz_check_gpu_frame, told by the same ferry__nvc_walks_lz4).
  *
  * A decoder belongs to one device and is used by one thread at a time. It keeps its device scratch
  * (nvCOMP's temporary space, the device arrays of pointers and sizes, the statuses) between calls

@@ -243,15 +243,21 @@ int ferry__scatter_host_ptr(int dev, void *host, uint64_t *out)
 	return 0;
 }
 
-bool ferry__lz4_walk_ready(int dev)
+/* The walk's function on dev once the module's load is over (waiting for it), or NULL. */
+static ferry__CUfunction walk_fn(int dev)
 {
 	if (dev < 0 || dev >= MAX_DEVICES)
-		return false;
+		return NULL;
 	(void)ferry__scatter_state(dev, true);
 	pthread_mutex_lock(&mu);
-	bool ready = mods[dev].walk != NULL;
+	ferry__CUfunction fn = mods[dev].walk;
 	pthread_mutex_unlock(&mu);
-	return ready;
+	return fn;
+}
+
+bool ferry__lz4_walk_ready(int dev)
+{
+	return walk_fn(dev) != NULL;
 }
 
 int ferry__lz4_walk_launch(int dev, void *stream, uint64_t n, uint64_t src, uint64_t len, uint64_t cap,
@@ -259,14 +265,12 @@ int ferry__lz4_walk_launch(int dev, void *stream, uint64_t n, uint64_t src, uint
 {
 	const struct ferry__cuda_api *cu = ferry__cuda();
 	enum { WALK_WARPS = 4 }; /* chunks a block: a warp each (the kernel's __launch_bounds__ / 32) */
-	if (!ferry__lz4_walk_ready(dev))
+	ferry__CUfunction fn = walk_fn(dev);
+	if (!fn)
 		return ferry__error(-ENOTSUP, "the LZ4 walk kernel is not loaded on device %d: %s", dev,
 				    ferry__scatter_reason(dev));
 	if (!n)
 		return 0;
-	pthread_mutex_lock(&mu);
-	ferry__CUfunction fn = mods[dev].walk;
-	pthread_mutex_unlock(&mu);
 	void *params[] = {&n, &src, &len, &cap, &verdict, &dummy};
 	uint64_t blocks = (n + WALK_WARPS - 1) / WALK_WARPS;
 	ferry__CUresult r = cu->LaunchKernel(fn, (unsigned)blocks, 1, 1, 32 * WALK_WARPS, 1, 1, 0,

@@ -1,5 +1,5 @@
 /* libFuzzer target: the walk that bounds a raw LZ4 block before nvCOMP decodes it
- * (ferry__cz_lz4_bounded, src/format/cz.c) on arbitrary bytes. The first two bytes are the size the
+ * (ferry__lz4_walk, src/base/lz4_walk.h) on arbitrary bytes. The first two bytes are the size the
  * block must decode to (1 to 65536), the rest the block. Whatever the walk accepts, liblz4's safe
  * decoder must decode to exactly that size: the walk is never looser than the CPU path, so a
  * block it lets through to the GPU cannot write past its chunk there. The same bytes are also
@@ -11,7 +11,7 @@
 
 #include <lz4.h>
 
-#include "format/cz.h"
+#include "base/lz4_walk.h"
 
 /* Sequences taken as they come: what a decoder that relies on the walk does. */
 static void trusting_decode(const uint8_t *p, size_t n, uint8_t *dst)
@@ -47,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	size_t want = ((size_t)data[0] | (size_t)data[1] << 8) + 1;
 	const uint8_t *blk = data + 2;
 	size_t n = size - 2;
-	if (ferry__cz_lz4_bounded(blk, n, want))
+	if (ferry__lz4_walk(blk, n, want))
 		return 0;
 	uint8_t *a = malloc(want), *b = malloc(want);
 	int got = LZ4_decompress_safe((const char *)blk, (char *)a, (int)n, (int)want);

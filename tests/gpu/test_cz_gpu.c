@@ -9,6 +9,7 @@
 #include "ferry/compress.h"
 #include "ferry/gpu.h"
 #include "base/byteorder.h"
+#include "base/lz4_walk.h"
 #include "base/xxh.h"
 #include "format/cz.h"
 #include "gpu/nvcomp.h"
@@ -137,7 +138,7 @@ static void lz4_crafted(ferry_ctx *ctx)
 		*tok += 1;
 	else
 		*p += 1; /* the match length's first extra byte */
-	T_EQ_INT(ferry__cz_lz4_bounded(b + c5 + FERRY__CZ_LZ4_PAYLOAD, c5_size - FERRY__CZ_LZ4_PAYLOAD - 4, cs), -1);
+	T_EQ_INT(ferry__lz4_walk(b + c5 + FERRY__CZ_LZ4_PAYLOAD, c5_size - FERRY__CZ_LZ4_PAYLOAD - 4, cs), -1);
 	ferry__wr64(e5 + 24, ferry__xxh3_64(b + c5, c5_size));
 	ferry__wr64(t + 64, ferry__xxh3_64(idx, ferry__rd64(t + 40)));
 	ferry__wr64(t + 72, ferry__xxh3_64(t, 72));

@@ -15,6 +15,7 @@
 #include "ferry_test.h"
 #include "base/base.h"
 #include "base/xxh.h"
+#include "base/lz4_walk.h"
 #include "format/cz.h"
 
 static ferry_ctx *ctx;
@@ -540,7 +541,7 @@ static double now_s(void)
 }
 
 /*
- * The walk that bounds an LZ4 block before nvCOMP decodes it (ferry__cz_lz4_bounded): every block
+ * The walk that bounds an LZ4 block before nvCOMP decodes it (ferry__lz4_walk): every block
  * liblz4 writes (fast and HC, each data kind, sizes from 1 byte to 1 MiB) is taken at its size and
  * refused at one byte less or more and cut short; of a text block's single-byte changes, whatever
  * it takes liblz4 decodes to the size (the fuzz target, fuzz_lz4_block, goes further), and some
@@ -561,16 +562,16 @@ static void lz4_walk(void)
 				int c = hc ? LZ4_compress_HC((char *)src, (char *)blk, (int)n, (int)cap, 9)
 					   : LZ4_compress_default((char *)src, (char *)blk, (int)n, (int)cap);
 				T_ASSERT(c > 0);
-				int ok = ferry__cz_lz4_bounded(blk, (size_t)c, n) == 0;
+				int ok = ferry__lz4_walk(blk, (size_t)c, n) == 0;
 				T_CHECK(ok);
 				if (!ok)
 					printf("lz4 walk: %s %zu bytes (%s) refused\n", dnames[kind], n, hc ? "HC" : "fast");
 				taken += ok;
-				T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c, n + 1), -1);
+				T_EQ_INT(ferry__lz4_walk(blk, (size_t)c, n + 1), -1);
 				if (n > 1)
-					T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c, n - 1), -1);
+					T_EQ_INT(ferry__lz4_walk(blk, (size_t)c, n - 1), -1);
 				if (c > 1)
-					T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c - 1, n), -1);
+					T_EQ_INT(ferry__lz4_walk(blk, (size_t)c - 1, n), -1);
 			}
 	T_EQ_INT(taken, 60);
 	/* single-byte changes of a 4 KiB text block */
@@ -580,7 +581,7 @@ static void lz4_walk(void)
 	for (int at = 0; at < c; at++)
 		for (int x = 1; x < 256; x <<= 1) {
 			blk[at] ^= (uint8_t)x;
-			if (ferry__cz_lz4_bounded(blk, (size_t)c, 4096) == 0) {
+			if (ferry__lz4_walk(blk, (size_t)c, 4096) == 0) {
 				accepted++;
 				T_EQ_INT(LZ4_decompress_safe((char *)blk, (char *)dst, c, 4096), 4096);
 			} else {
@@ -597,7 +598,7 @@ static void lz4_walk(void)
 	double tw = 1e9, td = 1e9;
 	for (int r = 0; r < 5; r++) {
 		double t0 = now_s();
-		T_EQ_INT(ferry__cz_lz4_bounded(blk, (size_t)c, 1u << 20), 0);
+		T_EQ_INT(ferry__lz4_walk(blk, (size_t)c, 1u << 20), 0);
 		double t1 = now_s();
 		T_EQ_INT(LZ4_decompress_safe((char *)blk, (char *)dst, c, 1 << 20), 1 << 20);
 		double t2 = now_s();
