@@ -20,6 +20,23 @@
 
 static int t_failures;
 
+/* Makes a raw LZ4 block (liblz4's output, at blk) decode to one byte more: its first sequence's
+ * match one longer (its token's nibble, or its first extra length byte). A crafted block for the
+ * tests of the walk that bounds a block before nvCOMP. */
+static inline void t_lz4_longer(unsigned char *blk)
+{
+	unsigned char *tok = blk, *p = blk + 1;
+	size_t lit = *tok >> 4;
+	if (lit == 15)
+		for (unsigned char x = 255; x == 255; lit += (x = *p++))
+			;
+	p += lit + 2;
+	if ((*tok & 15) < 15)
+		*tok += 1;
+	else
+		*p += 1;
+}
+
 static inline int t_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
 {
 	(void)sb, (void)flag, (void)ftw;

@@ -361,20 +361,11 @@ static int t_nvc_check(int codec, int dev, char *why, size_t whylen)
 		printf("%s: the walk on the GPU: ferry's kernels are not loaded here; callers walk on the host\n", cname);
 	} else if (codec == FERRY__NVC_LZ4) {
 		enum { CANARY = 4096 };
-		unsigned char *blk = malloc(clen[2]), *p, *tok, *canary = malloc(CANARY), *back = malloc(sizes[4]);
+		unsigned char *blk = malloc(clen[2]), *canary = malloc(CANARY), *back = malloc(sizes[4]);
 		ferry__CUdeviceptr craft = 0;
 		T_ASSERT(blk && canary && back);
 		memcpy(blk, comp[2], clen[2]);
-		p = blk, tok = p++;
-		size_t lit = *tok >> 4;
-		if (lit == 15)
-			for (unsigned char x = 255; x == 255; lit += (x = *p++))
-				;
-		p += lit + 2;
-		if ((*tok & 15) < 15)
-			*tok += 1;
-		else
-			*p += 1;
+		t_lz4_longer(blk);
 		T_ASSERT(cu->MemAlloc(&craft, T_ALIGN_UP(clen[2], 256) + cap[2] + CANARY) == FERRY__CUDA_SUCCESS);
 		const uint64_t cin = craft, cout = craft + T_ALIGN_UP(clen[2], 256);
 		T_ASSERT(cu->MemcpyHtoD(cin, blk, clen[2]) == FERRY__CUDA_SUCCESS);

@@ -128,16 +128,7 @@ static void lz4_crafted(ferry_ctx *ctx)
 	T_EQ_INT(ferry__rd32(e5 + 44), 0); /* compressed, not stored */
 	/* the first sequence's match one byte longer: every byte after it moves, and the block decodes
 	 * to one more than its chunk */
-	uint8_t *p = b + c5 + FERRY__CZ_LZ4_PAYLOAD, *tok = p++;
-	size_t lit = *tok >> 4;
-	if (lit == 15)
-		for (uint8_t x = 255; x == 255; lit += (x = *p++))
-			;
-	p += lit + 2;
-	if ((*tok & 15) < 15)
-		*tok += 1;
-	else
-		*p += 1; /* the match length's first extra byte */
+	t_lz4_longer(b + c5 + FERRY__CZ_LZ4_PAYLOAD);
 	T_EQ_INT(ferry__lz4_walk(b + c5 + FERRY__CZ_LZ4_PAYLOAD, c5_size - FERRY__CZ_LZ4_PAYLOAD - 4, cs), -1);
 	ferry__wr64(e5 + 24, ferry__xxh3_64(b + c5, c5_size));
 	ferry__wr64(t + 64, ferry__xxh3_64(idx, ferry__rd64(t + 40)));
