@@ -33,6 +33,25 @@
 #define FERRY__LZ4_GET(src, i) ((unsigned)(src)[i])
 #endif
 
+/* Adds to *len the extra length bytes at *i (a byte of 255 says another follows); -1 where they
+ * reach within stop bytes of the input's end (liblz4: 15 for literals, 4 for matches, whose first
+ * byte lies at least 6 from the end). */
+FERRY__LZ4_WALK_FN int ferry__lz4_more(FERRY__LZ4_SRC src, unsigned long long n, unsigned long long *i,
+				       unsigned long long *len, unsigned stop)
+{
+	unsigned b;
+	if (n - *i <= stop)
+		return -1;
+	do {
+		b = FERRY__LZ4_GET(src, *i);
+		(*i)++;
+		*len += b;
+		if (n - *i < stop)
+			return -1;
+	} while (b == 255);
+	return 0;
+}
+
 FERRY__LZ4_WALK_FN int ferry__lz4_walk(FERRY__LZ4_SRC src, unsigned long long n, unsigned long long want)
 {
 	unsigned long long i = 0, out = 0; /* i < n at each token */
@@ -42,18 +61,8 @@ FERRY__LZ4_WALK_FN int ferry__lz4_walk(FERRY__LZ4_SRC src, unsigned long long n,
 		const unsigned tok = FERRY__LZ4_GET(src, i);
 		unsigned long long lit = tok >> 4;
 		i++;
-		if (lit == 15) {
-			unsigned b;
-			if (n - i <= 15)
-				return -1;
-			do {
-				b = FERRY__LZ4_GET(src, i);
-				i++;
-				lit += b;
-				if (n - i < 15)
-					return -1;
-			} while (b == 255);
-		}
+		if (lit == 15 && ferry__lz4_more(src, n, &i, &lit, 15))
+			return -1;
 		if (out + lit + 12 > want || lit + 8 > n - i) /* the last sequence */
 			return lit == n - i && out + lit == want ? 0 : -1;
 		i += lit;
@@ -63,16 +72,8 @@ FERRY__LZ4_WALK_FN int ferry__lz4_walk(FERRY__LZ4_SRC src, unsigned long long n,
 		if (!off || off > out)
 			return -1;
 		unsigned long long ml = (tok & 15u) + 4;
-		if ((tok & 15u) == 15) {
-			unsigned b;
-			do {
-				b = FERRY__LZ4_GET(src, i);
-				i++;
-				ml += b;
-				if (n - i < 4)
-					return -1;
-			} while (b == 255);
-		}
+		if ((tok & 15u) == 15 && ferry__lz4_more(src, n, &i, &ml, 4))
+			return -1;
 		if (ml + 5 > want - out)
 			return -1;
 		out += ml;
